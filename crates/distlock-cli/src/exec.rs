@@ -1,0 +1,183 @@
+//! `distlock exec`: run a command while holding a lock.
+
+use crate::{BackendArg, EXIT_LOST, EXIT_NOT_ACQUIRED};
+use anyhow::Context;
+use distlock::zookeeper::{Client, QueueStatus};
+use std::io::IsTerminal;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnLost {
+    /// SIGTERM, then SIGKILL after the grace period.
+    Term,
+    /// SIGKILL at once.
+    Kill,
+    /// Keep running (unsafe: the command runs without the lock); a warning is printed.
+    Ignore,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    backend: BackendArg,
+    /// Wait at most this long for the lock (e.g. 500ms, 10s, 2m); 0 never waits.
+    #[arg(short = 'w', long = "wait", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with = "nonblock")]
+    wait: Option<Duration>,
+    /// Do not wait: fail at once if the lock is held.
+    #[arg(short = 'n', long = "nonblock")]
+    nonblock: bool,
+    /// Exit status when the lock is not acquired.
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED)]
+    conflict_exit_code: u8,
+    /// What to do to the command if the lock is lost while it runs.
+    #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term)]
+    on_lost: OnLost,
+    /// Time between SIGTERM and SIGKILL when the lock is lost.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
+    grace: Duration,
+    /// The lock: a znode path (/locks/orders) or a bare name (orders = /distlock/orders).
+    #[arg(value_name = "LOCK")]
+    lock: String,
+    /// The command and its arguments (after --).
+    #[arg(value_name = "COMMAND", last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
+    let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
+    let timeout = if args.nonblock {
+        Some(Duration::ZERO)
+    } else {
+        args.wait
+    };
+    let client = Client::connect(&args.backend.backend).await?;
+    let mutex = client.mutex(&path)?;
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+
+    // Acquire, showing a status line on a terminal, and giving up cleanly on INT/TERM.
+    let (progress_tx, progress_rx) = watch::channel(QueueStatus::default());
+    let started = Instant::now();
+    let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
+        .then(|| tokio::spawn(show_status(path.clone(), progress_rx, started)));
+    let acquired = tokio::select! {
+        r = mutex.lock_with(timeout, Some(&progress_tx)) => Some(r),
+        _ = sigint.recv() => None,
+        _ = sigterm.recv() => None,
+    };
+    if let Some(task) = status_line {
+        task.abort();
+        eprint!("\r\x1b[K");
+    }
+    // Locks and guards hold clones of the session; `close` only takes effect once all are gone.
+    drop(mutex);
+    let guard = match acquired {
+        None => {
+            // Interrupted while waiting: our queue node is removed on drop; closing the session
+            // makes sure the server has done it before we exit.
+            client.close(Duration::from_secs(2)).await;
+            eprintln!("distlock: interrupted while waiting for {path}");
+            return Ok(130);
+        }
+        Some(Err(e)) => return Err(e.into()),
+        Some(Ok(None)) => {
+            eprintln!("distlock: {path} is held by someone else; not acquired");
+            client.close(Duration::from_secs(2)).await;
+            return Ok(args.conflict_exit_code);
+        }
+        Some(Ok(Some(g))) => g,
+    };
+    let token = guard.fencing_token();
+    tracing::info!(lock = %path, token, "acquired");
+
+    let mut child = tokio::process::Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("DISTLOCK_KEY", &path)
+        .env("DISTLOCK_TOKEN", token.to_string())
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let pid = child.id().map(|p| p as libc::pid_t);
+
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let mut lost_fired = false;
+    let status: ExitStatus = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            _ = sigint.recv() => forward(pid, libc::SIGINT),
+            _ = sigterm.recv() => forward(pid, libc::SIGTERM),
+            reason = &mut lost, if !lost_fired => {
+                lost_fired = true;
+                match args.on_lost {
+                    OnLost::Ignore => {
+                        eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
+                    }
+                    OnLost::Kill => {
+                        eprintln!("distlock: lock {path} lost ({reason}); killing the command");
+                        forward(pid, libc::SIGKILL);
+                        child.wait().await?;
+                        client.close(Duration::from_secs(2)).await;
+                        return Ok(EXIT_LOST);
+                    }
+                    OnLost::Term => {
+                        eprintln!("distlock: lock {path} lost ({reason}); terminating the command (SIGTERM, SIGKILL after {})", humantime::format_duration(args.grace));
+                        forward(pid, libc::SIGTERM);
+                        if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
+                            eprintln!("distlock: the command outlived the grace period; SIGKILL");
+                            forward(pid, libc::SIGKILL);
+                            child.wait().await?;
+                        }
+                        client.close(Duration::from_secs(2)).await;
+                        return Ok(EXIT_LOST);
+                    }
+                }
+            }
+        }
+    };
+    if lost_fired {
+        drop(guard);
+    } else if let Err(e) = guard.release().await {
+        eprintln!("distlock: releasing {path}: {e}");
+    }
+    client.close(Duration::from_secs(2)).await;
+    Ok(exit_code(status))
+}
+
+fn forward(pid: Option<libc::pid_t>, sig: libc::c_int) {
+    if let Some(pid) = pid {
+        // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(sig)) => 128u8.saturating_add(sig as u8),
+        _ => crate::EXIT_ERROR,
+    }
+}
+
+async fn show_status(path: String, mut progress: watch::Receiver<QueueStatus>, started: Instant) {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let s = *progress.borrow_and_update();
+        let elapsed = started.elapsed().as_secs_f64();
+        if s.queue_len == 0 {
+            eprint!("\r\x1b[Kdistlock: waiting for {path} ({elapsed:.1}s)");
+        } else {
+            eprint!(
+                "\r\x1b[Kdistlock: waiting for {path}: {} ahead of us, queue of {} ({elapsed:.1}s)",
+                s.ahead, s.queue_len
+            );
+        }
+    }
+}

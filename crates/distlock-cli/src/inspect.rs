@@ -1,0 +1,54 @@
+//! `distlock inspect`.
+
+use crate::BackendArg;
+use distlock::zookeeper::Client;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    backend: BackendArg,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The lock: a znode path or a bare name.
+    #[arg(value_name = "LOCK")]
+    lock: String,
+}
+
+pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
+    let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
+    let client = Client::connect(&args.backend.backend).await?;
+    let view = client.inspect(&path).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&view)?);
+    } else if view.contenders.is_empty() {
+        println!("{}: free (no holder, no waiters)", view.path);
+    } else {
+        println!("{}: {} in queue", view.path, view.contenders.len());
+        println!(
+            "{:<4} {:<7} {:<28} {:<20} {:>8}  NODE",
+            "POS", "ROLE", "OWNER", "SESSION", "AGE"
+        );
+        for c in &view.contenders {
+            let owner = match &c.owner {
+                Some(o) => o.to_string(),
+                None if c.raw_data.is_empty() => "-".to_string(),
+                None => format!("raw: {}", c.raw_data.chars().take(22).collect::<String>()),
+            };
+            let age =
+                humantime::format_duration(Duration::from_millis(c.age_ms / 100 * 100)).to_string();
+            println!(
+                "{:<4} {:<7} {:<28} {:<20} {:>8}  {}",
+                c.position,
+                if c.holds { "holder" } else { "waiter" },
+                owner,
+                c.session,
+                age,
+                c.node
+            );
+        }
+    }
+    client.close(Duration::from_secs(2)).await;
+    Ok(0)
+}

@@ -1,0 +1,105 @@
+//! `distlock`: run commands under distributed locks, and look at them.
+//!
+//! Exit status: 0 success (for `exec`: the command's own status), 1 lock not acquired (or the
+//! `-E` value), 2 usage or backend error, 3 the lock was lost while the command ran (the command
+//! was terminated), 128+N when the command was killed by signal N.
+
+mod exec;
+mod inspect;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit status when the lock was not acquired (flock's default).
+pub const EXIT_NOT_ACQUIRED: u8 = 1;
+/// Exit status for usage and backend errors.
+pub const EXIT_ERROR: u8 = 2;
+/// Exit status when the lock was lost while the command ran.
+pub const EXIT_LOST: u8 = 3;
+
+const DEFAULT_BACKEND: &str = "zk://127.0.0.1:2181";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "distlock",
+    version,
+    about = "Run commands under distributed locks (ZooKeeper)"
+)]
+#[command(
+    after_help = "EXIT STATUS:\n  0    success (exec: the command's own status)\n  1    lock not acquired (exec -E N changes it)\n  2    usage or backend error\n  3    lock lost while the command ran; the command was terminated\n  128+N  the command was killed by signal N\n\nLOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run COMMAND while holding LOCK (like flock(1), across machines).
+    Exec(exec::ExecArgs),
+    /// Show who holds LOCK and who waits for it, in queue order.
+    Inspect(inspect::InspectArgs),
+}
+
+/// Parses `500ms`, `10s`, `2m` for clap.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    distlock::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Turns a LOCK argument into a znode path.
+pub fn lock_path(lock: &str) -> Result<String, String> {
+    if lock.is_empty() {
+        return Err("the lock name is empty".into());
+    }
+    if lock.starts_with('/') {
+        Ok(lock.to_string())
+    } else if lock.contains('/') {
+        Err(format!(
+            "invalid lock {lock:?}: a name without '/' or an absolute path like /locks/{lock}"
+        ))
+    } else {
+        Ok(format!("/distlock/{lock}"))
+    }
+}
+
+/// The backend URL: the flag, then `$DISTLOCK_BACKEND`, then the default.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BackendArg {
+    /// Backend URL, e.g. zk://host:2181,host2:2181/chroot?session_timeout=10s
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
+    pub backend: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("distlock: cannot start runtime: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let code = rt.block_on(async {
+        match cli.command {
+            Command::Exec(args) => exec::run(args).await,
+            Command::Inspect(args) => inspect::run(args).await,
+        }
+    });
+    match code {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("distlock: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

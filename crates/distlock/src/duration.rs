@@ -1,0 +1,33 @@
+//! Human durations: `500ms`, `10s`, `2m`, `1h30m`.
+
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Parses a human duration such as `500ms`, `10s`, `2m` or `1h 30m` (the `humantime` syntax).
+///
+/// A bare number is rejected: the unit must be explicit, so `-w 5` cannot silently mean
+/// five milliseconds or five hours.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(distlock::parse_duration("500ms").unwrap(), Duration::from_millis(500));
+/// assert_eq!(distlock::parse_duration("2m").unwrap(), Duration::from_secs(120));
+/// assert!(distlock::parse_duration("5").is_err());
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let trimmed = text.trim();
+    let invalid = |reason: String| Error::InvalidDuration {
+        value: text.to_string(),
+        reason,
+    };
+    if trimmed.is_empty() {
+        return Err(invalid("empty; write it like 500ms, 10s or 2m".into()));
+    }
+    if trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(invalid(format!("no unit; write {trimmed}s or {trimmed}ms")));
+    }
+    humantime::parse_duration(trimmed)
+        .map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
+}

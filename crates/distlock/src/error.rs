@@ -1,0 +1,146 @@
+//! The one error type of distlock.
+
+use std::time::Duration;
+
+/// Why a held lock can no longer be trusted.
+///
+/// Reported by a guard's `lost()` future and by [`Error::LockLost`].
+///
+/// # Examples
+///
+/// ```
+/// use distlock::LostReason;
+/// assert_eq!(LostReason::SessionExpired.to_string(), "the ZooKeeper session expired");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The session that owned the lock node expired; the server has deleted the node and another
+    /// contender may already hold the lock.
+    SessionExpired,
+    /// The session was closed (the client shut down) while the lock was held.
+    SessionClosed,
+    /// The lock node was deleted by someone else (an operator, or a revoker).
+    NodeDeleted,
+    /// Authentication with the server failed; the session is unusable.
+    AuthFailed,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::SessionExpired => "the ZooKeeper session expired",
+            LostReason::SessionClosed => "the ZooKeeper session was closed",
+            LostReason::NodeDeleted => "the lock node was deleted by someone else",
+            LostReason::AuthFailed => "authentication with ZooKeeper failed",
+        })
+    }
+}
+
+/// Everything that can go wrong in distlock.
+///
+/// Invalid input (lock paths, URLs, durations) is reported with the offending value; backend
+/// failures name the operation and the path they concern.
+///
+/// # Examples
+///
+/// ```
+/// let err = distlock::parse_duration("ten seconds").unwrap_err();
+/// assert!(err.to_string().contains("ten seconds"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A backend URL could not be understood.
+    #[error("invalid backend URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A lock name or znode path is not acceptable.
+    #[error("invalid lock path {path:?}: {reason}")]
+    InvalidLockPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A duration could not be parsed or is out of range.
+    #[error("invalid duration {value:?}: {reason}")]
+    InvalidDuration {
+        /// The text as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A configuration value (other than a URL, path or duration) is out of range.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The lock could not be had without waiting, or within the allowed time
+    /// (returned by [`with_lock`](crate::with_lock)).
+    #[error("lock {lock} is busy (not acquired within {waited:?})")]
+    Busy {
+        /// The lock path.
+        lock: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The lock was lost while held, or a release found it already gone.
+    #[error("lock {lock} was lost: {reason}")]
+    LockLost {
+        /// The lock path.
+        lock: String,
+        /// Why.
+        reason: LostReason,
+    },
+    /// The ZooKeeper session expired; every lock of this client is gone. Connect again.
+    #[error("the ZooKeeper session expired; connect again")]
+    SessionExpired,
+    /// The client was closed.
+    #[error("the client is closed")]
+    Closed,
+    /// Could not establish a session with the backend.
+    #[error("cannot connect to {url}: {reason}")]
+    Connect {
+        /// The URL (without credentials).
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The connection kept failing while an operation was retried.
+    #[error("{op} on {path} failed after {attempts} attempts: connection to the server lost")]
+    ConnectionLoss {
+        /// The operation.
+        op: &'static str,
+        /// The path it concerned.
+        path: String,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// The backend refused an operation.
+    #[error("{op} on {path} failed: {source}")]
+    Backend {
+        /// The operation.
+        op: &'static str,
+        /// The path it concerned.
+        path: String,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+/// `Result` with distlock's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Error>();
+};

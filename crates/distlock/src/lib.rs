@@ -1,0 +1,52 @@
+//! Distributed locks that are fair, herd-free, fenced and honest about loss.
+//!
+//! distlock coordinates processes on many machines through a coordination service. Its core is
+//! the ZooKeeper queue lock: contenders line up as EPHEMERAL_SEQUENTIAL nodes, each watches only
+//! the node ahead of it, and a holder that dies releases the lock when its session ends.
+//!
+//! Opinionated API:
+//! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
+//!   `lock_timeout`); a [`blocking`] facade for synchronous callers;
+//! - every guard carries a **fencing token** that strictly increases from one holder to the next,
+//!   and a **`lost()`** future that resolves when the lock can no longer be trusted;
+//! - every acquire is cancel safe: dropping it leaves nothing behind on the server;
+//! - node layout compatible with Apache Curator, so Java services can share the same locks;
+//! - bad input (paths, URLs, durations) is an [`Error`] naming the bad value, never a panic.
+//!
+//! # Feature flags
+//! - `zookeeper` (default): the ZooKeeper backend.
+//!
+//! # Layout
+//! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks),
+//!   [`Mutex`](zookeeper::Mutex) and its guard, `inspect`;
+//! - [`with_lock`]: run a closure under a lock or report busy;
+//! - [`blocking`]: the same for synchronous code;
+//! - [`Error`], [`LostReason`], [`parse_duration`], [`Owner`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! use distlock::zookeeper::Client;
+//! let zk = Client::connect("zk://127.0.0.1:2181").await?;
+//! let lock = zk.mutex("/locks/orders")?;
+//! let guard = lock.lock().await?;
+//! println!("token {}", guard.fencing_token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+#[cfg(feature = "zookeeper")]
+pub mod blocking;
+mod duration;
+mod error;
+mod owner;
+mod template;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
+
+pub use duration::parse_duration;
+pub use error::{Error, LostReason, Result};
+pub use owner::Owner;
+pub use template::{with_lock, DistributedGuard, DistributedLock};

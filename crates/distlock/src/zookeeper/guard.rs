@@ -1,0 +1,300 @@
+//! A held lock node: fencing token, state machine, release.
+//!
+//! States: `Held` -> `Suspended` (connection lost, session may still be alive) -> `Held` (the
+//! connection came back within the session) or `Lost` (the session expired or closed, or our node
+//! was deleted). `Lost` is final.
+
+use super::{await_connected, backend, Client};
+use crate::{Error, LostReason, Result};
+use std::sync::{Arc, OnceLock};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use zookeeper_client as zk;
+
+/// What a guard knows about its lock right now.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::{zookeeper::LockState, LostReason};
+/// assert!(LockState::Held.is_held());
+/// assert!(!LockState::Suspended.is_held());
+/// assert!(LockState::Lost(LostReason::SessionExpired).is_lost());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockState {
+    /// The lock node exists and the session is connected.
+    Held,
+    /// The connection to the server is lost. The session (and the lock) may still be alive, but
+    /// until the connection returns nobody can tell: treat the lock as uncertain. If the session
+    /// expires meanwhile, the state becomes `Lost`.
+    Suspended,
+    /// The lock is gone; another contender may hold it. Final.
+    Lost(LostReason),
+}
+
+impl LockState {
+    /// True only in `Held`.
+    pub fn is_held(self) -> bool {
+        self == LockState::Held
+    }
+
+    /// True in `Lost`.
+    pub fn is_lost(self) -> bool {
+        matches!(self, LockState::Lost(_))
+    }
+}
+
+/// The state every recipe's guard shares.
+pub(crate) struct HeldNode {
+    client: Client,
+    /// The lock (directory) path, for messages.
+    lock: String,
+    /// Our node.
+    path: String,
+    token: u64,
+    handle: Handle,
+    shared: Arc<Shared>,
+    released: bool,
+}
+
+struct Shared {
+    tx: watch::Sender<LockState>,
+    monitor: OnceLock<AbortHandle>,
+}
+
+impl HeldNode {
+    pub(crate) fn new(client: Client, lock: String, path: String, czxid: i64) -> HeldNode {
+        let (tx, _) = watch::channel(LockState::Held);
+        HeldNode {
+            client,
+            lock,
+            path,
+            token: czxid as u64,
+            handle: Handle::current(),
+            shared: Arc::new(Shared {
+                tx,
+                monitor: OnceLock::new(),
+            }),
+            released: false,
+        }
+    }
+
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub(crate) fn node_path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn lock_path(&self) -> &str {
+        &self.lock
+    }
+
+    /// Starts watching our node and the session (once); returns a receiver of the state.
+    pub(crate) fn watch(&self) -> watch::Receiver<LockState> {
+        self.shared.monitor.get_or_init(|| {
+            let task = monitor(
+                self.client.clone(),
+                self.path.clone(),
+                self.shared.tx.clone(),
+            );
+            self.handle.spawn(task).abort_handle()
+        });
+        self.shared.tx.subscribe()
+    }
+
+    pub(crate) fn state(&self) -> LockState {
+        *self.watch().borrow()
+    }
+
+    pub(crate) fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.watch();
+        async move {
+            loop {
+                if let LockState::Lost(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                if rx.changed().await.is_err() {
+                    // The guard is gone: the lock was released, so it is no longer ours either.
+                    return LostReason::SessionClosed;
+                }
+            }
+        }
+    }
+
+    /// Deletes our node and waits for the server's answer.
+    pub(crate) async fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.stop_monitor();
+        let zk = self.client.zk();
+        let mut attempts = 0;
+        let mut after_loss = false;
+        loop {
+            attempts += 1;
+            self.client.inner.metrics.sent(1);
+            match zk.delete(&self.path, None).await {
+                Ok(()) => return Ok(()),
+                // A delete sent before a connection loss may have been applied.
+                Err(zk::Error::NoNode) if after_loss => return Ok(()),
+                Err(zk::Error::NoNode) => {
+                    return Err(Error::LockLost {
+                        lock: self.lock.clone(),
+                        reason: LostReason::NodeDeleted,
+                    })
+                }
+                Err(zk::Error::SessionExpired) => {
+                    return Err(Error::LockLost {
+                        lock: self.lock.clone(),
+                        reason: LostReason::SessionExpired,
+                    })
+                }
+                Err(zk::Error::ConnectionLoss) if attempts < 5 => {
+                    after_loss = true;
+                    await_connected(zk, self.client.session_timeout()).await?;
+                }
+                Err(e) => return Err(backend("delete", &self.path, e)),
+            }
+        }
+    }
+
+    fn stop_monitor(&self) {
+        if let Some(m) = self.shared.monitor.get() {
+            m.abort();
+        }
+    }
+}
+
+impl Drop for HeldNode {
+    fn drop(&mut self) {
+        self.stop_monitor();
+        if self.released {
+            return;
+        }
+        // The delete is queued on the session now; every later request of this session is
+        // ordered after it, so nothing of ours can observe the lock as still held. The reply is
+        // awaited in the background only to retry after a connection loss and to log.
+        let client = self.client.clone();
+        let path = std::mem::take(&mut self.path);
+        client.inner.metrics.sent_background(1);
+        let first = client.zk().delete(&path, None);
+        self.handle.spawn(async move {
+            let mut result = first.await;
+            for _ in 0..4 {
+                match result {
+                    Err(zk::Error::ConnectionLoss) => {
+                        if await_connected(client.zk(), client.session_timeout())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        client.inner.metrics.sent_background(1);
+                        result = client.zk().delete(&path, None).await;
+                    }
+                    _ => break,
+                }
+            }
+            match result {
+                Ok(())
+                | Err(zk::Error::NoNode)
+                | Err(zk::Error::SessionExpired)
+                | Err(zk::Error::ClientClosed) => {}
+                Err(e) => {
+                    tracing::warn!(node = %path, error = %e, "could not delete lock node on drop")
+                }
+            }
+        });
+    }
+}
+
+/// Watches our node and the session, publishing the guard's state until it is lost.
+async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>) {
+    let zk = client.zk();
+    let mut states = zk.state_watcher();
+    let session_state = |s: zk::SessionState| match s {
+        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => LockState::Held,
+        zk::SessionState::Disconnected => LockState::Suspended,
+        zk::SessionState::Expired => LockState::Lost(LostReason::SessionExpired),
+        zk::SessionState::Closed => LockState::Lost(LostReason::SessionClosed),
+        zk::SessionState::AuthFailed => LockState::Lost(LostReason::AuthFailed),
+    };
+    let publish = |s: LockState| {
+        tx.send_if_modified(|cur| {
+            if cur.is_lost() || *cur == s {
+                false
+            } else {
+                tracing::debug!(node = %path, from = ?*cur, to = ?s, "lock state changed");
+                *cur = s;
+                true
+            }
+        });
+        s.is_lost()
+    };
+    if publish(session_state(states.state())) {
+        return;
+    }
+    loop {
+        // Arm a watch on our own node (exists + watch); re-armed after data changes.
+        client.inner.metrics.sent_background(1);
+        let watcher = match zk.check_and_watch_stat(&path).await {
+            Ok((Some(_), watcher)) => watcher,
+            Ok((None, _)) => {
+                publish(LockState::Lost(LostReason::NodeDeleted));
+                return;
+            }
+            Err(zk::Error::ConnectionLoss) => {
+                publish(LockState::Suspended);
+                match await_connected(zk, client.session_timeout()).await {
+                    Ok(()) => {
+                        publish(session_state(states.state()));
+                        continue;
+                    }
+                    Err(_) => {
+                        publish(session_state(states.state()));
+                        if tx.borrow().is_lost() {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+            Err(e) => {
+                let state = match e {
+                    zk::Error::SessionExpired => LockState::Lost(LostReason::SessionExpired),
+                    _ => LockState::Lost(LostReason::SessionClosed),
+                };
+                publish(state);
+                return;
+            }
+        };
+        let changed = watcher.changed();
+        tokio::pin!(changed);
+        loop {
+            tokio::select! {
+                event = &mut changed => {
+                    match event.event_type {
+                        zk::EventType::NodeDeleted => {
+                            publish(LockState::Lost(LostReason::NodeDeleted));
+                            return;
+                        }
+                        zk::EventType::Session => {
+                            if publish(session_state(event.session_state)) {
+                                return;
+                            }
+                        }
+                        _ => {}
+                    }
+                    break; // re-arm
+                }
+                state = states.changed() => {
+                    if publish(session_state(state)) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

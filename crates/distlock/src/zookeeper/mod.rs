@@ -1,0 +1,291 @@
+//! The ZooKeeper backend: a [`Client`] (one session, shared by any number of locks) and the lock
+//! recipes built on one queue algorithm.
+//!
+//! # Layout
+//!
+//! - [`url`](ZkUrl): `zk://` URLs and path rules;
+//! - `queue`: the queue of EPHEMERAL_SEQUENTIAL nodes, written once and used by every recipe;
+//! - `guard`: a held lock node, its fencing token and its state machine (held, suspended, lost);
+//! - [`Mutex`]: the exclusive lock (Curator's InterProcessMutex node layout);
+//! - [`inspect`](Client::inspect): who holds and who waits.
+
+mod guard;
+mod inspect;
+mod mutex;
+mod queue;
+mod url;
+
+pub use guard::LockState;
+pub use inspect::{Contender, LockView};
+pub use mutex::{Mutex, MutexGuard};
+pub use queue::QueueStatus;
+pub use url::{ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
+
+use crate::{Error, Owner, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use zookeeper_client as zk;
+
+/// A ZooKeeper session shared by any number of lock handles.
+///
+/// Cloning is cheap and shares the session: locks made from clones queue as the same session
+/// (ZooKeeper ephemeral nodes belong to sessions, so when the session ends every lock node of
+/// every clone goes with it). Connect once per process and make many locks from it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::zookeeper::Client;
+/// let zk = Client::connect("zk://127.0.0.1:2181?session_timeout=10s").await?;
+/// let orders = zk.mutex("/locks/orders")?;
+/// let guard = orders.lock().await?;
+/// println!("holding with fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    zk: zk::Client,
+    url: ZkUrl,
+    owner: Vec<u8>,
+    metrics: Metrics,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.inner.url.to_string())
+            .field("session", &self.session_id())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to the ensemble named by a `zk://` URL and establishes a session.
+    ///
+    /// # Notable errors
+    /// - [`Error::InvalidUrl`] when the URL does not parse (the message names the bad part);
+    /// - [`Error::Connect`] when no server answered within the URL's `connect_timeout`.
+    pub async fn connect(url: &str) -> Result<Client> {
+        let parsed = ZkUrl::parse(url)?;
+        Self::connect_url(parsed).await
+    }
+
+    /// Connects with an already parsed [`ZkUrl`].
+    pub async fn connect_url(url: ZkUrl) -> Result<Client> {
+        let connect_string = url.connect_string();
+        let connect = zk::Client::connector()
+            .with_session_timeout(url.session_timeout)
+            .with_connection_timeout(url.connect_timeout)
+            .connect(&connect_string);
+        // The client retries endpoints on its own; bound the whole attempt so a dead address
+        // never hangs the caller.
+        let bound = url.connect_timeout + Duration::from_secs(1);
+        let zk = match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(zk)) => zk,
+            Ok(Err(e)) => {
+                return Err(Error::Connect {
+                    url: url.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+            Err(_) => {
+                return Err(Error::Connect {
+                    url: url.to_string(),
+                    reason: format!("no session established within {bound:?}"),
+                })
+            }
+        };
+        tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
+        Ok(Client {
+            inner: Arc::new(Inner {
+                zk,
+                url,
+                owner: Owner::current().encode(),
+                metrics: Metrics::default(),
+            }),
+        })
+    }
+
+    /// An exclusive lock on `path` (e.g. `/locks/orders`), sharing this session.
+    ///
+    /// The path is the lock's directory: contenders queue as its children, in Apache Curator's
+    /// InterProcessMutex format, so a Curator client on the same path takes part in the same queue.
+    ///
+    /// # Notable errors
+    /// [`Error::InvalidLockPath`] when `path` is not an absolute znode path.
+    pub fn mutex(&self, path: &str) -> Result<Mutex> {
+        Mutex::new(self.clone(), path)
+    }
+
+    /// The session id, as ZooKeeper prints it (hex).
+    pub fn session_id(&self) -> String {
+        format!("{:#x}", self.inner.zk.session_id().0)
+    }
+
+    /// The negotiated session timeout.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.zk.session_timeout()
+    }
+
+    /// The URL this client connected with.
+    pub fn url(&self) -> &ZkUrl {
+        &self.inner.url
+    }
+
+    /// Counters of the requests this client's locks made; see [`Metrics`].
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The underlying `zookeeper-client` session, for operations distlock does not wrap.
+    pub fn zookeeper(&self) -> &zk::Client {
+        &self.inner.zk
+    }
+
+    /// Closes the session now (rather than when the last clone drops), so the server deletes
+    /// this session's lock nodes at once. Waits at most `bound` for the server to confirm.
+    ///
+    /// Other clones of this client, and the guards made from it, keep the session alive: this
+    /// only waits for the close when this is the last user.
+    pub async fn close(self, bound: Duration) {
+        let mut states = self.inner.zk.state_watcher();
+        drop(self);
+        let _ = tokio::time::timeout(bound, async {
+            loop {
+                match states.changed().await {
+                    zk::SessionState::Closed
+                    | zk::SessionState::Expired
+                    | zk::SessionState::AuthFailed => return,
+                    _ => continue,
+                }
+            }
+        })
+        .await;
+    }
+
+    pub(crate) fn zk(&self) -> &zk::Client {
+        &self.inner.zk
+    }
+
+    pub(crate) fn owner_data(&self) -> &[u8] {
+        &self.inner.owner
+    }
+}
+
+/// Counters of what this client's lock operations cost, for tests and benchmarks.
+///
+/// - `requests`: requests sent to the server by lock operations;
+/// - `round_trips`: times a lock operation had to wait for a reply before going on (requests
+///   pipelined together count as one);
+/// - `watch_wakeups`: watch events delivered to waiting contenders.
+///
+/// # Examples
+///
+/// ```
+/// let m = distlock::zookeeper::Metrics::default();
+/// assert_eq!(m.snapshot().round_trips, 0);
+/// ```
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: AtomicU64,
+    round_trips: AtomicU64,
+    watch_wakeups: AtomicU64,
+}
+
+/// A copy of [`Metrics`] at one moment.
+///
+/// # Examples
+///
+/// ```
+/// let a = distlock::zookeeper::MetricsSnapshot { requests: 5, round_trips: 3, watch_wakeups: 1 };
+/// let b = distlock::zookeeper::MetricsSnapshot { requests: 2, round_trips: 1, watch_wakeups: 0 };
+/// assert_eq!((a - b).round_trips, 2);
+/// ```
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    /// Requests sent.
+    pub requests: u64,
+    /// Round trips waited for.
+    pub round_trips: u64,
+    /// Watch events delivered to waiters.
+    pub watch_wakeups: u64,
+}
+
+impl std::ops::Sub for MetricsSnapshot {
+    type Output = MetricsSnapshot;
+    fn sub(self, rhs: Self) -> Self {
+        MetricsSnapshot {
+            requests: self.requests - rhs.requests,
+            round_trips: self.round_trips - rhs.round_trips,
+            watch_wakeups: self.watch_wakeups - rhs.watch_wakeups,
+        }
+    }
+}
+
+impl Metrics {
+    /// Reads all counters.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            round_trips: self.round_trips.load(Ordering::Relaxed),
+            watch_wakeups: self.watch_wakeups.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn sent(&self, requests: u64) {
+        self.requests.fetch_add(requests, Ordering::Relaxed);
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sent_background(&self, requests: u64) {
+        self.requests.fetch_add(requests, Ordering::Relaxed);
+    }
+
+    pub(crate) fn woke(&self) {
+        self.watch_wakeups.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Maps a `zookeeper-client` error to ours.
+pub(crate) fn backend(op: &'static str, path: &str, e: zk::Error) -> Error {
+    match e {
+        zk::Error::SessionExpired => Error::SessionExpired,
+        zk::Error::ClientClosed => Error::Closed,
+        e => Error::Backend {
+            op,
+            path: path.to_string(),
+            source: Box::new(e),
+        },
+    }
+}
+
+/// Waits (at most `bound`) until the session is connected again after a connection loss.
+/// Returns an error when the session ended.
+pub(crate) async fn await_connected(zk: &zk::Client, bound: Duration) -> Result<()> {
+    let mut states = zk.state_watcher();
+    let wait = async {
+        loop {
+            match states.state() {
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    return Ok(())
+                }
+                zk::SessionState::Expired => return Err(Error::SessionExpired),
+                zk::SessionState::Closed | zk::SessionState::AuthFailed => {
+                    return Err(Error::Closed)
+                }
+                zk::SessionState::Disconnected => {
+                    states.changed().await;
+                }
+            }
+        }
+    };
+    // Timing out here is not an error of its own: the caller retries and reports.
+    tokio::time::timeout(bound, wait).await.unwrap_or(Ok(()))
+}

@@ -1,0 +1,233 @@
+//! The exclusive lock.
+
+use super::guard::{HeldNode, LockState};
+use super::queue::{Exclusive, Queue, QueueStatus, Wait};
+use super::{url, Client};
+use crate::{LostReason, Result};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Marker before the sequence number in Curator's InterProcessMutex nodes.
+const MARKER: &str = "lock-";
+
+/// An exclusive lock on a znode path, fair (first come, first served) and free of herd effects.
+///
+/// Unlike [`tokio::sync::Mutex`] it protects no value: it coordinates processes, possibly on
+/// different machines, that share a ZooKeeper ensemble. Each acquire queues an
+/// EPHEMERAL_SEQUENTIAL child `_c_<uuid>-lock-<seq>` under the lock path (Curator's
+/// InterProcessMutex format, so Curator clients on the same path share the queue); the lowest
+/// sequence holds; every other contender watches only the child just ahead of it. When a holder's
+/// session ends (crash, network partition longer than the session timeout), the server deletes its
+/// node and the next contender proceeds: no lock outlives its owner.
+///
+/// Contract:
+/// - grants follow queue order (FIFO);
+/// - each release wakes exactly one waiter;
+/// - every guard carries a [fencing token](MutexGuard::fencing_token) larger than any earlier
+///   holder's on this path;
+/// - a guard reports loss ([`MutexGuard::lost`]) when the lock can no longer be trusted;
+/// - not reentrant: a second `lock()` through the same or another handle queues behind the
+///   first and waits for it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::zookeeper::Client;
+/// use std::time::Duration;
+/// let zk = Client::connect("zk://127.0.0.1:2181").await?;
+/// let lock = zk.mutex("/locks/invoices")?;
+/// if let Some(guard) = lock.lock_timeout(Duration::from_secs(5)).await? {
+///     // Pass the token to storage that rejects stale writers.
+///     let token = guard.fencing_token();
+///     # let _ = token;
+///     guard.release().await?;
+/// } else {
+///     println!("busy");
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    queue: Queue,
+}
+
+impl Mutex {
+    pub(super) fn new(client: Client, path: &str) -> Result<Mutex> {
+        let dir = url::lock_path(path)?;
+        Ok(Mutex {
+            queue: Queue {
+                client,
+                dir,
+                marker: MARKER,
+                markers: &[MARKER],
+            },
+        })
+    }
+
+    /// The lock path.
+    pub fn path(&self) -> &str {
+        &self.queue.dir
+    }
+
+    /// Waits as long as it takes for the lock.
+    ///
+    /// One round trip when nobody holds the lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future before it completes removes our queue node (in the
+    /// background), so an abandoned acquire never blocks others; a caller that cancels loses its
+    /// place in the queue.
+    ///
+    /// # Notable errors
+    /// - [`Error::SessionExpired`](crate::Error::SessionExpired): the session ended while waiting;
+    /// - [`Error::ConnectionLoss`](crate::Error::ConnectionLoss): the connection kept failing.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        let guard = self.acquire(Wait::Forever, None).await?;
+        Ok(guard.expect("waiting forever always acquires"))
+    }
+
+    /// Takes the lock only if nobody holds or waits for it; never waits.
+    ///
+    /// Returns `Ok(None)` when busy (our node is deleted before returning).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Mutex::lock).
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        self.acquire(Wait::Never, None).await
+    }
+
+    /// Waits at most `timeout` for the lock; `Ok(None)` when it was not had in time, in which
+    /// case our node has been deleted before this returns.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`lock`](Mutex::lock).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
+        self.acquire(Wait::Until(Instant::now() + timeout), None)
+            .await
+    }
+
+    /// Acquires with full control: `timeout` `None` waits forever, `Some(ZERO)` never waits;
+    /// `progress` receives the queue position while waiting (for status displays).
+    pub async fn lock_with(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<MutexGuard>> {
+        let wait = match timeout {
+            None => Wait::Forever,
+            Some(t) if t.is_zero() => Wait::Never,
+            Some(t) => Wait::Until(Instant::now() + t),
+        };
+        self.acquire(wait, progress).await
+    }
+
+    async fn acquire(
+        &self,
+        wait: Wait,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<MutexGuard>> {
+        let acquired = self.queue.acquire(&Exclusive, wait, progress).await?;
+        Ok(acquired.map(|a| MutexGuard {
+            node: HeldNode::new(
+                self.queue.client.clone(),
+                self.queue.dir.clone(),
+                a.path,
+                a.czxid,
+            ),
+        }))
+    }
+}
+
+/// Proof of holding a [`Mutex`]; releases the lock when dropped.
+///
+/// Made by [`Mutex::lock`], [`Mutex::try_lock`] and [`Mutex::lock_timeout`]. Dropping it sends
+/// the delete of our node at once (without waiting for the reply); [`release`](Self::release)
+/// waits for the server and reports errors.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::zookeeper::Mutex) -> distlock::Result<()> {
+/// let guard = lock.lock().await?;
+/// tokio::select! {
+///     _ = do_work(guard.fencing_token()) => guard.release().await?,
+///     reason = guard.lost() => eprintln!("lock lost: {reason}; work abandoned"),
+/// }
+/// # Ok(()) }
+/// # async fn do_work(_: u64) {}
+/// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
+pub struct MutexGuard {
+    node: HeldNode,
+}
+
+impl std::fmt::Debug for MutexGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MutexGuard")
+            .field("node", &self.node.node_path())
+            .field("token", &self.node.token())
+            .finish()
+    }
+}
+
+impl MutexGuard {
+    /// A number larger than every earlier holder's token on this lock path (the creation zxid of
+    /// our node), also after the lock directory was deleted and re-created. Give it to storage
+    /// that rejects writes carrying a smaller token than it has seen: that, not the lock alone,
+    /// keeps a paused or partitioned former holder from doing harm.
+    pub fn fencing_token(&self) -> u64 {
+        self.node.token()
+    }
+
+    /// The lock path.
+    pub fn lock_path(&self) -> &str {
+        self.node.lock_path()
+    }
+
+    /// Our node's full path.
+    pub fn node_path(&self) -> &str {
+        self.node.node_path()
+    }
+
+    /// The current state; the first call starts watching our node.
+    pub fn state(&self) -> LockState {
+        self.node.state()
+    }
+
+    /// A receiver of state changes (held, suspended, lost).
+    pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.node.watch()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the session expired or closed, or our node
+    /// was deleted by someone else. A connection loss alone (`Suspended`) does not resolve it; see
+    /// [`state_changes`](Self::state_changes) for that.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        self.node.lost()
+    }
+
+    /// Releases the lock and waits for the server to confirm.
+    ///
+    /// # Notable errors
+    /// [`Error::LockLost`](crate::Error::LockLost) when our node was already gone (the lock had
+    /// been lost before this release).
+    pub async fn release(self) -> Result<()> {
+        self.node.release().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_send_sync_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn bounds() {
+        is_send_sync_static::<Mutex>();
+        is_send_sync_static::<MutexGuard>();
+    }
+}

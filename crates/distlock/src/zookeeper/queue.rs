@@ -1,0 +1,525 @@
+//! The queue algorithm every ZooKeeper recipe shares.
+//!
+//! A contender creates an EPHEMERAL_SEQUENTIAL child `_c_<uuid>-<marker><seq>` under the lock
+//! directory, lists the directory, sorts the children by the sequence after the marker (as
+//! Apache Curator does), and asks the recipe's [`Policy`] whether some earlier child blocks it.
+//! If one does, it watches only that child (getData with a watch, so no watch is left on a
+//! missing node) and re-checks when the watch fires. Details and the safety argument are in
+//! `docs/design.md`.
+//!
+//! Round trips: create and getChildren are sent back to back (requests on one session are
+//! answered in order, so the listing already contains our node), so an uncontended acquire
+//! costs one round trip. When the blocker was the only thing ahead of us, its deletion alone
+//! proves we are first (sequence numbers only grow, so nothing can appear ahead of us), and the
+//! hand-off needs no further read.
+
+use super::{await_connected, backend, Client};
+use crate::{Error, Result};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// How many times a create is attempted across connection losses before giving up.
+const MAX_ATTEMPTS: u32 = 5;
+/// First backoff between attempts; doubles each time, capped at [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Where a waiting contender stands, published while it waits.
+///
+/// # Examples
+///
+/// ```
+/// let s = distlock::zookeeper::QueueStatus { ahead: 2, queue_len: 3 };
+/// assert_eq!(s.ahead, 2);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStatus {
+    /// Contenders ahead of us (0 once we hold).
+    pub ahead: usize,
+    /// Contenders in the queue, ourselves included.
+    pub queue_len: usize,
+}
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Wait {
+    /// Give up at once if anyone is ahead.
+    Never,
+    /// Wait until this instant.
+    Until(Instant),
+    /// Wait as long as it takes.
+    Forever,
+}
+
+impl Wait {
+    pub(crate) fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Until(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// A recipe's rule for who may proceed.
+pub(crate) trait Policy: Send + Sync {
+    /// `sorted` is the queue in order; `ours` our index in it. Returns the index of the child we
+    /// must wait for, or `None` when we may proceed.
+    fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize>;
+}
+
+/// Exclusive: only the first child holds; everyone else waits for the child just ahead.
+pub(crate) struct Exclusive;
+
+impl Policy for Exclusive {
+    fn blocker(&self, _sorted: &[String], ours: usize) -> Option<usize> {
+        ours.checked_sub(1)
+    }
+}
+
+/// A lock directory and the naming of its children.
+#[derive(Debug, Clone)]
+pub(crate) struct Queue {
+    pub(crate) client: Client,
+    /// The lock directory, e.g. `/locks/orders`.
+    pub(crate) dir: String,
+    /// The marker before the sequence, e.g. `lock-`.
+    pub(crate) marker: &'static str,
+    /// Every marker that may appear in this directory (for sorting).
+    pub(crate) markers: &'static [&'static str],
+}
+
+/// A node we created and own in the queue.
+#[derive(Debug, Clone)]
+pub(crate) struct Acquired {
+    /// Full path of our node.
+    pub(crate) path: String,
+    /// Creation zxid of our node: the fencing token.
+    pub(crate) czxid: i64,
+}
+
+/// Sort key of a child: the text after the last marker, or the whole name (Curator's rule).
+pub(crate) fn sort_key<'a>(name: &'a str, markers: &[&str]) -> &'a str {
+    markers
+        .iter()
+        .filter_map(|m| name.rfind(m).map(|i| i + m.len()))
+        .max()
+        .map(|i| &name[i..])
+        .unwrap_or(name)
+}
+
+/// Sorts children into queue order.
+pub(crate) fn sort_children(children: &mut [String], markers: &[&str]) {
+    children.sort_by(|a, b| {
+        sort_key(a, markers)
+            .cmp(sort_key(b, markers))
+            .then_with(|| a.cmp(b))
+    });
+}
+
+/// Removes our node if an acquire is dropped or fails half-way. Disarmed on success.
+struct Pending {
+    client: Client,
+    dir: String,
+    prefix: String,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (client, dir, prefix, path) = (
+            self.client.clone(),
+            self.dir.clone(),
+            self.prefix.clone(),
+            self.path.take(),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    if let Err(e) = remove_own(&client, &dir, &prefix, path.as_deref()).await {
+                        tracing::warn!(dir, prefix, error = %e, "could not remove an abandoned lock node; the session's end will");
+                    }
+                });
+            }
+            Err(_) => {
+                if let Some(path) = path {
+                    // The request is queued on the session at once; nobody awaits the reply.
+                    client.inner.metrics.sent_background(1);
+                    drop(client.zk().delete(&path, None));
+                }
+            }
+        }
+    }
+}
+
+/// Deletes our node: by path when we know it, else by finding our unique prefix.
+async fn remove_own(client: &Client, dir: &str, prefix: &str, path: Option<&str>) -> Result<()> {
+    let zk = client.zk();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let result = match path {
+            Some(path) => {
+                client.inner.metrics.sent(1);
+                match zk.delete(path, None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            None => {
+                client.inner.metrics.sent(1);
+                match zk.list_children(dir).await {
+                    Ok(children) => {
+                        let mine: Vec<String> = children
+                            .into_iter()
+                            .filter(|c| c.starts_with(prefix))
+                            .map(|c| format!("{dir}/{c}"))
+                            .collect();
+                        client.inner.metrics.sent(mine.len() as u64);
+                        let deletes: Vec<_> = mine.iter().map(|p| zk.delete(p, None)).collect();
+                        let mut result = Ok(());
+                        for r in futures::future::join_all(deletes).await {
+                            if let Err(e) = r {
+                                if e != zk::Error::NoNode {
+                                    result = Err(e);
+                                }
+                            }
+                        }
+                        result
+                    }
+                    Err(zk::Error::NoNode) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            // Our ephemeral nodes went with the session.
+            Err(zk::Error::SessionExpired) | Err(zk::Error::ClientClosed) => return Ok(()),
+            Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
+                await_connected(zk, client.session_timeout()).await?;
+            }
+            Err(e) => return Err(backend("delete", path.unwrap_or(dir), e)),
+        }
+    }
+}
+
+impl Queue {
+    /// Joins the queue and waits (per `wait`) until `policy` lets us proceed.
+    ///
+    /// Returns `Ok(None)` when we gave up (never waiting, or the deadline passed); our node is
+    /// deleted before returning. Cancel safe: dropping the future removes our node in the
+    /// background.
+    pub(crate) async fn acquire(
+        &self,
+        policy: &dyn Policy,
+        wait: Wait,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<Acquired>> {
+        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+        let mut pending = Pending {
+            client: self.client.clone(),
+            dir: self.dir.clone(),
+            prefix: prefix.clone(),
+            path: None,
+            armed: true,
+        };
+        let result = self
+            .acquire_inner(policy, wait, progress, &mut pending)
+            .await;
+        match result {
+            Ok(Some(acquired)) => {
+                pending.armed = false;
+                Ok(Some(acquired))
+            }
+            Ok(None) | Err(_) => {
+                // Leave nothing behind: delete our node before reporting.
+                pending.armed = false;
+                let cleanup =
+                    remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref()).await;
+                match (result, cleanup) {
+                    (Ok(None), Ok(())) => Ok(None),
+                    (Ok(None), Err(e)) => Err(e),
+                    (Err(e), _) => Err(e),
+                    (Ok(Some(_)), _) => unreachable!(),
+                }
+            }
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        policy: &dyn Policy,
+        wait: Wait,
+        progress: Option<&watch::Sender<QueueStatus>>,
+        pending: &mut Pending,
+    ) -> Result<Option<Acquired>> {
+        let zk = self.client.zk();
+        let metrics = &self.client.inner.metrics;
+        let (mut acquired, mut children) = self.create_and_list(pending, wait).await?;
+        let own_name = acquired.path[self.dir.len() + 1..].to_string();
+        let mut recreated = 0;
+        loop {
+            sort_children(&mut children, self.markers);
+            let Some(ours) = children.iter().position(|c| *c == own_name) else {
+                // Our node vanished while we waited (deleted by an operator?): queue again.
+                recreated += 1;
+                if recreated > MAX_ATTEMPTS {
+                    return Err(Error::LockLost {
+                        lock: self.dir.clone(),
+                        reason: crate::LostReason::NodeDeleted,
+                    });
+                }
+                tracing::warn!(node = %acquired.path, "our lock node disappeared while waiting; queueing again");
+                pending.path = None;
+                let (a, c) = self.create_and_list(pending, wait).await?;
+                acquired = a;
+                children = c;
+                continue;
+            };
+            let Some(blocker) = policy.blocker(&children, ours) else {
+                if let Some(p) = progress {
+                    p.send_replace(QueueStatus {
+                        ahead: 0,
+                        queue_len: children.len(),
+                    });
+                }
+                return Ok(Some(acquired));
+            };
+            if let Wait::Never = wait {
+                return Ok(None);
+            }
+            if let Some(p) = progress {
+                p.send_replace(QueueStatus {
+                    ahead: ours,
+                    queue_len: children.len(),
+                });
+            }
+            // If the blocker were gone, would we proceed with what we know now? Then its deletion
+            // alone grants us the lock: nodes created later sort after ours.
+            let mut without = children[..=ours].to_vec();
+            without.remove(blocker);
+            let grant_on_delete = policy.blocker(&without, ours - 1).is_none();
+
+            let blocker_path = format!("{}/{}", self.dir, children[blocker]);
+            metrics.sent(1);
+            let watcher = match zk.get_and_watch_data(&blocker_path).await {
+                Ok((_, _, watcher)) => watcher,
+                Err(zk::Error::NoNode) => {
+                    // Gone before the watch was set: look again.
+                    children = self.list(wait).await?;
+                    continue;
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    await_connected(zk, self.client.session_timeout()).await?;
+                    children = self.list(wait).await?;
+                    continue;
+                }
+                Err(e) => return Err(backend("getData", &blocker_path, e)),
+            };
+            let event = match wait.deadline() {
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline, watcher.changed()).await {
+                        Ok(event) => event,
+                        Err(_) => return Ok(None),
+                    }
+                }
+                None => watcher.changed().await,
+            };
+            metrics.woke();
+            match event.event_type {
+                zk::EventType::NodeDeleted if grant_on_delete => {
+                    tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
+                    if let Some(p) = progress {
+                        p.send_replace(QueueStatus {
+                            ahead: 0,
+                            queue_len: children.len() - 1,
+                        });
+                    }
+                    return Ok(Some(acquired));
+                }
+                zk::EventType::Session => match event.session_state {
+                    zk::SessionState::Expired => return Err(Error::SessionExpired),
+                    zk::SessionState::Closed | zk::SessionState::AuthFailed => {
+                        return Err(Error::Closed)
+                    }
+                    _ => {}
+                },
+                _ => {}
+            }
+            children = self.list(wait).await?;
+        }
+    }
+
+    /// Lists the lock directory, retrying across connection losses.
+    async fn list(&self, wait: Wait) -> Result<Vec<String>> {
+        let zk = self.client.zk();
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.client.inner.metrics.sent(1);
+            match zk.list_children(&self.dir).await {
+                Ok(children) => return Ok(children),
+                Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
+                    self.backoff(attempts, wait).await?;
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    return Err(Error::ConnectionLoss {
+                        op: "getChildren",
+                        path: self.dir.clone(),
+                        attempts,
+                    })
+                }
+                Err(e) => return Err(backend("getChildren", &self.dir, e)),
+            }
+        }
+    }
+
+    async fn backoff(&self, attempts: u32, wait: Wait) -> Result<()> {
+        let pause = FIRST_BACKOFF
+            .saturating_mul(1 << attempts.min(10))
+            .min(MAX_BACKOFF);
+        let until = Instant::now() + pause;
+        let until = wait.deadline().map_or(until, |d| d.min(until));
+        tokio::time::sleep_until(until).await;
+        let bound = self.client.session_timeout();
+        await_connected(self.client.zk(), bound).await
+    }
+
+    /// Creates our node and lists the directory in one round trip; creates missing parents as
+    /// containers; after a connection loss finds our node by its unique prefix rather than
+    /// creating a second one.
+    async fn create_and_list(
+        &self,
+        pending: &mut Pending,
+        wait: Wait,
+    ) -> Result<(Acquired, Vec<String>)> {
+        let zk = self.client.zk();
+        let metrics = &self.client.inner.metrics;
+        let node_prefix = format!("{}/{}{}", self.dir, pending.prefix, self.marker);
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let mut attempts = 0;
+        let mut parents_made = false;
+        loop {
+            attempts += 1;
+            metrics.sent(2);
+            let create = zk.create(&node_prefix, self.client.owner_data(), &options);
+            let list = zk.list_children(&self.dir);
+            let (created, listed) = futures::join!(create, list);
+            match created {
+                Ok((stat, seq)) => {
+                    let path = format!("{node_prefix}{seq}");
+                    pending.path = Some(path.clone());
+                    let acquired = Acquired {
+                        path,
+                        czxid: stat.czxid,
+                    };
+                    let children = match listed {
+                        Ok(children) => children,
+                        Err(_) => self.list(wait).await?,
+                    };
+                    return Ok((acquired, children));
+                }
+                Err(zk::Error::NoNode) if !parents_made => {
+                    tracing::debug!(dir = %self.dir, "creating lock directory as containers");
+                    let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    metrics.sent(1);
+                    match zk.mkdir(&self.dir, &dir_options).await {
+                        Ok(()) => {}
+                        Err(zk::Error::NoNode) => {
+                            return Err(Error::InvalidLockPath {
+                                path: self.dir.clone(),
+                                reason: "its chroot does not exist on the server".into(),
+                            })
+                        }
+                        Err(e) => return Err(backend("create", &self.dir, e)),
+                    }
+                    parents_made = true;
+                }
+                // The directory was reaped between our mkdir and create: make it again.
+                Err(zk::Error::NoNode) if attempts < MAX_ATTEMPTS => parents_made = false,
+                Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
+                    self.backoff(attempts, wait).await?;
+                    // The create may have been applied before the connection dropped: look for
+                    // our prefix (unique to this attempt) instead of creating a second node.
+                    if let Some(found) = self.find_own(&pending.prefix).await? {
+                        tracing::debug!(node = %found.path, "found our node after a connection loss");
+                        pending.path = Some(found.path.clone());
+                        let children = self.list(wait).await?;
+                        return Ok((found, children));
+                    }
+                }
+                Err(zk::Error::ConnectionLoss) => {
+                    return Err(Error::ConnectionLoss {
+                        op: "create",
+                        path: node_prefix,
+                        attempts,
+                    })
+                }
+                Err(e) => return Err(backend("create", &node_prefix, e)),
+            }
+        }
+    }
+
+    /// Finds a node with our unique prefix, with its creation zxid.
+    async fn find_own(&self, prefix: &str) -> Result<Option<Acquired>> {
+        let zk = self.client.zk();
+        let children = match self.list(Wait::Forever).await {
+            Ok(c) => c,
+            Err(Error::Backend { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{}/{}", self.dir, name);
+        self.client.inner.metrics.sent(1);
+        match zk.check_stat(&path).await {
+            Ok(Some(stat)) => Ok(Some(Acquired {
+                path,
+                czxid: stat.czxid,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => Err(backend("exists", &path, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        let markers = &["lock-"];
+        let mut c = vec![
+            "_c_bbbb-lock-0000000003".to_string(),
+            "foreign".to_string(),
+            "_c_aaaa-lock-0000000010".to_string(),
+            "_c_cccc-lock-0000000001".to_string(),
+        ];
+        sort_children(&mut c, markers);
+        assert_eq!(
+            c,
+            [
+                "_c_cccc-lock-0000000001",
+                "_c_bbbb-lock-0000000003",
+                "_c_aaaa-lock-0000000010",
+                "foreign"
+            ]
+        );
+        assert_eq!(sort_key("_c_x-lock-0000000007", markers), "0000000007");
+    }
+
+    #[test]
+    fn exclusive_waits_for_predecessor_only() {
+        let q: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
+        assert_eq!(Exclusive.blocker(&q, 0), None);
+        assert_eq!(Exclusive.blocker(&q, 3), Some(2));
+    }
+}

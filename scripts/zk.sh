@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Start or stop a standalone ZooKeeper for distlock's tests and demos.
+#
+#   scripts/zk.sh start DIR   install ZooKeeper (Debian package) if missing, start a server on a
+#                             free 127.0.0.1 port with its data under DIR, wait until it answers
+#                             `ruok`, and print its address (host:port) on stdout.
+#   scripts/zk.sh stop DIR    stop the server recorded in DIR/zk.pid (and only that one).
+#
+# Settings chosen for tests: tickTime 500 ms (so sessions may be as short as 1 s), the admin
+# HTTP server off (it would take port 8080), every four-letter word allowed, containers checked
+# every second so emptied lock directories are reaped quickly.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-}
+if [[ -z "$cmd" || -z "$dir" ]]; then
+    echo "usage: $0 start|stop DIR" >&2
+    exit 2
+fi
+
+log() { echo "zk.sh: $*" >&2; }
+
+install_zookeeper() {
+    if [[ -f /usr/share/java/zookeeper.jar ]]; then return; fi
+    log "installing the Debian zookeeper package"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq zookeeper >&2
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+ruok() {
+    # Prints imok when the server is serving.
+    python3 - "$1" <<'PY' 2>/dev/null || true
+import socket, sys
+try:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
+    s.sendall(b"ruok")
+    print(s.recv(16).decode(), end="")
+except OSError:
+    pass
+PY
+}
+
+start() {
+    install_zookeeper
+    mkdir -p "$dir/data"
+    dir=$(cd "$dir" && pwd)
+    if [[ -f "$dir/zk.pid" ]] && kill -0 "$(cat "$dir/zk.pid")" 2>/dev/null; then
+        log "already running (pid $(cat "$dir/zk.pid"))"
+        cat "$dir/zk.addr"
+        return
+    fi
+    local port
+    port=$(free_port)
+    cat > "$dir/zoo.cfg" <<CFG
+tickTime=500
+minSessionTimeout=1000
+maxSessionTimeout=60000
+dataDir=$dir/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=*
+extendedTypesEnabled=true
+CFG
+    cat > "$dir/log4j.properties" <<'L4J'
+log4j.rootLogger=WARN, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File=${zk.logfile}
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
+L4J
+    local cp="$dir:/usr/share/java/zookeeper.jar"
+    nohup java -Xmx512m -Dzk.logfile="$dir/zk.log" -Dlog4j.configuration="file:$dir/log4j.properties" \
+        -Dznode.container.checkIntervalMs=1000 -Dzookeeper.jmx.log4j.disable=true \
+        -cp "$cp" org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" \
+        > "$dir/zk.out" 2>&1 < /dev/null &
+    local pid=$!
+    echo "$pid" > "$dir/zk.pid"
+    echo "127.0.0.1:$port" > "$dir/zk.addr"
+    # Wait (bounded: 60 s) for the server to answer ruok.
+    for _ in $(seq 1 300); do
+        if [[ "$(ruok "$port")" == "imok" ]]; then
+            log "ZooKeeper pid $pid serving on 127.0.0.1:$port"
+            echo "127.0.0.1:$port"
+            return
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "ZooKeeper exited; its output:"; cat "$dir/zk.out" >&2 || true
+            exit 1
+        fi
+        sleep 0.2
+    done
+    log "ZooKeeper did not answer within 60 s"; kill "$pid" || true
+    exit 1
+}
+
+stop() {
+    [[ -f "$dir/zk.pid" ]] || { log "nothing recorded in $dir/zk.pid"; return; }
+    local pid
+    pid=$(cat "$dir/zk.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill "$pid"
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+        log "stopped ZooKeeper pid $pid"
+    fi
+    rm -f "$dir/zk.pid"
+}
+
+case "$cmd" in
+    start) start ;;
+    stop) stop ;;
+    *) echo "usage: $0 start|stop DIR" >&2; exit 2 ;;
+esac
