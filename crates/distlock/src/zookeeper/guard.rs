@@ -280,11 +280,7 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>) {
                             publish(LockState::Lost(LostReason::NodeDeleted));
                             return;
                         }
-                        zk::EventType::Session => {
-                            if publish(session_state(event.session_state)) {
-                                return;
-                            }
-                        }
+                        zk::EventType::Session if publish(session_state(event.session_state)) => return,
                         _ => {}
                     }
                     break; // re-arm

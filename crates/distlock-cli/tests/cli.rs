@@ -1,0 +1,224 @@
+//! `distlock exec` and `distlock inspect` end to end, against the ZooKeeper from scripts/test.sh.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn backend(session: &str) -> String {
+    let addr = std::env::var("DISTLOCK_TEST_ZK").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_ZK unset)");
+    format!("zk://{addr}?session_timeout={session}")
+}
+
+fn lock() -> String {
+    format!("/distlock-cli-test/{}", uuid::Uuid::new_v4().simple())
+}
+
+fn distlock(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_BACKEND", backend("4s")).args(args);
+    c
+}
+
+/// Starts a holder `distlock exec LOCK -- sh -c 'echo held; ...'` and waits until it prints "held".
+fn hold(lock: &str, session: &str, script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend(session))
+        .args(["exec", lock, "--", "sh", "-c", &format!("echo held; {script}")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    (child, out)
+}
+
+/// Waits (bounded) for a child to exit.
+fn wait_exit(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
+        std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
+    }
+}
+
+#[test]
+fn exec_passes_env_and_exit_status() {
+    let l = lock();
+    let out = distlock(&["exec", &l, "--", "sh", "-c", "echo \"$DISTLOCK_KEY $DISTLOCK_TOKEN\"; exit 7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (key, token) = stdout.trim().split_once(' ').unwrap();
+    assert_eq!(key, l);
+    assert!(token.parse::<u64>().unwrap() > 0);
+}
+
+#[test]
+fn bare_names_live_under_distlock() {
+    let name = format!("n{}", uuid::Uuid::new_v4().simple());
+    let out = distlock(&["exec", &name, "--", "sh", "-c", "echo $DISTLOCK_KEY"]).output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), format!("/distlock/{name}"));
+}
+
+#[test]
+fn nonblock_and_wait_give_up_with_conflict_code() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let out = distlock(&["exec", "-n", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "the command must not run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not acquired"));
+    let started = Instant::now();
+    let out = distlock(&["exec", "-w", "400ms", "-E", "42", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(42));
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    // Nothing left behind by the two failed attempts: only the holder is queued.
+    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let contenders = view["contenders"].as_array().unwrap();
+    assert_eq!(contenders.len(), 1, "{view}");
+    assert_eq!(contenders[0]["holds"], true);
+    assert_eq!(contenders[0]["owner"]["pid"], holder.id());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+#[test]
+fn waiter_runs_after_holder_finishes() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 0.5");
+    let out = distlock(&["exec", "-w", "20s", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "ran");
+    assert!(wait_exit(&mut holder, Duration::from_secs(20)).success());
+}
+
+#[test]
+fn inspect_shows_holder_and_waiters_in_order() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let mut waiter = distlock(&["exec", &l, "--", "true"]).spawn().unwrap();
+    // Wait (bounded) until the waiter is queued.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let out = distlock(&["inspect", "--json", &l]).output().unwrap();
+        let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if view["contenders"].as_array().unwrap().len() == 2 {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "waiter never queued: {view}");
+    };
+    let c = view["contenders"].as_array().unwrap();
+    assert_eq!((c[0]["holds"].as_bool(), c[1]["holds"].as_bool()), (Some(true), Some(false)));
+    assert_eq!(c[0]["owner"]["pid"], holder.id());
+    assert_eq!(c[1]["owner"]["pid"], waiter.id());
+    let table = distlock(&["inspect", &l]).output().unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("holder") && table.contains("waiter"), "{table}");
+    holder.kill().unwrap(); // SIGKILL: the lock passes on when its session expires
+    holder.wait().unwrap();
+    assert!(wait_exit(&mut waiter, Duration::from_secs(30)).success());
+}
+
+#[test]
+fn killed_holder_passes_the_lock_on_after_its_session_times_out() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "2s", "sleep 60");
+    let started = Instant::now();
+    let mut waiter = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", &l, "--", "echo", "took over"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    holder.kill().unwrap(); // SIGKILL: no chance to release
+    holder.wait().unwrap();
+    let status = wait_exit(&mut waiter, Duration::from_secs(30));
+    assert!(status.success());
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut waiter.stdout.take().unwrap(), &mut out).unwrap();
+    assert_eq!(out.trim(), "took over");
+    // The killed holder's node stayed until its 2 s session expired.
+    assert!(started.elapsed() >= Duration::from_millis(1500), "{:?}", started.elapsed());
+}
+
+#[test]
+fn losing_the_lock_terminates_the_command() {
+    let l = lock();
+    // The command ignores nothing: SIGTERM ends it. It would otherwise sleep 60 s.
+    let (mut holder, _out) = hold(&l, "4s", "sleep 60");
+    // An operator deletes the holder's node: the lock is lost.
+    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
+        c.zookeeper().delete(&node, None).await.unwrap();
+    });
+    let status = wait_exit(&mut holder, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3), "distlock exits 3 when the lock is lost");
+}
+
+#[test]
+fn losing_the_lock_kills_a_command_that_ignores_sigterm() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "trap '' TERM; while :; do sleep 0.1; done");
+    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
+        c.zookeeper().delete(&node, None).await.unwrap();
+    });
+    let status = wait_exit(&mut holder, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3));
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let out = distlock(&["exec", "-w", "5", "x", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"5\""));
+    let out = Command::new(BIN).args(["exec", "--backend", "zk://h", "x", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("zk://h"));
+    let out = distlock(&["exec", "a/b", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a/b"));
+    let out = distlock(&["exec", "-n", "-w", "1s", "x", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "-n and -w conflict");
+}
+
+#[test]
+fn signals_are_forwarded_to_the_command() {
+    let l = lock();
+    let mut child = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", &l, "--", "sh", "-c", "trap 'echo got-term; exit 5' TERM; echo held; while :; do sleep 0.1; done"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    unsafe { libc_kill(child.id() as i32, 15) };
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "got-term");
+    assert_eq!(status.code(), Some(5), "exit status of the command");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
