@@ -83,19 +83,20 @@ impl ZkUrl {
             let (key, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
-            let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
-            if d.is_zero() {
-                return Err(bad(&format!("{key} must be greater than zero")));
-            }
-            match key {
-                "session_timeout" => session_timeout = d,
-                "connect_timeout" => connect_timeout = d,
+            let slot = match key {
+                "session_timeout" => &mut session_timeout,
+                "connect_timeout" => &mut connect_timeout,
                 other => {
                     return Err(bad(&format!(
                         "unknown option {other:?} (known: session_timeout, connect_timeout)"
                     )))
                 }
+            };
+            let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
+            if d.is_zero() {
+                return Err(bad(&format!("{key} must be greater than zero")));
             }
+            *slot = d;
         }
         Ok(ZkUrl {
             hosts,
