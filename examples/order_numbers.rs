@@ -19,9 +19,7 @@ async fn issue(client: &Client, counter: &str) -> u64 {
     // The business logic takes a moment between read and write: this is where races happen.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let next = current + 1;
-    zk.set_data(counter, next.to_string().as_bytes(), None)
-        .await
-        .expect("write counter");
+    zk.set_data(counter, next.to_string().as_bytes(), None).await.expect("write counter");
     next
 }
 
@@ -30,39 +28,23 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
     let admin = Client::connect(url).await.expect("connect");
     let base = format!("/distlock-demo/{id}");
     let counter = format!("{base}-counter");
-    let opts =
-        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    admin
-        .zookeeper()
-        .mkdir("/distlock-demo", &opts)
-        .await
-        .expect("demo dir");
-    admin
-        .zookeeper()
-        .create(&counter, b"0", &opts)
-        .await
-        .expect("counter");
+    let opts = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    admin.zookeeper().mkdir("/distlock-demo", &opts).await.expect("demo dir");
+    admin.zookeeper().create(&counter, b"0", &opts).await.expect("counter");
     let issued = Arc::new(StdMutex::new(Vec::new()));
     let start = Arc::new(tokio::sync::Barrier::new(WORKERS));
     let mut tasks = Vec::new();
     for worker in 0..WORKERS {
-        let (url, counter, issued, start) = (
-            url.to_string(),
-            counter.clone(),
-            issued.clone(),
-            start.clone(),
-        );
+        let (url, counter, issued, start) = (url.to_string(), counter.clone(), issued.clone(), start.clone());
         let lock_path = format!("{base}-lock");
         tasks.push(tokio::spawn(async move {
             let client = Client::connect(&url).await.expect("connect");
             let lock = client.mutex(&lock_path).expect("lock path");
             start.wait().await; // all ten start together, like the seeds' CountDownLatch
             let number = if locked {
-                distlock::with_lock(&lock, Duration::from_secs(30), |_token| {
-                    issue(&client, &counter)
-                })
-                .await
-                .expect("lock")
+                distlock::with_lock(&lock, Duration::from_secs(30), |_token| issue(&client, &counter))
+                    .await
+                    .expect("lock")
             } else {
                 issue(&client, &counter).await
             };
@@ -72,11 +54,7 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
     for t in tasks {
         t.await.expect("worker");
     }
-    admin
-        .zookeeper()
-        .delete(&counter, None)
-        .await
-        .expect("cleanup");
+    admin.zookeeper().delete(&counter, None).await.expect("cleanup");
     let v = issued.lock().unwrap().clone();
     v
 }
@@ -96,10 +74,7 @@ async fn main() {
     }
     numbers.sort();
     numbers.dedup();
-    println!(
-        "  -> {} distinct numbers for {WORKERS} orders (duplicates mean lost updates)\n",
-        numbers.len()
-    );
+    println!("  -> {} distinct numbers for {WORKERS} orders (duplicates mean lost updates)\n", numbers.len());
 
     let locked = run(&url, true).await;
     println!("under the distlock mutex, in completion order:");

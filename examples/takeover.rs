@@ -19,10 +19,7 @@ async fn worker(id: usize, url: &str, lock_path: &str) {
     let lock = client.mutex(lock_path).expect("lock path");
     for turn in 1..=TURNS {
         let guard = lock.lock().await.expect("lock");
-        println!(
-            "worker {id} holds turn {turn} token {}",
-            guard.fencing_token()
-        );
+        println!("worker {id} holds turn {turn} token {}", guard.fencing_token());
         tokio::time::sleep(HOLD).await; // the work done under the lock
         println!("worker {id} done turn {turn}");
         guard.release().await.expect("release");
@@ -43,11 +40,7 @@ fn main() {
         .or_else(|| std::env::var("DISTLOCK_BACKEND").ok())
         .unwrap_or_else(|| "zk://127.0.0.1:2181".into());
     // Workers use a short session so a killed holder is noticed within 2 s.
-    let url = format!(
-        "{}{}session_timeout=2s",
-        base,
-        if base.contains('?') { "&" } else { "?" }
-    );
+    let url = format!("{}{}session_timeout=2s", base, if base.contains('?') { "&" } else { "?" });
     let lock_path = format!("/distlock-demo/takeover-{}", uuid::Uuid::new_v4().simple());
     let exe = std::env::current_exe().expect("own path");
 
@@ -93,19 +86,14 @@ fn main() {
                 children[VICTIM].wait().expect("reap");
                 killed_at = Some(Instant::now());
                 holder = None; // a dead process holds nothing; its node lives on until its session expires
-                println!(
-                    "[{t:6.2}s] >>> killed worker {VICTIM} with SIGKILL while it held the lock"
-                );
+                println!("[{t:6.2}s] >>> killed worker {VICTIM} with SIGKILL while it held the lock");
             }
         } else if line.contains(" done ") {
             holder = None;
         }
         if line.contains(" holds ") && id != VICTIM && !reported {
             if let Some(k) = killed_at {
-                println!(
-                    "[{t:6.2}s] >>> the lock passed on {:.2}s after the kill",
-                    at.duration_since(k).as_secs_f64()
-                );
+                println!("[{t:6.2}s] >>> the lock passed on {:.2}s after the kill", at.duration_since(k).as_secs_f64());
                 reported = true;
             }
         }

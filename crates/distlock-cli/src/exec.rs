@@ -48,11 +48,7 @@ pub struct ExecArgs {
 
 pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
-    let timeout = if args.nonblock {
-        Some(Duration::ZERO)
-    } else {
-        args.wait
-    };
+    let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
     let client = Client::connect(&args.backend.backend).await?;
     let mutex = client.mutex(&path)?;
 

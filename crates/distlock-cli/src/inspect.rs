@@ -26,18 +26,14 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         println!("{}: free (no holder, no waiters)", view.path);
     } else {
         println!("{}: {} in queue", view.path, view.contenders.len());
-        println!(
-            "{:<4} {:<7} {:<28} {:<20} {:>8}  NODE",
-            "POS", "ROLE", "OWNER", "SESSION", "AGE"
-        );
+        println!("{:<4} {:<7} {:<28} {:<20} {:>8}  NODE", "POS", "ROLE", "OWNER", "SESSION", "AGE");
         for c in &view.contenders {
             let owner = match &c.owner {
                 Some(o) => o.to_string(),
                 None if c.raw_data.is_empty() => "-".to_string(),
                 None => format!("raw: {}", c.raw_data.chars().take(22).collect::<String>()),
             };
-            let age =
-                humantime::format_duration(Duration::from_millis(c.age_ms / 100 * 100)).to_string();
+            let age = humantime::format_duration(Duration::from_millis(c.age_ms / 100 * 100)).to_string();
             println!(
                 "{:<4} {:<7} {:<28} {:<20} {:>8}  {}",
                 c.position,

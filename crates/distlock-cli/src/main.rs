@@ -21,11 +21,7 @@ pub const EXIT_LOST: u8 = 3;
 const DEFAULT_BACKEND: &str = "zk://127.0.0.1:2181";
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "distlock",
-    version,
-    about = "Run commands under distributed locks (ZooKeeper)"
-)]
+#[command(name = "distlock", version, about = "Run commands under distributed locks (ZooKeeper)")]
 #[command(
     after_help = "EXIT STATUS:\n  0    success (exec: the command's own status)\n  1    lock not acquired (exec -E N changes it)\n  2    usage or backend error\n  3    lock lost while the command ran; the command was terminated\n  128+N  the command was killed by signal N\n\nLOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders)."
 )]
@@ -55,9 +51,7 @@ pub fn lock_path(lock: &str) -> Result<String, String> {
     if lock.starts_with('/') {
         Ok(lock.to_string())
     } else if lock.contains('/') {
-        Err(format!(
-            "invalid lock {lock:?}: a name without '/' or an absolute path like /locks/{lock}"
-        ))
+        Err(format!("invalid lock {lock:?}: a name without '/' or an absolute path like /locks/{lock}"))
     } else {
         Ok(format!("/distlock/{lock}"))
     }
@@ -75,14 +69,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("distlock: cannot start runtime: {e}");

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
 fn backend(session: &str) -> String {
-    let addr = std::env::var("DISTLOCK_TEST_ZK")
-        .expect("run the tests with scripts/test.sh (DISTLOCK_TEST_ZK unset)");
+    let addr = std::env::var("DISTLOCK_TEST_ZK").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_ZK unset)");
     format!("zk://{addr}?session_timeout={session}")
 }
 
@@ -26,14 +25,7 @@ fn distlock(args: &[&str]) -> Command {
 fn hold(lock: &str, session: &str, script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
     let mut child = Command::new(BIN)
         .env("DISTLOCK_BACKEND", backend(session))
-        .args([
-            "exec",
-            lock,
-            "--",
-            "sh",
-            "-c",
-            &format!("echo held; {script}"),
-        ])
+        .args(["exec", lock, "--", "sh", "-c", &format!("echo held; {script}")])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -51,10 +43,7 @@ fn wait_exit(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(
-            Instant::now() < deadline,
-            "process did not exit within {bound:?}"
-        );
+        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
         std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
     }
 }
@@ -62,22 +51,9 @@ fn wait_exit(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
 #[test]
 fn exec_passes_env_and_exit_status() {
     let l = lock();
-    let out = distlock(&[
-        "exec",
-        &l,
-        "--",
-        "sh",
-        "-c",
-        "echo \"$DISTLOCK_KEY $DISTLOCK_TOKEN\"; exit 7",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        distlock(&["exec", &l, "--", "sh", "-c", "echo \"$DISTLOCK_KEY $DISTLOCK_TOKEN\"; exit 7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     let (key, token) = stdout.trim().split_once(' ').unwrap();
     assert_eq!(key, l);
@@ -87,29 +63,20 @@ fn exec_passes_env_and_exit_status() {
 #[test]
 fn bare_names_live_under_distlock() {
     let name = format!("n{}", uuid::Uuid::new_v4().simple());
-    let out = distlock(&["exec", &name, "--", "sh", "-c", "echo $DISTLOCK_KEY"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap().trim(),
-        format!("/distlock/{name}")
-    );
+    let out = distlock(&["exec", &name, "--", "sh", "-c", "echo $DISTLOCK_KEY"]).output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), format!("/distlock/{name}"));
 }
 
 #[test]
 fn nonblock_and_wait_give_up_with_conflict_code() {
     let l = lock();
     let (mut holder, _out) = hold(&l, "4s", "sleep 30");
-    let out = distlock(&["exec", "-n", &l, "--", "echo", "ran"])
-        .output()
-        .unwrap();
+    let out = distlock(&["exec", "-n", &l, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "the command must not run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not acquired"));
     let started = Instant::now();
-    let out = distlock(&["exec", "-w", "400ms", "-E", "42", &l, "--", "echo", "ran"])
-        .output()
-        .unwrap();
+    let out = distlock(&["exec", "-w", "400ms", "-E", "42", &l, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(42));
     assert!(started.elapsed() >= Duration::from_millis(400));
     // Nothing left behind by the two failed attempts: only the holder is queued.
@@ -127,9 +94,7 @@ fn nonblock_and_wait_give_up_with_conflict_code() {
 fn waiter_runs_after_holder_finishes() {
     let l = lock();
     let (mut holder, _out) = hold(&l, "4s", "sleep 0.5");
-    let out = distlock(&["exec", "-w", "20s", &l, "--", "echo", "ran"])
-        .output()
-        .unwrap();
+    let out = distlock(&["exec", "-w", "20s", &l, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "ran");
     assert!(wait_exit(&mut holder, Duration::from_secs(20)).success());
@@ -151,18 +116,12 @@ fn inspect_shows_holder_and_waiters_in_order() {
         assert!(Instant::now() < deadline, "waiter never queued: {view}");
     };
     let c = view["contenders"].as_array().unwrap();
-    assert_eq!(
-        (c[0]["holds"].as_bool(), c[1]["holds"].as_bool()),
-        (Some(true), Some(false))
-    );
+    assert_eq!((c[0]["holds"].as_bool(), c[1]["holds"].as_bool()), (Some(true), Some(false)));
     assert_eq!(c[0]["owner"]["pid"], holder.id());
     assert_eq!(c[1]["owner"]["pid"], waiter.id());
     let table = distlock(&["inspect", &l]).output().unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
-    assert!(
-        table.contains("holder") && table.contains("waiter"),
-        "{table}"
-    );
+    assert!(table.contains("holder") && table.contains("waiter"), "{table}");
     holder.kill().unwrap(); // SIGKILL: the lock passes on when its session expires
     holder.wait().unwrap();
     assert!(wait_exit(&mut waiter, Duration::from_secs(30)).success());
@@ -187,11 +146,7 @@ fn killed_holder_passes_the_lock_on_after_its_session_times_out() {
     std::io::Read::read_to_string(&mut waiter.stdout.take().unwrap(), &mut out).unwrap();
     assert_eq!(out.trim(), "took over");
     // The killed holder's node stayed until its 2 s session expired.
-    assert!(
-        started.elapsed() >= Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() >= Duration::from_millis(1500), "{:?}", started.elapsed());
 }
 
 #[test]
@@ -205,17 +160,11 @@ fn losing_the_lock_terminates_the_command() {
     let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let c = distlock::zookeeper::Client::connect(&backend("4s"))
-            .await
-            .unwrap();
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
         c.zookeeper().delete(&node, None).await.unwrap();
     });
     let status = wait_exit(&mut holder, Duration::from_secs(20));
-    assert_eq!(
-        status.code(),
-        Some(3),
-        "distlock exits 3 when the lock is lost"
-    );
+    assert_eq!(status.code(), Some(3), "distlock exits 3 when the lock is lost");
 }
 
 #[test]
@@ -227,9 +176,7 @@ fn losing_the_lock_kills_a_command_that_ignores_sigterm() {
     let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let c = distlock::zookeeper::Client::connect(&backend("4s"))
-            .await
-            .unwrap();
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
         c.zookeeper().delete(&node, None).await.unwrap();
     });
     let status = wait_exit(&mut holder, Duration::from_secs(30));
@@ -238,23 +185,16 @@ fn losing_the_lock_kills_a_command_that_ignores_sigterm() {
 
 #[test]
 fn bad_arguments_are_named() {
-    let out = distlock(&["exec", "-w", "5", "x", "--", "true"])
-        .output()
-        .unwrap();
+    let out = distlock(&["exec", "-w", "5", "x", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"5\""));
-    let out = Command::new(BIN)
-        .args(["exec", "--backend", "zk://h", "x", "--", "true"])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["exec", "--backend", "zk://h", "x", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("zk://h"));
     let out = distlock(&["exec", "a/b", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("a/b"));
-    let out = distlock(&["exec", "-n", "-w", "1s", "x", "--", "true"])
-        .output()
-        .unwrap();
+    let out = distlock(&["exec", "-n", "-w", "1s", "x", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "-n and -w conflict");
 }
 

@@ -51,18 +51,12 @@ impl Client {
                 reason: format!("cannot start runtime: {e}"),
             })?;
         let inner = rt.block_on(zk::Client::connect(url))?;
-        Ok(Client {
-            inner,
-            rt: Arc::new(rt),
-        })
+        Ok(Client { inner, rt: Arc::new(rt) })
     }
 
     /// An exclusive lock; see [`zk::Client::mutex`].
     pub fn mutex(&self, path: &str) -> Result<Mutex> {
-        Ok(Mutex {
-            inner: self.inner.mutex(path)?,
-            rt: self.rt.clone(),
-        })
+        Ok(Mutex { inner: self.inner.mutex(path)?, rt: self.rt.clone() })
     }
 
     /// The async client underneath.
@@ -93,28 +87,19 @@ impl Mutex {
     /// Blocks until the lock is held.
     pub fn lock(&self) -> Result<MutexGuard> {
         let g = self.rt.block_on(self.inner.lock())?;
-        Ok(MutexGuard {
-            inner: Some(g),
-            rt: self.rt.clone(),
-        })
+        Ok(MutexGuard { inner: Some(g), rt: self.rt.clone() })
     }
 
     /// Takes the lock only if free; never waits.
     pub fn try_lock(&self) -> Result<Option<MutexGuard>> {
         let g = self.rt.block_on(self.inner.try_lock())?;
-        Ok(g.map(|g| MutexGuard {
-            inner: Some(g),
-            rt: self.rt.clone(),
-        }))
+        Ok(g.map(|g| MutexGuard { inner: Some(g), rt: self.rt.clone() }))
     }
 
     /// Waits at most `timeout`.
     pub fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
         let g = self.rt.block_on(self.inner.lock_timeout(timeout))?;
-        Ok(g.map(|g| MutexGuard {
-            inner: Some(g),
-            rt: self.rt.clone(),
-        }))
+        Ok(g.map(|g| MutexGuard { inner: Some(g), rt: self.rt.clone() }))
     }
 }
 

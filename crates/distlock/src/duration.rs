@@ -18,16 +18,12 @@ use std::time::Duration;
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let trimmed = text.trim();
-    let invalid = |reason: String| Error::InvalidDuration {
-        value: text.to_string(),
-        reason,
-    };
+    let invalid = |reason: String| Error::InvalidDuration { value: text.to_string(), reason };
     if trimmed.is_empty() {
         return Err(invalid("empty; write it like 500ms, 10s or 2m".into()));
     }
     if trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
         return Err(invalid(format!("no unit; write {trimmed}s or {trimmed}ms")));
     }
-    humantime::parse_duration(trimmed)
-        .map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
+    humantime::parse_duration(trimmed).map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
 }

@@ -92,6 +92,15 @@ pub enum Error {
         /// How long we waited.
         waited: Duration,
     },
+    /// The request would deadlock and is refused (e.g. upgrading a read lock to a write lock
+    /// through the same handle).
+    #[error("lock {lock}: {reason}")]
+    WouldDeadlock {
+        /// The lock path.
+        lock: String,
+        /// Why it would deadlock.
+        reason: &'static str,
+    },
     /// The lock was lost while held, or a release found it already gone.
     #[error("lock {lock} was lost: {reason}")]
     LockLost {

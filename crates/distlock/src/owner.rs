@@ -31,14 +31,8 @@ pub struct Owner {
 impl Owner {
     /// The owner record for this process.
     pub fn current() -> Owner {
-        let host = hostname::get()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "unknown".into());
-        Owner {
-            host,
-            pid: std::process::id(),
-            client: format!("distlock {}", env!("CARGO_PKG_VERSION")),
-        }
+        let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
+        Owner { host, pid: std::process::id(), client: format!("distlock {}", env!("CARGO_PKG_VERSION")) }
     }
 
     /// Serializes the record as node data.

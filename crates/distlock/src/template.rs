@@ -22,10 +22,7 @@ pub trait DistributedLock: Send + Sync {
     /// The lock's name (path or key), for messages.
     fn name(&self) -> &str;
     /// Waits at most `timeout`; `Ok(None)` when not acquired in time.
-    fn acquire_timeout(
-        &self,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Option<Self::Guard>>> + Send;
+    fn acquire_timeout(&self, timeout: Duration) -> impl Future<Output = Result<Option<Self::Guard>>> + Send;
 }
 
 /// What every guard offers.
@@ -79,10 +76,7 @@ where
 {
     let Some(guard) = lock.acquire_timeout(timeout).await? else {
         tracing::debug!(lock = lock.name(), "busy");
-        return Err(Error::Busy {
-            lock: lock.name().to_string(),
-            waited: timeout,
-        });
+        return Err(Error::Busy { lock: lock.name().to_string(), waited: timeout });
     };
     let lost = guard.lost();
     let result = tokio::select! {
@@ -112,10 +106,7 @@ mod zk_impls {
         fn name(&self) -> &str {
             self.path()
         }
-        fn acquire_timeout(
-            &self,
-            timeout: Duration,
-        ) -> impl Future<Output = Result<Option<MutexGuard>>> + Send {
+        fn acquire_timeout(&self, timeout: Duration) -> impl Future<Output = Result<Option<MutexGuard>>> + Send {
             self.lock_timeout(timeout)
         }
     }

@@ -20,9 +20,7 @@ pub fn zk_url(session_timeout: &str) -> String {
 }
 
 pub async fn connect() -> Client {
-    Client::connect(&zk_url("4s"))
-        .await
-        .expect("connect to test ZooKeeper")
+    Client::connect(&zk_url("4s")).await.expect("connect to test ZooKeeper")
 }
 
 /// A lock path no other test uses.
@@ -41,13 +39,7 @@ pub async fn children(client: &Client, path: &str) -> Vec<String> {
 
 /// Waits (bounded) until `cond` holds, re-checking on every change notification of `path`'s
 /// children; panics with `what` if it does not within `bound`.
-pub async fn wait_children(
-    client: &Client,
-    path: &str,
-    bound: Duration,
-    what: &str,
-    cond: impl Fn(&[String]) -> bool,
-) {
+pub async fn wait_children(client: &Client, path: &str, bound: Duration, what: &str, cond: impl Fn(&[String]) -> bool) {
     let deadline = tokio::time::Instant::now() + bound;
     loop {
         let (list, watcher) = match client.zookeeper().list_and_watch_children(path).await {
@@ -59,21 +51,14 @@ pub async fn wait_children(
             return;
         }
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        assert!(
-            !remaining.is_zero(),
-            "timed out after {bound:?} waiting for {what}; children: {list:?}"
-        );
+        assert!(!remaining.is_zero(), "timed out after {bound:?} waiting for {what}; children: {list:?}");
         match watcher {
             Some(w) => {
                 let _ = tokio::time::timeout(remaining, w.changed()).await;
             }
             None => {
                 // The directory does not exist: wait for its creation.
-                let (_, w) = client
-                    .zookeeper()
-                    .check_and_watch_stat(path)
-                    .await
-                    .expect("exists");
+                let (_, w) = client.zookeeper().check_and_watch_stat(path).await.expect("exists");
                 let _ = tokio::time::timeout(remaining, w.changed()).await;
             }
         }
@@ -93,17 +78,7 @@ pub struct Hold {
 pub fn assert_exclusive(holds: &mut [Hold]) {
     holds.sort_by_key(|h| h.start);
     for pair in holds.windows(2) {
-        assert!(
-            pair[0].end <= pair[1].start,
-            "overlapping holds: {:?} and {:?}",
-            pair[0],
-            pair[1]
-        );
-        assert!(
-            pair[0].token < pair[1].token,
-            "fencing token did not rise: {:?} then {:?}",
-            pair[0],
-            pair[1]
-        );
+        assert!(pair[0].end <= pair[1].start, "overlapping holds: {:?} and {:?}", pair[0], pair[1]);
+        assert!(pair[0].token < pair[1].token, "fencing token did not rise: {:?} then {:?}", pair[0], pair[1]);
     }
 }

@@ -25,13 +25,10 @@ async fn expire_session(client: &Client) {
 
 /// Waits until the waiter behind `progress` is queued with `ahead` contenders before it.
 async fn queued(progress: &mut watch::Receiver<QueueStatus>, ahead: usize) {
-    tokio::time::timeout(
-        BOUND,
-        progress.wait_for(|s| s.ahead == ahead && s.queue_len > 0),
-    )
-    .await
-    .expect("waiter queued in time")
-    .expect("progress channel open");
+    tokio::time::timeout(BOUND, progress.wait_for(|s| s.ahead == ahead && s.queue_len > 0))
+        .await
+        .expect("waiter queued in time")
+        .expect("progress channel open");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -51,30 +48,19 @@ async fn mutual_exclusion_eight_sessions() {
                 let start = Instant::now();
                 tokio::task::yield_now().await;
                 let end = Instant::now();
-                holds.lock().unwrap().push(Hold {
-                    who,
-                    token: guard.fencing_token(),
-                    start,
-                    end,
-                });
+                holds.lock().unwrap().push(Hold { who, token: guard.fencing_token(), start, end });
                 guard.release().await.unwrap();
             }
         }));
     }
     for t in tasks {
-        tokio::time::timeout(Duration::from_secs(120), t)
-            .await
-            .expect("contenders finish")
-            .unwrap();
+        tokio::time::timeout(Duration::from_secs(120), t).await.expect("contenders finish").unwrap();
     }
     let mut holds = holds.lock().unwrap().clone();
     assert_eq!(holds.len(), SESSIONS * ITERATIONS);
     assert_exclusive(&mut holds);
     let admin = connect().await;
-    assert!(
-        children(&admin, &path).await.is_empty(),
-        "nodes left behind"
-    );
+    assert!(children(&admin, &path).await.is_empty(), "nodes left behind");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -101,33 +87,18 @@ async fn fifo_order_and_one_wakeup_per_release() {
         // Enqueue strictly one after another: waiter i has i+1 contenders ahead.
         queued(&mut rx, i + 1).await;
     }
-    let before: u64 = clients
-        .iter()
-        .map(|c| c.metrics().snapshot().watch_wakeups)
-        .sum();
+    let before: u64 = clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
     assert_eq!(before, 0, "nobody may wake before the first release");
     first.release().await.unwrap();
     for t in tasks {
-        tokio::time::timeout(BOUND, t)
-            .await
-            .expect("waiters finish")
-            .unwrap();
+        tokio::time::timeout(BOUND, t).await.expect("waiters finish").unwrap();
     }
     let order = order.lock().unwrap().clone();
-    assert_eq!(
-        order.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
-        (0..WAITERS).collect::<Vec<_>>()
-    );
-    assert!(
-        order.windows(2).all(|w| w[0].1 < w[1].1),
-        "tokens rise: {order:?}"
-    );
+    assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), (0..WAITERS).collect::<Vec<_>>());
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "tokens rise: {order:?}");
     // WAITERS releases happened while someone waited (the first holder's and WAITERS-1 more);
     // each must have woken exactly one waiter.
-    let wakeups: u64 = clients
-        .iter()
-        .map(|c| c.metrics().snapshot().watch_wakeups)
-        .sum();
+    let wakeups: u64 = clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
     assert_eq!(wakeups, WAITERS as u64, "watch events delivered to waiters");
     assert!(children(&holder_client, &path).await.is_empty());
 }
@@ -158,16 +129,9 @@ async fn try_lock_and_timeout_leave_no_node() {
     assert!(other.try_lock().await.unwrap().is_none());
     assert_eq!(children(&a, &path).await.len(), 1, "try_lock left a node");
     let started = Instant::now();
-    assert!(other
-        .lock_timeout(Duration::from_millis(300))
-        .await
-        .unwrap()
-        .is_none());
+    assert!(other.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(
-        children(&a, &path).await,
-        vec![held.node_path().rsplit('/').next().unwrap().to_string()]
-    );
+    assert_eq!(children(&a, &path).await, vec![held.node_path().rsplit('/').next().unwrap().to_string()]);
     held.release().await.unwrap();
     let g = other.try_lock().await.unwrap().expect("free now");
     g.release().await.unwrap();
@@ -181,16 +145,12 @@ async fn dropped_acquire_leaves_no_node() {
     let held = a.mutex(&path).unwrap().lock().await.unwrap();
     let (tx, mut rx) = watch::channel(QueueStatus::default());
     let lock = b.mutex(&path).unwrap();
-    let task =
-        tokio::spawn(async move { lock.lock_with(None, Some(&tx)).await.map(|g| g.is_some()) });
+    let task = tokio::spawn(async move { lock.lock_with(None, Some(&tx)).await.map(|g| g.is_some()) });
     queued(&mut rx, 1).await;
     assert_eq!(children(&a, &path).await.len(), 2);
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    wait_children(&a, &path, BOUND, "the cancelled waiter's node to go", |c| {
-        c.len() == 1
-    })
-    .await;
+    wait_children(&a, &path, BOUND, "the cancelled waiter's node to go", |c| c.len() == 1).await;
     held.release().await.unwrap();
     assert!(children(&a, &path).await.is_empty());
 }
@@ -203,12 +163,10 @@ async fn waiter_behind_an_abandoning_predecessor_still_gets_the_lock() {
     // B queues, then C queues behind B.
     let (btx, mut brx) = watch::channel(QueueStatus::default());
     let block = b.mutex(&path).unwrap();
-    let btask = tokio::spawn(async move {
-        block
-            .lock_with(Some(Duration::from_secs(60)), Some(&btx))
-            .await
-            .map(|g| g.is_some())
-    });
+    let btask =
+        tokio::spawn(
+            async move { block.lock_with(Some(Duration::from_secs(60)), Some(&btx)).await.map(|g| g.is_some()) },
+        );
     queued(&mut brx, 1).await;
     let (ctx, mut crx) = watch::channel(QueueStatus::default());
     let clock = c.mutex(&path).unwrap();
@@ -226,10 +184,7 @@ async fn waiter_behind_an_abandoning_predecessor_still_gets_the_lock() {
     assert!(!ctask.is_finished(), "C must not hold while A does");
     let a_token = held.fencing_token();
     held.release().await.unwrap();
-    let c_token = tokio::time::timeout(BOUND, ctask)
-        .await
-        .expect("C acquires")
-        .unwrap();
+    let c_token = tokio::time::timeout(BOUND, ctask).await.expect("C acquires").unwrap();
     assert!(c_token > a_token);
     assert!(children(&a, &path).await.is_empty());
 }
@@ -250,15 +205,10 @@ async fn session_expiry_while_holding_is_reported_and_the_next_token_is_larger()
     queued(&mut rx, 1).await;
 
     expire_session(&holder).await;
-    let reason = tokio::time::timeout(BOUND, lost)
-        .await
-        .expect("loss reported");
+    let reason = tokio::time::timeout(BOUND, lost).await.expect("loss reported");
     assert_eq!(reason, LostReason::SessionExpired);
     assert!(guard.state().is_lost());
-    let next = tokio::time::timeout(BOUND, next)
-        .await
-        .expect("next holder")
-        .unwrap();
+    let next = tokio::time::timeout(BOUND, next).await.expect("next holder").unwrap();
     assert!(next.fencing_token() > old_token);
     // Releasing a lost lock reports the loss instead of pretending.
     match guard.release().await {
@@ -275,24 +225,10 @@ async fn node_deleted_by_someone_else_is_loss() {
     let guard = holder.mutex(&path).unwrap().lock().await.unwrap();
     let mut states = guard.state_changes();
     let admin = connect().await;
-    admin
-        .zookeeper()
-        .delete(guard.node_path(), None)
-        .await
-        .unwrap();
-    let state = tokio::time::timeout(BOUND, states.wait_for(|s| s.is_lost()))
-        .await
-        .unwrap()
-        .unwrap()
-        .to_owned();
+    admin.zookeeper().delete(guard.node_path(), None).await.unwrap();
+    let state = tokio::time::timeout(BOUND, states.wait_for(|s| s.is_lost())).await.unwrap().unwrap().to_owned();
     assert_eq!(state, LockState::Lost(LostReason::NodeDeleted));
-    assert!(matches!(
-        guard.release().await,
-        Err(Error::LockLost {
-            reason: LostReason::NodeDeleted,
-            ..
-        })
-    ));
+    assert!(matches!(guard.release().await, Err(Error::LockLost { reason: LostReason::NodeDeleted, .. })));
 }
 
 #[tokio::test]
@@ -306,11 +242,7 @@ async fn fencing_token_rises_across_directory_recreation() {
     // The directory is gone (as when a container is reaped): sequence numbers restart at 0...
     client.zookeeper().delete(&path, None).await.unwrap();
     let g = lock.lock().await.unwrap();
-    assert!(
-        g.node_path().ends_with("lock-0000000000"),
-        "{}",
-        g.node_path()
-    );
+    assert!(g.node_path().ends_with("lock-0000000000"), "{}", g.node_path());
     // ...but the token does not go back.
     assert!(g.fencing_token() > first);
     g.release().await.unwrap();
@@ -320,23 +252,11 @@ async fn fencing_token_rises_across_directory_recreation() {
 async fn empty_lock_directory_is_a_container_and_is_reaped() {
     let path = unique_path("reap");
     let client = connect().await;
-    client
-        .mutex(&path)
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    client.mutex(&path).unwrap().lock().await.unwrap().release().await.unwrap();
     // scripts/zk.sh checks containers every second.
     let deadline = tokio::time::Instant::now() + BOUND;
     loop {
-        let (stat, watcher) = client
-            .zookeeper()
-            .check_and_watch_stat(&path)
-            .await
-            .unwrap();
+        let (stat, watcher) = client.zookeeper().check_and_watch_stat(&path).await.unwrap();
         if stat.is_none() {
             break;
         }
@@ -351,17 +271,12 @@ async fn with_lock_runs_or_reports_busy() {
     let path = unique_path("template");
     let a = connect().await;
     let lock = a.mutex(&path).unwrap();
-    let token = distlock::with_lock(&lock, Duration::from_secs(5), |t| async move { t })
-        .await
-        .unwrap();
+    let token = distlock::with_lock(&lock, Duration::from_secs(5), |t| async move { t }).await.unwrap();
     assert!(token > 0);
     let held = lock.lock().await.unwrap();
     let b = connect().await;
     let other = b.mutex(&path).unwrap();
-    let r = distlock::with_lock(&other, Duration::from_millis(100), |_| async {
-        unreachable!("must not run")
-    })
-    .await;
+    let r = distlock::with_lock(&other, Duration::from_millis(100), |_| async { unreachable!("must not run") }).await;
     assert!(matches!(r, Err(Error::Busy { .. })), "{r:?}");
     held.release().await.unwrap();
     assert!(children(&a, &path).await.is_empty());
@@ -377,24 +292,11 @@ async fn with_lock_cancels_work_when_the_lock_is_lost() {
     let r = distlock::with_lock(&lock, Duration::from_secs(5), |_| async move {
         // Someone deletes our node; the work must be stopped, not run to its end.
         let kids = children(&admin_c, &path_c).await;
-        admin_c
-            .zookeeper()
-            .delete(&format!("{path_c}/{}", kids[0]), None)
-            .await
-            .unwrap();
+        admin_c.zookeeper().delete(&format!("{path_c}/{}", kids[0]), None).await.unwrap();
         std::future::pending::<()>().await
     })
     .await;
-    assert!(
-        matches!(
-            r,
-            Err(Error::LockLost {
-                reason: LostReason::NodeDeleted,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
+    assert!(matches!(r, Err(Error::LockLost { reason: LostReason::NodeDeleted, .. })), "{r:?}");
 }
 
 #[tokio::test]
@@ -405,19 +307,12 @@ async fn bad_input_is_a_clear_error() {
         assert!(matches!(e, Error::InvalidLockPath { .. }), "{bad}: {e}");
         assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
     }
-    let e = Client::connect("zk://127.0.0.1:notaport")
-        .await
-        .unwrap_err();
+    let e = Client::connect("zk://127.0.0.1:notaport").await.unwrap_err();
     assert!(e.to_string().contains("notaport"), "{e}");
     let started = Instant::now();
-    let e = Client::connect("zk://127.0.0.1:1?connect_timeout=500ms")
-        .await
-        .unwrap_err();
+    let e = Client::connect("zk://127.0.0.1:1?connect_timeout=500ms").await.unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "a dead address must not hang"
-    );
+    assert!(started.elapsed() < Duration::from_secs(10), "a dead address must not hang");
 }
 
 #[test]
@@ -428,21 +323,11 @@ fn blocking_facade_locks_and_releases() {
     let b = distlock::blocking::Client::connect(&url).unwrap();
     let g = a.mutex(&path).unwrap().lock().unwrap();
     assert!(b.mutex(&path).unwrap().try_lock().unwrap().is_none());
-    assert!(b
-        .mutex(&path)
-        .unwrap()
-        .lock_timeout(Duration::from_millis(100))
-        .unwrap()
-        .is_none());
+    assert!(b.mutex(&path).unwrap().lock_timeout(Duration::from_millis(100)).unwrap().is_none());
     assert!(g.lost_reason().is_none());
     let t = g.fencing_token();
     drop(g); // release by drop
-    let g2 = b
-        .mutex(&path)
-        .unwrap()
-        .lock_timeout(Duration::from_secs(10))
-        .unwrap()
-        .expect("released by drop");
+    let g2 = b.mutex(&path).unwrap().lock_timeout(Duration::from_secs(10)).unwrap().expect("released by drop");
     assert!(g2.fencing_token() > t);
     g2.release().unwrap();
 }

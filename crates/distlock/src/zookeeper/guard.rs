@@ -47,6 +47,7 @@ impl LockState {
 }
 
 /// The state every recipe's guard shares.
+#[derive(Debug)]
 pub(crate) struct HeldNode {
     client: Client,
     /// The lock (directory) path, for messages.
@@ -59,25 +60,43 @@ pub(crate) struct HeldNode {
     released: bool,
 }
 
+#[derive(Debug)]
 struct Shared {
     tx: watch::Sender<LockState>,
+    revoke: watch::Sender<bool>,
     monitor: OnceLock<AbortHandle>,
 }
+
+/// Data a revoker writes into a holder's node to ask it to release (Curator's value).
+pub(crate) const REVOKE: &[u8] = b"__REVOKE__";
 
 impl HeldNode {
     pub(crate) fn new(client: Client, lock: String, path: String, czxid: i64) -> HeldNode {
         let (tx, _) = watch::channel(LockState::Held);
+        let (revoke, _) = watch::channel(false);
         HeldNode {
             client,
             lock,
             path,
             token: czxid as u64,
             handle: Handle::current(),
-            shared: Arc::new(Shared {
-                tx,
-                monitor: OnceLock::new(),
-            }),
+            shared: Arc::new(Shared { tx, revoke, monitor: OnceLock::new() }),
             released: false,
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Resolves once someone has asked this holder to release (data `__REVOKE__` on our node).
+    pub(crate) fn revocation_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let _ = self.watch(); // make sure the monitor runs
+        let mut rx = self.shared.revoke.subscribe();
+        async move {
+            if rx.wait_for(|r| *r).await.is_err() {
+                std::future::pending::<()>().await;
+            }
         }
     }
 
@@ -96,11 +115,8 @@ impl HeldNode {
     /// Starts watching our node and the session (once); returns a receiver of the state.
     pub(crate) fn watch(&self) -> watch::Receiver<LockState> {
         self.shared.monitor.get_or_init(|| {
-            let task = monitor(
-                self.client.clone(),
-                self.path.clone(),
-                self.shared.tx.clone(),
-            );
+            let task =
+                monitor(self.client.clone(), self.path.clone(), self.shared.tx.clone(), self.shared.revoke.clone());
             self.handle.spawn(task).abort_handle()
         });
         self.shared.tx.subscribe()
@@ -140,16 +156,10 @@ impl HeldNode {
                 // A delete sent before a connection loss may have been applied.
                 Err(zk::Error::NoNode) if after_loss => return Ok(()),
                 Err(zk::Error::NoNode) => {
-                    return Err(Error::LockLost {
-                        lock: self.lock.clone(),
-                        reason: LostReason::NodeDeleted,
-                    })
+                    return Err(Error::LockLost { lock: self.lock.clone(), reason: LostReason::NodeDeleted })
                 }
                 Err(zk::Error::SessionExpired) => {
-                    return Err(Error::LockLost {
-                        lock: self.lock.clone(),
-                        reason: LostReason::SessionExpired,
-                    })
+                    return Err(Error::LockLost { lock: self.lock.clone(), reason: LostReason::SessionExpired })
                 }
                 Err(zk::Error::ConnectionLoss) if attempts < 5 => {
                     after_loss = true;
@@ -185,10 +195,7 @@ impl Drop for HeldNode {
             for _ in 0..4 {
                 match result {
                     Err(zk::Error::ConnectionLoss) => {
-                        if await_connected(client.zk(), client.session_timeout())
-                            .await
-                            .is_err()
-                        {
+                        if await_connected(client.zk(), client.session_timeout()).await.is_err() {
                             return;
                         }
                         client.inner.metrics.sent_background(1);
@@ -198,10 +205,7 @@ impl Drop for HeldNode {
                 }
             }
             match result {
-                Ok(())
-                | Err(zk::Error::NoNode)
-                | Err(zk::Error::SessionExpired)
-                | Err(zk::Error::ClientClosed) => {}
+                Ok(()) | Err(zk::Error::NoNode) | Err(zk::Error::SessionExpired) | Err(zk::Error::ClientClosed) => {}
                 Err(e) => {
                     tracing::warn!(node = %path, error = %e, "could not delete lock node on drop")
                 }
@@ -211,7 +215,7 @@ impl Drop for HeldNode {
 }
 
 /// Watches our node and the session, publishing the guard's state until it is lost.
-async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>) {
+async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, revoke: watch::Sender<bool>) {
     let zk = client.zk();
     let mut states = zk.state_watcher();
     let session_state = |s: zk::SessionState| match s {
@@ -237,11 +241,17 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>) {
         return;
     }
     loop {
-        // Arm a watch on our own node (exists + watch); re-armed after data changes.
+        // Arm a watch on our own node (getData + watch); re-armed after data changes, which is
+        // how a revoker's request arrives.
         client.inner.metrics.sent_background(1);
-        let watcher = match zk.check_and_watch_stat(&path).await {
-            Ok((Some(_), watcher)) => watcher,
-            Ok((None, _)) => {
+        let watcher = match zk.get_and_watch_data(&path).await {
+            Ok((data, _, watcher)) => {
+                if data == REVOKE {
+                    revoke.send_replace(true);
+                }
+                watcher
+            }
+            Err(zk::Error::NoNode) => {
                 publish(LockState::Lost(LostReason::NodeDeleted));
                 return;
             }
@@ -294,3 +304,51 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>) {
         }
     }
 }
+
+/// The accessors every guard made of one [`HeldNode`] (field `node`) offers.
+macro_rules! guard_methods {
+    () => {
+        /// A number larger than every earlier holder's token on this lock path (the creation zxid of
+        /// our node), also after the lock directory was deleted and re-created. Give it to storage
+        /// that rejects writes carrying a smaller token than it has seen: that, not the lock alone,
+        /// keeps a paused or partitioned former holder from doing harm.
+        pub fn fencing_token(&self) -> u64 {
+            self.node.token()
+        }
+
+        /// The lock path.
+        pub fn lock_path(&self) -> &str {
+            self.node.lock_path()
+        }
+
+        /// Our node's full path.
+        pub fn node_path(&self) -> &str {
+            self.node.node_path()
+        }
+
+        /// The current state; the first call starts watching our node.
+        pub fn state(&self) -> crate::zookeeper::LockState {
+            self.node.state()
+        }
+
+        /// A receiver of state changes (held, suspended, lost).
+        pub fn state_changes(&self) -> tokio::sync::watch::Receiver<crate::zookeeper::LockState> {
+            self.node.watch()
+        }
+
+        /// Resolves when the lock can no longer be trusted: the session expired or closed, or our node
+        /// was deleted by someone else. A connection loss alone (`Suspended`) does not resolve it; see
+        /// [`state_changes`](Self::state_changes) for that.
+        pub fn lost(&self) -> impl std::future::Future<Output = crate::LostReason> + Send + 'static {
+            self.node.lost()
+        }
+
+        /// Resolves when someone asks this holder to release (see
+        /// [`Client::revoke`](crate::zookeeper::Client::revoke)). Opt-in: a holder that never awaits this is not
+        /// affected by revocation requests.
+        pub fn revocation_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+            self.node.revocation_requested()
+        }
+    };
+}
+pub(crate) use guard_methods;

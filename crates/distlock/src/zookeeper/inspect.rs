@@ -1,6 +1,7 @@
 //! Who holds a lock and who waits.
 
 use super::queue::{sort_children, Exclusive, Policy};
+use super::rwlock::{is_writer, ReadPolicy, READ};
 use super::{backend, url, Client};
 use crate::{Owner, Result};
 use serde::Serialize;
@@ -77,10 +78,7 @@ impl Client {
         let paths: Vec<String> = children.iter().map(|c| format!("{dir}/{c}")).collect();
         let reads: Vec<_> = paths.iter().map(|p| zk.get_data(p)).collect();
         let results = futures::future::join_all(reads).await;
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO)
-            .as_millis() as i64;
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as i64;
         let mut contenders = Vec::new();
         let mut live: Vec<String> = Vec::new();
         for (name, result) in children.iter().zip(results) {
@@ -102,11 +100,11 @@ impl Client {
             });
         }
         for (i, c) in contenders.iter_mut().enumerate() {
-            c.holds = Exclusive.blocker(&live, i).is_none();
+            // Read nodes of a read/write lock share; everything else is exclusive.
+            let shared = c.node.contains(READ) && !is_writer(&c.node);
+            c.holds =
+                if shared { ReadPolicy.blocker(&live, i).is_none() } else { Exclusive.blocker(&live, i).is_none() };
         }
-        Ok(LockView {
-            path: dir,
-            contenders,
-        })
+        Ok(LockView { path: dir, contenders })
     }
 }

@@ -13,12 +13,16 @@ mod guard;
 mod inspect;
 mod mutex;
 mod queue;
+mod rwlock;
+mod semaphore;
 mod url;
 
 pub use guard::LockState;
 pub use inspect::{Contender, LockView};
 pub use mutex::{Mutex, MutexGuard};
 pub use queue::QueueStatus;
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 pub use url::{ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
 
 use crate::{Error, Owner, Result};
@@ -59,10 +63,7 @@ struct Inner {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("url", &self.inner.url.to_string())
-            .field("session", &self.session_id())
-            .finish()
+        f.debug_struct("Client").field("url", &self.inner.url.to_string()).field("session", &self.session_id()).finish()
     }
 }
 
@@ -89,12 +90,7 @@ impl Client {
         let bound = url.connect_timeout + Duration::from_secs(1);
         let zk = match tokio::time::timeout(bound, connect).await {
             Ok(Ok(zk)) => zk,
-            Ok(Err(e)) => {
-                return Err(Error::Connect {
-                    url: url.to_string(),
-                    reason: e.to_string(),
-                })
-            }
+            Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
             Err(_) => {
                 return Err(Error::Connect {
                     url: url.to_string(),
@@ -103,14 +99,7 @@ impl Client {
             }
         };
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
-        Ok(Client {
-            inner: Arc::new(Inner {
-                zk,
-                url,
-                owner: Owner::current().encode(),
-                metrics: Metrics::default(),
-            }),
-        })
+        Ok(Client { inner: Arc::new(Inner { zk, url, owner: Owner::current().encode(), metrics: Metrics::default() }) })
     }
 
     /// An exclusive lock on `path` (e.g. `/locks/orders`), sharing this session.
@@ -122,6 +111,42 @@ impl Client {
     /// [`Error::InvalidLockPath`] when `path` is not an absolute znode path.
     pub fn mutex(&self, path: &str) -> Result<Mutex> {
         Mutex::new(self.clone(), path)
+    }
+
+    /// A read/write lock on `path`, sharing this session (Curator's InterProcessReadWriteLock
+    /// layout).
+    ///
+    /// # Notable errors
+    /// [`Error::InvalidLockPath`] when `path` is not an absolute znode path.
+    pub fn rwlock(&self, path: &str) -> Result<RwLock> {
+        RwLock::new(self.clone(), path)
+    }
+
+    /// A semaphore with `permits` permits on `path` (Curator's InterProcessSemaphoreV2 layout).
+    ///
+    /// # Notable errors
+    /// [`Error::InvalidLockPath`] for a bad path, [`Error::InvalidArgument`] for 0 permits.
+    pub fn semaphore(&self, path: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.clone(), path, permits)
+    }
+
+    /// A non-reentrant mutex whose guard any task may release: a one-permit [`Semaphore`]
+    /// (Curator's InterProcessSemaphoreMutex).
+    pub fn semaphore_mutex(&self, path: &str) -> Result<Semaphore> {
+        Semaphore::new(self.clone(), path, 1)
+    }
+
+    /// Asks the holder of the lock node `node_path` to release it, by writing `__REVOKE__` into
+    /// the node (the ZooKeeper revocation recipe, as Curator does it). Holders opt in by awaiting
+    /// their guard's `revocation_requested()`; others ignore it.
+    ///
+    /// # Notable errors
+    /// [`Error::Backend`] with `NoNode` if the node is gone.
+    pub async fn revoke(&self, node_path: &str) -> Result<()> {
+        let path = url::lock_path(node_path)?;
+        self.inner.metrics.sent(1);
+        self.inner.zk.set_data(&path, guard::REVOKE, None).await.map_err(|e| backend("setData", &path, e))?;
+        Ok(())
     }
 
     /// The session id, as ZooKeeper prints it (hex).
@@ -160,9 +185,7 @@ impl Client {
         let _ = tokio::time::timeout(bound, async {
             loop {
                 match states.changed().await {
-                    zk::SessionState::Closed
-                    | zk::SessionState::Expired
-                    | zk::SessionState::AuthFailed => return,
+                    zk::SessionState::Closed | zk::SessionState::Expired | zk::SessionState::AuthFailed => return,
                     _ => continue,
                 }
             }
@@ -258,11 +281,7 @@ pub(crate) fn backend(op: &'static str, path: &str, e: zk::Error) -> Error {
     match e {
         zk::Error::SessionExpired => Error::SessionExpired,
         zk::Error::ClientClosed => Error::Closed,
-        e => Error::Backend {
-            op,
-            path: path.to_string(),
-            source: Box::new(e),
-        },
+        e => Error::Backend { op, path: path.to_string(), source: Box::new(e) },
     }
 }
 
@@ -273,13 +292,9 @@ pub(crate) async fn await_connected(zk: &zk::Client, bound: Duration) -> Result<
     let wait = async {
         loop {
             match states.state() {
-                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                    return Ok(())
-                }
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => return Ok(()),
                 zk::SessionState::Expired => return Err(Error::SessionExpired),
-                zk::SessionState::Closed | zk::SessionState::AuthFailed => {
-                    return Err(Error::Closed)
-                }
+                zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
                 zk::SessionState::Disconnected => {
                     states.changed().await;
                 }

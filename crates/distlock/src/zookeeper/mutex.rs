@@ -1,9 +1,9 @@
 //! The exclusive lock.
 
-use super::guard::{HeldNode, LockState};
+use super::guard::HeldNode;
 use super::queue::{Exclusive, Queue, QueueStatus, Wait};
 use super::{url, Client};
-use crate::{LostReason, Result};
+use crate::Result;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -56,14 +56,7 @@ pub struct Mutex {
 impl Mutex {
     pub(super) fn new(client: Client, path: &str) -> Result<Mutex> {
         let dir = url::lock_path(path)?;
-        Ok(Mutex {
-            queue: Queue {
-                client,
-                dir,
-                marker: MARKER,
-                markers: &[MARKER],
-            },
-        })
+        Ok(Mutex { queue: Queue { client, dir, marker: MARKER, markers: &[MARKER] } })
     }
 
     /// The lock path.
@@ -104,8 +97,7 @@ impl Mutex {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Mutex::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Wait::Until(Instant::now() + timeout), None)
-            .await
+        self.acquire(Wait::Until(Instant::now() + timeout), None).await
     }
 
     /// Acquires with full control: `timeout` `None` waits forever, `Some(ZERO)` never waits;
@@ -123,19 +115,10 @@ impl Mutex {
         self.acquire(wait, progress).await
     }
 
-    async fn acquire(
-        &self,
-        wait: Wait,
-        progress: Option<&watch::Sender<QueueStatus>>,
-    ) -> Result<Option<MutexGuard>> {
+    async fn acquire(&self, wait: Wait, progress: Option<&watch::Sender<QueueStatus>>) -> Result<Option<MutexGuard>> {
         let acquired = self.queue.acquire(&Exclusive, wait, progress).await?;
         Ok(acquired.map(|a| MutexGuard {
-            node: HeldNode::new(
-                self.queue.client.clone(),
-                self.queue.dir.clone(),
-                a.path,
-                a.czxid,
-            ),
+            node: HeldNode::new(self.queue.client.clone(), self.queue.dir.clone(), a.path, a.czxid),
         }))
     }
 }
@@ -166,48 +149,12 @@ pub struct MutexGuard {
 
 impl std::fmt::Debug for MutexGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MutexGuard")
-            .field("node", &self.node.node_path())
-            .field("token", &self.node.token())
-            .finish()
+        f.debug_struct("MutexGuard").field("node", &self.node.node_path()).field("token", &self.node.token()).finish()
     }
 }
 
 impl MutexGuard {
-    /// A number larger than every earlier holder's token on this lock path (the creation zxid of
-    /// our node), also after the lock directory was deleted and re-created. Give it to storage
-    /// that rejects writes carrying a smaller token than it has seen: that, not the lock alone,
-    /// keeps a paused or partitioned former holder from doing harm.
-    pub fn fencing_token(&self) -> u64 {
-        self.node.token()
-    }
-
-    /// The lock path.
-    pub fn lock_path(&self) -> &str {
-        self.node.lock_path()
-    }
-
-    /// Our node's full path.
-    pub fn node_path(&self) -> &str {
-        self.node.node_path()
-    }
-
-    /// The current state; the first call starts watching our node.
-    pub fn state(&self) -> LockState {
-        self.node.state()
-    }
-
-    /// A receiver of state changes (held, suspended, lost).
-    pub fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.node.watch()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the session expired or closed, or our node
-    /// was deleted by someone else. A connection loss alone (`Suspended`) does not resolve it; see
-    /// [`state_changes`](Self::state_changes) for that.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        self.node.lost()
-    }
+    crate::zookeeper::guard::guard_methods!();
 
     /// Releases the lock and waits for the server to confirm.
     ///

@@ -67,6 +67,13 @@ pub(crate) trait Policy: Send + Sync {
     /// `sorted` is the queue in order; `ours` our index in it. Returns the index of the child we
     /// must wait for, or `None` when we may proceed.
     fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize>;
+
+    /// Whether a node can never appear ahead of ours after our snapshot, so that the blocker's
+    /// deletion alone may grant us (no re-read). False where non-sequential nodes may be inserted
+    /// mid-queue (a read/write lock's downgrade nodes).
+    fn nothing_inserted_ahead(&self) -> bool {
+        true
+    }
 }
 
 /// Exclusive: only the first child holds; everyone else waits for the child just ahead.
@@ -101,21 +108,12 @@ pub(crate) struct Acquired {
 
 /// Sort key of a child: the text after the last marker, or the whole name (Curator's rule).
 pub(crate) fn sort_key<'a>(name: &'a str, markers: &[&str]) -> &'a str {
-    markers
-        .iter()
-        .filter_map(|m| name.rfind(m).map(|i| i + m.len()))
-        .max()
-        .map(|i| &name[i..])
-        .unwrap_or(name)
+    markers.iter().filter_map(|m| name.rfind(m).map(|i| i + m.len())).max().map(|i| &name[i..]).unwrap_or(name)
 }
 
 /// Sorts children into queue order.
 pub(crate) fn sort_children(children: &mut [String], markers: &[&str]) {
-    children.sort_by(|a, b| {
-        sort_key(a, markers)
-            .cmp(sort_key(b, markers))
-            .then_with(|| a.cmp(b))
-    });
+    children.sort_by(|a, b| sort_key(a, markers).cmp(sort_key(b, markers)).then_with(|| a.cmp(b)));
 }
 
 /// Removes our node if an acquire is dropped or fails half-way. Disarmed on success.
@@ -132,12 +130,8 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
-        let (client, dir, prefix, path) = (
-            self.client.clone(),
-            self.dir.clone(),
-            self.prefix.clone(),
-            self.path.take(),
-        );
+        let (client, dir, prefix, path) =
+            (self.client.clone(), self.dir.clone(), self.prefix.clone(), self.path.take());
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
@@ -229,9 +223,7 @@ impl Queue {
             path: None,
             armed: true,
         };
-        let result = self
-            .acquire_inner(policy, wait, progress, &mut pending)
-            .await;
+        let result = self.acquire_inner(policy, wait, progress, &mut pending).await;
         match result {
             Ok(Some(acquired)) => {
                 pending.armed = false;
@@ -240,8 +232,7 @@ impl Queue {
             Ok(None) | Err(_) => {
                 // Leave nothing behind: delete our node before reporting.
                 pending.armed = false;
-                let cleanup =
-                    remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref()).await;
+                let cleanup = remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref()).await;
                 match (result, cleanup) {
                     (Ok(None), Ok(())) => Ok(None),
                     (Ok(None), Err(e)) => Err(e),
@@ -270,10 +261,7 @@ impl Queue {
                 // Our node vanished while we waited (deleted by an operator?): queue again.
                 recreated += 1;
                 if recreated > MAX_ATTEMPTS {
-                    return Err(Error::LockLost {
-                        lock: self.dir.clone(),
-                        reason: crate::LostReason::NodeDeleted,
-                    });
+                    return Err(Error::LockLost { lock: self.dir.clone(), reason: crate::LostReason::NodeDeleted });
                 }
                 tracing::warn!(node = %acquired.path, "our lock node disappeared while waiting; queueing again");
                 pending.path = None;
@@ -284,10 +272,7 @@ impl Queue {
             };
             let Some(blocker) = policy.blocker(&children, ours) else {
                 if let Some(p) = progress {
-                    p.send_replace(QueueStatus {
-                        ahead: 0,
-                        queue_len: children.len(),
-                    });
+                    p.send_replace(QueueStatus { ahead: 0, queue_len: children.len() });
                 }
                 return Ok(Some(acquired));
             };
@@ -295,16 +280,13 @@ impl Queue {
                 return Ok(None);
             }
             if let Some(p) = progress {
-                p.send_replace(QueueStatus {
-                    ahead: ours,
-                    queue_len: children.len(),
-                });
+                p.send_replace(QueueStatus { ahead: ours, queue_len: children.len() });
             }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
             let mut without = children[..=ours].to_vec();
             without.remove(blocker);
-            let grant_on_delete = policy.blocker(&without, ours - 1).is_none();
+            let grant_on_delete = policy.nothing_inserted_ahead() && policy.blocker(&without, ours - 1).is_none();
 
             let blocker_path = format!("{}/{}", self.dir, children[blocker]);
             metrics.sent(1);
@@ -323,12 +305,10 @@ impl Queue {
                 Err(e) => return Err(backend("getData", &blocker_path, e)),
             };
             let event = match wait.deadline() {
-                Some(deadline) => {
-                    match tokio::time::timeout_at(deadline, watcher.changed()).await {
-                        Ok(event) => event,
-                        Err(_) => return Ok(None),
-                    }
-                }
+                Some(deadline) => match tokio::time::timeout_at(deadline, watcher.changed()).await {
+                    Ok(event) => event,
+                    Err(_) => return Ok(None),
+                },
                 None => watcher.changed().await,
             };
             metrics.woke();
@@ -336,18 +316,13 @@ impl Queue {
                 zk::EventType::NodeDeleted if grant_on_delete => {
                     tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
                     if let Some(p) = progress {
-                        p.send_replace(QueueStatus {
-                            ahead: 0,
-                            queue_len: children.len() - 1,
-                        });
+                        p.send_replace(QueueStatus { ahead: 0, queue_len: children.len() - 1 });
                     }
                     return Ok(Some(acquired));
                 }
                 zk::EventType::Session => match event.session_state {
                     zk::SessionState::Expired => return Err(Error::SessionExpired),
-                    zk::SessionState::Closed | zk::SessionState::AuthFailed => {
-                        return Err(Error::Closed)
-                    }
+                    zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
                     _ => {}
                 },
                 _ => {}
@@ -369,11 +344,7 @@ impl Queue {
                     self.backoff(attempts, wait).await?;
                 }
                 Err(zk::Error::ConnectionLoss) => {
-                    return Err(Error::ConnectionLoss {
-                        op: "getChildren",
-                        path: self.dir.clone(),
-                        attempts,
-                    })
+                    return Err(Error::ConnectionLoss { op: "getChildren", path: self.dir.clone(), attempts })
                 }
                 Err(e) => return Err(backend("getChildren", &self.dir, e)),
             }
@@ -381,9 +352,7 @@ impl Queue {
     }
 
     async fn backoff(&self, attempts: u32, wait: Wait) -> Result<()> {
-        let pause = FIRST_BACKOFF
-            .saturating_mul(1 << attempts.min(10))
-            .min(MAX_BACKOFF);
+        let pause = FIRST_BACKOFF.saturating_mul(1 << attempts.min(10)).min(MAX_BACKOFF);
         let until = Instant::now() + pause;
         let until = wait.deadline().map_or(until, |d| d.min(until));
         tokio::time::sleep_until(until).await;
@@ -394,11 +363,7 @@ impl Queue {
     /// Creates our node and lists the directory in one round trip; creates missing parents as
     /// containers; after a connection loss finds our node by its unique prefix rather than
     /// creating a second one.
-    async fn create_and_list(
-        &self,
-        pending: &mut Pending,
-        wait: Wait,
-    ) -> Result<(Acquired, Vec<String>)> {
+    async fn create_and_list(&self, pending: &mut Pending, wait: Wait) -> Result<(Acquired, Vec<String>)> {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
         let node_prefix = format!("{}/{}{}", self.dir, pending.prefix, self.marker);
@@ -415,10 +380,7 @@ impl Queue {
                 Ok((stat, seq)) => {
                     let path = format!("{node_prefix}{seq}");
                     pending.path = Some(path.clone());
-                    let acquired = Acquired {
-                        path,
-                        czxid: stat.czxid,
-                    };
+                    let acquired = Acquired { path, czxid: stat.czxid };
                     let children = match listed {
                         Ok(children) => children,
                         Err(_) => self.list(wait).await?,
@@ -455,11 +417,7 @@ impl Queue {
                     }
                 }
                 Err(zk::Error::ConnectionLoss) => {
-                    return Err(Error::ConnectionLoss {
-                        op: "create",
-                        path: node_prefix,
-                        attempts,
-                    })
+                    return Err(Error::ConnectionLoss { op: "create", path: node_prefix, attempts })
                 }
                 Err(e) => return Err(backend("create", &node_prefix, e)),
             }
@@ -480,10 +438,7 @@ impl Queue {
         let path = format!("{}/{}", self.dir, name);
         self.client.inner.metrics.sent(1);
         match zk.check_stat(&path).await {
-            Ok(Some(stat)) => Ok(Some(Acquired {
-                path,
-                czxid: stat.czxid,
-            })),
+            Ok(Some(stat)) => Ok(Some(Acquired { path, czxid: stat.czxid })),
             Ok(None) => Ok(None),
             Err(e) => Err(backend("exists", &path, e)),
         }
@@ -504,15 +459,7 @@ mod tests {
             "_c_cccc-lock-0000000001".to_string(),
         ];
         sort_children(&mut c, markers);
-        assert_eq!(
-            c,
-            [
-                "_c_cccc-lock-0000000001",
-                "_c_bbbb-lock-0000000003",
-                "_c_aaaa-lock-0000000010",
-                "foreign"
-            ]
-        );
+        assert_eq!(c, ["_c_cccc-lock-0000000001", "_c_bbbb-lock-0000000003", "_c_aaaa-lock-0000000010", "foreign"]);
         assert_eq!(sort_key("_c_x-lock-0000000007", markers), "0000000007");
     }
 

@@ -36,13 +36,8 @@ pub struct ZkUrl {
 impl ZkUrl {
     /// Parses a `zk://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<ZkUrl> {
-        let bad = |reason: &str| Error::InvalidUrl {
-            url: url.to_string(),
-            reason: reason.to_string(),
-        };
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| bad("must start with zk:// (e.g. zk://127.0.0.1:2181)"))?;
+        let bad = |reason: &str| Error::InvalidUrl { url: url.to_string(), reason: reason.to_string() };
+        let rest = url.strip_prefix("zk://").ok_or_else(|| bad("must start with zk:// (e.g. zk://127.0.0.1:2181)"))?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -56,15 +51,12 @@ impl ZkUrl {
         }
         let mut hosts = Vec::new();
         for hp in hosts_part.split(',') {
-            let (host, port) = hp
-                .rsplit_once(':')
-                .ok_or_else(|| bad(&format!("{hp:?} has no port (write host:port)")))?;
+            let (host, port) =
+                hp.rsplit_once(':').ok_or_else(|| bad(&format!("{hp:?} has no port (write host:port)")))?;
             if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c == '@') {
                 return Err(bad(&format!("{hp:?} has an invalid host")));
             }
-            let port: u16 = port
-                .parse()
-                .map_err(|_| bad(&format!("{hp:?} has an invalid port {port:?}")))?;
+            let port: u16 = port.parse().map_err(|_| bad(&format!("{hp:?} has an invalid port {port:?}")))?;
             if port == 0 {
                 return Err(bad(&format!("{hp:?}: port 0 is not a server port")));
             }
@@ -80,16 +72,12 @@ impl ZkUrl {
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair
-                .split_once('=')
-                .ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
+            let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
             let slot = match key {
                 "session_timeout" => &mut session_timeout,
                 "connect_timeout" => &mut connect_timeout,
                 other => {
-                    return Err(bad(&format!(
-                        "unknown option {other:?} (known: session_timeout, connect_timeout)"
-                    )))
+                    return Err(bad(&format!("unknown option {other:?} (known: session_timeout, connect_timeout)")))
                 }
             };
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
@@ -98,21 +86,12 @@ impl ZkUrl {
             }
             *slot = d;
         }
-        Ok(ZkUrl {
-            hosts,
-            chroot,
-            session_timeout,
-            connect_timeout,
-        })
+        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
     pub fn connect_string(&self) -> String {
-        format!(
-            "{}{}",
-            self.hosts.join(","),
-            self.chroot.as_deref().unwrap_or("")
-        )
+        format!("{}{}", self.hosts.join(","), self.chroot.as_deref().unwrap_or(""))
     }
 }
 
@@ -140,11 +119,10 @@ pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
         if segment == "." || segment == ".." {
             return Err(format!("relative segment {segment:?} is not allowed"));
         }
-        if let Some(c) = segment.chars().find(|c| {
-            c.is_control()
-                || ('\u{e000}'..='\u{f8ff}').contains(c)
-                || ('\u{fff0}'..='\u{ffff}').contains(c)
-        }) {
+        if let Some(c) = segment
+            .chars()
+            .find(|c| c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(c) || ('\u{fff0}'..='\u{ffff}').contains(c))
+        {
             return Err(format!("contains the forbidden character {c:?}"));
         }
     }
@@ -156,10 +134,7 @@ pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
 
 /// Validates a lock path given by a user and returns it, or an [`Error::InvalidLockPath`].
 pub(crate) fn lock_path(path: &str) -> Result<String> {
-    validate_path(path).map_err(|reason| Error::InvalidLockPath {
-        path: path.to_string(),
-        reason,
-    })?;
+    validate_path(path).map_err(|reason| Error::InvalidLockPath { path: path.to_string(), reason })?;
     Ok(path.to_string())
 }
 
@@ -196,16 +171,7 @@ mod tests {
     #[test]
     fn validates_paths() {
         assert!(validate_path("/locks/a").is_ok());
-        for p in [
-            "",
-            "x",
-            "/",
-            "/a/",
-            "/a//b",
-            "/a/../b",
-            "/zookeeper/q",
-            "/a\u{0}b",
-        ] {
+        for p in ["", "x", "/", "/a/", "/a//b", "/a/../b", "/zookeeper/q", "/a\u{0}b"] {
             assert!(validate_path(p).is_err(), "{p:?}");
         }
         let e = lock_path("locks").unwrap_err().to_string();

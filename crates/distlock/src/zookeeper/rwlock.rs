@@ -1,0 +1,259 @@
+//! The shared (read/write) lock.
+
+use super::guard::HeldNode;
+use super::queue::{sort_key, Exclusive, Policy, Queue, QueueStatus, Wait};
+use super::{backend, url, Client};
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+/// Marker of read nodes (Curator's InterProcessReadWriteLock).
+pub(crate) const READ: &str = "__READ__";
+/// Marker of write nodes.
+pub(crate) const WRITE: &str = "__WRIT__";
+pub(crate) const MARKERS: &[&str] = &[READ, WRITE];
+
+/// Readers are blocked only by writers queued ahead of them; they watch the nearest one.
+pub(crate) struct ReadPolicy;
+
+impl Policy for ReadPolicy {
+    fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
+        sorted[..ours].iter().rposition(|n| is_writer(n))
+    }
+}
+
+/// Writers wait for the node just ahead of them, and always re-read after it goes: a holder's
+/// downgrade inserts a read node at its own place in the queue, ahead of us.
+pub(crate) struct WritePolicy;
+
+impl Policy for WritePolicy {
+    fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
+        Exclusive.blocker(sorted, ours)
+    }
+
+    fn nothing_inserted_ahead(&self) -> bool {
+        false
+    }
+}
+
+pub(crate) fn is_writer(name: &str) -> bool {
+    // The marker that decides the sort key decides the kind.
+    let key = sort_key(name, MARKERS);
+    name[..name.len() - key.len()].ends_with(WRITE)
+}
+
+/// A read/write lock on a znode path: many readers or one writer, in queue order.
+///
+/// Readers queue behind earlier writers only, and share with each other; a writer waits for
+/// everything queued ahead of it. When a writer leaves, all readers queued directly behind it
+/// proceed together. Node names follow Apache Curator's InterProcessReadWriteLock
+/// (`_c_<uuid>-__READ__<seq>`, `_c_<uuid>-__WRIT__<seq>` in one directory), so Curator readers
+/// and writers on the same path take part in the same queue.
+///
+/// Downgrade is allowed ([`WriteGuard::downgrade`]); upgrade is not: asking this handle for the
+/// write lock while it holds a read guard is refused with [`Error::WouldDeadlock`] (the write
+/// would wait for our own read forever).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(zk: distlock::zookeeper::Client) -> distlock::Result<()> {
+/// let config = zk.rwlock("/locks/config")?;
+/// let r = config.read().await?;      // shares with other readers
+/// r.release().await?;
+/// let w = config.write().await?;     // alone
+/// let r = w.downgrade().await?;      // keep reading, let other readers in
+/// w.release().await?;
+/// r.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct RwLock {
+    read_q: Queue,
+    write_q: Queue,
+    /// Read guards of this handle still alive (upgrade detection).
+    readers: Arc<AtomicUsize>,
+}
+
+impl RwLock {
+    pub(super) fn new(client: Client, path: &str) -> Result<RwLock> {
+        let dir = url::lock_path(path)?;
+        let read_q = Queue { client: client.clone(), dir: dir.clone(), marker: READ, markers: MARKERS };
+        let write_q = Queue { client, dir, marker: WRITE, markers: MARKERS };
+        Ok(RwLock { read_q, write_q, readers: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// The lock path.
+    pub fn path(&self) -> &str {
+        &self.read_q.dir
+    }
+
+    /// Waits for a shared (read) lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped acquire leaves no node behind.
+    pub async fn read(&self) -> Result<ReadGuard> {
+        Ok(self.read_with(None, None).await?.expect("waiting forever always acquires"))
+    }
+
+    /// Takes a read lock only if no writer holds or waits ahead; never waits.
+    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
+        self.read_with(Some(Duration::ZERO), None).await
+    }
+
+    /// Waits at most `timeout` for a read lock.
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
+        self.read_with(Some(timeout), None).await
+    }
+
+    /// Read lock with full control (see [`Mutex::lock_with`](super::Mutex::lock_with)).
+    pub async fn read_with(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<ReadGuard>> {
+        let acquired = self.read_q.acquire(&ReadPolicy, wait(timeout), progress).await?;
+        Ok(acquired.map(|a| {
+            self.readers.fetch_add(1, Ordering::SeqCst);
+            ReadGuard {
+                node: HeldNode::new(self.read_q.client.clone(), self.read_q.dir.clone(), a.path, a.czxid),
+                _reader: ReaderCount(Some(self.readers.clone())),
+            }
+        }))
+    }
+
+    /// Waits for the exclusive (write) lock.
+    ///
+    /// # Notable errors
+    /// [`Error::WouldDeadlock`] if this handle holds a read guard (upgrade is refused).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped acquire leaves no node behind.
+    pub async fn write(&self) -> Result<WriteGuard> {
+        Ok(self.write_with(None, None).await?.expect("waiting forever always acquires"))
+    }
+
+    /// Takes the write lock only if nobody holds or waits; never waits.
+    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
+        self.write_with(Some(Duration::ZERO), None).await
+    }
+
+    /// Waits at most `timeout` for the write lock.
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
+        self.write_with(Some(timeout), None).await
+    }
+
+    /// Write lock with full control (see [`Mutex::lock_with`](super::Mutex::lock_with)).
+    pub async fn write_with(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<WriteGuard>> {
+        if self.readers.load(Ordering::SeqCst) > 0 {
+            return Err(Error::WouldDeadlock {
+                lock: self.path().to_string(),
+                reason: "upgrade refused: this handle holds a read lock, and a write lock would wait for it forever; release the read guard first",
+            });
+        }
+        let acquired = self.write_q.acquire(&WritePolicy, wait(timeout), progress).await?;
+        Ok(acquired.map(|a| WriteGuard {
+            node: HeldNode::new(self.write_q.client.clone(), self.write_q.dir.clone(), a.path, a.czxid),
+        }))
+    }
+}
+
+fn wait(timeout: Option<Duration>) -> Wait {
+    match timeout {
+        None => Wait::Forever,
+        Some(t) if t.is_zero() => Wait::Never,
+        Some(t) => Wait::Until(Instant::now() + t),
+    }
+}
+
+/// A held read lock; released on drop. Made by [`RwLock::read`] and friends, or
+/// [`WriteGuard::downgrade`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(l: distlock::zookeeper::RwLock) -> distlock::Result<()> {
+/// let r = l.read().await?;
+/// println!("reading with token {}", r.fencing_token());
+/// r.release().await
+/// # }
+/// ```
+#[must_use = "if unused the lock is released at once"]
+#[derive(Debug)]
+pub struct ReadGuard {
+    node: HeldNode,
+    _reader: ReaderCount,
+}
+
+/// Counts a handle's live read guards (for refusing upgrades); decrements on drop.
+#[derive(Debug)]
+struct ReaderCount(Option<Arc<AtomicUsize>>);
+
+impl Drop for ReaderCount {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl ReadGuard {
+    crate::zookeeper::guard::guard_methods!();
+
+    /// Releases and waits for the server.
+    pub async fn release(self) -> Result<()> {
+        self.node.release().await
+    }
+}
+
+/// A held write lock; released on drop. Made by [`RwLock::write`] and friends.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(l: distlock::zookeeper::RwLock) -> distlock::Result<()> {
+/// let w = l.write().await?;
+/// w.release().await
+/// # }
+/// ```
+#[must_use = "if unused the lock is released at once"]
+#[derive(Debug)]
+pub struct WriteGuard {
+    node: HeldNode,
+}
+
+impl WriteGuard {
+    crate::zookeeper::guard::guard_methods!();
+
+    /// Takes a read lock while holding this write lock (a downgrade): release the write guard
+    /// afterwards and keep reading, with readers queued behind us let in.
+    ///
+    /// As Curator does, the read node is `_c_<uuid>-__READ__<our write sequence>`, an ephemeral
+    /// node that sorts at our write node's place in the queue, so no writer queued behind us can
+    /// get between. One round trip; never waits.
+    pub async fn downgrade(&self) -> Result<ReadGuard> {
+        let client = self.node.client().clone();
+        let write_path = self.node.node_path();
+        let seq = sort_key(write_path, MARKERS);
+        let dir = self.node.lock_path().to_string();
+        let path = format!("{dir}/_c_{}-{READ}{seq}", uuid::Uuid::new_v4());
+        let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        client.metrics().sent(1);
+        let (stat, _) =
+            client.zk().create(&path, client.owner_data(), &options).await.map_err(|e| backend("create", &path, e))?;
+        Ok(ReadGuard { node: HeldNode::new(client, dir, path, stat.czxid), _reader: ReaderCount(None) })
+    }
+
+    /// Releases and waits for the server.
+    pub async fn release(self) -> Result<()> {
+        self.node.release().await
+    }
+}

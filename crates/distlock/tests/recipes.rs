@@ -1,0 +1,247 @@
+//! Read/write lock, semaphore and revocation against a real ZooKeeper (scripts/test.sh).
+
+mod common;
+
+use common::*;
+use distlock::zookeeper::QueueStatus;
+use distlock::Error;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    write: bool,
+    start: Instant,
+    end: Instant,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_writers_exclusive_readers_shared() {
+    const SESSIONS: usize = 6;
+    const ITERATIONS: usize = 15;
+    let path = unique_path("rw");
+    let log = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for s in 0..SESSIONS {
+        let (path, log) = (path.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect().await;
+            let lock = client.rwlock(&path).unwrap();
+            for i in 0..ITERATIONS {
+                let write = (s + i) % 3 == 0;
+                let (start, end) = if write {
+                    let g = lock.write().await.unwrap();
+                    let start = Instant::now();
+                    tokio::task::yield_now().await;
+                    let end = Instant::now();
+                    g.release().await.unwrap();
+                    (start, end)
+                } else {
+                    let g = lock.read().await.unwrap();
+                    let start = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(2)).await; // give readers a chance to overlap
+                    let end = Instant::now();
+                    g.release().await.unwrap();
+                    (start, end)
+                };
+                log.lock().unwrap().push(Interval { write, start, end });
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t).await.expect("finish").unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), SESSIONS * ITERATIONS);
+    for (i, a) in log.iter().enumerate() {
+        for b in &log[i + 1..] {
+            let overlap = a.start < b.end && b.start < a.end;
+            assert!(!(overlap && (a.write || b.write)), "a writer overlapped: {a:?} {b:?}");
+        }
+    }
+    let admin = connect().await;
+    assert!(children(&admin, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_queued_behind_a_writer_proceed_together() {
+    const READERS: usize = 3;
+    let path = unique_path("rw-batch");
+    let w = connect().await;
+    let writer = w.rwlock(&path).unwrap().write().await.unwrap();
+    let all_in = Arc::new(tokio::sync::Barrier::new(READERS));
+    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..READERS {
+        let client = connect().await;
+        clients.push(client.clone());
+        let (tx, mut rx) = watch::channel(QueueStatus::default());
+        let (path, all_in) = (path.clone(), all_in.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = client.rwlock(&path).unwrap().read_with(None, Some(&tx)).await.unwrap().unwrap();
+            // Every reader must hold at the same time for the barrier to open.
+            tokio::time::timeout(BOUND, all_in.wait()).await.expect("readers hold together");
+            g.release().await.unwrap();
+        }));
+        tokio::time::timeout(BOUND, rx.wait_for(|s| s.ahead == i + 1)).await.unwrap().unwrap();
+    }
+    // A writer queued after the readers must wait for them.
+    let w2 = connect().await;
+    let late_writer = w2.rwlock(&path).unwrap();
+    writer.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    let wakeups: u64 = clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
+    assert_eq!(wakeups, READERS as u64, "one wake-up per reader when the writer leaves");
+    late_writer.write_timeout(BOUND).await.unwrap().expect("writer after readers").release().await.unwrap();
+}
+
+#[tokio::test]
+async fn rwlock_try_and_timeouts() {
+    let path = unique_path("rw-try");
+    let (a, b) = (connect().await, connect().await);
+    let (la, lb) = (a.rwlock(&path).unwrap(), b.rwlock(&path).unwrap());
+    let r = la.read().await.unwrap();
+    let r2 = lb.try_read().await.unwrap().expect("readers share");
+    // b holds a read guard: its own write request would be an upgrade, refused at once.
+    assert!(matches!(lb.try_write().await, Err(Error::WouldDeadlock { .. })));
+    let c = connect().await;
+    let lc = c.rwlock(&path).unwrap();
+    assert!(lc.try_write().await.unwrap().is_none(), "writer must wait for readers");
+    assert!(lc.write_timeout(Duration::from_millis(200)).await.unwrap_err_or_none());
+    r2.release().await.unwrap();
+    assert!(lc.write_timeout(Duration::from_millis(200)).await.unwrap().is_none());
+    assert_eq!(children(&a, &path).await.len(), 1, "only the reader's node remains");
+    r.release().await.unwrap();
+    let w = lb.try_write().await.unwrap().expect("free");
+    assert!(la.try_read().await.unwrap().is_none(), "readers wait for a writer");
+    w.release().await.unwrap();
+}
+
+trait UnwrapErrOrNone {
+    fn unwrap_err_or_none(self) -> bool;
+}
+impl<T> UnwrapErrOrNone for Result<Option<T>, Error> {
+    /// True when the call returned `Ok(None)`; panics otherwise. (The handle holds no read guard,
+    /// so a write attempt is a plain timeout, not an upgrade.)
+    fn unwrap_err_or_none(self) -> bool {
+        match self {
+            Ok(None) => true,
+            Ok(Some(_)) => panic!("acquired while readers hold"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn downgrade_is_allowed_and_upgrade_refused() {
+    let path = unique_path("rw-grade");
+    let (a, b) = (connect().await, connect().await);
+    let lock = a.rwlock(&path).unwrap();
+    // Upgrade: holding a read guard, asking the same handle for write is refused at once.
+    let r = lock.read().await.unwrap();
+    let e = lock.write().await.unwrap_err();
+    assert!(matches!(e, Error::WouldDeadlock { .. }), "{e}");
+    assert!(e.to_string().contains("upgrade"), "{e}");
+    r.release().await.unwrap();
+    // Downgrade: write, then read, then drop the write: a waiting writer still waits, readers enter.
+    let w = lock.write().await.unwrap();
+    let other = b.rwlock(&path).unwrap();
+    let (tx, mut rx) = watch::channel(QueueStatus::default());
+    let waiting_writer = tokio::spawn(async move {
+        let g = other.write_with(None, Some(&tx)).await.unwrap().unwrap();
+        g.release().await.unwrap();
+        other
+    });
+    tokio::time::timeout(BOUND, rx.wait_for(|s| s.ahead == 1)).await.unwrap().unwrap();
+    let r = w.downgrade().await.unwrap();
+    assert!(r.node_path().contains("__READ__"));
+    w.release().await.unwrap();
+    // The writer queued behind us still may not enter: our read node sits at our write's place.
+    let c = connect().await;
+    assert!(c.rwlock(&path).unwrap().try_write().await.unwrap().is_none());
+    assert!(!waiting_writer.is_finished());
+    r.release().await.unwrap();
+    tokio::time::timeout(BOUND, waiting_writer).await.unwrap().unwrap();
+    assert!(children(&a, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_never_exceeds_its_permits() {
+    const SESSIONS: usize = 6;
+    const PERMITS: u32 = 2;
+    let path = unique_path("sem");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..SESSIONS {
+        let (path, inside, most) = (path.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect().await;
+            let sem = client.semaphore(&path, PERMITS).unwrap();
+            for _ in 0..8 {
+                let p = sem.acquire().await.unwrap();
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                p.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t).await.unwrap().unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= PERMITS as usize, "{most} holders at once");
+    assert_eq!(most, PERMITS as usize, "permits were never shared (test too weak)");
+    let admin = connect().await;
+    assert!(children(&admin, &format!("{path}/leases")).await.is_empty());
+    assert!(children(&admin, &format!("{path}/locks")).await.is_empty());
+}
+
+#[tokio::test]
+async fn semaphore_timeouts_bad_counts_and_dead_holders() {
+    let path = unique_path("sem-edge");
+    let (a, b) = (connect().await, connect().await);
+    let sa = a.semaphore(&path, 2).unwrap();
+    let sb = b.semaphore(&path, 2).unwrap();
+    assert!(matches!(a.semaphore(&path, 0), Err(Error::InvalidArgument { what: "permit count", .. })));
+    assert!(matches!(sa.acquire_many(3).await, Err(Error::InvalidArgument { .. })));
+    let two = sa.acquire_many(2).await.unwrap();
+    assert_eq!(two.num_permits(), 2);
+    assert!(sb.try_acquire().await.unwrap().is_none());
+    assert!(sb.acquire_timeout(1, Duration::from_millis(200)).await.unwrap().is_none());
+    assert_eq!(children(&a, &format!("{path}/leases")).await.len(), 2, "failed attempts left leases");
+    // A holder whose session dies frees its permits.
+    let waiter = tokio::spawn(async move { sb.acquire_many(2).await.unwrap() });
+    drop(two); // dropped: released without awaiting
+    let got = tokio::time::timeout(BOUND, waiter).await.unwrap().unwrap();
+    let s2 = a.semaphore_mutex(&format!("{path}-m")).unwrap();
+    let m = s2.acquire().await.unwrap();
+    // A semaphore mutex permit may be released by another task.
+    tokio::spawn(async move { m.release().await.unwrap() }).await.unwrap();
+    assert!(s2.try_acquire().await.unwrap().is_some());
+    got.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn revocation_asks_the_holder_to_release() {
+    let path = unique_path("revoke");
+    let (a, b) = (connect().await, connect().await);
+    let holder = a.mutex(&path).unwrap().lock().await.unwrap();
+    let asked = holder.revocation_requested();
+    let node = holder.node_path().to_string();
+    let holder_task = tokio::spawn(async move {
+        asked.await;
+        holder.release().await.unwrap();
+    });
+    b.revoke(&node).await.unwrap();
+    tokio::time::timeout(BOUND, holder_task).await.expect("holder released on request").unwrap();
+    b.mutex(&path).unwrap().try_lock().await.unwrap().expect("free after revocation").release().await.unwrap();
+}
