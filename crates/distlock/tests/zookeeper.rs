@@ -11,18 +11,6 @@ use tokio::sync::watch;
 
 const BOUND: Duration = Duration::from_secs(30);
 
-/// Makes `client`'s session expire, as the server does when a client is silent too long:
-/// another connection attaches to the same session and closes it.
-async fn expire_session(client: &Client) {
-    let session = client.zookeeper().session().clone();
-    let twin = zookeeper_client::Client::connector()
-        .with_session(session)
-        .connect(&zk_addr())
-        .await
-        .expect("attach to session");
-    drop(twin); // closes the session on the server
-}
-
 /// Waits until the waiter behind `progress` is queued with `ahead` contenders before it.
 async fn queued(progress: &mut watch::Receiver<QueueStatus>, ahead: usize) {
     tokio::time::timeout(BOUND, progress.wait_for(|s| s.ahead == ahead && s.queue_len > 0))
@@ -190,12 +178,14 @@ async fn waiter_behind_an_abandoning_predecessor_still_gets_the_lock() {
 }
 
 #[tokio::test]
-async fn session_expiry_while_holding_is_reported_and_the_next_token_is_larger() {
+async fn partition_beyond_session_timeout_is_loss_and_the_next_token_is_larger() {
     let path = unique_path("expiry");
-    let holder = connect().await;
+    let net = Partition::start().await;
+    let holder = Client::connect(&net.url("2s")).await.unwrap();
     let guard = holder.mutex(&path).unwrap().lock().await.unwrap();
     assert_eq!(guard.state(), LockState::Held);
     let old_token = guard.fencing_token();
+    let mut states = guard.state_changes();
     let lost = guard.lost();
 
     let waiter = connect().await;
@@ -204,18 +194,39 @@ async fn session_expiry_while_holding_is_reported_and_the_next_token_is_larger()
     let next = tokio::spawn(async move { lock.lock_with(None, Some(&tx)).await.unwrap().unwrap() });
     queued(&mut rx, 1).await;
 
-    expire_session(&holder).await;
+    // Cut the holder off. First it only knows it is disconnected: suspended, not lost.
+    net.block();
+    tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Suspended)).await.unwrap().unwrap();
+    // The server expires its session and hands the lock on.
+    let next = tokio::time::timeout(BOUND, next).await.expect("next holder").unwrap();
+    assert!(next.fencing_token() > old_token);
+    // When the holder hears from the server again, it learns the lock is gone.
+    net.heal();
     let reason = tokio::time::timeout(BOUND, lost).await.expect("loss reported");
     assert_eq!(reason, LostReason::SessionExpired);
     assert!(guard.state().is_lost());
-    let next = tokio::time::timeout(BOUND, next).await.expect("next holder").unwrap();
-    assert!(next.fencing_token() > old_token);
     // Releasing a lost lock reports the loss instead of pretending.
     match guard.release().await {
         Err(Error::LockLost { .. }) | Err(Error::SessionExpired) => {}
         other => panic!("release of an expired lock: {other:?}"),
     }
     next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn short_disconnect_within_the_session_is_suspension_not_loss() {
+    let path = unique_path("suspend");
+    let net = Partition::start().await;
+    let holder = Client::connect(&net.url("6s")).await.unwrap();
+    let guard = holder.mutex(&path).unwrap().lock().await.unwrap();
+    let mut states = guard.state_changes();
+    net.block();
+    tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Suspended)).await.unwrap().unwrap();
+    net.heal();
+    tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Held)).await.unwrap().unwrap();
+    let other = connect().await;
+    assert!(other.mutex(&path).unwrap().try_lock().await.unwrap().is_none(), "still held after reconnecting");
+    guard.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -244,7 +244,21 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, rev
         // Arm a watch on our own node (getData + watch); re-armed after data changes, which is
         // how a revoker's request arrives.
         client.inner.metrics.sent_background(1);
-        let watcher = match zk.get_and_watch_data(&path).await {
+        // Keep following the session while the request is outstanding: requests wait for a
+        // reconnection, and a disconnection must show as `Suspended` meanwhile.
+        let arm = zk.get_and_watch_data(&path);
+        tokio::pin!(arm);
+        let armed = loop {
+            tokio::select! {
+                r = &mut arm => break r,
+                state = states.changed() => {
+                    if publish(session_state(state)) {
+                        return;
+                    }
+                }
+            }
+        };
+        let watcher = match armed {
             Ok((data, _, watcher)) => {
                 if data == REVOKE {
                     revoke.send_replace(true);
