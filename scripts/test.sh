@@ -6,6 +6,7 @@
 #   scripts/test.sh -- ARGS    extra arguments for `cargo test` (e.g. a test name filter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/deps.sh
 
 dir=.tmp/test-zk
 rm -rf "$dir"

@@ -1,0 +1,267 @@
+//! Interoperability with Apache Curator (Java) on the same znode paths and the same ZooKeeper.
+//!
+//! A small Java program (`tests/curator/CuratorPeer.java`) is compiled against Debian's Curator
+//! jars and run beside distlock. Both sides append `enter`/`exit` lines to one log file (single
+//! O_APPEND writes, so the file is the true interleaving) and the log is checked for exclusion.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const BOUND: Duration = Duration::from_secs(60);
+const JARS: &[&str] = &[
+    "curator-client",
+    "curator-framework",
+    "curator-recipes",
+    "zookeeper",
+    "zookeeper-jute",
+    "guava",
+    "slf4j-api",
+    "slf4j-nop",
+    "netty-handler",
+    "netty-transport",
+    "netty-common",
+    "netty-buffer",
+    "netty-resolver",
+    "netty-codec",
+    "netty-transport-native-epoll",
+    "netty-transport-native-unix-common",
+];
+
+fn classpath() -> String {
+    let jars: Vec<String> = JARS
+        .iter()
+        .map(|j| {
+            let p = format!("/usr/share/java/{j}.jar");
+            assert!(
+                Path::new(&p).exists(),
+                "{p} missing: install Debian's libcurator-recipes-java and zookeeper (scripts/test.sh does)"
+            );
+            p
+        })
+        .collect();
+    jars.join(":")
+}
+
+/// Compiles the Java peer once per test process; returns its class directory.
+fn peer_classes() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("distlock-curator-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/curator/CuratorPeer.java");
+        let out = Command::new("javac")
+            .args(["-d", dir.to_str().unwrap(), "-cp", &classpath(), src.to_str().unwrap()])
+            .output()
+            .expect("javac (Java 17) must be installed");
+        assert!(out.status.success(), "javac failed: {}", String::from_utf8_lossy(&out.stderr));
+        dir
+    })
+}
+
+fn curator(kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
+    let cp = format!("{}:{}", peer_classes().display(), classpath());
+    Command::new("java")
+        .args(["-cp", &cp, "CuratorPeer", &zk_addr(), kind, path, &iterations.to_string()])
+        .arg(log)
+        .arg(permits.to_string())
+        .spawn()
+        .expect("start java")
+}
+
+async fn wait_child(mut child: Child) {
+    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "Curator peer failed: {status}");
+}
+
+fn log_file(name: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("distlock-{name}-{}.log", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&p, b"").unwrap();
+    p
+}
+
+fn append(log: &Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(log).unwrap();
+    f.write_all(format!("{line}\n").as_bytes()).unwrap(); // one write(2): atomic with O_APPEND
+}
+
+fn curator_entries(log: &Path) -> usize {
+    std::fs::read_to_string(log).unwrap().lines().filter(|l| l.ends_with("enter curator")).count()
+}
+
+/// Checks the interleaving: W alone; R only with R; at most `permits` S. Returns how many holds
+/// each side logged.
+fn check(log: &Path, permits: usize) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let (mut w, mut r, mut s) = (0usize, 0usize, 0usize);
+    let (mut curator, mut ours) = (0, 0);
+    let mut max_r = 0;
+    for (n, line) in text.lines().enumerate() {
+        let parts: Vec<&str> = line.split(' ').collect();
+        if parts[0] == "ready" {
+            continue;
+        }
+        let (mode, what, who) = (parts[0], parts[1], parts[2]);
+        if what == "enter" {
+            match who {
+                "curator" => curator += 1,
+                _ => ours += 1,
+            }
+        }
+        match (mode, what) {
+            ("W", "enter") => {
+                assert!(w == 0 && r == 0, "line {}: writer entered beside w={w} r={r}\n{text}", n + 1);
+                w += 1
+            }
+            ("W", "exit") => w -= 1,
+            ("R", "enter") => {
+                assert!(w == 0, "line {}: reader entered beside a writer\n{text}", n + 1);
+                r += 1;
+                max_r = max_r.max(r);
+            }
+            ("R", "exit") => r -= 1,
+            ("S", "enter") => {
+                s += 1;
+                assert!(s <= permits, "line {}: {s} permits held, only {permits} exist\n{text}", n + 1);
+            }
+            ("S", "exit") => s -= 1,
+            _ => panic!("bad log line {line:?}"),
+        }
+    }
+    (curator, ours)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutex_excludes_curator_interprocessmutex_both_ways() {
+    let path = unique_path("curator-mutex");
+    let log = log_file("mutex");
+    let java = curator("mutex", &path, 30, &log, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (path, log) = (path.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect().await;
+            let lock = client.mutex(&path).unwrap();
+            for _ in 0..30 {
+                let g = lock.lock().await.unwrap();
+                append(&log, "W enter distlock");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(&log, "W exit distlock");
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(check(&log, 1), (30, 60));
+
+    // Curator queues behind a distlock holder (and sorts our node first).
+    let client = connect().await;
+    let g = client.mutex(&path).unwrap().lock().await.unwrap();
+    let java = curator("mutex", &path, 1, &log, 1);
+    wait_children(&client, &path, BOUND, "Curator to queue", |c| c.len() == 2).await;
+    let view = client.inspect(&path).await.unwrap();
+    assert!(view.contenders[0].holds && view.contenders[0].owner.is_some(), "{view:?}");
+    assert!(view.contenders[1].owner.is_none(), "Curator writes its IP, not ours: {view:?}");
+    assert_eq!(curator_entries(&log), 30, "Curator must not enter while we hold");
+    g.release().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(curator_entries(&log), 31, "Curator entered after our release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_interoperates_with_curator_interprocessreadwritelock() {
+    let path = unique_path("curator-rw");
+    let log = log_file("rw");
+    let jw = curator("write", &path, 15, &log, 1);
+    let jr = curator("read", &path, 15, &log, 1);
+    let mut tasks = Vec::new();
+    for s in 0..3 {
+        let (path, log) = (path.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect().await;
+            let lock = client.rwlock(&path).unwrap();
+            for i in 0..15 {
+                if (s + i) % 3 == 0 {
+                    let g = lock.write().await.unwrap();
+                    append(&log, "W enter distlock");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    append(&log, "W exit distlock");
+                    g.release().await.unwrap();
+                } else {
+                    let g = lock.read().await.unwrap();
+                    append(&log, "R enter distlock");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    append(&log, "R exit distlock");
+                    g.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    tokio::time::timeout(BOUND, wait_child(jw)).await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(jr)).await.unwrap();
+    assert_eq!(check(&log, 1), (30, 45));
+
+    // Curator readers share with a distlock reader: they finish while we hold our read lock.
+    let client = connect().await;
+    let r = client.rwlock(&path).unwrap().read().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(curator("read", &path, 3, &log, 1))).await.unwrap();
+    // A Curator writer queued behind our reader blocks later distlock readers and writers.
+    let jw = curator("write", &path, 1, &log, 1);
+    wait_children(&client, &path, BOUND, "Curator writer to queue", |c| c.iter().any(|n| n.contains("__WRIT__"))).await;
+    let other = connect().await;
+    let late = other.rwlock(&path).unwrap();
+    assert!(late.try_read().await.unwrap().is_none(), "reader must wait behind a queued Curator writer");
+    assert!(late.try_write().await.unwrap().is_none());
+    r.release().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(jw)).await.unwrap();
+    assert!(late.try_write().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_shares_permits_with_curator_interprocesssemaphorev2() {
+    const PERMITS: u32 = 2;
+    let path = unique_path("curator-sem");
+    let log = log_file("sem");
+    let java = curator("semaphore", &path, 20, &log, PERMITS);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (path, log) = (path.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect().await;
+            let sem = client.semaphore(&path, PERMITS).unwrap();
+            for _ in 0..20 {
+                let p = sem.acquire().await.unwrap();
+                append(&log, "S enter distlock");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(&log, "S exit distlock");
+                p.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(check(&log, PERMITS as usize), (20, 40));
+    // With both our permits taken, Curator cannot get one until we let go.
+    let client = connect().await;
+    let both = client.semaphore(&path, PERMITS).unwrap().acquire_many(2).await.unwrap();
+    let java = curator("semaphore", &path, 1, &log, PERMITS);
+    let leases = format!("{path}/leases");
+    wait_children(&client, &leases, BOUND, "Curator's lease", |c| c.len() == 3).await;
+    assert_eq!(curator_entries(&log), 20, "Curator must not get a third permit");
+    both.release().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(curator_entries(&log), 21);
+}

@@ -1,0 +1,75 @@
+// A Curator client taking part in distlock's interoperability tests.
+//
+//   java CuratorPeer CONNECT KIND PATH ITERATIONS LOGFILE [PERMITS]
+//
+// KIND: mutex | read | write | semaphore. Each iteration acquires, appends "<mode> enter curator"
+// to LOGFILE, holds a few milliseconds, appends "<mode> exit curator", releases. Appends are
+// single O_APPEND writes, so lines from every process interleave in true order.
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.nio.file.StandardOpenOption;
+import java.util.concurrent.TimeUnit;
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
+import org.apache.curator.retry.RetryNTimes;
+
+public class CuratorPeer {
+    static Path log;
+
+    static void log(String line) throws Exception {
+        Files.write(log, (line + "\n").getBytes(StandardCharsets.UTF_8), StandardOpenOption.APPEND,
+                StandardOpenOption.CREATE);
+    }
+
+    static void hold(String mode) throws Exception {
+        log(mode + " enter curator");
+        Thread.sleep(3);
+        log(mode + " exit curator");
+    }
+
+    public static void main(String[] args) throws Exception {
+        String connect = args[0], kind = args[1], path = args[2];
+        int iterations = Integer.parseInt(args[3]);
+        log = Paths.get(args[4]);
+        int permits = args.length > 5 ? Integer.parseInt(args[5]) : 1;
+        CuratorFramework client = CuratorFrameworkFactory.newClient(connect, 10000, 5000, new RetryNTimes(3, 100));
+        client.start();
+        if (!client.blockUntilConnected(20, TimeUnit.SECONDS)) {
+            throw new IllegalStateException("no connection to " + connect);
+        }
+        log("ready curator");
+        InterProcessMutex mutex = new InterProcessMutex(client, path);
+        InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, path);
+        InterProcessSemaphoreV2 sem = new InterProcessSemaphoreV2(client, path, permits);
+        for (int i = 0; i < iterations; i++) {
+            switch (kind) {
+                case "mutex":
+                    if (!mutex.acquire(60, TimeUnit.SECONDS)) throw new IllegalStateException("mutex timeout");
+                    try { hold("W"); } finally { mutex.release(); }
+                    break;
+                case "read":
+                    if (!rw.readLock().acquire(60, TimeUnit.SECONDS)) throw new IllegalStateException("read timeout");
+                    try { hold("R"); } finally { rw.readLock().release(); }
+                    break;
+                case "write":
+                    if (!rw.writeLock().acquire(60, TimeUnit.SECONDS)) throw new IllegalStateException("write timeout");
+                    try { hold("W"); } finally { rw.writeLock().release(); }
+                    break;
+                case "semaphore":
+                    Lease lease = sem.acquire(60, TimeUnit.SECONDS);
+                    if (lease == null) throw new IllegalStateException("semaphore timeout");
+                    try { hold("S"); } finally { sem.returnLease(lease); }
+                    break;
+                default:
+                    throw new IllegalArgumentException("unknown kind " + kind);
+            }
+        }
+        client.close();
+    }
+}
