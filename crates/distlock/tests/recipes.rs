@@ -245,3 +245,143 @@ async fn revocation_asks_the_holder_to_release() {
     tokio::time::timeout(BOUND, holder_task).await.expect("holder released on request").unwrap();
     b.mutex(&path).unwrap().try_lock().await.unwrap().expect("free after revocation").release().await.unwrap();
 }
+
+#[tokio::test]
+async fn reentrant_mutex_counts_holds_per_handle() {
+    let path = unique_path("reentrant");
+    let (a, b) = (connect().await, connect().await);
+    let lock = a.reentrant_mutex(&path).unwrap();
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.try_lock().await.unwrap().expect("same owner re-enters without waiting");
+    let third = lock.lock_timeout(Duration::from_millis(1)).await.unwrap().expect("re-enter");
+    assert_eq!(lock.hold_count(), 3);
+    assert_eq!(outer.fencing_token(), inner.fencing_token());
+    assert_eq!(children(&a, &path).await.len(), 1, "one node per owner, whatever the count");
+    // Another handle is a stranger, even in this process on this session.
+    let stranger = a.reentrant_mutex(&path).unwrap();
+    assert!(stranger.try_lock().await.unwrap().is_none());
+    let other = b.mutex(&path).unwrap();
+    inner.release().await.unwrap();
+    drop(third);
+    assert_eq!(lock.hold_count(), 1);
+    assert!(other.try_lock().await.unwrap().is_none(), "still held after 2 of 3 releases");
+    outer.release().await.unwrap();
+    assert_eq!(lock.hold_count(), 0);
+    other.try_lock().await.unwrap().expect("free after the last release").release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn multi_lock_is_all_or_nothing_and_ordered() {
+    let base = unique_path("multi");
+    let (a, b) = (connect().await, connect().await);
+    let spec = |c: &distlock::zookeeper::Client, names: &[&str]| {
+        use distlock::zookeeper::{LockSpec, MultiLock};
+        MultiLock::new(names.iter().map(|n| LockSpec::Exclusive(c.mutex(&format!("{base}/{n}")).unwrap())).collect())
+            .unwrap()
+    };
+    // Partial failure: c is held elsewhere, so a and b must be given back.
+    let c_held = b.mutex(&format!("{base}/c")).unwrap().lock().await.unwrap();
+    let abc = spec(&a, &["c", "a", "b"]);
+    assert_eq!(abc.specs().iter().map(|s| s.path().rsplit('/').next().unwrap()).collect::<Vec<_>>(), ["a", "b", "c"]);
+    assert!(abc.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    for n in ["a", "b"] {
+        assert!(children(&a, &format!("{base}/{n}")).await.is_empty(), "{n} not rolled back");
+    }
+    assert!(matches!(abc.try_lock().await, Ok(None)));
+    c_held.release().await.unwrap();
+    // Two multi-locks over the same set given in opposite orders never deadlock.
+    let mut tasks = Vec::new();
+    for (client, names) in [(a.clone(), ["a", "b", "c"]), (b.clone(), ["c", "b", "a"])] {
+        let ml = spec(&client, &names);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                ml.lock().await.unwrap().release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.expect("no deadlock").unwrap();
+    }
+    let mixed = {
+        use distlock::zookeeper::{LockSpec, MultiLock};
+        MultiLock::new(vec![
+            LockSpec::Read(a.rwlock(&format!("{base}/rw")).unwrap()),
+            LockSpec::Permits(a.semaphore(&format!("{base}/sem"), 2).unwrap(), 2),
+            LockSpec::Exclusive(a.mutex(&format!("{base}/m")).unwrap()),
+        ])
+        .unwrap()
+    };
+    let g = mixed.lock().await.unwrap();
+    assert_eq!(g.parts().len(), 3);
+    assert!(b.semaphore(&format!("{base}/sem"), 2).unwrap().try_acquire().await.unwrap().is_none());
+    assert!(b.rwlock(&format!("{base}/rw")).unwrap().try_read().await.unwrap().is_some(), "readers share");
+    g.release().await.unwrap();
+    let dup = distlock::zookeeper::MultiLock::new(vec![
+        distlock::zookeeper::LockSpec::Exclusive(a.mutex("/x").unwrap()),
+        distlock::zookeeper::LockSpec::Exclusive(a.mutex("/x").unwrap()),
+    ]);
+    assert!(matches!(dup, Err(Error::InvalidLockPath { .. })));
+}
+
+/// Watch events delivered to waiters by one release, for the naive lock (`naive`) or the queue
+/// lock. Waiters keep what they acquire until the end, so exactly one release is observed.
+async fn wakeups_for_one_release(naive: bool, waiters: usize) -> (u64, usize) {
+    let path = unique_path(if naive { "herd-naive" } else { "herd-queue" });
+    let holder = connect().await;
+    let (acq_tx, mut acq_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (done_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let naive_held = if naive { Some(holder.naive_lock(&path).unwrap().lock().await.unwrap()) } else { None };
+    let queue_held = if naive { None } else { Some(holder.mutex(&path).unwrap().lock().await.unwrap()) };
+    let mut clients = Vec::new();
+    for i in 0..waiters {
+        let client = connect().await;
+        clients.push(client.clone());
+        let (tx, mut rx) = watch::channel(QueueStatus::default());
+        let (path, acq_tx, mut done) = (path.clone(), acq_tx.clone(), done_tx.subscribe());
+        tokio::spawn(async move {
+            if naive {
+                let g = client.naive_lock(&path).unwrap().lock_with(None, Some(&tx)).await.unwrap().unwrap();
+                let _ = acq_tx.send(());
+                let _ = done.recv().await;
+                g.release().await.unwrap();
+            } else {
+                let g = client.mutex(&path).unwrap().lock_with(None, Some(&tx)).await.unwrap().unwrap();
+                let _ = acq_tx.send(());
+                let _ = done.recv().await;
+                drop(g);
+            }
+        });
+        let ahead = if naive { 1 } else { i + 1 };
+        tokio::time::timeout(BOUND, rx.wait_for(|s| s.ahead == ahead)).await.unwrap().unwrap();
+    }
+    drop(naive_held);
+    drop(queue_held);
+    tokio::time::timeout(BOUND, acq_rx.recv()).await.expect("a waiter acquires").unwrap();
+    let total = || clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum::<u64>();
+    if naive {
+        // Every waiter's watch fires for this one release; wait (bounded) until all are counted.
+        let deadline = Instant::now() + BOUND;
+        while total() < waiters as u64 && Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+    }
+    let woke = total();
+    let mut acquired = 1;
+    while acq_rx.try_recv().is_ok() {
+        acquired += 1;
+    }
+    let _ = done_tx.send(());
+    (woke, acquired)
+}
+
+/// The seeds' naive lock wakes every waiter on a release; the queue lock wakes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn naive_lock_herds_queue_lock_does_not() {
+    const WAITERS: usize = 6;
+    let (naive, naive_holders) = wakeups_for_one_release(true, WAITERS).await;
+    let (queue, queue_holders) = wakeups_for_one_release(false, WAITERS).await;
+    println!("one release woke {naive} naive waiters and {queue} queue waiter(s)");
+    assert_eq!((naive_holders, queue_holders), (1, 1), "one holder at a time either way");
+    assert_eq!(naive, WAITERS as u64, "herd: every naive waiter wakes");
+    assert_eq!(queue, 1, "queue lock: exactly one waiter wakes");
+}

@@ -11,16 +11,22 @@
 
 mod guard;
 mod inspect;
+mod multi;
 mod mutex;
+mod naive;
 mod queue;
+mod reentrant;
 mod rwlock;
 mod semaphore;
 mod url;
 
 pub use guard::LockState;
 pub use inspect::{Contender, LockView};
+pub use multi::{AnyGuard, LockSpec, MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};
+pub use naive::{NaiveGuard, NaiveLock};
 pub use queue::QueueStatus;
+pub use reentrant::{ReentrantGuard, ReentrantMutex};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use url::{ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
@@ -111,6 +117,19 @@ impl Client {
     /// [`Error::InvalidLockPath`] when `path` is not an absolute znode path.
     pub fn mutex(&self, path: &str) -> Result<Mutex> {
         Mutex::new(self.clone(), path)
+    }
+
+    /// A reentrant mutex on `path`: the handle is the owner (see [`ReentrantMutex`]).
+    ///
+    /// # Notable errors
+    /// [`Error::InvalidLockPath`] when `path` is not an absolute znode path.
+    pub fn reentrant_mutex(&self, path: &str) -> Result<ReentrantMutex> {
+        Ok(ReentrantMutex::new(self.mutex(path)?))
+    }
+
+    /// The naive single-node lock (a benchmark baseline only; see [`NaiveLock`]).
+    pub fn naive_lock(&self, path: &str) -> Result<NaiveLock> {
+        NaiveLock::new(self.clone(), path)
     }
 
     /// A read/write lock on `path`, sharing this session (Curator's InterProcessReadWriteLock

@@ -58,6 +58,8 @@ pub(crate) fn is_writer(name: &str) -> bool {
 /// write lock while it holds a read guard is refused with [`Error::WouldDeadlock`] (the write
 /// would wait for our own read forever).
 ///
+/// Clones of a handle share its read-guard count, so an upgrade through a clone is refused too.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -71,7 +73,7 @@ pub(crate) fn is_writer(name: &str) -> bool {
 /// r.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RwLock {
     read_q: Queue,
     write_q: Queue,

@@ -1,0 +1,278 @@
+//! Several locks of any kind, taken all or nothing.
+
+use super::guard::LockState;
+use super::{Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, WriteGuard};
+use crate::{Error, LostReason, Result};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One member of a [`MultiLock`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn demo(zk: distlock::zookeeper::Client) -> distlock::Result<()> {
+/// use distlock::zookeeper::LockSpec;
+/// let specs = vec![
+///     LockSpec::Exclusive(zk.mutex("/locks/a")?),
+///     LockSpec::Read(zk.rwlock("/locks/config")?),
+///     LockSpec::Permits(zk.semaphore("/locks/pool", 4)?, 1),
+/// ];
+/// # let _ = specs; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub enum LockSpec {
+    /// An exclusive [`Mutex`].
+    Exclusive(Mutex),
+    /// The read side of an [`RwLock`].
+    Read(RwLock),
+    /// The write side of an [`RwLock`].
+    Write(RwLock),
+    /// `n` permits of a [`Semaphore`].
+    Permits(Semaphore, u32),
+}
+
+impl LockSpec {
+    /// The lock path.
+    pub fn path(&self) -> &str {
+        match self {
+            LockSpec::Exclusive(m) => m.path(),
+            LockSpec::Read(l) | LockSpec::Write(l) => l.path(),
+            LockSpec::Permits(s, _) => s.path(),
+        }
+    }
+
+    async fn acquire(&self, timeout: Option<Duration>) -> Result<Option<AnyGuard>> {
+        Ok(match self {
+            LockSpec::Exclusive(m) => m.lock_with(timeout, None).await?.map(AnyGuard::Exclusive),
+            LockSpec::Read(l) => l.read_with(timeout, None).await?.map(AnyGuard::Read),
+            LockSpec::Write(l) => l.write_with(timeout, None).await?.map(AnyGuard::Write),
+            LockSpec::Permits(s, n) => s.acquire_with(*n, timeout).await?.map(AnyGuard::Permits),
+        })
+    }
+}
+
+/// A held member of a [`MultiGuard`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn demo(g: &distlock::zookeeper::AnyGuard) {
+/// println!("{} {}", g.lock_path(), g.fencing_token());
+/// # }
+/// ```
+#[derive(Debug)]
+pub enum AnyGuard {
+    /// From [`LockSpec::Exclusive`].
+    Exclusive(MutexGuard),
+    /// From [`LockSpec::Read`].
+    Read(ReadGuard),
+    /// From [`LockSpec::Write`].
+    Write(WriteGuard),
+    /// From [`LockSpec::Permits`].
+    Permits(SemaphorePermit),
+}
+
+impl AnyGuard {
+    /// The guard's fencing token.
+    pub fn fencing_token(&self) -> u64 {
+        match self {
+            AnyGuard::Exclusive(g) => g.fencing_token(),
+            AnyGuard::Read(g) => g.fencing_token(),
+            AnyGuard::Write(g) => g.fencing_token(),
+            AnyGuard::Permits(g) => g.fencing_token(),
+        }
+    }
+
+    /// The lock path.
+    pub fn lock_path(&self) -> String {
+        match self {
+            AnyGuard::Exclusive(g) => g.lock_path().to_string(),
+            AnyGuard::Read(g) => g.lock_path().to_string(),
+            AnyGuard::Write(g) => g.lock_path().to_string(),
+            AnyGuard::Permits(g) => {
+                let p = g.node_paths()[0];
+                p[..p.rfind("/leases/").unwrap_or(p.len())].to_string()
+            }
+        }
+    }
+
+    /// The guard's state.
+    pub fn state(&self) -> LockState {
+        match self {
+            AnyGuard::Exclusive(g) => g.state(),
+            AnyGuard::Read(g) => g.state(),
+            AnyGuard::Write(g) => g.state(),
+            AnyGuard::Permits(g) => g.state(),
+        }
+    }
+
+    /// Resolves when the guard's lock can no longer be trusted.
+    pub fn lost(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = LostReason> + Send + 'static>> {
+        match self {
+            AnyGuard::Exclusive(g) => Box::pin(g.lost()),
+            AnyGuard::Read(g) => Box::pin(g.lost()),
+            AnyGuard::Write(g) => Box::pin(g.lost()),
+            AnyGuard::Permits(g) => Box::pin(g.lost()),
+        }
+    }
+
+    /// Releases and waits for the server.
+    pub async fn release(self) -> Result<()> {
+        match self {
+            AnyGuard::Exclusive(g) => g.release().await,
+            AnyGuard::Read(g) => g.release().await,
+            AnyGuard::Write(g) => g.release().await,
+            AnyGuard::Permits(g) => g.release().await,
+        }
+    }
+}
+
+/// Several locks of any kind acquired all or nothing (Curator's InterProcessMultiLock).
+///
+/// Members are acquired in one global order (by path, then kind), whatever order they were given
+/// in, so two multi-locks over overlapping sets never deadlock each other. A timeout covers the
+/// whole set. If any member cannot be had (timeout, busy, error), the members already taken are
+/// released (and the server has confirmed) before the call returns.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(zk: distlock::zookeeper::Client) -> distlock::Result<()> {
+/// use distlock::zookeeper::{LockSpec, MultiLock};
+/// use std::time::Duration;
+/// let transfer = MultiLock::new(vec![
+///     LockSpec::Exclusive(zk.mutex("/locks/account-9")?),
+///     LockSpec::Exclusive(zk.mutex("/locks/account-3")?),
+/// ])?;
+/// if let Some(both) = transfer.lock_timeout(Duration::from_secs(5)).await? {
+///     both.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MultiLock {
+    specs: Vec<LockSpec>,
+}
+
+impl MultiLock {
+    /// Orders the members; a path named twice is refused (it would wait for itself).
+    pub fn new(mut specs: Vec<LockSpec>) -> Result<MultiLock> {
+        if specs.is_empty() {
+            return Err(Error::InvalidArgument {
+                what: "lock list",
+                reason: "a multi-lock needs at least one lock".into(),
+            });
+        }
+        specs.sort_by(|a, b| a.path().cmp(b.path()));
+        for pair in specs.windows(2) {
+            if pair[0].path() == pair[1].path() {
+                return Err(Error::InvalidLockPath {
+                    path: pair[0].path().to_string(),
+                    reason: "named twice in one multi-lock (it would wait for itself)".into(),
+                });
+            }
+        }
+        Ok(MultiLock { specs })
+    }
+
+    /// The members in acquisition order.
+    pub fn specs(&self) -> &[LockSpec] {
+        &self.specs
+    }
+
+    /// Waits for every member.
+    pub async fn lock(&self) -> Result<MultiGuard> {
+        Ok(self.lock_with(None).await?.expect("waiting forever always acquires"))
+    }
+
+    /// Every member only if each is free now; never waits.
+    pub async fn try_lock(&self) -> Result<Option<MultiGuard>> {
+        self.lock_with(Some(Duration::ZERO)).await
+    }
+
+    /// Every member within `timeout` (for the whole set), or none.
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MultiGuard>> {
+        self.lock_with(Some(timeout)).await
+    }
+
+    /// `timeout` `None` waits forever, `Some(ZERO)` never waits.
+    pub async fn lock_with(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut taken: Vec<AnyGuard> = Vec::with_capacity(self.specs.len());
+        for spec in &self.specs {
+            let remaining = match (timeout, deadline) {
+                (Some(t), _) if t.is_zero() => Some(Duration::ZERO),
+                (_, Some(d)) => Some(d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))),
+                _ => None,
+            };
+            let result = spec.acquire(remaining).await;
+            match result {
+                Ok(Some(g)) => taken.push(g),
+                Ok(None) | Err(_) => {
+                    tracing::debug!(
+                        lock = spec.path(),
+                        taken = taken.len(),
+                        "multi-lock member not acquired; rolling back"
+                    );
+                    let rollback = MultiGuard { parts: taken }.release().await;
+                    return match (result, rollback) {
+                        (Err(e), _) => Err(e),
+                        (Ok(_), Err(e)) => Err(e),
+                        (Ok(_), Ok(())) => Ok(None),
+                    };
+                }
+            }
+        }
+        Ok(Some(MultiGuard { parts: taken }))
+    }
+}
+
+/// Every member of a [`MultiLock`], held; released on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(g: distlock::zookeeper::MultiGuard) -> distlock::Result<()> {
+/// for part in g.parts() {
+///     println!("{} token {}", part.lock_path(), part.fencing_token());
+/// }
+/// g.release().await
+/// # }
+/// ```
+#[must_use = "if unused the locks are released at once"]
+#[derive(Debug)]
+pub struct MultiGuard {
+    parts: Vec<AnyGuard>,
+}
+
+impl MultiGuard {
+    /// The held members, in acquisition order.
+    pub fn parts(&self) -> &[AnyGuard] {
+        &self.parts
+    }
+
+    /// The largest member token.
+    pub fn fencing_token(&self) -> u64 {
+        self.parts.iter().map(|p| p.fencing_token()).max().unwrap_or(0)
+    }
+
+    /// Resolves when any member can no longer be trusted.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let all: Vec<_> = self.parts.iter().map(|p| p.lost()).collect();
+        async move { futures::future::select_all(all).await.0 }
+    }
+
+    /// Releases every member in reverse order; reports the first error after trying all.
+    pub async fn release(self) -> Result<()> {
+        let mut first = Ok(());
+        for part in self.parts.into_iter().rev() {
+            if let Err(e) = part.release().await {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
