@@ -2,7 +2,7 @@
 
 use crate::{BackendArg, EXIT_LOST, EXIT_NOT_ACQUIRED};
 use anyhow::Context;
-use distlock::zookeeper::{Client, QueueStatus};
+use distlock::zookeeper::{Client, LockSpec, MultiLock, QueueStatus};
 use std::io::IsTerminal;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -38,19 +38,46 @@ pub struct ExecArgs {
     /// Time between SIGTERM and SIGKILL when the lock is lost.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
     grace: Duration,
-    /// The lock: a znode path (/locks/orders) or a bare name (orders = /distlock/orders).
-    #[arg(value_name = "LOCK")]
-    lock: String,
+    /// Take the read side of a read/write lock: shared with other readers (Curator's
+    /// InterProcessReadWriteLock layout). Its exclusive partner is --write, not a plain exec.
+    #[arg(short = 's', long = "shared", conflicts_with = "permits")]
+    shared: bool,
+    /// Take the write side of a read/write lock (exclusive against --shared and --write).
+    #[arg(long = "write", conflicts_with_all = ["shared", "permits"])]
+    write: bool,
+    /// Take one permit of a semaphore with N permits (Curator's InterProcessSemaphoreV2 layout).
+    #[arg(long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The locks: znode paths (/locks/orders) or bare names (orders = /distlock/orders). Several
+    /// locks are taken all or nothing, in a fixed global order.
+    #[arg(value_name = "LOCK", required = true, num_args = 1..)]
+    locks: Vec<String>,
     /// The command and its arguments (after --).
     #[arg(value_name = "COMMAND", last = true, required = true, num_args = 1..)]
     command: Vec<String>,
 }
 
 pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
-    let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
+    let paths =
+        args.locks.iter().map(|l| crate::lock_path(l)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    let shown = paths.join(",");
     let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
     let client = Client::connect(&args.backend.backend).await?;
-    let mutex = client.mutex(&path)?;
+    let specs = paths
+        .iter()
+        .map(|p| {
+            Ok(if let Some(n) = args.permits {
+                LockSpec::Permits(client.semaphore(p, n)?, 1)
+            } else if args.shared {
+                LockSpec::Read(client.rwlock(p)?)
+            } else if args.write {
+                LockSpec::Write(client.rwlock(p)?)
+            } else {
+                LockSpec::Exclusive(client.mutex(p)?)
+            })
+        })
+        .collect::<distlock::Result<Vec<_>>>()?;
+    let multi = MultiLock::new(specs)?;
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -59,9 +86,9 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let (progress_tx, progress_rx) = watch::channel(QueueStatus::default());
     let started = Instant::now();
     let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
-        .then(|| tokio::spawn(show_status(path.clone(), progress_rx, started)));
+        .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, started)));
     let acquired = tokio::select! {
-        r = mutex.lock_with(timeout, Some(&progress_tx)) => Some(r),
+        r = multi.lock_observed(timeout, Some(&progress_tx)) => Some(r),
         _ = sigint.recv() => None,
         _ = sigterm.recv() => None,
     };
@@ -70,7 +97,8 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         eprint!("\r\x1b[K");
     }
     // Locks and guards hold clones of the session; `close` only takes effect once all are gone.
-    drop(mutex);
+    drop(multi);
+    let path = shown;
     let guard = match acquired {
         None => {
             // Interrupted while waiting: our queue node is removed on drop; closing the session
@@ -87,13 +115,14 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         }
         Some(Ok(Some(g))) => g,
     };
-    let token = guard.fencing_token();
-    tracing::info!(lock = %path, token, "acquired");
+    let keys: Vec<String> = guard.parts().iter().map(|p| p.lock_path()).collect();
+    let tokens: Vec<String> = guard.parts().iter().map(|p| p.fencing_token().to_string()).collect();
+    tracing::info!(lock = %path, tokens = %tokens.join(","), "acquired");
 
     let mut child = tokio::process::Command::new(&args.command[0])
         .args(&args.command[1..])
-        .env("DISTLOCK_KEY", &path)
-        .env("DISTLOCK_TOKEN", token.to_string())
+        .env("DISTLOCK_KEY", keys.join(","))
+        .env("DISTLOCK_TOKEN", tokens.join(","))
         .spawn()
         .with_context(|| format!("cannot run {:?}", args.command[0]))?;
     let pid = child.id().map(|p| p as libc::pid_t);

@@ -25,8 +25,8 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     } else if view.contenders.is_empty() {
         println!("{}: free (no holder, no waiters)", view.path);
     } else {
-        println!("{}: {} in queue", view.path, view.contenders.len());
-        println!("{:<4} {:<7} {:<28} {:<20} {:>8}  NODE", "POS", "ROLE", "OWNER", "SESSION", "AGE");
+        println!("{} ({}): {} nodes", view.path, view.kind, view.contenders.len());
+        println!("{:<4} {:<7} {:<6} {:<28} {:<20} {:>8}  NODE", "POS", "ROLE", "MODE", "OWNER", "SESSION", "AGE");
         for c in &view.contenders {
             let owner = match &c.owner {
                 Some(o) => o.to_string(),
@@ -35,9 +35,10 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
             };
             let age = humantime::format_duration(Duration::from_millis(c.age_ms / 100 * 100)).to_string();
             println!(
-                "{:<4} {:<7} {:<28} {:<20} {:>8}  {}",
+                "{:<4} {:<7} {:<6} {:<28} {:<20} {:>8}  {}",
                 c.position,
                 if c.holds { "holder" } else { "waiter" },
+                c.mode,
                 owner,
                 c.session,
                 age,

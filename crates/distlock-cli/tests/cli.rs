@@ -230,3 +230,92 @@ extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
 }
+
+#[test]
+fn shared_locks_share_and_write_excludes() {
+    let l = lock();
+    let mut reader = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", "--shared", &l, "--", "sh", "-c", "echo held; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(reader.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["kind"], "rwlock", "{view}");
+    assert_eq!(
+        (view["contenders"][0]["mode"].as_str(), view["contenders"][0]["holds"].as_bool()),
+        (Some("read"), Some(true))
+    );
+    let r = distlock(&["exec", "-n", "-s", &l, "--", "echo", "second reader"]).output().unwrap();
+    assert_eq!(r.status.code(), Some(0), "{}", String::from_utf8_lossy(&r.stderr));
+    let w = distlock(&["exec", "-n", "--write", &l, "--", "echo", "writer"]).output().unwrap();
+    assert_eq!(w.status.code(), Some(1), "a writer must not enter beside a reader");
+    let m = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+    assert_eq!(m.status.code(), Some(2), "a plain (mutex) exec on a read/write path is refused");
+    assert!(String::from_utf8_lossy(&m.stderr).contains("read/write lock"));
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+}
+
+#[test]
+fn permits_admit_n_holders() {
+    let l = lock();
+    let (mut a, _oa) = hold_with(&["--permits", "2"], &l, "sleep 30");
+    let (mut b, _ob) = hold_with(&["--permits", "2"], &l, "sleep 30");
+    let c = distlock(&["exec", "-n", "--permits", "2", &l, "--", "true"]).output().unwrap();
+    assert_eq!(c.status.code(), Some(1), "a third holder of 2 permits");
+    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["kind"], "semaphore", "{view}");
+    let holders: Vec<_> = view["contenders"].as_array().unwrap().iter().filter(|c| c["holds"] == true).collect();
+    assert_eq!(holders.len(), 2, "{view}");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let c = distlock(&["exec", "-w", "20s", "--permits", "2", &l, "--", "echo", "in"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "in", "a permit freed by a dead holder");
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let bad = distlock(&["exec", "--permits", "0", &l, "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn several_locks_are_taken_together() {
+    let (a, b) = (lock(), lock());
+    let out = distlock(&["exec", &b, &a, "--", "sh", "-c", "echo \"$DISTLOCK_KEY $DISTLOCK_TOKEN\""]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (keys, tokens) = text.trim().split_once(' ').unwrap();
+    let mut sorted = [a.clone(), b.clone()];
+    sorted.sort();
+    assert_eq!(keys, sorted.join(","), "keys in acquisition (global) order");
+    assert_eq!(tokens.split(',').count(), 2);
+    // One member busy: nothing is taken and the command does not run.
+    let (mut holder, _out) = hold(&b, "4s", "sleep 30");
+    let out = distlock(&["exec", "-w", "300ms", &a, &b, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let view = distlock(&["inspect", "--json", &a]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert!(view["contenders"].as_array().unwrap().is_empty(), "the free member was given back: {view}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+fn hold_with(flags: &[&str], lock: &str, script: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+    let mut args = vec!["exec"];
+    args.extend_from_slice(flags);
+    let cmd = format!("echo held; {script}");
+    args.extend_from_slice(&[lock, "--", "sh", "-c", &cmd]);
+    let mut child =
+        Command::new(BIN).env("DISTLOCK_BACKEND", backend("2s")).args(&args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    (child, out)
+}

@@ -385,3 +385,32 @@ async fn naive_lock_herds_queue_lock_does_not() {
     assert_eq!(naive, WAITERS as u64, "herd: every naive waiter wakes");
     assert_eq!(queue, 1, "queue lock: exactly one waiter wakes");
 }
+
+/// Holders of a read lock and of semaphore permits that vanish (partitioned beyond their session)
+/// free what they held; the next holder gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_readers_writers_and_permit_holders_free_their_locks() {
+    let path = unique_path("rw-dead");
+    let sem_path = unique_path("sem-dead");
+    let net = Partition::start().await;
+    let doomed = distlock::zookeeper::Client::connect(&net.url("2s")).await.unwrap();
+    let r = doomed.rwlock(&path).unwrap().read().await.unwrap();
+    let p = doomed.semaphore(&sem_path, 1).unwrap().acquire().await.unwrap();
+    let (rl, pl) = (r.lost(), p.lost());
+    let other = connect().await;
+    let writer = other.rwlock(&path).unwrap();
+    let sem = other.semaphore(&sem_path, 1).unwrap();
+    assert!(writer.try_write().await.unwrap().is_none());
+    assert!(sem.try_acquire().await.unwrap().is_none());
+    net.block();
+    let w =
+        tokio::time::timeout(BOUND, writer.write()).await.expect("writer after the reader's session expired").unwrap();
+    assert!(w.fencing_token() > r.fencing_token());
+    let q =
+        tokio::time::timeout(BOUND, sem.acquire()).await.expect("permit after its holder's session expired").unwrap();
+    net.heal();
+    assert_eq!(tokio::time::timeout(BOUND, rl).await.unwrap(), distlock::LostReason::SessionExpired);
+    assert_eq!(tokio::time::timeout(BOUND, pl).await.unwrap(), distlock::LostReason::SessionExpired);
+    w.release().await.unwrap();
+    q.release().await.unwrap();
+}

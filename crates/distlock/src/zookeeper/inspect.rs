@@ -1,7 +1,7 @@
-//! Who holds a lock and who waits.
+//! Who holds a lock and who waits, for every recipe's layout.
 
 use super::queue::{sort_children, Exclusive, Policy};
-use super::rwlock::{is_writer, ReadPolicy, READ};
+use super::rwlock::{is_writer, ReadPolicy, MARKERS as RW_MARKERS, READ};
 use super::{backend, url, Client};
 use crate::{Owner, Result};
 use serde::Serialize;
@@ -14,16 +14,18 @@ use zookeeper_client as zk;
 ///
 /// ```
 /// use distlock::zookeeper::Contender;
-/// let c = Contender { node: "_c_x-lock-0000000001".into(), holds: true, position: 0,
-///     owner: None, raw_data: "10.0.0.7".into(), session: "0x1".into(),
+/// let c = Contender { node: "_c_x-lock-0000000001".into(), mode: "lock".into(), holds: true,
+///     position: 0, owner: None, raw_data: "10.0.0.7".into(), session: "0x1".into(),
 ///     age_ms: 1500, czxid: 42 };
 /// assert!(c.holds);
 /// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct Contender {
-    /// Child name.
+    /// Child name (for a semaphore: `leases/<name>` or `locks/<name>`).
     pub node: String,
-    /// Whether this node holds the lock.
+    /// `lock` (mutex), `read` / `write` (read/write lock), `lease` / `gate` (semaphore).
+    pub mode: String,
+    /// Whether this node holds (a lock, a read share, or a permit).
     pub holds: bool,
     /// Position in queue order (0 is first).
     pub position: usize,
@@ -39,59 +41,113 @@ pub struct Contender {
     pub czxid: i64,
 }
 
-/// A lock's queue in order: holder first, then waiters.
+/// A lock's queue in order: holders first, then waiters.
 ///
 /// # Examples
 ///
 /// ```
-/// let v = distlock::zookeeper::LockView { path: "/locks/a".into(), contenders: vec![] };
+/// let v = distlock::zookeeper::LockView { path: "/locks/a".into(), kind: "free".into(), contenders: vec![] };
 /// assert!(v.holder().is_none());
 /// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct LockView {
     /// The lock path.
     pub path: String,
+    /// `mutex`, `rwlock`, `semaphore`, or `free` (no nodes).
+    pub kind: String,
     /// Every node under it, in queue order.
     pub contenders: Vec<Contender>,
 }
 
 impl LockView {
-    /// The holder, if any.
+    /// The first holder, if any.
     pub fn holder(&self) -> Option<&Contender> {
         self.contenders.iter().find(|c| c.holds)
     }
 }
 
 impl Client {
-    /// Reads a lock's queue: holder and waiters in order, with owners, sessions and ages.
-    /// A missing lock path shows as an empty queue.
+    /// Reads a lock's queue: holders and waiters in order, with owners, sessions and ages.
+    /// Understands the mutex, read/write lock and semaphore layouts. A missing path shows as free.
     pub async fn inspect(&self, path: &str) -> Result<LockView> {
         let dir = url::lock_path(path)?;
-        let zk = self.zk();
-        let mut children = match zk.list_children(&dir).await {
-            Ok(c) => c,
-            Err(zk::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(backend("getChildren", &dir, e)),
+        let mut children = self.children(&dir).await?;
+        if children.iter().any(|c| c == "leases" || c == "locks") {
+            let mut leases = self.children(&format!("{dir}/leases")).await?;
+            sort_children(&mut leases, &["lease-"]);
+            let mut gate = self.children(&format!("{dir}/locks")).await?;
+            sort_children(&mut gate, &["lock-"]);
+            let mut contenders = self.read_nodes(&format!("{dir}/leases"), "leases/", &leases, "lease").await?;
+            contenders.iter_mut().for_each(|c| c.holds = true);
+            let mut waiting = self.read_nodes(&format!("{dir}/locks"), "locks/", &gate, "gate").await?;
+            // Every gate node waits for a permit. The first one holds the gate and has created its
+            // lease already, waiting until the count of leases drops to the limit: its newest lease
+            // is a waiting one, not a held permit.
+            if let Some(counting) = waiting.first() {
+                if let Some(lease) = contenders.iter_mut().rev().find(|c| c.session == counting.session) {
+                    lease.holds = false;
+                }
+            }
+            contenders.sort_by_key(|c| !c.holds);
+            contenders.append(&mut waiting);
+            for (i, c) in contenders.iter_mut().enumerate() {
+                c.position = i;
+            }
+            return Ok(LockView { path: dir, kind: "semaphore".into(), contenders });
+        }
+        let rw = children.iter().any(|c| c.contains(READ) || is_writer(c));
+        let kind = if children.is_empty() {
+            "free"
+        } else if rw {
+            "rwlock"
+        } else {
+            "mutex"
         };
-        sort_children(&mut children, &["lock-", "__READ__", "__WRIT__", "lease-"]);
-        // Pipelined: every getData is sent before the first reply is awaited.
-        let paths: Vec<String> = children.iter().map(|c| format!("{dir}/{c}")).collect();
+        let markers: &[&str] = if rw { RW_MARKERS } else { &["lock-"] };
+        sort_children(&mut children, markers);
+        let mut contenders = self.read_nodes(&dir, "", &children, "lock").await?;
+        let live: Vec<String> = contenders.iter().map(|c| c.node.clone()).collect();
+        for (i, c) in contenders.iter_mut().enumerate() {
+            c.position = i;
+            if rw {
+                let writer = is_writer(&c.node);
+                c.mode = if writer { "write" } else { "read" }.into();
+                c.holds =
+                    if writer { Exclusive.blocker(&live, i).is_none() } else { ReadPolicy.blocker(&live, i).is_none() };
+            } else {
+                c.holds = Exclusive.blocker(&live, i).is_none();
+            }
+        }
+        Ok(LockView { path: dir, kind: kind.into(), contenders })
+    }
+
+    async fn children(&self, dir: &str) -> Result<Vec<String>> {
+        match self.zk().list_children(dir).await {
+            Ok(c) => Ok(c),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(backend("getChildren", dir, e)),
+        }
+    }
+
+    /// Reads every node's data and stat, pipelined; skips nodes that left meanwhile.
+    async fn read_nodes(&self, dir: &str, label: &str, names: &[String], mode: &str) -> Result<Vec<Contender>> {
+        let zk = self.zk();
+        let paths: Vec<String> = names.iter().map(|c| format!("{dir}/{c}")).collect();
         let reads: Vec<_> = paths.iter().map(|p| zk.get_data(p)).collect();
         let results = futures::future::join_all(reads).await;
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as i64;
-        let mut contenders = Vec::new();
-        let mut live: Vec<String> = Vec::new();
-        for (name, result) in children.iter().zip(results) {
+        let mut out = Vec::new();
+        for (name, result) in names.iter().zip(results) {
             let (data, stat) = match result {
                 Ok(r) => r,
-                Err(zk::Error::NoNode) => continue, // left while we looked
+                Err(zk::Error::NoNode) => continue,
                 Err(e) => return Err(backend("getData", &format!("{dir}/{name}"), e)),
             };
-            live.push(name.clone());
-            contenders.push(Contender {
-                node: name.clone(),
+            out.push(Contender {
+                node: format!("{label}{name}"),
+                mode: mode.into(),
                 holds: false,
-                position: contenders.len(),
+                position: out.len(),
                 owner: Owner::parse(&data),
                 raw_data: String::from_utf8_lossy(&data).into_owned(),
                 session: format!("{:#x}", stat.ephemeral_owner),
@@ -99,12 +155,6 @@ impl Client {
                 czxid: stat.czxid,
             });
         }
-        for (i, c) in contenders.iter_mut().enumerate() {
-            // Read nodes of a read/write lock share; everything else is exclusive.
-            let shared = c.node.contains(READ) && !is_writer(&c.node);
-            c.holds =
-                if shared { ReadPolicy.blocker(&live, i).is_none() } else { Exclusive.blocker(&live, i).is_none() };
-        }
-        Ok(LockView { path: dir, contenders })
+        Ok(out)
     }
 }

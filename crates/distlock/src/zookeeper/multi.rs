@@ -1,9 +1,11 @@
 //! Several locks of any kind, taken all or nothing.
 
 use super::guard::LockState;
+use super::queue::QueueStatus;
 use super::{Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, WriteGuard};
 use crate::{Error, LostReason, Result};
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// One member of a [`MultiLock`].
@@ -42,11 +44,15 @@ impl LockSpec {
         }
     }
 
-    async fn acquire(&self, timeout: Option<Duration>) -> Result<Option<AnyGuard>> {
+    async fn acquire(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<AnyGuard>> {
         Ok(match self {
-            LockSpec::Exclusive(m) => m.lock_with(timeout, None).await?.map(AnyGuard::Exclusive),
-            LockSpec::Read(l) => l.read_with(timeout, None).await?.map(AnyGuard::Read),
-            LockSpec::Write(l) => l.write_with(timeout, None).await?.map(AnyGuard::Write),
+            LockSpec::Exclusive(m) => m.lock_with(timeout, progress).await?.map(AnyGuard::Exclusive),
+            LockSpec::Read(l) => l.read_with(timeout, progress).await?.map(AnyGuard::Read),
+            LockSpec::Write(l) => l.write_with(timeout, progress).await?.map(AnyGuard::Write),
             LockSpec::Permits(s, n) => s.acquire_with(*n, timeout).await?.map(AnyGuard::Permits),
         })
     }
@@ -198,6 +204,16 @@ impl MultiLock {
 
     /// `timeout` `None` waits forever, `Some(ZERO)` never waits.
     pub async fn lock_with(&self, timeout: Option<Duration>) -> Result<Option<MultiGuard>> {
+        self.lock_observed(timeout, None).await
+    }
+
+    /// As [`lock_with`](Self::lock_with); `progress` receives the queue position of the member
+    /// being waited for (semaphores report none).
+    pub async fn lock_observed(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<MultiGuard>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut taken: Vec<AnyGuard> = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
@@ -206,7 +222,7 @@ impl MultiLock {
                 (_, Some(d)) => Some(d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))),
                 _ => None,
             };
-            let result = spec.acquire(remaining).await;
+            let result = spec.acquire(remaining, progress).await;
             match result {
                 Ok(Some(g)) => taken.push(g),
                 Ok(None) | Err(_) => {

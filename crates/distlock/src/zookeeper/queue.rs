@@ -111,6 +111,27 @@ pub(crate) fn sort_key<'a>(name: &'a str, markers: &[&str]) -> &'a str {
     markers.iter().filter_map(|m| name.rfind(m).map(|i| i + m.len())).max().map(|i| &name[i..]).unwrap_or(name)
 }
 
+/// Names the recipe a child belongs to when it is not ours (mixing kinds on one path would let
+/// both sides hold at once).
+pub(crate) fn other_recipe(name: &str, markers: &[&str]) -> Option<&'static str> {
+    let families: [(&[&str], &str); 3] = [
+        (&["lock-"], "a mutex"),
+        (&["__READ__", "__WRIT__"], "a read/write lock"),
+        (&["leases", "locks"], "a semaphore"),
+    ];
+    for (family, what) in families {
+        if family.iter().any(|m| markers.contains(m)) {
+            continue;
+        }
+        let belongs =
+            if what == "a semaphore" { family.contains(&name) } else { family.iter().any(|m| name.contains(m)) };
+        if belongs {
+            return Some(what);
+        }
+    }
+    None
+}
+
 /// Sorts children into queue order.
 pub(crate) fn sort_children(children: &mut [String], markers: &[&str]) {
     children.sort_by(|a, b| sort_key(a, markers).cmp(sort_key(b, markers)).then_with(|| a.cmp(b)));
@@ -256,6 +277,12 @@ impl Queue {
         let own_name = acquired.path[self.dir.len() + 1..].to_string();
         let mut recreated = 0;
         loop {
+            if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers)) {
+                return Err(Error::InvalidLockPath {
+                    path: self.dir.clone(),
+                    reason: format!("already in use as {other}; one path holds one kind of lock"),
+                });
+            }
             sort_children(&mut children, self.markers);
             let Some(ours) = children.iter().position(|c| *c == own_name) else {
                 // Our node vanished while we waited (deleted by an operator?): queue again.
@@ -461,6 +488,15 @@ mod tests {
         sort_children(&mut c, markers);
         assert_eq!(c, ["_c_cccc-lock-0000000001", "_c_bbbb-lock-0000000003", "_c_aaaa-lock-0000000010", "foreign"]);
         assert_eq!(sort_key("_c_x-lock-0000000007", markers), "0000000007");
+    }
+
+    #[test]
+    fn mixing_recipes_on_one_path_is_detected() {
+        assert_eq!(other_recipe("_c_x-__WRIT__0000000001", &["lock-"]), Some("a read/write lock"));
+        assert_eq!(other_recipe("_c_x-lock-0000000001", &["__READ__", "__WRIT__"]), Some("a mutex"));
+        assert_eq!(other_recipe("leases", &["lock-"]), Some("a semaphore"));
+        assert_eq!(other_recipe("_c_x-lock-0000000001", &["lock-"]), None);
+        assert_eq!(other_recipe("foreign", &["lock-"]), None);
     }
 
     #[test]
