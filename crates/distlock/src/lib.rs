@@ -17,8 +17,14 @@
 //! - `zookeeper` (default): the ZooKeeper backend.
 //!
 //! # Layout
-//! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks),
-//!   [`Mutex`](zookeeper::Mutex) and its guard, `inspect`;
+//! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
+//!   - [`Mutex`](zookeeper::Mutex): exclusive, FIFO, herd-free;
+//!   - [`ReentrantMutex`](zookeeper::ReentrantMutex): re-entered by the same handle;
+//!   - [`RwLock`](zookeeper::RwLock): shared readers, exclusive writers, downgrade;
+//!   - [`Semaphore`](zookeeper::Semaphore): N permits (also the non-reentrant semaphore mutex);
+//!   - [`MultiLock`](zookeeper::MultiLock): several locks, all or nothing, deadlock-free order;
+//!   - [`NaiveLock`](zookeeper::NaiveLock): the herding baseline, for benchmarks only;
+//!   - revocation ([`Client::revoke`](zookeeper::Client::revoke)) and `inspect`;
 //! - [`with_lock`]: run a closure under a lock or report busy;
 //! - [`blocking`]: the same for synchronous code;
 //! - [`Error`], [`LostReason`], [`parse_duration`], [`Owner`].
