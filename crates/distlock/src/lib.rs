@@ -56,3 +56,8 @@ pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
 pub use owner::Owner;
 pub use template::{with_lock, DistributedGuard, DistributedLock};
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[cfg(all(doctest, feature = "zookeeper"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
