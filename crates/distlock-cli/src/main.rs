@@ -6,6 +6,7 @@
 
 mod exec;
 mod inspect;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -36,6 +37,8 @@ enum Command {
     Exec(exec::ExecArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
+    /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
+    Serve(serve::ServeArgs),
 }
 
 /// Parses `500ms`, `10s`, `2m` for clap.
@@ -70,7 +73,7 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("distlock: cannot start runtime: {e}");
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Exec(args) => exec::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
+            Command::Serve(args) => serve::run(args).await,
         }
     });
     match code {

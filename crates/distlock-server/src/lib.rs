@@ -1,0 +1,188 @@
+//! A single-node server that speaks the ZooKeeper client protocol (3.5+ as real clients use it):
+//! distlock's embedded default, so distlock runs, and Rust code that takes ZooKeeper locks can be
+//! tested, with nothing installed.
+//!
+//! It is one node: no replication, no quorum. Production keeps pointing at a real ZooKeeper
+//! ensemble; this server is for single machines, development and tests.
+//!
+//! # Examples
+//!
+//! An in-process server for a test (free port, stopped on drop):
+//!
+//! ```
+//! # #[tokio::main] async fn main() {
+//! let server = distlock_server::EmbeddedServer::start().await.unwrap();
+//! let url = server.url(); // zk://127.0.0.1:PORT
+//! assert!(url.starts_with("zk://127.0.0.1:"));
+//! # }
+//! ```
+//!
+//! # Layout
+//! - `proto`: the wire format (jute records, opcodes, error codes);
+//! - `tree`: the data tree and the mutations writes are made of;
+//! - `state`: sessions, watches, ACLs and every request, applied one at a time;
+//! - `persist`: the transaction log and snapshots for `--data-dir`;
+//! - `server`: connections, framing, four-letter words, session and container timers.
+
+pub mod persist;
+pub mod proto;
+mod server;
+mod state;
+mod tree;
+
+pub use persist::Fsync;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Server settings.
+///
+/// # Examples
+///
+/// ```
+/// let c = distlock_server::Config { tick: std::time::Duration::from_millis(500), ..Default::default() };
+/// assert_eq!(c.max_frame, 1 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// ZooKeeper's tickTime: session timeouts are bounded to 2..20 ticks. Default 2 s.
+    pub tick: Duration,
+    /// Largest accepted frame (ZooKeeper's jute.maxbuffer). Default 1 MiB.
+    pub max_frame: usize,
+    /// Most simultaneous connections. Default 1024.
+    pub max_connections: usize,
+    /// Most watches one session may hold. Default 100,000.
+    pub max_watches_per_session: usize,
+    /// Where to keep the transaction log and snapshots; `None` keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+    /// When to fsync the log. Default [`Fsync::Always`].
+    pub fsync: Fsync,
+    /// Transactions between snapshots. Default 10,000.
+    pub snapshot_every: u64,
+    /// How often emptied containers and expired TTL nodes are reaped. Default 1 s.
+    pub container_check: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tick: Duration::from_millis(2000),
+            max_frame: 1 << 20,
+            max_connections: 1024,
+            max_watches_per_session: 100_000,
+            data_dir: None,
+            fsync: Fsync::Always,
+            snapshot_every: 10_000,
+            container_check: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Builds the server state (recovering from `data_dir` if set).
+fn build_state(config: Config) -> std::io::Result<Arc<Mutex<state::State>>> {
+    let state = match &config.data_dir {
+        Some(dir) => {
+            let (p, rec) = persist::Persist::open(dir, config.fsync, config.snapshot_every)?;
+            state::State::new(config.clone(), rec.tree, rec.zxid, rec.sessions, Some(p))
+        }
+        None => state::State::new(config.clone(), tree::Tree::default(), 0, Vec::new(), None),
+    };
+    Ok(Arc::new(Mutex::new(state)))
+}
+
+/// Serves on `listener` until `shutdown` resolves.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> std::io::Result<()> {
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:2181").await?;
+/// distlock_server::run(listener, Default::default(), async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # Ok(()) }
+/// ```
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let state = build_state(config)?;
+    server::run(listener, state, shutdown).await;
+    Ok(())
+}
+
+/// An in-process server on a free loopback port, stopped when dropped.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main] async fn main() {
+/// use std::time::Duration;
+/// let cfg = distlock_server::Config { tick: Duration::from_millis(500), ..Default::default() };
+/// let server = distlock_server::EmbeddedServer::start_with(cfg).await.unwrap();
+/// println!("ZooKeeper protocol on {}", server.addr());
+/// drop(server); // stops it
+/// # }
+/// ```
+pub struct EmbeddedServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl EmbeddedServer {
+    /// Starts with default settings (in memory).
+    pub async fn start() -> std::io::Result<EmbeddedServer> {
+        Self::start_with(Config::default()).await
+    }
+
+    /// Starts with `config` on `127.0.0.1:0`.
+    pub async fn start_with(config: Config) -> std::io::Result<EmbeddedServer> {
+        Self::bind("127.0.0.1:0".parse().unwrap(), config).await
+    }
+
+    /// Starts with `config` on `addr`.
+    pub async fn bind(addr: SocketAddr, config: Config) -> std::io::Result<EmbeddedServer> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = build_state(config)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server::run(listener, state, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Ok(EmbeddedServer { addr, stop: Some(stop), task: Some(task) })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `zk://127.0.0.1:PORT`, for distlock.
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.addr)
+    }
+
+    /// Stops accepting and waits for the listener to close. (Open connections end with the
+    /// runtime, or when their clients close.)
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for EmbeddedServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Connections: framing, the handshake, four-letter words, and the timers.
+
+use crate::proto::ConnectRequest;
+use crate::state::{Outgoing, State};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+pub type Shared = Arc<Mutex<State>>;
+
+static CONN_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// Serves connections from `listener` until `shutdown` resolves.
+pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::future::Future<Output = ()>) {
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (tick, max_conns) = {
+        let s = state.lock().unwrap();
+        (s.config.tick, s.config.max_connections)
+    };
+    let timers = tokio::spawn(timers(state.clone(), tick));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (socket, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                if connections.load(Ordering::SeqCst) >= max_conns {
+                    tracing::warn!(%peer, max_conns, "connection refused: too many connections");
+                    drop(socket);
+                    continue;
+                }
+                connections.fetch_add(1, Ordering::SeqCst);
+                let (state, connections) = (state.clone(), connections.clone());
+                tokio::spawn(async move {
+                    if let Err(reason) = serve(socket, peer, state).await {
+                        tracing::info!(%peer, %reason, "connection closed");
+                    }
+                    connections.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        }
+    }
+    timers.abort();
+}
+
+/// Session expiry, container and TTL reaping.
+async fn timers(state: Shared, tick: Duration) {
+    let mut every = tokio::time::interval(tick.min(Duration::from_millis(500)));
+    let mut reap_at = tokio::time::Instant::now();
+    loop {
+        every.tick().await;
+        let mut s = state.lock().unwrap();
+        s.expire_sessions();
+        if tokio::time::Instant::now() >= reap_at {
+            s.reap();
+            reap_at = tokio::time::Instant::now() + s.config.container_check;
+        }
+    }
+}
+
+const FOUR_LETTER_WORDS: &[&[u8; 4]] =
+    &[b"ruok", b"srvr", b"stat", b"mntr", b"conf", b"envi", b"isro", b"wchs", b"dump"];
+
+async fn read_frame(
+    socket: &mut (impl AsyncReadExt + Unpin),
+    max: usize,
+    first: Option<[u8; 4]>,
+) -> Result<Vec<u8>, String> {
+    let len_bytes = match first {
+        Some(b) => b,
+        None => {
+            let mut b = [0u8; 4];
+            socket.read_exact(&mut b).await.map_err(|e| format!("read: {e}"))?;
+            b
+        }
+    };
+    let len = i32::from_be_bytes(len_bytes);
+    if len < 0 || len as usize > max {
+        return Err(format!("frame length {len} outside 0..={max}"));
+    }
+    let mut frame = vec![0u8; len as usize];
+    socket.read_exact(&mut frame).await.map_err(|e| format!("truncated frame: {e}"))?;
+    Ok(frame)
+}
+
+async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result<(), String> {
+    socket.set_nodelay(true).ok();
+    let max_frame = state.lock().unwrap().config.max_frame;
+    let mut first = [0u8; 4];
+    socket.read_exact(&mut first).await.map_err(|e| format!("read: {e}"))?;
+    if FOUR_LETTER_WORDS.contains(&&first) {
+        let text = four_letter_word(&first, &state);
+        let _ = socket.write_all(text.as_bytes()).await;
+        let _ = socket.shutdown().await;
+        return Ok(());
+    }
+    let frame = read_frame(&mut socket, max_frame, Some(first)).await?;
+    let req = ConnectRequest::decode(&frame).map_err(|e| format!("bad connect request: {e}"))?;
+    let conn_id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let (response, sid) = {
+        let mut s = state.lock().unwrap();
+        s.counters.connections += 1;
+        s.connect(&req, (conn_id, tx.clone()), Some(peer.ip()))
+    };
+    let (mut reader, mut writer) = socket.into_split();
+    writer.write_all(&response).await.map_err(|e| format!("write: {e}"))?;
+    let Some(sid) = sid else {
+        let _ = writer.shutdown().await;
+        return Err(format!("session {:#x} expired or unknown", req.session_id));
+    };
+    let writer_task = tokio::spawn(async move {
+        while let Some(out) = rx.recv().await {
+            match out {
+                Outgoing::Frame(f) => {
+                    if writer.write_all(&f).await.is_err() {
+                        return;
+                    }
+                }
+                Outgoing::Close(why) => {
+                    tracing::debug!(why, "closing connection");
+                    let _ = writer.shutdown().await;
+                    return;
+                }
+            }
+        }
+    });
+    let result = async {
+        loop {
+            let frame = read_frame(&mut reader, max_frame, None).await?;
+            let mut s = state.lock().unwrap();
+            if !s.sessions.contains_key(&sid) {
+                return Err("session ended".to_string());
+            }
+            s.touch(sid);
+            let reply = s.handle(sid, &frame).map_err(|e| format!("malformed request: {e}"))?;
+            if let Some(f) = reply.frame {
+                s.counters.sent += 1;
+                let _ = tx.send(Outgoing::Frame(f));
+            }
+            if reply.close {
+                let _ = tx.send(Outgoing::Close("session closed".into()));
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    state.lock().unwrap().disconnect(sid, conn_id);
+    if result.is_err() {
+        let _ = tx.send(Outgoing::Close("connection error".into()));
+    }
+    drop(tx);
+    let _ = writer_task.await;
+    result
+}
+
+fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
+    let s = state.lock().unwrap();
+    let version = format!("distlock-server {} (ZooKeeper 3.8 client protocol)", env!("CARGO_PKG_VERSION"));
+    let nodes = s.tree.nodes.len();
+    let conns = s.sessions.values().filter(|x| x.conn.is_some()).count();
+    match word {
+        b"ruok" => "imok".to_string(),
+        b"isro" => "rw".to_string(),
+        b"srvr" | b"stat" => {
+            let mut out = format!(
+                "Zookeeper version: {version}\nLatency min/avg/max: 0/0.0/0\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
+                s.counters.received, s.counters.sent, s.zxid
+            );
+            if word == b"stat" {
+                out = out.replacen("Latency", "Clients:\n\nLatency", 1);
+            }
+            out
+        }
+        b"mntr" => format!(
+            "zk_version\t{version}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t0\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\n",
+            s.counters.received,
+            s.counters.sent,
+            s.watch_count(),
+            s.ephemeral_count(),
+            s.tree.nodes.values().map(|n| n.data.len()).sum::<usize>()
+        ),
+        b"conf" => format!(
+            "clientPort=?\ntickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\nmaxClientCnxns={}\n",
+            s.config.tick.as_millis(),
+            s.config.tick.as_millis() * 2,
+            s.config.tick.as_millis() * 20,
+            s.config.max_connections
+        ),
+        b"envi" => format!("Environment:\nzookeeper.version={version}\n"),
+        b"wchs" => format!("{} connections watching {} paths\nTotal watches:{}\n", conns, s.watch_count(), s.watch_count()),
+        b"dump" => format!("SessionTracker dump:\nSession count: {}\n", s.sessions.len()),
+        _ => String::new(),
+    }
+}

@@ -1,0 +1,203 @@
+//! The data tree and the primitive mutations every write is made of (also the log format).
+
+use crate::proto::{Acl, Stat};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+
+/// `ephemeralOwner` of container nodes (ZooKeeper's EphemeralType.CONTAINER).
+pub const CONTAINER_OWNER: i64 = i64::MIN;
+/// High byte marking TTL nodes in `ephemeralOwner` (ZooKeeper's extended types).
+pub const TTL_MASK: i64 = 0xFF00_0000_0000_0000u64 as i64;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Node {
+    pub data: Vec<u8>,
+    pub acl: Vec<Acl>,
+    pub stat: Stat,
+    pub children: BTreeSet<String>,
+}
+
+impl Node {
+    /// The session owning this node, if it is ephemeral (not container or TTL).
+    pub fn ephemeral_session(&self) -> Option<i64> {
+        let o = self.stat.ephemeral_owner;
+        if o == 0 || o == CONTAINER_OWNER || (o & TTL_MASK) == TTL_MASK {
+            None
+        } else {
+            Some(o)
+        }
+    }
+
+    pub fn is_container(&self) -> bool {
+        self.stat.ephemeral_owner == CONTAINER_OWNER
+    }
+
+    pub fn ttl_ms(&self) -> Option<i64> {
+        let o = self.stat.ephemeral_owner;
+        (o != CONTAINER_OWNER && (o & TTL_MASK) == TTL_MASK).then_some(o & !TTL_MASK)
+    }
+}
+
+/// A primitive change to the tree or the session table. A write request becomes a list of
+/// these, applied together under one zxid and logged as one transaction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Mutation {
+    Create { path: String, data: Vec<u8>, acl: Vec<Acl>, stat: Stat },
+    Delete { path: String, zxid: i64 },
+    SetData { path: String, data: Vec<u8>, zxid: i64, time: i64 },
+    SetAcl { path: String, acl: Vec<Acl> },
+    OpenSession { id: i64, password: Vec<u8>, timeout_ms: i32 },
+    CloseSession { id: i64 },
+}
+
+pub fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) => "/",
+        Some(i) => &path[..i],
+        None => "/",
+    }
+}
+
+pub fn name_of(path: &str) -> &str {
+    &path[path.rfind('/').map_or(0, |i| i + 1)..]
+}
+
+pub fn child_path(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+/// Validates a client path as ZooKeeper does (PathUtils.validatePath).
+pub fn valid_path(path: &str, sequential: bool) -> bool {
+    if !path.starts_with('/') {
+        return false;
+    }
+    if path == "/" {
+        return true;
+    }
+    if path.ends_with('/') && !sequential {
+        return false;
+    }
+    let body = if sequential && path.ends_with('/') { &path[1..path.len() - 1] } else { &path[1..] };
+    for seg in body.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return false;
+        }
+        if seg.chars().any(|c| c == '\0' || ('\u{1}'..='\u{1f}').contains(&c) || ('\u{7f}'..='\u{9f}').contains(&c)) {
+            return false;
+        }
+    }
+    true
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tree {
+    pub nodes: HashMap<String, Node>,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        let open = vec![Acl { perms: crate::proto::perms::ALL, scheme: "world".into(), id: "anyone".into() }];
+        let mut nodes = HashMap::new();
+        let mk = |children: &[&str]| Node {
+            data: Vec::new(),
+            acl: open.clone(),
+            stat: Stat { num_children: children.len() as i32, ..Stat::default() },
+            children: children.iter().map(|c| c.to_string()).collect(),
+        };
+        nodes.insert("/".to_string(), mk(&["zookeeper"]));
+        nodes.insert("/zookeeper".to_string(), mk(&["config", "quota"]));
+        nodes.insert("/zookeeper/config".to_string(), mk(&[]));
+        nodes.insert("/zookeeper/quota".to_string(), mk(&[]));
+        Tree { nodes }
+    }
+}
+
+impl Tree {
+    pub fn get(&self, path: &str) -> Option<&Node> {
+        self.nodes.get(path)
+    }
+
+    /// Applies a tree mutation (session mutations are handled by the caller).
+    pub fn apply(&mut self, m: &Mutation) {
+        match m {
+            Mutation::Create { path, data, acl, stat } => {
+                let parent = parent_of(path).to_string();
+                if let Some(p) = self.nodes.get_mut(&parent) {
+                    p.children.insert(name_of(path).to_string());
+                    p.stat.cversion = p.stat.cversion.wrapping_add(1);
+                    p.stat.pzxid = stat.czxid;
+                    p.stat.num_children = p.children.len() as i32;
+                }
+                self.nodes.insert(
+                    path.clone(),
+                    Node { data: data.clone(), acl: acl.clone(), stat: *stat, children: BTreeSet::new() },
+                );
+            }
+            Mutation::Delete { path, zxid } => {
+                self.nodes.remove(path);
+                if let Some(p) = self.nodes.get_mut(parent_of(path)) {
+                    p.children.remove(name_of(path));
+                    p.stat.cversion = p.stat.cversion.wrapping_add(1);
+                    p.stat.pzxid = *zxid;
+                    p.stat.num_children = p.children.len() as i32;
+                }
+            }
+            Mutation::SetData { path, data, zxid, time } => {
+                if let Some(n) = self.nodes.get_mut(path) {
+                    n.data = data.clone();
+                    n.stat.version = n.stat.version.wrapping_add(1);
+                    n.stat.mzxid = *zxid;
+                    n.stat.mtime = *time;
+                    n.stat.data_length = data.len() as i32;
+                }
+            }
+            Mutation::SetAcl { path, acl } => {
+                if let Some(n) = self.nodes.get_mut(path) {
+                    n.acl = acl.clone();
+                    n.stat.aversion = n.stat.aversion.wrapping_add(1);
+                }
+            }
+            Mutation::OpenSession { .. } | Mutation::CloseSession { .. } => {}
+        }
+    }
+
+    /// Number of descendants of `path` (not counting itself).
+    pub fn descendants(&self, path: &str) -> usize {
+        let Some(n) = self.nodes.get(path) else { return 0 };
+        n.children.iter().map(|c| 1 + self.descendants(&child_path(path, c))).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths() {
+        assert_eq!(parent_of("/a/b"), "/a");
+        assert_eq!(parent_of("/a"), "/");
+        assert_eq!(name_of("/a/b"), "b");
+        assert!(valid_path("/a/b", false));
+        assert!(!valid_path("a", false));
+        assert!(!valid_path("/a/", false));
+        assert!(valid_path("/a/", true));
+        assert!(!valid_path("/a//b", false));
+        assert!(!valid_path("/a/./b", false));
+    }
+
+    #[test]
+    fn create_and_delete_update_the_parent() {
+        let mut t = Tree::default();
+        let stat = Stat { czxid: 5, mzxid: 5, pzxid: 5, ..Stat::default() };
+        t.apply(&Mutation::Create { path: "/x".into(), data: b"d".to_vec(), acl: vec![], stat });
+        let root = t.get("/").unwrap();
+        assert_eq!((root.stat.cversion, root.stat.pzxid, root.stat.num_children), (1, 5, 2));
+        t.apply(&Mutation::Delete { path: "/x".into(), zxid: 6 });
+        let root = t.get("/").unwrap();
+        assert_eq!((root.stat.cversion, root.stat.pzxid, root.stat.num_children), (2, 6, 1));
+    }
+}
