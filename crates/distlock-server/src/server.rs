@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 
 pub type Shared = Arc<Mutex<State>>;
 
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// Serves connections from `listener` until `shutdown` resolves.
@@ -104,7 +106,10 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
         let _ = socket.shutdown().await;
         return Ok(());
     }
-    let frame = read_frame(&mut socket, max_frame, Some(first)).await?;
+    // A client that does not finish its handshake in time is dropped.
+    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut socket, max_frame, Some(first)))
+        .await
+        .map_err(|_| format!("no connect request within {HANDSHAKE_TIMEOUT:?}"))??;
     let req = ConnectRequest::decode(&frame).map_err(|e| format!("bad connect request: {e}"))?;
     let conn_id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();

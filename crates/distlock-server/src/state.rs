@@ -457,8 +457,10 @@ impl State {
         match opcode {
             op::PING => {
                 r.finish()?;
+                // Replies echo the request's xid (the Java client uses -2 for pings, -4 for auth and
+                // -8 for setWatches; other clients number them like any request).
                 let mut w = Writer::framed();
-                header(&mut w, xid::PING, self.zxid, 0);
+                header(&mut w, xid, self.zxid, 0);
                 reply(w)
             }
             op::CLOSE_SESSION => {
@@ -480,10 +482,10 @@ impl State {
                             s.auth.push(("digest".to_string(), id));
                         }
                     }
-                    header(&mut w, xid::AUTH, self.zxid, 0);
+                    header(&mut w, xid, 0, 0);
                     reply(w)
                 } else {
-                    header(&mut w, xid::AUTH, self.zxid, err::AUTH_FAILED);
+                    header(&mut w, xid, 0, err::AUTH_FAILED);
                     // The Java client expects an AuthFailed state event, then the connection ends.
                     let mut ev = Writer::framed();
                     header(&mut ev, xid::NOTIFICATION, -1, 0);
@@ -508,7 +510,7 @@ impl State {
                 r.finish()?;
                 self.set_watches(sid, rel, data, exist, child, pers, rec);
                 let mut w = Writer::framed();
-                header(&mut w, xid::SET_WATCHES, self.zxid, 0);
+                header(&mut w, xid, self.zxid, 0);
                 reply(w)
             }
             op::MULTI => self.multi(sid, xid, &mut r),

@@ -1,0 +1,389 @@
+//! The embedded server against a real ZooKeeper client (zookeeper-client) and raw frames.
+
+use distlock_server::{Config, EmbeddedServer, Fsync};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use zookeeper_client as zk;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+async fn server() -> EmbeddedServer {
+    EmbeddedServer::start_with(Config { tick: Duration::from_millis(500), ..Default::default() }).await.unwrap()
+}
+
+async fn client(s: &EmbeddedServer) -> zk::Client {
+    zk::Client::connector().with_session_timeout(Duration::from_secs(4)).connect(&s.addr().to_string()).await.unwrap()
+}
+
+fn open() -> zk::CreateOptions<'static> {
+    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
+}
+
+#[tokio::test]
+async fn create_modes_stats_and_sequences() {
+    let s = server().await;
+    let c = client(&s).await;
+    let (stat, _) = c.create("/a", b"hello", &open()).await.unwrap();
+    assert_eq!((stat.version, stat.data_length, stat.num_children, stat.ephemeral_owner), (0, 5, 0, 0));
+    assert_eq!(stat.czxid, stat.mzxid);
+    assert_eq!(c.create("/a", b"", &open()).await.unwrap_err(), zk::Error::NodeExists);
+    assert_eq!(c.create("/x/y", b"", &open()).await.unwrap_err(), zk::Error::NoNode);
+    let seq = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+    let (_, s1) = c.create("/a/n-", b"", &seq).await.unwrap();
+    let (_, s2) = c.create("/a/n-", b"", &seq).await.unwrap();
+    assert_eq!((s1.to_string(), s2.to_string()), ("0000000000".into(), "0000000001".into()));
+    let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    let (estat, _) = c.create("/a/e", b"", &eph).await.unwrap();
+    assert_eq!(estat.ephemeral_owner, c.session_id().0);
+    assert_eq!(c.create("/a/e/x", b"", &open()).await.unwrap_err(), zk::Error::NoChildrenForEphemerals);
+    let (data, st) = c.get_data("/a").await.unwrap();
+    assert_eq!(data, b"hello");
+    assert_eq!((st.num_children, st.cversion), (3, 3));
+    let (children, st2) = c.get_children("/a").await.unwrap();
+    assert_eq!(children.len(), 3);
+    assert_eq!(st2.pzxid, estat.czxid);
+    // setData / delete with versions.
+    assert_eq!(c.set_data("/a", b"v2", Some(7)).await.unwrap_err(), zk::Error::BadVersion);
+    let st3 = c.set_data("/a", b"v2", Some(0)).await.unwrap();
+    assert_eq!(st3.version, 1);
+    assert!(st3.mzxid > st3.czxid);
+    assert_eq!(c.delete("/a", None).await.unwrap_err(), zk::Error::NotEmpty);
+    assert_eq!(c.delete("/a/n-0000000000", Some(3)).await.unwrap_err(), zk::Error::BadVersion);
+    c.delete("/a/n-0000000000", Some(0)).await.unwrap();
+    assert_eq!(c.count_descendants_number("/a").await.unwrap(), 2);
+    assert_eq!(c.list_ephemerals("/").await.unwrap(), vec!["/a/e"]);
+    c.sync("/a").await.unwrap();
+    assert!(c.check_stat("/nope").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn ephemerals_go_when_the_session_closes_and_watches_fire() {
+    let s = server().await;
+    let a = client(&s).await;
+    let b = client(&s).await;
+    let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    a.create("/e", b"", &eph).await.unwrap();
+    let (_, _, w) = b.get_and_watch_data("/e").await.unwrap();
+    drop(a); // closes the session
+    let ev = tokio::time::timeout(BOUND, w.changed()).await.unwrap();
+    assert_eq!(ev.event_type, zk::EventType::NodeDeleted);
+    assert!(b.check_stat("/e").await.unwrap().is_none());
+}
+
+/// A frame: length prefix and body.
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as i32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn jute_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as i32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+#[tokio::test]
+async fn silent_sessions_expire() {
+    let s = server().await;
+    let b = client(&s).await;
+    // A raw client: handshake asking for 1 s, one ephemeral create, then silence (no pings).
+    let mut sock = TcpStream::connect(s.addr()).await.unwrap();
+    let mut hello = connect_frame();
+    hello[4 + 12..4 + 16].copy_from_slice(&1000i32.to_be_bytes());
+    sock.write_all(&hello).await.unwrap();
+    let mut resp = vec![0u8; 4 + 36];
+    sock.read_exact(&mut resp).await.unwrap();
+    let mut create = Vec::new();
+    create.extend_from_slice(&1i32.to_be_bytes()); // xid
+    create.extend_from_slice(&1i32.to_be_bytes()); // create
+    jute_string(&mut create, "/silent");
+    create.extend_from_slice(&0i32.to_be_bytes()); // empty data
+    create.extend_from_slice(&1i32.to_be_bytes()); // one ACL
+    create.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut create, "world");
+    jute_string(&mut create, "anyone");
+    create.extend_from_slice(&1i32.to_be_bytes()); // ephemeral
+    sock.write_all(&frame(&create)).await.unwrap();
+    let (stat, w) = b.check_and_watch_stat("/silent").await.unwrap();
+    let w = match stat {
+        Some(_) => w,
+        None => {
+            // The create is not applied yet: wait for it, then watch for the deletion.
+            assert_eq!(tokio::time::timeout(BOUND, w.changed()).await.unwrap().event_type, zk::EventType::NodeCreated);
+            b.check_and_watch_stat("/silent").await.unwrap().1
+        }
+    };
+    let ev = tokio::time::timeout(BOUND, w.changed()).await.expect("silent session expired");
+    assert_eq!(ev.event_type, zk::EventType::NodeDeleted);
+    // Its connection was closed by the server.
+    let mut rest = Vec::new();
+    tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await.unwrap().ok();
+}
+
+#[tokio::test]
+async fn one_shot_watches_fire_in_order_with_reads() {
+    let s = server().await;
+    let a = client(&s).await;
+    let b = client(&s).await;
+    a.create("/w", b"0", &open()).await.unwrap();
+    let (_, _, data_w) = b.get_and_watch_data("/w").await.unwrap();
+    let (_, child_w) = b.list_and_watch_children("/w").await.unwrap();
+    let (_, exist_w) = b.check_and_watch_stat("/w/new").await.unwrap();
+    a.set_data("/w", b"1", None).await.unwrap();
+    a.create("/w/new", b"", &open()).await.unwrap();
+    assert_eq!(tokio::time::timeout(BOUND, data_w.changed()).await.unwrap().event_type, zk::EventType::NodeDataChanged);
+    assert_eq!(
+        tokio::time::timeout(BOUND, child_w.changed()).await.unwrap().event_type,
+        zk::EventType::NodeChildrenChanged
+    );
+    let ev = tokio::time::timeout(BOUND, exist_w.changed()).await.unwrap();
+    assert_eq!((ev.event_type, ev.path.as_str()), (zk::EventType::NodeCreated, "/w/new"));
+}
+
+#[tokio::test]
+async fn persistent_and_recursive_watches() {
+    let s = server().await;
+    let a = client(&s).await;
+    let b = client(&s).await;
+    a.create("/p", b"", &open()).await.unwrap();
+    let mut pers = b.watch("/p", zk::AddWatchMode::Persistent).await.unwrap();
+    let mut rec = b.watch("/p", zk::AddWatchMode::PersistentRecursive).await.unwrap();
+    a.create("/p/c", b"", &open()).await.unwrap();
+    a.set_data("/p/c", b"x", None).await.unwrap();
+    a.set_data("/p", b"y", None).await.unwrap();
+    let e1 = tokio::time::timeout(BOUND, pers.changed()).await.unwrap();
+    assert_eq!((e1.event_type, e1.path.as_str()), (zk::EventType::NodeChildrenChanged, "/p"));
+    let e2 = tokio::time::timeout(BOUND, pers.changed()).await.unwrap();
+    assert_eq!((e2.event_type, e2.path.as_str()), (zk::EventType::NodeDataChanged, "/p"));
+    let r1 = tokio::time::timeout(BOUND, rec.changed()).await.unwrap();
+    assert_eq!((r1.event_type, r1.path.as_str()), (zk::EventType::NodeCreated, "/p/c"));
+    let r2 = tokio::time::timeout(BOUND, rec.changed()).await.unwrap();
+    assert_eq!((r2.event_type, r2.path.as_str()), (zk::EventType::NodeDataChanged, "/p/c"));
+    let r3 = tokio::time::timeout(BOUND, rec.changed()).await.unwrap();
+    assert_eq!((r3.event_type, r3.path.as_str()), (zk::EventType::NodeDataChanged, "/p"));
+}
+
+#[tokio::test]
+async fn multi_is_atomic_with_per_op_results_and_multi_read() {
+    let s = server().await;
+    let c = client(&s).await;
+    c.create("/m", b"", &open()).await.unwrap();
+    let mut w = c.new_multi_writer();
+    w.add_create("/m/a", b"1", &open()).unwrap();
+    w.add_check_version("/m", 0).unwrap();
+    w.add_create("/m/a/b", b"2", &open()).unwrap();
+    w.add_set_data("/m/a", b"3", Some(0)).unwrap();
+    let results = w.commit().await.unwrap();
+    assert_eq!(results.len(), 4);
+    assert_eq!(c.get_data("/m/a").await.unwrap().0, b"3");
+    // A failing check undoes everything before it.
+    let mut w = c.new_multi_writer();
+    w.add_create("/m/x", b"", &open()).unwrap();
+    w.add_delete("/m/a/b", None).unwrap();
+    w.add_check_version("/m", 99).unwrap();
+    w.add_create("/m/y", b"", &open()).unwrap();
+    match w.commit().await {
+        Err(zk::MultiWriteError::OperationFailed { index: 2, source: zk::Error::BadVersion }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(c.check_stat("/m/x").await.unwrap().is_none());
+    assert!(c.check_stat("/m/a/b").await.unwrap().is_some());
+    let (_, st) = c.get_data("/m").await.unwrap();
+    assert_eq!(st.num_children, 1);
+    let mut r = c.new_multi_reader();
+    r.add_get_data("/m/a").unwrap();
+    r.add_get_children("/m").unwrap();
+    r.add_get_data("/missing").unwrap();
+    let out = r.commit().await.unwrap();
+    assert!(matches!(&out[0], zk::MultiReadResult::Data { data, .. } if data == b"3"));
+    assert!(matches!(&out[1], zk::MultiReadResult::Children { children } if children == &vec!["a".to_string()]));
+    assert!(matches!(&out[2], zk::MultiReadResult::Error { err: zk::Error::NoNode }));
+}
+
+#[tokio::test]
+async fn containers_and_ttl_nodes_are_reaped() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        container_check: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let c = client(&s).await;
+    c.create("/box", b"", &zk::CreateMode::Container.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    c.create("/box/x", b"", &open()).await.unwrap();
+    c.create("/ttl", b"", &open().with_ttl(Duration::from_millis(200))).await.unwrap();
+    let (_, ttl_w) = c.check_and_watch_stat("/ttl").await.unwrap();
+    assert_eq!(tokio::time::timeout(BOUND, ttl_w.changed()).await.unwrap().event_type, zk::EventType::NodeDeleted);
+    assert!(c.check_stat("/box").await.unwrap().is_some(), "a container with children stays");
+    let (_, box_w) = c.check_and_watch_stat("/box").await.unwrap();
+    c.delete("/box/x", None).await.unwrap();
+    assert_eq!(tokio::time::timeout(BOUND, box_w.changed()).await.unwrap().event_type, zk::EventType::NodeDeleted);
+}
+
+#[tokio::test]
+async fn digest_acls_are_enforced_and_whoami_reports() {
+    let s = server().await;
+    let owner =
+        zk::Client::connector().with_auth("digest", b"alice:secret").connect(&s.addr().to_string()).await.unwrap();
+    let stranger = client(&s).await;
+    owner.create("/private", b"x", &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all())).await.unwrap();
+    assert_eq!(stranger.get_data("/private").await.unwrap_err(), zk::Error::NoAuth);
+    assert_eq!(stranger.set_data("/private", b"y", None).await.unwrap_err(), zk::Error::NoAuth);
+    assert_eq!(owner.get_data("/private").await.unwrap().0, b"x");
+    let (acl, _) = owner.get_acl("/private").await.unwrap();
+    assert_eq!(acl[0].scheme(), "digest");
+    assert!(acl[0].id().starts_with("alice:"));
+    stranger.auth("digest", b"alice:secret").await.unwrap();
+    assert_eq!(stranger.get_data("/private").await.unwrap().0, b"x");
+    let users = stranger.list_auth_users().await.unwrap();
+    assert!(users.iter().any(|u| u.scheme() == "digest" && u.user().starts_with("alice:")), "{users:?}");
+    // Without credentials, the auth scheme has nothing to expand to.
+    let anon = client(&s).await;
+    assert_eq!(
+        anon.create("/p2", b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all())).await.unwrap_err(),
+        zk::Error::InvalidAcl
+    );
+    // setACL with versions.
+    owner.set_acl("/private", &zk::Acls::anyone_all(), Some(0)).await.unwrap();
+    assert_eq!(anon.get_data("/private").await.unwrap().0, b"x");
+}
+
+/// Sends raw bytes as a client would; returns what the server sent back before closing.
+async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(bytes).await.unwrap();
+    sock.shutdown().await.unwrap(); // our side is done; the server sees EOF after the bytes
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(BOUND, sock.read_to_end(&mut out)).await.expect("server closes the connection");
+    out
+}
+
+fn connect_frame() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&0i32.to_be_bytes());
+    body.extend_from_slice(&0i64.to_be_bytes());
+    body.extend_from_slice(&4000i32.to_be_bytes());
+    body.extend_from_slice(&0i64.to_be_bytes());
+    body.extend_from_slice(&16i32.to_be_bytes());
+    body.extend_from_slice(&[0u8; 16]);
+    let mut f = (body.len() as i32).to_be_bytes().to_vec();
+    f.extend_from_slice(&body);
+    f
+}
+
+#[tokio::test]
+async fn malformed_frames_close_only_that_connection() {
+    let s = server().await;
+    let healthy = client(&s).await;
+    healthy.create("/alive", b"", &open()).await.unwrap();
+    // Oversized length prefix.
+    raw(s.addr(), &(64i32 << 20).to_be_bytes()).await;
+    // Negative length.
+    raw(s.addr(), &(-5i32).to_be_bytes()).await;
+    // Truncated connect request.
+    raw(s.addr(), &[0, 0, 0, 10, 0, 0, 0]).await;
+    // Garbage connect body.
+    raw(s.addr(), &[0, 0, 0, 3, 1, 2, 3]).await;
+    // A valid connect, then an unknown opcode: the connection is closed after the handshake.
+    let mut bytes = connect_frame();
+    let req = [0, 0, 0, 8, 0, 0, 0, 1, 0, 0, 0x7f, 0x7f];
+    bytes.extend_from_slice(&req);
+    let reply = raw(s.addr(), &bytes).await;
+    assert!(reply.len() >= 4 + 36, "handshake answered before closing");
+    // A valid connect, then a getData whose string length lies.
+    let mut bytes = connect_frame();
+    let body = [0, 0, 0, 1, 0, 0, 0, 4, 0x7f, 0xff, 0xff, 0xff, b'/'];
+    bytes.extend_from_slice(&(body.len() as i32).to_be_bytes());
+    bytes.extend_from_slice(&body);
+    raw(s.addr(), &bytes).await;
+    // Everyone else is still served.
+    assert!(healthy.check_stat("/alive").await.unwrap().is_some());
+    let fresh = client(&s).await;
+    assert!(fresh.check_stat("/alive").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn four_letter_words() {
+    let s = server().await;
+    assert_eq!(raw(s.addr(), b"ruok").await, b"imok");
+    let srvr = String::from_utf8(raw(s.addr(), b"srvr").await).unwrap();
+    assert!(srvr.contains("Mode: standalone") && srvr.contains("Zxid:"), "{srvr}");
+    let mntr = String::from_utf8(raw(s.addr(), b"mntr").await).unwrap();
+    assert!(mntr.contains("zk_znode_count"), "{mntr}");
+    let stat = String::from_utf8(raw(s.addr(), b"stat").await).unwrap();
+    assert!(stat.contains("Clients:"), "{stat}");
+}
+
+#[tokio::test]
+async fn connection_limit_is_enforced() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_connections: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let first = client(&s).await;
+    let addr = s.addr().to_string();
+    let refused = zk::Client::connector()
+        .with_connection_timeout(Duration::from_millis(500))
+        .with_session_timeout(Duration::from_secs(1))
+        .connect(&addr);
+    assert!(tokio::time::timeout(Duration::from_secs(10), refused).await.map(|r| r.is_err()).unwrap_or(true));
+    assert!(first.check_stat("/").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn watch_limit_is_enforced() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_watches_per_session: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let c = client(&s).await;
+    let _w1 = c.check_and_watch_stat("/a").await.unwrap();
+    let _w2 = c.check_and_watch_stat("/b").await.unwrap();
+    assert_eq!(c.check_and_watch_stat("/c").await.unwrap_err(), zk::Error::Throttled);
+}
+
+#[tokio::test]
+async fn nodes_and_sessions_survive_a_restart_with_a_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        tick: Duration::from_millis(500),
+        data_dir: Some(dir.path().to_path_buf()),
+        fsync: Fsync::Always,
+        snapshot_every: 5,
+        ..Default::default()
+    };
+    let s = EmbeddedServer::start_with(cfg.clone()).await.unwrap();
+    let addr = s.addr();
+    let c =
+        zk::Client::connector().with_session_timeout(Duration::from_secs(10)).connect(&addr.to_string()).await.unwrap();
+    for i in 0..8 {
+        c.create(&format!("/n{i}"), format!("{i}").as_bytes(), &open()).await.unwrap();
+    }
+    let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    c.create("/mine", b"", &eph).await.unwrap();
+    let session = c.session().clone();
+    let czxid = c.check_stat("/n7").await.unwrap().unwrap().czxid;
+    std::mem::forget(c); // the process "crashes": no close
+    s.stop().await;
+    let s2 = EmbeddedServer::bind(addr, cfg).await.unwrap();
+    let c2 = zk::Client::connector().with_session(session).connect(&addr.to_string()).await.unwrap();
+    assert_eq!(c2.get_data("/n3").await.unwrap().0, b"3");
+    assert_eq!(c2.check_stat("/n7").await.unwrap().unwrap().czxid, czxid);
+    let mine = c2.check_stat("/mine").await.unwrap().expect("the session survived, so did its ephemeral");
+    assert_eq!(mine.ephemeral_owner, c2.session_id().0);
+    let (_, seq) =
+        c2.create("/s-", b"", &zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    assert!(
+        c2.check_stat("/n0").await.unwrap().unwrap().czxid
+            < c2.check_stat(&format!("/s-{seq}")).await.unwrap().unwrap().czxid
+    );
+    drop(s2);
+}
