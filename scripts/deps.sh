@@ -12,3 +12,8 @@ if [[ ${#need[@]} -gt 0 ]]; then
     apt-get update -qq >&2
     apt-get install -y -qq "${need[@]}" >&2
 fi
+# kazoo (Python ZooKeeper client) for the compatibility check.
+if ! python3 -c 'import kazoo' 2>/dev/null; then
+    echo "deps.sh: installing kazoo from PyPI" >&2
+    python3 -m pip install --quiet kazoo >&2
+fi

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Start or stop distlock's embedded ZooKeeper-protocol server (`distlock serve`) for tests.
+#
+#   scripts/embedded.sh start DIR   start on a free 127.0.0.1 port (tickTime 500 ms, in memory),
+#                                   wait until it answers `ruok`, print host:port on stdout
+#   scripts/embedded.sh stop DIR    stop the server recorded in DIR/server.pid (only that one)
+#
+# Needs target/debug/distlock (scripts/test.sh builds it first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmd=${1:-}; dir=${2:-}
+[[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+bin=${DISTLOCK_BIN:-target/debug/distlock}
+
+case "$cmd" in
+start)
+    mkdir -p "$dir"
+    rm -f "$dir/addr"
+    nohup "$bin" serve --listen 127.0.0.1:0 --tick 500ms --addr-file "$dir/addr" > "$dir/server.log" 2>&1 < /dev/null &
+    pid=$!
+    echo "$pid" > "$dir/server.pid"
+    for _ in $(seq 1 100); do
+        if [[ -s "$dir/addr" ]]; then
+            addr=$(cat "$dir/addr")
+            if [[ "$(python3 -c 'import socket,sys; h,p=sys.argv[1].split(":"); s=socket.create_connection((h,int(p)),1); s.sendall(b"ruok"); print(s.recv(4).decode())' "$addr" 2>/dev/null)" == imok ]]; then
+                echo "embedded.sh: distlock serve pid $pid on $addr" >&2
+                echo "$addr"
+                exit 0
+            fi
+        fi
+        kill -0 "$pid" 2>/dev/null || { cat "$dir/server.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    echo "embedded.sh: server did not answer within 10 s" >&2; kill "$pid"; exit 1
+    ;;
+stop)
+    [[ -f "$dir/server.pid" ]] || exit 0
+    pid=$(cat "$dir/server.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$dir/server.pid"
+    echo "embedded.sh: stopped pid $pid" >&2
+    ;;
+*) echo "usage: $0 start|stop DIR" >&2; exit 2 ;;
+esac
