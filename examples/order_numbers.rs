@@ -5,6 +5,7 @@
 //! read and written with plain getData/setData (no version check), as a naive service would.
 //!
 //! Run: `cargo run --example order_numbers -- zk://127.0.0.1:2181` (or set DISTLOCK_BACKEND).
+//! With neither, it starts distlock's embedded ZooKeeper-protocol server in-process.
 
 use distlock::zookeeper::Client;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -61,10 +62,15 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::args()
-        .nth(1)
-        .or_else(|| std::env::var("DISTLOCK_BACKEND").ok())
-        .unwrap_or_else(|| "zk://127.0.0.1:2181".into());
+    let given = std::env::args().nth(1).or_else(|| std::env::var("DISTLOCK_BACKEND").ok());
+    let embedded = match given {
+        Some(_) => None,
+        None => Some(distlock_server::EmbeddedServer::start().await.expect("start the embedded server")),
+    };
+    let url = given.unwrap_or_else(|| embedded.as_ref().unwrap().url());
+    if embedded.is_some() {
+        println!("(no backend given: using the embedded server at {url})\n");
+    }
 
     let unlocked = run(&url, false).await;
     let mut numbers: Vec<u64> = unlocked.iter().map(|(_, n)| *n).collect();

@@ -2,6 +2,8 @@
 //! SIGKILL while it holds; the lock passes on once its session times out and the others carry on.
 //!
 //! Run: `cargo run --example takeover -- zk://127.0.0.1:2181` (or set DISTLOCK_BACKEND).
+//! With neither, the parent starts distlock's embedded ZooKeeper-protocol server in-process and
+//! the workers connect to it.
 //! The example starts its three worker processes itself (`takeover --worker N URL LOCK`).
 
 use distlock::zookeeper::Client;
@@ -34,11 +36,20 @@ fn main() {
         rt.block_on(worker(id, &args[3], &args[4]));
         return;
     }
-    let base = args
-        .get(1)
-        .cloned()
-        .or_else(|| std::env::var("DISTLOCK_BACKEND").ok())
-        .unwrap_or_else(|| "zk://127.0.0.1:2181".into());
+    let given = args.get(1).cloned().or_else(|| std::env::var("DISTLOCK_BACKEND").ok());
+    // The runtime (and the embedded server on it, if any) lives as long as main.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let embedded = match given {
+        Some(_) => None,
+        None => {
+            let cfg = distlock_server::Config { tick: Duration::from_millis(500), ..Default::default() };
+            Some(rt.block_on(distlock_server::EmbeddedServer::start_with(cfg)).expect("start the embedded server"))
+        }
+    };
+    let base = given.unwrap_or_else(|| embedded.as_ref().unwrap().url());
+    if embedded.is_some() {
+        println!("(no backend given: using the embedded server at {base})");
+    }
     // Workers use a short session so a killed holder is noticed within 2 s.
     let url = format!("{}{}session_timeout=2s", base, if base.contains('?') { "&" } else { "?" });
     let lock_path = format!("/distlock-demo/takeover-{}", uuid::Uuid::new_v4().simple());

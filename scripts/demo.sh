@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
-# The main job: start a ZooKeeper (scripts/zk.sh), run the seeds' demos against it with
-# distlock, show `distlock exec` and `distlock inspect`, and stop the server again.
+# The main job: the seeds' demos, with nothing to install. With no backend given, the demos start
+# distlock's embedded ZooKeeper-protocol server in-process; the `distlock exec`/`inspect` part
+# runs against `distlock serve`. Set DISTLOCK_BACKEND=zk://host:port to use a real ZooKeeper.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-dir=.tmp/demo-zk
-mkdir -p "$dir"
-trap 'scripts/zk.sh stop "$dir"' EXIT
-addr=$(scripts/zk.sh start "$dir")
-export DISTLOCK_BACKEND="zk://$addr"
 cargo build --quiet --workspace --examples
 bin=target/debug/distlock
 
@@ -19,6 +14,11 @@ echo "== 2. Three processes take turns; one is killed while it holds the lock"
 target/debug/examples/takeover
 echo
 echo "== 3. distlock exec and inspect"
+if [[ -z "${DISTLOCK_BACKEND:-}" ]]; then
+    dir=.tmp/demo-server
+    trap 'scripts/embedded.sh stop "$dir"' EXIT
+    export DISTLOCK_BACKEND="zk://$(scripts/embedded.sh start "$dir")"
+fi
 $bin exec demo -- sh -c 'echo "   running under $DISTLOCK_KEY with fencing token $DISTLOCK_TOKEN"; sleep 1' &
 holder=$!
 $bin exec -w 5s demo -- true & waiter=$!   # queues behind the holder
