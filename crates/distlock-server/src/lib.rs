@@ -186,3 +186,31 @@ impl Drop for EmbeddedServer {
         }
     }
 }
+
+/// Feeds one frame body to the decoders exactly as a connection would (the connect request, then
+/// a request of an open session); for the fuzz target in `fuzz/`. Never panics on any input: every
+/// malformed frame is an error that closes only its connection.
+///
+/// # Examples
+///
+/// ```
+/// distlock_server::decode_for_fuzzing(&[0, 0, 0, 1, 0xff]);
+/// ```
+#[doc(hidden)]
+pub fn decode_for_fuzzing(data: &[u8]) {
+    let _ = proto::ConnectRequest::decode(data);
+    let mut state = state::State::new(Config::default(), tree::Tree::default(), 0, Vec::new(), None);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let hello = proto::ConnectRequest {
+        protocol_version: 0,
+        last_zxid_seen: 0,
+        timeout_ms: 10_000,
+        session_id: 0,
+        password: vec![0; 16],
+        read_only: false,
+    };
+    let (_, sid) = state.connect(&hello, (1, tx), None);
+    if let Some(sid) = sid {
+        let _ = state.handle(sid, data);
+    }
+}

@@ -167,8 +167,16 @@ impl Tree {
 
     /// Number of descendants of `path` (not counting itself).
     pub fn descendants(&self, path: &str) -> usize {
-        let Some(n) = self.nodes.get(path) else { return 0 };
-        n.children.iter().map(|c| 1 + self.descendants(&child_path(path, c))).sum()
+        // Iterative: a deep tree must not overflow the stack.
+        let mut count = 0;
+        let mut stack = vec![path.to_string()];
+        while let Some(p) = stack.pop() {
+            if let Some(n) = self.nodes.get(&p) {
+                count += n.children.len();
+                stack.extend(n.children.iter().map(|c| child_path(&p, c)));
+            }
+        }
+        count
     }
 }
 
