@@ -412,7 +412,7 @@ fn random_frames_never_panic() {
                 f[at] = rng.random();
             }
         }
-        let opcode =
+        let opcode: i32 =
             [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 17, 18, 19, 21, 22, 100, 101, 103, 104, 105, 106, 107]
                 [i % 26];
         if f.len() >= 8 && i % 3 == 0 {
