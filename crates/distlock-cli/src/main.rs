@@ -4,6 +4,7 @@
 //! `-E` value), 2 usage or backend error, 3 the lock was lost while the command ran (the command
 //! was terminated), 128+N when the command was killed by signal N.
 
+mod bench;
 mod exec;
 mod inspect;
 mod serve;
@@ -37,6 +38,8 @@ enum Command {
     Exec(exec::ExecArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
+    /// Measure every lock against the server's own limit (create+delete pairs/s).
+    Bench(bench::BenchArgs),
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
     Serve(serve::ServeArgs),
 }
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
             Command::Exec(args) => exec::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
             Command::Serve(args) => serve::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
         }
     });
     match code {

@@ -68,6 +68,13 @@ pub(crate) trait Policy: Send + Sync {
     /// must wait for, or `None` when we may proceed.
     fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize>;
 
+    /// Whether we would proceed if `blocker` left the queue `sorted` (and nothing else changed).
+    fn proceeds_without(&self, sorted: &[String], ours: usize, blocker: usize) -> bool {
+        let mut without = sorted[..=ours].to_vec();
+        without.remove(blocker);
+        self.blocker(&without, ours - 1).is_none()
+    }
+
     /// Whether a node can never appear ahead of ours after our snapshot, so that the blocker's
     /// deletion alone may grant us (no re-read). False where non-sequential nodes may be inserted
     /// mid-queue (a read/write lock's downgrade nodes).
@@ -82,6 +89,10 @@ pub(crate) struct Exclusive;
 impl Policy for Exclusive {
     fn blocker(&self, _sorted: &[String], ours: usize) -> Option<usize> {
         ours.checked_sub(1)
+    }
+
+    fn proceeds_without(&self, _sorted: &[String], ours: usize, blocker: usize) -> bool {
+        ours == 1 && blocker == 0
     }
 }
 
@@ -134,7 +145,13 @@ pub(crate) fn other_recipe(name: &str, markers: &[&str]) -> Option<&'static str>
 
 /// Sorts children into queue order.
 pub(crate) fn sort_children(children: &mut [String], markers: &[&str]) {
-    children.sort_by(|a, b| sort_key(a, markers).cmp(sort_key(b, markers)).then_with(|| a.cmp(b)));
+    // Each key is found once (a substring search), not once per comparison.
+    let mut keyed: Vec<(usize, String)> =
+        children.iter_mut().map(|c| (c.len() - sort_key(c, markers).len(), std::mem::take(c))).collect();
+    keyed.sort_unstable_by(|(ia, a), (ib, b)| a[*ia..].cmp(&b[*ib..]).then_with(|| a.cmp(b)));
+    for (slot, (_, name)) in children.iter_mut().zip(keyed) {
+        *slot = name;
+    }
 }
 
 /// Removes our node if an acquire is dropped or fails half-way. Disarmed on success.
@@ -311,11 +328,12 @@ impl Queue {
             }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
-            let mut without = children[..=ours].to_vec();
-            without.remove(blocker);
-            let grant_on_delete = policy.nothing_inserted_ahead() && policy.blocker(&without, ours - 1).is_none();
-
+            let grant_on_delete = policy.nothing_inserted_ahead() && policy.proceeds_without(&children, ours, blocker);
+            let queue_len = children.len();
             let blocker_path = format!("{}/{}", self.dir, children[blocker]);
+            // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
+            // however long the queue is.
+            drop(std::mem::take(&mut children));
             metrics.sent(1);
             let watcher = match zk.get_and_watch_data(&blocker_path).await {
                 Ok((_, _, watcher)) => watcher,
@@ -343,7 +361,7 @@ impl Queue {
                 zk::EventType::NodeDeleted if grant_on_delete => {
                     tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
                     if let Some(p) = progress {
-                        p.send_replace(QueueStatus { ahead: 0, queue_len: children.len() - 1 });
+                        p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
                     }
                     return Ok(Some(acquired));
                 }
@@ -504,5 +522,41 @@ mod tests {
         let q: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
         assert_eq!(Exclusive.blocker(&q, 0), None);
         assert_eq!(Exclusive.blocker(&q, 3), Some(2));
+        assert!(Exclusive.proceeds_without(&q, 1, 0));
+        assert!(!Exclusive.proceeds_without(&q, 2, 1));
+    }
+
+    /// The fast paths must agree with the generic rule on every queue shape.
+    #[test]
+    fn proceeds_without_fast_paths_match_the_generic_rule() {
+        struct Generic<'a>(&'a dyn Policy);
+        impl Policy for Generic<'_> {
+            fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
+                self.0.blocker(sorted, ours)
+            }
+        }
+        let read = crate::zookeeper::rwlock::ReadPolicy;
+        for mask in 0u32..64 {
+            let q: Vec<String> = (0..6)
+                .map(|i| {
+                    if mask & (1 << i) != 0 {
+                        format!("_c_x-__WRIT__{i:010}")
+                    } else {
+                        format!("_c_x-__READ__{i:010}")
+                    }
+                })
+                .collect();
+            for ours in 1..q.len() {
+                for policy in [&Exclusive as &dyn Policy, &read] {
+                    if let Some(b) = policy.blocker(&q, ours) {
+                        assert_eq!(
+                            policy.proceeds_without(&q, ours, b),
+                            Generic(policy).proceeds_without(&q, ours, b),
+                            "{q:?} {ours}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -24,6 +24,11 @@ impl Policy for ReadPolicy {
     fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
         sorted[..ours].iter().rposition(|n| is_writer(n))
     }
+
+    fn proceeds_without(&self, sorted: &[String], _ours: usize, blocker: usize) -> bool {
+        // The blocker is the nearest writer ahead; we proceed if no other writer is ahead of it.
+        !sorted[..blocker].iter().any(|n| is_writer(n))
+    }
 }
 
 /// Writers wait for the node just ahead of them, and always re-read after it goes: a holder's
@@ -33,6 +38,10 @@ pub(crate) struct WritePolicy;
 impl Policy for WritePolicy {
     fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
         Exclusive.blocker(sorted, ours)
+    }
+
+    fn proceeds_without(&self, sorted: &[String], ours: usize, blocker: usize) -> bool {
+        Exclusive.proceeds_without(sorted, ours, blocker)
     }
 
     fn nothing_inserted_ahead(&self) -> bool {

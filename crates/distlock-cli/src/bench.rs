@@ -1,0 +1,672 @@
+//! `distlock bench`: every lock against the server's own limit, measured in one run.
+
+use distlock::zookeeper::{Client, MetricsSnapshot};
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+use zookeeper_client as zk;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Backend URL, or `embedded` for an in-process server. Defaults to $DISTLOCK_BACKEND, then
+    /// zk://127.0.0.1:2181.
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value = "zk://127.0.0.1:2181")]
+    backend: String,
+    /// How long each workload runs.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
+    duration: Duration,
+    /// One JSON object per workload per line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Sessions for `contended` and `herd`.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    clients: u32,
+    /// Distinct locks for `many-locks`.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    locks: u32,
+    /// Tasks for `many-locks`.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    tasks: u32,
+    /// Waiting handles for `waiters`.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    count: u32,
+    /// Also write SVG plots (throughput against clients; acquire latency distribution) here.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<std::path::PathBuf>,
+    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd (default: all).
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"])]
+    workloads: Vec<String>,
+}
+
+/// One workload's result (one JSON line with --json).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Report {
+    pub workload: String,
+    pub ops_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub limit_ops_per_sec: f64,
+    pub ratio_to_limit: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<(String, String)>,
+}
+
+struct Limits {
+    sequential: f64,
+    pipelined: f64,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
+    samples.sort_unstable();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99), percentile(&samples, 0.999))
+}
+
+struct Progress {
+    on: bool,
+}
+
+impl Progress {
+    fn show(&self, what: &str, done: u64, elapsed: Duration) {
+        if self.on {
+            eprint!("\r\x1b[Kbench: {what}: {done} ops in {:.1}s", elapsed.as_secs_f64());
+        }
+    }
+    fn clear(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    let mut workloads = args.workloads.clone();
+    if workloads.is_empty() {
+        workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
+    }
+    let _embedded;
+    let url = if args.backend == "embedded" {
+        let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
+        let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
+        let url = s.url();
+        _embedded = Some(s);
+        url
+    } else {
+        _embedded = None;
+        args.backend.clone()
+    };
+    let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+    let prefix = format!("/distlock-bench/{}", uuid::Uuid::new_v4().simple());
+    // The limit is always measured first, in the same run, on the same server.
+    let limits = raw_limits(&url, &prefix, args.duration, &progress).await?;
+    let mut reports = Vec::new();
+    for w in &workloads {
+        let r = match w.as_str() {
+            "raw" => vec![
+                Report {
+                    workload: "raw-sequential".into(),
+                    ops_per_sec: limits.sequential,
+                    limit_ops_per_sec: limits.sequential,
+                    ratio_to_limit: 1.0,
+                    ..Default::default()
+                },
+                Report {
+                    workload: "raw-pipelined".into(),
+                    ops_per_sec: limits.pipelined,
+                    limit_ops_per_sec: limits.pipelined,
+                    ratio_to_limit: 1.0,
+                    ..Default::default()
+                },
+            ],
+            "uncontended" => {
+                uncontended(&url, &prefix, args.duration, &limits, &progress, args.plot.as_deref()).await?
+            }
+            "contended" => {
+                let mut v = vec![contended(&url, &prefix, args.clients, args.duration, &limits, &progress).await?];
+                if let Some(dir) = &args.plot {
+                    let mut points = Vec::new();
+                    for n in [1u32, 2, 4, 8, 16, 32] {
+                        let r = contended(&url, &prefix, n, args.duration, &limits, &progress).await?;
+                        points.push((n as f64, r.ops_per_sec));
+                    }
+                    plot_lines(
+                        &dir.join("contended-throughput.svg"),
+                        "Contended hand-offs/s against sessions",
+                        "sessions",
+                        "hand-offs/s",
+                        &[("queue mutex", points)],
+                        limits.sequential,
+                    )?;
+                    v[0].extra.push(("plot".into(), dir.join("contended-throughput.svg").display().to_string()));
+                }
+                v
+            }
+            "many-locks" => {
+                vec![many_locks(&url, &prefix, args.locks, args.tasks, args.duration, &limits, &progress).await?]
+            }
+            "waiters" => vec![waiters(&url, &prefix, args.count, &limits, &progress).await?],
+            "herd" => herd(&url, &prefix, args.clients, args.duration, &limits, &progress).await?,
+            _ => unreachable!("clap checked the workload"),
+        };
+        progress.clear();
+        for rep in &r {
+            if args.json {
+                println!("{}", serde_json::to_string(rep)?);
+            }
+        }
+        reports.extend(r);
+    }
+    if !args.json {
+        print_table(&reports);
+    }
+    Ok(0)
+}
+
+fn print_table(reports: &[Report]) {
+    println!(
+        "{:<26} {:>12} {:>9} {:>9} {:>9} {:>12} {:>7}  NOTES",
+        "WORKLOAD", "OPS/S", "P50 us", "P99 us", "P999 us", "LIMIT OPS/S", "RATIO"
+    );
+    for r in reports {
+        let notes: Vec<String> = r.extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<26} {:>12.0} {:>9} {:>9} {:>9} {:>12.0} {:>7.2}  {}",
+            r.workload,
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.limit_ops_per_sec,
+            r.ratio_to_limit,
+            notes.join(" ")
+        );
+    }
+}
+
+async fn raw_client(url: &str) -> anyhow::Result<Client> {
+    Ok(Client::connect(url).await?)
+}
+
+/// The server's own limit: create+delete pairs of an ephemeral node, sequential (round-trip
+/// bound) and pipelined (throughput bound), on one session.
+async fn raw_limits(url: &str, prefix: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Limits> {
+    let client = raw_client(url).await?;
+    let zk = client.zookeeper();
+    let dir = format!("{prefix}/raw");
+    zk.mkdir(&dir, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await?;
+    let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    let node = format!("{dir}/n");
+    let start = Instant::now();
+    let mut pairs = 0u64;
+    while start.elapsed() < duration {
+        zk.create(&node, b"", &eph).await?;
+        zk.delete(&node, None).await?;
+        pairs += 1;
+        if pairs % 256 == 0 {
+            progress.show("raw sequential", pairs, start.elapsed());
+        }
+    }
+    let sequential = pairs as f64 / start.elapsed().as_secs_f64();
+    // Pipelined: many pairs in flight, each on its own node.
+    const WINDOW: usize = 256;
+    let start = Instant::now();
+    let mut pairs = 0u64;
+    let mut inflight = FuturesUnordered::new();
+    let mut next = 0u64;
+    let pair = |i: u64| {
+        let path = format!("{dir}/p{}", i % (WINDOW as u64 * 2));
+        let eph = eph.clone();
+        async move {
+            zk.create(&path, b"", &eph).await?;
+            zk.delete(&path, None).await?;
+            Ok::<(), zk::Error>(())
+        }
+    };
+    for _ in 0..WINDOW {
+        inflight.push(pair(next));
+        next += 1;
+    }
+    while let Some(r) = inflight.next().await {
+        r?;
+        pairs += 1;
+        if start.elapsed() < duration {
+            inflight.push(pair(next));
+            next += 1;
+        }
+        if pairs % 1024 == 0 {
+            progress.show("raw pipelined", pairs, start.elapsed());
+        }
+    }
+    let pipelined = pairs as f64 / start.elapsed().as_secs_f64();
+    Ok(Limits { sequential, pipelined })
+}
+
+async fn uncontended(
+    url: &str,
+    prefix: &str,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+    plot: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<Report>> {
+    let client = raw_client(url).await?;
+    let lock = client.mutex(&format!("{prefix}/uncontended"))?;
+    lock.lock().await?.release().await?; // create the directory outside the measurement
+    let (mut acq, mut rel) = (Vec::new(), Vec::new());
+    let before = client.metrics().snapshot();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < duration {
+        let t = Instant::now();
+        let g = lock.lock().await?;
+        let t2 = Instant::now();
+        g.release().await?;
+        acq.push((t2 - t).as_micros() as u64);
+        rel.push(t2.elapsed().as_micros() as u64);
+        n += 1;
+        if n % 256 == 0 {
+            progress.show("uncontended", n, start.elapsed());
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let m: MetricsSnapshot = client.metrics().snapshot() - before;
+    let rtt_per_cycle = m.round_trips as f64 / n as f64;
+    if let Some(dir) = plot {
+        let mut sorted = acq.clone();
+        sorted.sort_unstable();
+        let cdf: Vec<(f64, f64)> = sorted
+            .iter()
+            .enumerate()
+            .step_by((sorted.len() / 400).max(1))
+            .map(|(i, us)| (*us as f64, (i + 1) as f64 / sorted.len() as f64))
+            .collect();
+        plot_lines(
+            &dir.join("uncontended-latency.svg"),
+            "Uncontended acquire latency (CDF)",
+            "microseconds",
+            "fraction",
+            &[("acquire", cdf)],
+            0.0,
+        )?;
+    }
+    let ops = n as f64 / elapsed;
+    let (a50, a99, a999) = summarize(acq);
+    let (r50, r99, r999) = summarize(rel);
+    // Release by drop: the delete is queued, not awaited.
+    let start = Instant::now();
+    let mut d = 0u64;
+    let before = client.metrics().snapshot();
+    while start.elapsed() < duration {
+        drop(lock.lock().await?);
+        d += 1;
+        if d % 256 == 0 {
+            progress.show("uncontended (release by drop)", d, start.elapsed());
+        }
+    }
+    let drop_ops = d as f64 / start.elapsed().as_secs_f64();
+    let md = client.metrics().snapshot() - before;
+    Ok(vec![
+        Report {
+            workload: "uncontended-acquire".into(),
+            ops_per_sec: ops,
+            p50_us: a50,
+            p99_us: a99,
+            p999_us: a999,
+            limit_ops_per_sec: limits.sequential,
+            ratio_to_limit: ops / limits.sequential,
+            extra: vec![("round_trips_per_acquire+release".into(), format!("{rtt_per_cycle:.2}"))],
+        },
+        Report {
+            workload: "uncontended-release".into(),
+            ops_per_sec: ops,
+            p50_us: r50,
+            p99_us: r99,
+            p999_us: r999,
+            limit_ops_per_sec: limits.sequential,
+            ratio_to_limit: ops / limits.sequential,
+            extra: vec![],
+        },
+        Report {
+            workload: "uncontended-drop-release".into(),
+            ops_per_sec: drop_ops,
+            limit_ops_per_sec: limits.sequential,
+            ratio_to_limit: drop_ops / limits.sequential,
+            extra: vec![("round_trips_per_cycle".into(), format!("{:.2}", md.round_trips as f64 / d as f64))],
+            ..Default::default()
+        },
+    ])
+}
+
+async fn contended(
+    url: &str,
+    prefix: &str,
+    clients: u32,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let path = format!("{prefix}/contended-{clients}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let waits = Arc::new(StdMutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let mut sessions = Vec::new();
+    for _ in 0..clients {
+        sessions.push(raw_client(url).await?);
+    }
+    let start = Instant::now();
+    for c in &sessions {
+        let c = c.clone();
+        let (path, stop, total, waits) = (path.clone(), stop.clone(), total.clone(), waits.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = c.mutex(&path)?;
+            let mut mine = 0u64;
+            let mut local = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let g = lock.lock().await?;
+                local.push(t.elapsed().as_micros() as u64);
+                mine += 1;
+                total.fetch_add(1, Ordering::Relaxed);
+                g.release().await?;
+            }
+            waits.lock().unwrap().extend(local);
+            Ok::<u64, distlock::Error>(mine)
+        }));
+    }
+    while start.elapsed() < duration {
+        tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window, not a wait for a condition
+        progress.show(&format!("contended x{clients}"), total.load(Ordering::Relaxed), start.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut per_client = Vec::new();
+    for t in tasks {
+        per_client.push(t.await??);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let n: u64 = per_client.iter().sum();
+    let ops = n as f64 / elapsed;
+    let (p50, p99, p999) = summarize(std::mem::take(&mut *waits.lock().unwrap()));
+    let (min, max) = (per_client.iter().min().copied().unwrap_or(0), per_client.iter().max().copied().unwrap_or(0));
+    let wakeups: u64 = sessions.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
+    Ok(Report {
+        workload: format!("contended-{clients}"),
+        ops_per_sec: ops,
+        p50_us: p50,
+        p99_us: p99,
+        p999_us: p999,
+        limit_ops_per_sec: limits.sequential,
+        ratio_to_limit: ops / limits.sequential,
+        extra: vec![
+            ("fairness_min/max".into(), format!("{min}/{max}")),
+            ("watch_events_per_handoff".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
+        ],
+    })
+}
+
+async fn many_locks(
+    url: &str,
+    prefix: &str,
+    locks: u32,
+    tasks: u32,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let client = raw_client(url).await?;
+    let handles: Vec<_> = (0..locks).map(|i| client.mutex(&format!("{prefix}/many/l{i}"))).collect::<Result<_, _>>()?;
+    // Create the directories outside the measurement.
+    futures::future::try_join_all(handles.iter().map(|l| async move { l.lock().await?.release().await })).await?;
+    let handles = Arc::new(handles);
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let lat = Arc::new(StdMutex::new(Vec::new()));
+    let start = Instant::now();
+    let mut jobs = Vec::new();
+    for t in 0..tasks {
+        let (handles, stop, total, lat) = (handles.clone(), stop.clone(), total.clone(), lat.clone());
+        jobs.push(tokio::spawn(async move {
+            let mut i = t as usize;
+            let mut local = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let l = &handles[i % handles.len()];
+                i += tasks as usize;
+                let s = Instant::now();
+                let g = l.lock().await?;
+                g.release().await?;
+                local.push(s.elapsed().as_micros() as u64);
+                total.fetch_add(1, Ordering::Relaxed);
+            }
+            lat.lock().unwrap().extend(local);
+            Ok::<(), distlock::Error>(())
+        }));
+    }
+    while start.elapsed() < duration {
+        tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window
+        progress.show("many-locks", total.load(Ordering::Relaxed), start.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    for j in jobs {
+        j.await??;
+    }
+    let ops = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let (p50, p99, p999) = summarize(std::mem::take(&mut *lat.lock().unwrap()));
+    Ok(Report {
+        workload: format!("many-locks-{locks}x{tasks}"),
+        ops_per_sec: ops,
+        p50_us: p50,
+        p99_us: p99,
+        p999_us: p999,
+        limit_ops_per_sec: limits.pipelined,
+        ratio_to_limit: ops / limits.pipelined,
+        extra: vec![],
+    })
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress: &Progress) -> anyhow::Result<Report> {
+    let holder = raw_client(url).await?;
+    let path = format!("{prefix}/waiters");
+    let first = holder.mutex(&path)?.lock().await?;
+    let client = raw_client(url).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicU64::new(0));
+    let before = rss_bytes();
+    let mut tasks = Vec::new();
+    for _ in 0..count {
+        let lock = client.mutex(&path)?;
+        let (tx, queued) = (tx.clone(), queued.clone());
+        let (ptx, mut prx) = tokio::sync::watch::channel(distlock::zookeeper::QueueStatus::default());
+        tasks.push(tokio::spawn(async move {
+            let wait = lock.lock_with(None, Some(&ptx));
+            tokio::pin!(wait);
+            let g = loop {
+                tokio::select! {
+                    g = &mut wait => break g,
+                    _ = prx.changed() => {
+                        if prx.borrow().ahead > 0 {
+                            queued.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            };
+            let g = g?.expect("waits forever");
+            let _ = tx.send(());
+            drop(g); // release by drop: the next waiter proceeds
+            Ok::<(), distlock::Error>(())
+        }));
+    }
+    // Wait (bounded by a generous deadline) until every waiter is queued.
+    let setup = Instant::now();
+    while queued.load(Ordering::Relaxed) < count as u64 {
+        anyhow::ensure!(setup.elapsed() < Duration::from_secs(600), "waiters did not queue within 10 minutes");
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling a counter the tasks bump
+        progress.show("waiters: queueing", queued.load(Ordering::Relaxed), setup.elapsed());
+    }
+    let per_waiter = rss_bytes().saturating_sub(before) as f64 / count as f64;
+    let start = Instant::now();
+    first.release().await?;
+    let mut drained = 0u64;
+    while drained < count as u64 {
+        rx.recv().await;
+        drained += 1;
+        if drained % 256 == 0 {
+            progress.show("waiters: draining", drained, start.elapsed());
+        }
+    }
+    let elapsed = start.elapsed();
+    for t in tasks {
+        t.await??;
+    }
+    let ops = count as f64 / elapsed.as_secs_f64();
+    Ok(Report {
+        workload: format!("waiters-{count}"),
+        ops_per_sec: ops,
+        limit_ops_per_sec: limits.sequential,
+        ratio_to_limit: ops / limits.sequential,
+        extra: vec![
+            ("client_bytes_per_waiter".into(), format!("{per_waiter:.0}")),
+            ("drain_ms".into(), format!("{}", elapsed.as_millis())),
+            ("queue_setup_ms".into(), format!("{}", start.duration_since(setup).as_millis())),
+        ],
+        ..Default::default()
+    })
+}
+
+async fn herd(
+    url: &str,
+    prefix: &str,
+    clients: u32,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Report>> {
+    let mut out = Vec::new();
+    for naive in [true, false] {
+        let path = format!("{prefix}/herd-{}", if naive { "naive" } else { "queue" });
+        let stop = Arc::new(AtomicBool::new(false));
+        let total = Arc::new(AtomicU64::new(0));
+        let mut sessions = Vec::new();
+        for _ in 0..clients {
+            sessions.push(raw_client(url).await?);
+        }
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for c in &sessions {
+            let c = c.clone();
+            let (path, stop, total) = (path.clone(), stop.clone(), total.clone());
+            tasks.push(tokio::spawn(async move {
+                if naive {
+                    let lock = c.naive_lock(&path)?;
+                    while !stop.load(Ordering::Relaxed) {
+                        let g = lock.lock().await?;
+                        total.fetch_add(1, Ordering::Relaxed);
+                        g.release().await?;
+                    }
+                } else {
+                    let lock = c.mutex(&path)?;
+                    while !stop.load(Ordering::Relaxed) {
+                        let g = lock.lock().await?;
+                        total.fetch_add(1, Ordering::Relaxed);
+                        g.release().await?;
+                    }
+                }
+                Ok::<(), distlock::Error>(())
+            }));
+        }
+        while start.elapsed() < duration {
+            tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window
+            progress.show(
+                if naive { "herd: naive" } else { "herd: queue" },
+                total.load(Ordering::Relaxed),
+                start.elapsed(),
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await??;
+        }
+        let n = total.load(Ordering::Relaxed);
+        let ops = n as f64 / start.elapsed().as_secs_f64();
+        let wakeups: u64 = sessions.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
+        out.push(Report {
+            workload: format!("herd-{}-{clients}", if naive { "naive" } else { "queue" }),
+            ops_per_sec: ops,
+            limit_ops_per_sec: limits.sequential,
+            ratio_to_limit: ops / limits.sequential,
+            extra: vec![("watch_events_per_release".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64))],
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
+/// A minimal SVG line chart, written by distlock itself.
+fn plot_lines(
+    path: &std::path::Path,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+    hline: f64,
+) -> anyhow::Result<()> {
+    let (w, h, m) = (640.0, 400.0, 60.0);
+    let pts: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+    let xmax = pts.iter().map(|p| p.0).fold(1.0, f64::max);
+    let ymax = pts.iter().map(|p| p.1).fold(hline, f64::max) * 1.1;
+    let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
+    let sy = |y: f64| h - m - y / ymax.max(1e-9) * (h - 2.0 * m);
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>{title}</text>\n<line x1='{m}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n<line x1='{m}' y1='{m}' x2='{m}' y2='{}' stroke='black'/>\n<text x='{}' y='{}' text-anchor='middle'>{xlabel}</text>\n<text x='15' y='{}' transform='rotate(-90 15 {})' text-anchor='middle'>{ylabel}</text>\n",
+        w / 2.0, h - m, w - m, h - m, h - m, w / 2.0, h - 15.0, h / 2.0, h / 2.0
+    );
+    for i in 0..=4 {
+        let (xv, yv) = (xmax * i as f64 / 4.0, ymax * i as f64 / 4.0);
+        svg += &format!("<text x='{}' y='{}' text-anchor='middle'>{:.0}</text>\n", sx(xv), h - m + 15.0, xv);
+        svg += &format!(
+            "<text x='{}' y='{}' text-anchor='end'>{}</text>\n",
+            m - 5.0,
+            sy(yv) + 4.0,
+            if ymax < 10.0 { format!("{yv:.2}") } else { format!("{yv:.0}") }
+        );
+    }
+    if hline > 0.0 {
+        svg += &format!("<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='gray' stroke-dasharray='4'/><text x='{}' y='{}' text-anchor='end' fill='gray'>raw sequential create+delete limit</text>\n", w - m, w - m, sy(hline) - 4.0, y = sy(hline));
+    }
+    let colors = ["#1f77b4", "#d62728", "#2ca02c"];
+    for (i, (name, p)) in series.iter().enumerate() {
+        let d: Vec<String> = p.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
+        svg +=
+            &format!("<polyline fill='none' stroke='{}' stroke-width='2' points='{}'/>\n", colors[i % 3], d.join(" "));
+        for (x, y) in p.iter().filter(|_| p.len() < 50) {
+            svg += &format!("<circle cx='{:.1}' cy='{:.1}' r='3' fill='{}'/>\n", sx(*x), sy(*y), colors[i % 3]);
+        }
+        svg += &format!(
+            "<text x='{}' y='{}' fill='{}'>{name}</text>\n",
+            m + 10.0,
+            m + 15.0 * (i as f64 + 1.0),
+            colors[i % 3]
+        );
+    }
+    svg += "</svg>\n";
+    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
+    std::fs::write(path, svg)?;
+    Ok(())
+}
