@@ -489,6 +489,7 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let queued = Arc::new(AtomicU64::new(0));
     let before = rss_bytes();
+    let heap_before = crate::alloc::live_bytes();
     let mut tasks = Vec::new();
     for _ in 0..count {
         let lock = client.mutex(&path)?;
@@ -521,6 +522,7 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
         progress.show("waiters: queueing", queued.load(Ordering::Relaxed), setup.elapsed());
     }
     let per_waiter = rss_bytes().saturating_sub(before) as f64 / count as f64;
+    let heap_per_waiter = (crate::alloc::live_bytes() - heap_before) as f64 / count as f64;
     let start = Instant::now();
     first.release().await?;
     let mut drained = 0u64;
@@ -542,7 +544,8 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
         limit_ops_per_sec: limits.sequential,
         ratio_to_limit: ops / limits.sequential,
         extra: vec![
-            ("client_bytes_per_waiter".into(), format!("{per_waiter:.0}")),
+            ("heap_bytes_per_waiter".into(), format!("{heap_per_waiter:.0}")),
+            ("rss_bytes_per_waiter".into(), format!("{per_waiter:.0}")),
             ("drain_ms".into(), format!("{}", elapsed.as_millis())),
             ("queue_setup_ms".into(), format!("{}", start.duration_since(setup).as_millis())),
         ],

@@ -4,6 +4,7 @@
 //! `-E` value), 2 usage or backend error, 3 the lock was lost while the command ran (the command
 //! was terminated), 128+N when the command was killed by signal N.
 
+mod alloc;
 mod bench;
 mod exec;
 mod inspect;
@@ -12,6 +13,9 @@ mod serve;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use std::time::Duration;
+
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
 
 /// Exit status when the lock was not acquired (flock's default).
 pub const EXIT_NOT_ACQUIRED: u8 = 1;

@@ -178,3 +178,24 @@ mod tests {
         is_send_sync_static::<MutexGuard>();
     }
 }
+
+/// Waiting handles must stay small (see `distlock bench waiters`): the acquire future is what a
+/// waiter keeps alive, so its size is bounded here.
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn acquire_future_stays_small() {
+        fn size<F>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let s = distlock_server::EmbeddedServer::start().await.unwrap();
+            let c = super::super::Client::connect(&s.url()).await.unwrap();
+            let m = c.mutex("/x").unwrap();
+            let f = m.lock_with(None, None);
+            assert!(size(&f) <= 1200, "lock_with future grew to {} bytes", size(&f));
+            assert!(std::mem::size_of::<super::Mutex>() <= 64);
+        });
+    }
+}

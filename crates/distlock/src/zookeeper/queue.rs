@@ -270,7 +270,7 @@ impl Queue {
             Ok(None) | Err(_) => {
                 // Leave nothing behind: delete our node before reporting.
                 pending.armed = false;
-                let cleanup = remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref()).await;
+                let cleanup = Box::pin(remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref())).await;
                 match (result, cleanup) {
                     (Ok(None), Ok(())) => Ok(None),
                     (Ok(None), Err(e)) => Err(e),
@@ -290,7 +290,7 @@ impl Queue {
     ) -> Result<Option<Acquired>> {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
-        let (mut acquired, mut children) = self.create_and_list(pending, wait).await?;
+        let (mut acquired, mut children) = Box::pin(self.create_and_list(pending, wait)).await?;
         let own_name = acquired.path[self.dir.len() + 1..].to_string();
         let mut recreated = 0;
         loop {
@@ -309,7 +309,7 @@ impl Queue {
                 }
                 tracing::warn!(node = %acquired.path, "our lock node disappeared while waiting; queueing again");
                 pending.path = None;
-                let (a, c) = self.create_and_list(pending, wait).await?;
+                let (a, c) = Box::pin(self.create_and_list(pending, wait)).await?;
                 acquired = a;
                 children = c;
                 continue;
@@ -335,16 +335,16 @@ impl Queue {
             // however long the queue is.
             drop(std::mem::take(&mut children));
             metrics.sent(1);
-            let watcher = match zk.get_and_watch_data(&blocker_path).await {
+            let watcher = match Box::pin(zk.get_and_watch_data(&blocker_path)).await {
                 Ok((_, _, watcher)) => watcher,
                 Err(zk::Error::NoNode) => {
                     // Gone before the watch was set: look again.
-                    children = self.list(wait).await?;
+                    children = Box::pin(self.list(wait)).await?;
                     continue;
                 }
                 Err(zk::Error::ConnectionLoss) => {
-                    await_connected(zk, self.client.session_timeout()).await?;
-                    children = self.list(wait).await?;
+                    Box::pin(await_connected(zk, self.client.session_timeout())).await?;
+                    children = Box::pin(self.list(wait)).await?;
                     continue;
                 }
                 Err(e) => return Err(backend("getData", &blocker_path, e)),
@@ -372,7 +372,7 @@ impl Queue {
                 },
                 _ => {}
             }
-            children = self.list(wait).await?;
+            children = Box::pin(self.list(wait)).await?;
         }
     }
 
@@ -457,7 +457,7 @@ impl Queue {
                     if let Some(found) = self.find_own(&pending.prefix).await? {
                         tracing::debug!(node = %found.path, "found our node after a connection loss");
                         pending.path = Some(found.path.clone());
-                        let children = self.list(wait).await?;
+                        let children = Box::pin(self.list(wait)).await?;
                         return Ok((found, children));
                     }
                 }
