@@ -409,7 +409,7 @@ async fn contended(
         ratio_to_limit: ops / limits.sequential,
         extra: vec![
             ("fairness_min/max".into(), format!("{min}/{max}")),
-            ("watch_events_per_handoff".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
+            ("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
         ],
     })
 }
@@ -614,7 +614,7 @@ async fn herd(
             ops_per_sec: ops,
             limit_ops_per_sec: limits.sequential,
             ratio_to_limit: ops / limits.sequential,
-            extra: vec![("watch_events_per_release".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64))],
+            extra: vec![("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64))],
             ..Default::default()
         });
     }

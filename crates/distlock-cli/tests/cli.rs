@@ -319,3 +319,53 @@ fn hold_with(flags: &[&str], lock: &str, script: &str) -> (Child, BufReader<std:
     assert_eq!(line.trim(), "held");
     (child, out)
 }
+
+#[test]
+fn bench_reports_every_workload_against_its_limit() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--backend",
+            "embedded",
+            "--duration",
+            "200ms",
+            "--json",
+            "--count",
+            "20",
+            "--clients",
+            "2",
+            "--locks",
+            "4",
+            "--tasks",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["workload"].as_str().unwrap()).collect();
+    for want in [
+        "raw-sequential",
+        "raw-pipelined",
+        "uncontended-acquire",
+        "contended-2",
+        "many-locks-4x4",
+        "waiters-20",
+        "herd-naive-2",
+        "herd-queue-2",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for l in &lines {
+        for field in ["ops_per_sec", "p50_us", "p99_us", "limit_ops_per_sec", "ratio_to_limit"] {
+            assert!(l[field].is_number(), "{field} missing in {l}");
+        }
+        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    let acquire = lines.iter().find(|l| l["workload"] == "uncontended-acquire").unwrap();
+    assert_eq!(acquire["extra"][0][1], "2.00", "round trips per acquire+release: {acquire}");
+    let queue = lines.iter().find(|l| l["workload"] == "herd-queue-2").unwrap();
+    let per: f64 = queue["extra"][0][1].as_str().unwrap().parse().unwrap();
+    assert!(per <= 1.0, "the queue lock wakes at most one waiter per acquisition: {queue}");
+}
