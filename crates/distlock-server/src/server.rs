@@ -24,6 +24,8 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
         (s.config.tick, s.config.max_connections)
     };
     let timers = tokio::spawn(timers(state.clone(), tick));
+    // Tells open connections to close when the server stops.
+    let (closing, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -43,8 +45,13 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                 }
                 connections.fetch_add(1, Ordering::SeqCst);
                 let (state, connections) = (state.clone(), connections.clone());
+                let mut stop = closing.subscribe();
                 tokio::spawn(async move {
-                    if let Err(reason) = serve(socket, peer, state).await {
+                    let result = tokio::select! {
+                        r = serve(socket, peer, state) => r,
+                        _ = stop.wait_for(|c| *c) => Err("server stopping".to_string()),
+                    };
+                    if let Err(reason) = result {
                         tracing::info!(%peer, %reason, "connection closed");
                     }
                     connections.fetch_sub(1, Ordering::SeqCst);
@@ -53,6 +60,7 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
         }
     }
     timers.abort();
+    closing.send_replace(true);
 }
 
 /// Session expiry, container and TTL reaping.

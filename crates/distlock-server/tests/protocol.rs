@@ -362,8 +362,26 @@ async fn nodes_and_sessions_survive_a_restart_with_a_data_dir() {
     };
     let s = EmbeddedServer::start_with(cfg.clone()).await.unwrap();
     let addr = s.addr();
-    let c =
-        zk::Client::connector().with_session_timeout(Duration::from_secs(10)).connect(&addr.to_string()).await.unwrap();
+    // The client reaches the server through a proxy we can cut, so after the "crash" it cannot
+    // come back and compete for its session with the client that takes it over.
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_addr = proxy.local_addr().unwrap();
+    let forwarding = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        loop {
+            let Ok((mut inbound, _)) = proxy.accept().await else { return };
+            conns.push(tokio::spawn(async move {
+                if let Ok(mut out) = TcpStream::connect(addr).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            }));
+        }
+    });
+    let c = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&proxy_addr.to_string())
+        .await
+        .unwrap();
     for i in 0..8 {
         c.create(&format!("/n{i}"), format!("{i}").as_bytes(), &open()).await.unwrap();
     }
@@ -371,7 +389,7 @@ async fn nodes_and_sessions_survive_a_restart_with_a_data_dir() {
     c.create("/mine", b"", &eph).await.unwrap();
     let session = c.session().clone();
     let czxid = c.check_stat("/n7").await.unwrap().unwrap().czxid;
-    std::mem::forget(c); // the process "crashes": no close
+    forwarding.abort(); // the process "crashes": no close, and it never comes back
     s.stop().await;
     let s2 = EmbeddedServer::bind(addr, cfg).await.unwrap();
     let c2 = zk::Client::connector().with_session(session).connect(&addr.to_string()).await.unwrap();
@@ -386,6 +404,7 @@ async fn nodes_and_sessions_survive_a_restart_with_a_data_dir() {
             < c2.check_stat(&format!("/s-{seq}")).await.unwrap().unwrap().czxid
     );
     drop(s2);
+    std::mem::forget(c);
 }
 
 /// A bounded, deterministic stand-in for the fuzz target (which needs cargo-fuzz): random and
@@ -420,4 +439,15 @@ fn random_frames_never_panic() {
         }
         distlock_server::decode_for_fuzzing(&f);
     }
+}
+
+#[tokio::test]
+async fn stopping_the_server_closes_its_connections() {
+    let s = server().await;
+    let c = client(&s).await;
+    let mut states = c.state_watcher();
+    assert_eq!(states.state(), zk::SessionState::SyncConnected);
+    s.stop().await;
+    let state = tokio::time::timeout(BOUND, states.changed()).await.expect("the client notices");
+    assert_eq!(state, zk::SessionState::Disconnected);
 }
