@@ -274,22 +274,8 @@ impl State {
             .map(|(p, _)| p.clone())
             .collect();
         owned.sort_by_key(|p| std::cmp::Reverse(p.len()));
-        self.zxid += 1;
-        let zxid = self.zxid;
-        let time = now_ms();
-        let mut muts = Vec::new();
-        let mut events = Vec::new();
-        for path in owned {
-            let m = Mutation::Delete { path: path.clone(), zxid };
-            self.tree.apply(&m);
-            muts.push(m);
-            events.push((path.clone(), event::NODE_DELETED));
-            events.push((parent_of(&path).to_string(), event::NODE_CHILDREN_CHANGED));
-        }
-        muts.push(Mutation::CloseSession { id: sid });
-        self.commit(muts, time);
         self.watches.remove_session(sid);
-        self.deliver(events);
+        self.delete_in_one_txn(owned, vec![Mutation::CloseSession { id: sid }], now_ms());
         tracing::debug!(session = format!("{sid:#x}"), why, "session closed");
     }
 
@@ -324,18 +310,26 @@ impl State {
             return;
         }
         doomed.sort();
+        self.delete_in_one_txn(doomed, Vec::new(), now);
+    }
+
+    /// Deletes `paths` (children before parents) in one transaction with `then` appended, and
+    /// fires the watches.
+    fn delete_in_one_txn(&mut self, paths: Vec<String>, then: Vec<Mutation>, time: i64) {
         self.zxid += 1;
         let zxid = self.zxid;
         let mut muts = Vec::new();
         let mut events = Vec::new();
-        for path in doomed {
+        for path in paths {
             let m = Mutation::Delete { path: path.clone(), zxid };
             self.tree.apply(&m);
             muts.push(m);
-            events.push((path.clone(), event::NODE_DELETED));
-            events.push((parent_of(&path).to_string(), event::NODE_CHILDREN_CHANGED));
+            let parent = parent_of(&path).to_string();
+            events.push((path, event::NODE_DELETED));
+            events.push((parent, event::NODE_CHILDREN_CHANGED));
         }
-        self.commit(muts, now);
+        muts.extend(then);
+        self.commit(muts, time);
         self.deliver(events);
     }
 
