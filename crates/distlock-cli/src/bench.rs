@@ -473,6 +473,17 @@ async fn many_locks(
     })
 }
 
+/// The server's watch count from the `mntr` four-letter word (None if it does not answer).
+async fn server_watches(url: &str) -> Option<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = distlock::zookeeper::ZkUrl::parse(url).ok()?.hosts.into_iter().next()?;
+    let mut sock = tokio::net::TcpStream::connect(host).await.ok()?;
+    sock.write_all(b"mntr").await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), sock.read_to_string(&mut text)).await.ok()?.ok()?;
+    text.lines().find_map(|l| l.strip_prefix("zk_watch_count").map(|v| v.trim().parse().ok()))?
+}
+
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
@@ -487,39 +498,33 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
     let first = holder.mutex(&path)?.lock().await?;
     let client = raw_client(url).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let queued = Arc::new(AtomicU64::new(0));
     let before = rss_bytes();
     let heap_before = crate::alloc::live_bytes();
     let mut tasks = Vec::new();
     for _ in 0..count {
         let lock = client.mutex(&path)?;
-        let (tx, queued) = (tx.clone(), queued.clone());
-        let (ptx, mut prx) = tokio::sync::watch::channel(distlock::zookeeper::QueueStatus::default());
+        let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
-            let wait = lock.lock_with(None, Some(&ptx));
-            tokio::pin!(wait);
-            let g = loop {
-                tokio::select! {
-                    g = &mut wait => break g,
-                    _ = prx.changed() => {
-                        if prx.borrow().ahead > 0 {
-                            queued.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            };
-            let g = g?.expect("waits forever");
+            let g = lock.lock().await?;
             let _ = tx.send(());
             drop(g); // release by drop: the next waiter proceeds
             Ok::<(), distlock::Error>(())
         }));
     }
-    // Wait (bounded by a generous deadline) until every waiter is queued.
+    // Wait until every waiter is queued, judged on the server (the waiters carry nothing extra
+    // for the benchmark): the lock directory holds the holder plus `count` nodes.
     let setup = Instant::now();
-    while queued.load(Ordering::Relaxed) < count as u64 {
+    loop {
+        let (_, stat) = holder.zookeeper().get_children(&path).await?;
+        let queued = stat.num_children.max(1) as u64 - 1;
+        // Queued, and every waiter's watch registered on the server (so no listing is still in
+        // flight), judged by the server's own `mntr` where it answers.
+        if queued >= count as u64 && server_watches(url).await.is_none_or(|w| w >= count as u64) {
+            break;
+        }
         anyhow::ensure!(setup.elapsed() < Duration::from_secs(600), "waiters did not queue within 10 minutes");
-        tokio::time::sleep(Duration::from_millis(50)).await; // polling a counter the tasks bump
-        progress.show("waiters: queueing", queued.load(Ordering::Relaxed), setup.elapsed());
+        progress.show("waiters: queueing", queued, setup.elapsed());
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling the server's count
     }
     let per_waiter = rss_bytes().saturating_sub(before) as f64 / count as f64;
     let heap_per_waiter = (crate::alloc::live_bytes() - heap_before) as f64 / count as f64;

@@ -350,7 +350,8 @@ impl Queue {
                 Err(e) => return Err(backend("getData", &blocker_path, e)),
             };
             let event = match wait.deadline() {
-                Some(deadline) => match tokio::time::timeout_at(deadline, watcher.changed()).await {
+                // Boxed: waits without a deadline (most of them) carry no timer in their state.
+                Some(deadline) => match Box::pin(tokio::time::timeout_at(deadline, watcher.changed())).await {
                     Ok(event) => event,
                     Err(_) => return Ok(None),
                 },
