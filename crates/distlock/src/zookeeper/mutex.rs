@@ -107,12 +107,7 @@ impl Mutex {
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<MutexGuard>> {
-        let wait = match timeout {
-            None => Wait::Forever,
-            Some(t) if t.is_zero() => Wait::Never,
-            Some(t) => Wait::Until(Instant::now() + t),
-        };
-        self.acquire(wait, progress).await
+        self.acquire(Wait::from_timeout(timeout), progress).await
     }
 
     async fn acquire(&self, wait: Wait, progress: Option<&watch::Sender<QueueStatus>>) -> Result<Option<MutexGuard>> {

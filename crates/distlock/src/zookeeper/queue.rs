@@ -54,6 +54,15 @@ pub(crate) enum Wait {
 }
 
 impl Wait {
+    /// The public API's timeout: `None` waits forever, zero never waits, else until now + t.
+    pub(crate) fn from_timeout(timeout: Option<Duration>) -> Wait {
+        match timeout {
+            None => Wait::Forever,
+            Some(t) if t.is_zero() => Wait::Never,
+            Some(t) => Wait::Until(Instant::now() + t),
+        }
+    }
+
     pub(crate) fn deadline(self) -> Option<Instant> {
         match self {
             Wait::Until(d) => Some(d),

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use zookeeper_client as zk;
 
 /// Marker of read nodes (Curator's InterProcessReadWriteLock).
@@ -127,7 +126,7 @@ impl RwLock {
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<ReadGuard>> {
-        let acquired = self.read_q.acquire(&ReadPolicy, wait(timeout), progress).await?;
+        let acquired = self.read_q.acquire(&ReadPolicy, Wait::from_timeout(timeout), progress).await?;
         Ok(acquired.map(|a| {
             self.readers.fetch_add(1, Ordering::SeqCst);
             ReadGuard {
@@ -170,18 +169,10 @@ impl RwLock {
                 reason: "upgrade refused: this handle holds a read lock, and a write lock would wait for it forever; release the read guard first",
             });
         }
-        let acquired = self.write_q.acquire(&WritePolicy, wait(timeout), progress).await?;
+        let acquired = self.write_q.acquire(&WritePolicy, Wait::from_timeout(timeout), progress).await?;
         Ok(acquired.map(|a| WriteGuard {
             node: HeldNode::new(self.write_q.client.clone(), self.write_q.dir.clone(), a.path, a.czxid),
         }))
-    }
-}
-
-fn wait(timeout: Option<Duration>) -> Wait {
-    match timeout {
-        None => Wait::Forever,
-        Some(t) if t.is_zero() => Wait::Never,
-        Some(t) => Wait::Until(Instant::now() + t),
     }
 }
 
