@@ -4,7 +4,7 @@
 # runs against `distlock serve`. Set DISTLOCK_BACKEND=zk://host:port to use a real ZooKeeper.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet --workspace --examples
+cargo build --quiet --workspace --bins --examples
 bin=target/debug/distlock
 
 echo "== 1. Ten workers issue order numbers, without and with the lock"
@@ -17,7 +17,8 @@ echo "== 3. distlock exec and inspect"
 if [[ -z "${DISTLOCK_BACKEND:-}" ]]; then
     dir=.tmp/demo-server
     trap 'scripts/embedded.sh stop "$dir"' EXIT
-    export DISTLOCK_BACKEND="zk://$(scripts/embedded.sh start "$dir")"
+    addr=$(scripts/embedded.sh start "$dir")
+    export DISTLOCK_BACKEND="zk://$addr"
 fi
 $bin exec demo -- sh -c 'echo "   running under $DISTLOCK_KEY with fencing token $DISTLOCK_TOKEN"; sleep 1' &
 holder=$!
