@@ -149,20 +149,25 @@ fn killed_holder_passes_the_lock_on_after_its_session_times_out() {
     assert!(started.elapsed() >= Duration::from_millis(1500), "{:?}", started.elapsed());
 }
 
+/// Deletes the node of `lock`'s holder, as an operator would: the holder loses the lock.
+fn delete_holder_node(lock: &str) {
+    let out = distlock(&["inspect", "--json", lock]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let node = format!("{lock}/{}", view["contenders"][0]["node"].as_str().unwrap());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
+        c.zookeeper().delete(&node, None).await.unwrap();
+    });
+}
+
 #[test]
 fn losing_the_lock_terminates_the_command() {
     let l = lock();
     // The command ignores nothing: SIGTERM ends it. It would otherwise sleep 60 s.
     let (mut holder, _out) = hold(&l, "4s", "sleep 60");
     // An operator deletes the holder's node: the lock is lost.
-    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
-        c.zookeeper().delete(&node, None).await.unwrap();
-    });
+    delete_holder_node(&l);
     let status = wait_exit(&mut holder, Duration::from_secs(20));
     assert_eq!(status.code(), Some(3), "distlock exits 3 when the lock is lost");
 }
@@ -171,14 +176,7 @@ fn losing_the_lock_terminates_the_command() {
 fn losing_the_lock_kills_a_command_that_ignores_sigterm() {
     let l = lock();
     let (mut holder, _out) = hold(&l, "4s", "trap '' TERM; while :; do sleep 0.1; done");
-    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let node = format!("{l}/{}", view["contenders"][0]["node"].as_str().unwrap());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
-        c.zookeeper().delete(&node, None).await.unwrap();
-    });
+    delete_holder_node(&l);
     let status = wait_exit(&mut holder, Duration::from_secs(30));
     assert_eq!(status.code(), Some(3));
 }

@@ -286,12 +286,11 @@ pub mod err {
     pub const THROTTLED: i32 = -127;
 }
 
-/// Special xids.
+/// Special xids. Replies echo the request's xid (the Java client numbers pings -2, auth -4 and
+/// setWatches -8; other clients number them like any request); only notifications carry a
+/// server-chosen xid.
 pub mod xid {
     pub const NOTIFICATION: i32 = -1;
-    pub const PING: i32 = -2;
-    pub const AUTH: i32 = -4;
-    pub const SET_WATCHES: i32 = -8;
 }
 
 /// Watch event types.

@@ -123,7 +123,6 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
     let (response, sid) = {
         let mut s = state.lock().unwrap();
-        s.counters.connections += 1;
         s.connect(&req, (conn_id, tx.clone()), Some(peer.ip()))
     };
     let (mut reader, mut writer) = socket.into_split();

@@ -6,7 +6,7 @@
 //! that could show the change (ZooKeeper's ordering guarantee).
 
 use crate::persist::Persist;
-use crate::proto::{self, err, event, op, perms, xid, Acl, DResult, DecodeError, Reader, Stat, Writer};
+use crate::proto::{self, err, event, op, perms, Acl, DResult, DecodeError, Reader, Stat, Writer};
 use crate::tree::{parent_of, valid_path, Mutation, Node, Tree, CONTAINER_OWNER, TTL_MASK};
 use crate::Config;
 use base64::Engine;
@@ -81,7 +81,6 @@ fn add(table: &mut HashMap<String, HashSet<i64>>, path: &str, sid: i64) {
 pub struct Counters {
     pub received: u64,
     pub sent: u64,
-    pub connections: u64,
 }
 
 pub struct State {
@@ -380,7 +379,7 @@ impl State {
     fn notify(&mut self, sid: i64, typ: i32, path: &str) {
         if let Some((_, conn)) = self.sessions.get(&sid).and_then(|s| s.conn.as_ref()) {
             let mut w = Writer::framed();
-            header(&mut w, xid::NOTIFICATION, -1, 0);
+            header(&mut w, proto::xid::NOTIFICATION, -1, 0);
             w.i32(typ).i32(event::SYNC_CONNECTED).string(path);
             let _ = conn.send(Outgoing::Frame(w.frame()));
             self.counters.sent += 1;
@@ -482,7 +481,7 @@ impl State {
                     header(&mut w, xid, 0, err::AUTH_FAILED);
                     // The Java client expects an AuthFailed state event, then the connection ends.
                     let mut ev = Writer::framed();
-                    header(&mut ev, xid::NOTIFICATION, -1, 0);
+                    header(&mut ev, proto::xid::NOTIFICATION, -1, 0);
                     ev.i32(-1).i32(4).string("");
                     if let Some((_, conn)) = self.sessions.get(&sid).and_then(|s| s.conn.as_ref()) {
                         let _ = conn.send(Outgoing::Frame(w.frame()));
