@@ -24,6 +24,10 @@ pub enum LostReason {
     NodeDeleted,
     /// Authentication with the server failed; the session is unusable.
     AuthFailed,
+    /// The server did not answer within the lease (the session timeout less a safety margin,
+    /// counted from the last request it answered): it may have expired the session and handed
+    /// the lock on. Reported before that can happen.
+    LeaseExpired,
 }
 
 impl std::fmt::Display for LostReason {
@@ -33,6 +37,7 @@ impl std::fmt::Display for LostReason {
             LostReason::SessionClosed => "the ZooKeeper session was closed",
             LostReason::NodeDeleted => "the lock node was deleted by someone else",
             LostReason::AuthFailed => "authentication with ZooKeeper failed",
+            LostReason::LeaseExpired => "no answer from the server within the lease; the lock may be handed on",
         })
     }
 }

@@ -409,8 +409,8 @@ async fn dead_readers_writers_and_permit_holders_free_their_locks() {
     let q =
         tokio::time::timeout(BOUND, sem.acquire()).await.expect("permit after its holder's session expired").unwrap();
     net.heal();
-    assert_eq!(tokio::time::timeout(BOUND, rl).await.unwrap(), distlock::LostReason::SessionExpired);
-    assert_eq!(tokio::time::timeout(BOUND, pl).await.unwrap(), distlock::LostReason::SessionExpired);
+    assert_eq!(tokio::time::timeout(BOUND, rl).await.unwrap(), distlock::LostReason::LeaseExpired);
+    assert_eq!(tokio::time::timeout(BOUND, pl).await.unwrap(), distlock::LostReason::LeaseExpired);
     w.release().await.unwrap();
     q.release().await.unwrap();
 }

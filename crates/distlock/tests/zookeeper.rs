@@ -178,7 +178,7 @@ async fn waiter_behind_an_abandoning_predecessor_still_gets_the_lock() {
 }
 
 #[tokio::test]
-async fn partition_beyond_session_timeout_is_loss_and_the_next_token_is_larger() {
+async fn partition_beyond_session_timeout_is_loss_reported_before_the_next_grant() {
     let path = unique_path("expiry");
     let net = Partition::start().await;
     let holder = Client::connect(&net.url("2s")).await.unwrap();
@@ -191,23 +191,29 @@ async fn partition_beyond_session_timeout_is_loss_and_the_next_token_is_larger()
     let waiter = connect().await;
     let (tx, mut rx) = watch::channel(QueueStatus::default());
     let lock = waiter.mutex(&path).unwrap();
-    let next = tokio::spawn(async move { lock.lock_with(None, Some(&tx)).await.unwrap().unwrap() });
+    let next = tokio::spawn(async move {
+        let g = lock.lock_with(None, Some(&tx)).await.unwrap().unwrap();
+        (g, std::time::Instant::now())
+    });
     queued(&mut rx, 1).await;
 
     // Cut the holder off. First it only knows it is disconnected: suspended, not lost.
     net.block();
     tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Suspended)).await.unwrap().unwrap();
-    // The server expires its session and hands the lock on.
-    let next = tokio::time::timeout(BOUND, next).await.expect("next holder").unwrap();
-    assert!(next.fencing_token() > old_token);
-    // When the holder hears from the server again, it learns the lock is gone.
-    net.heal();
+    // Then its lease runs out: lost, before the server can have expired the session.
     let reason = tokio::time::timeout(BOUND, lost).await.expect("loss reported");
-    assert_eq!(reason, LostReason::SessionExpired);
+    let lost_at = std::time::Instant::now();
+    assert_eq!(reason, LostReason::LeaseExpired);
+    assert!(lost_at <= guard.lease_deadline() + Duration::from_millis(100), "reported at the lease deadline");
+    // The server expires the session and hands the lock on, only after the holder knew.
+    let (next, granted_at) = tokio::time::timeout(BOUND, next).await.expect("next holder").unwrap();
+    assert!(lost_at < granted_at, "loss reported {:?} after the next grant", lost_at - granted_at);
+    assert!(next.fencing_token() > old_token);
+    net.heal();
     assert!(guard.state().is_lost());
     // Releasing a lost lock reports the loss instead of pretending.
     match guard.release().await {
-        Err(Error::LockLost { .. }) | Err(Error::SessionExpired) => {}
+        Err(Error::LockLost { reason: LostReason::LeaseExpired, .. }) => {}
         other => panic!("release of an expired lock: {other:?}"),
     }
     next.release().await.unwrap();

@@ -1,15 +1,21 @@
 //! A held lock node: fencing token, state machine, release.
 //!
 //! States: `Held` -> `Suspended` (connection lost, session may still be alive) -> `Held` (the
-//! connection came back within the session) or `Lost` (the session expired or closed, or our node
-//! was deleted). `Lost` is final.
+//! connection came back within the session) or `Lost` (the session expired or closed, our node
+//! was deleted, or the lease deadline passed without an answer from the server). `Lost` is final.
+//! Only a session the client knows to be gone, a deletion seen on the server, or the lease
+//! deadline make a guard `Lost`; a failed connection of any kind makes it `Suspended`.
 
-use super::{await_connected, backend, Client};
+use super::session::{delete_own, is_connection_loss, Deleted, Failure};
+use super::{backend, Client};
 use crate::{Error, LostReason, Result};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 /// What a guard knows about its lock right now.
@@ -28,7 +34,7 @@ pub enum LockState {
     Held,
     /// The connection to the server is lost. The session (and the lock) may still be alive, but
     /// until the connection returns nobody can tell: treat the lock as uncertain. If the session
-    /// expires meanwhile, the state becomes `Lost`.
+    /// expires, or the lease deadline passes, meanwhile, the state becomes `Lost`.
     Suspended,
     /// The lock is gone; another contender may hold it. Final.
     Lost(LostReason),
@@ -71,14 +77,16 @@ struct Shared {
 pub(crate) const REVOKE: &[u8] = b"__REVOKE__";
 
 impl HeldNode {
-    pub(crate) fn new(client: Client, lock: String, path: String, czxid: i64) -> HeldNode {
+    /// A held node with fencing token `token` (the creation zxid of the node that began the hold).
+    pub(crate) fn new(client: Client, lock: String, path: String, token: i64) -> HeldNode {
         let (tx, _) = watch::channel(LockState::Held);
         let (revoke, _) = watch::channel(false);
+        client.lease().hold();
         HeldNode {
             client,
             lock,
             path,
-            token: czxid as u64,
+            token: token as u64,
             handle: Handle::current(),
             shared: Arc::new(Shared { tx, revoke, monitor: OnceLock::new() }),
             released: false,
@@ -112,6 +120,10 @@ impl HeldNode {
         &self.lock
     }
 
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        self.client.lease().deadline().into_std()
+    }
+
     /// Starts watching our node and the session (once); returns a receiver of the state.
     pub(crate) fn watch(&self) -> watch::Receiver<LockState> {
         self.shared.monitor.get_or_init(|| {
@@ -141,32 +153,23 @@ impl HeldNode {
         }
     }
 
-    /// Deletes our node and waits for the server's answer.
+    /// Deletes our node and waits for the server's answer, retrying across connection losses
+    /// until the server confirms or the session is known to be gone.
+    ///
+    /// Reports [`Error::LockLost`] when the lock had been lost before (the node was deleted by
+    /// someone else, the session ended, or the lease deadline passed while the server was
+    /// unreachable): the caller's work under it was not protected to the end.
     pub(crate) async fn release(mut self) -> Result<()> {
         self.released = true;
         self.stop_monitor();
-        let zk = self.client.zk();
-        let mut attempts = 0;
-        let mut after_loss = false;
-        loop {
-            attempts += 1;
-            self.client.inner.metrics.sent(1);
-            match zk.delete(&self.path, None).await {
-                Ok(()) => return Ok(()),
-                // A delete sent before a connection loss may have been applied.
-                Err(zk::Error::NoNode) if after_loss => return Ok(()),
-                Err(zk::Error::NoNode) => {
-                    return Err(Error::LockLost { lock: self.lock.clone(), reason: LostReason::NodeDeleted })
-                }
-                Err(zk::Error::SessionExpired) => {
-                    return Err(Error::LockLost { lock: self.lock.clone(), reason: LostReason::SessionExpired })
-                }
-                Err(zk::Error::ConnectionLoss) if attempts < 5 => {
-                    after_loss = true;
-                    await_connected(zk, self.client.session_timeout()).await?;
-                }
-                Err(e) => return Err(backend("delete", &self.path, e)),
-            }
+        let before = *self.shared.tx.borrow();
+        let outcome = delete_own(&self.client, &self.path).await?;
+        let lost = |reason| Err(Error::LockLost { lock: self.lock.clone(), reason });
+        match (before, outcome) {
+            (LockState::Lost(reason), _) => lost(reason),
+            (_, Deleted::Now) => Ok(()),
+            (_, Deleted::AlreadyGone) => lost(LostReason::NodeDeleted),
+            (_, Deleted::WithSession(reason)) => lost(reason),
         }
     }
 
@@ -180,41 +183,40 @@ impl HeldNode {
 impl Drop for HeldNode {
     fn drop(&mut self) {
         self.stop_monitor();
+        self.client.lease().unhold();
         if self.released {
             return;
         }
         // The delete is queued on the session now; every later request of this session is
         // ordered after it, so nothing of ours can observe the lock as still held. The reply is
-        // awaited in the background only to retry after a connection loss and to log.
+        // awaited in the background, and the delete retried until the server confirms or the
+        // session is gone.
         let client = self.client.clone();
         let path = std::mem::take(&mut self.path);
         client.inner.metrics.sent_background(1);
+        let sent = tokio::time::Instant::now();
         let first = client.zk().delete(&path, None);
         self.handle.spawn(async move {
-            let mut result = first.await;
-            for _ in 0..4 {
-                match result {
-                    Err(zk::Error::ConnectionLoss) => {
-                        if await_connected(client.zk(), client.session_timeout()).await.is_err() {
-                            return;
-                        }
-                        client.inner.metrics.sent_background(1);
-                        result = client.zk().delete(&path, None).await;
-                    }
-                    _ => break,
-                }
-            }
-            match result {
-                Ok(()) | Err(zk::Error::NoNode) | Err(zk::Error::SessionExpired) | Err(zk::Error::ClientClosed) => {}
-                Err(e) => {
-                    tracing::warn!(node = %path, error = %e, "could not delete lock node on drop")
-                }
+            let result = first.await;
+            client.lease().observe(sent, &result);
+            let result = match result {
+                Err(e) if is_connection_loss(&e) => delete_own(&client, &path).await.map(|_| ()),
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(e) => match Failure::of(&e) {
+                    Failure::SessionGone(_) => Ok(()),
+                    _ => Err(backend("delete", &path, e)),
+                },
+            };
+            if let Err(e) = result {
+                tracing::warn!(node = %path, error = %e, "could not delete lock node on drop");
             }
         });
     }
 }
 
-/// Watches our node and the session, publishing the guard's state until it is lost.
+/// Watches our node, the session and the lease deadline, publishing the guard's state until it
+/// is lost. After a loss by lease expiry the session may still be alive: our node is then
+/// deleted, so that a holder that gave up does not keep others waiting.
 async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, revoke: watch::Sender<bool>) {
     let zk = client.zk();
     let mut states = zk.state_watcher();
@@ -237,82 +239,88 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, rev
         });
         s.is_lost()
     };
-    if publish(session_state(states.state())) {
+    type Arm<'a> =
+        Pin<Box<dyn Future<Output = Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>> + Send + 'a>>;
+    type Change = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
+    let mut arming: Option<(Instant, Arm<'_>)> = None;
+    let mut watching: Option<Change> = None;
+    let mut session = states.state();
+    if publish(session_state(session)) {
         return;
     }
+    let lease = client.lease();
     loop {
-        // Arm a watch on our own node (getData + watch); re-armed after data changes, which is
-        // how a revoker's request arrives.
-        client.inner.metrics.sent_background(1);
-        // Keep following the session while the request is outstanding: requests wait for a
-        // reconnection, and a disconnection must show as `Suspended` meanwhile.
-        let arm = zk.get_and_watch_data(&path);
-        tokio::pin!(arm);
-        let armed = loop {
-            tokio::select! {
-                r = &mut arm => break r,
-                state = states.changed() => {
-                    if publish(session_state(state)) {
+        let connected = matches!(session, zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly);
+        if connected && arming.is_none() && watching.is_none() {
+            // Arm a watch on our own node (getData + watch); re-armed after data changes, which
+            // is how a revoker's request arrives.
+            client.inner.metrics.sent_background(1);
+            arming = Some((Instant::now(), Box::pin(zk.get_and_watch_data(&path))));
+        }
+        let deadline = lease.deadline();
+        tokio::select! {
+            armed = async { (&mut arming.as_mut().expect("guarded").1).await }, if arming.is_some() => {
+                let (sent, _) = arming.take().expect("polled");
+                lease.observe(sent, &armed);
+                match armed {
+                    Ok((data, _, watcher)) => {
+                        if data == REVOKE {
+                            revoke.send_replace(true);
+                        }
+                        watching = Some(Box::pin(watcher.changed()));
+                    }
+                    Err(zk::Error::NoNode) => {
+                        publish(LockState::Lost(LostReason::NodeDeleted));
                         return;
                     }
-                }
-            }
-        };
-        let watcher = match armed {
-            Ok((data, _, watcher)) => {
-                if data == REVOKE {
-                    revoke.send_replace(true);
-                }
-                watcher
-            }
-            Err(zk::Error::NoNode) => {
-                publish(LockState::Lost(LostReason::NodeDeleted));
-                return;
-            }
-            Err(zk::Error::ConnectionLoss) => {
-                publish(LockState::Suspended);
-                match await_connected(zk, client.session_timeout()).await {
-                    Ok(()) => {
-                        publish(session_state(states.state()));
-                        continue;
-                    }
-                    Err(_) => {
-                        publish(session_state(states.state()));
-                        if tx.borrow().is_lost() {
+                    Err(e) => match Failure::of(&e) {
+                        // The session watcher reports the disconnection; arm again once connected.
+                        Failure::Connection => {
+                            publish(LockState::Suspended);
+                            session = zk::SessionState::Disconnected;
+                        }
+                        Failure::SessionGone(reason) => {
+                            publish(LockState::Lost(reason));
                             return;
                         }
-                        continue;
-                    }
-                }
-            }
-            Err(e) => {
-                let state = match e {
-                    zk::Error::SessionExpired => LockState::Lost(LostReason::SessionExpired),
-                    _ => LockState::Lost(LostReason::SessionClosed),
-                };
-                publish(state);
-                return;
-            }
-        };
-        let changed = watcher.changed();
-        tokio::pin!(changed);
-        loop {
-            tokio::select! {
-                event = &mut changed => {
-                    match event.event_type {
-                        zk::EventType::NodeDeleted => {
-                            publish(LockState::Lost(LostReason::NodeDeleted));
-                            return;
+                        Failure::Server => {
+                            tracing::warn!(node = %path, error = %e, "cannot watch our lock node; retrying after the next state change");
+                            session = zk::SessionState::Disconnected;
                         }
-                        zk::EventType::Session if publish(session_state(event.session_state)) => return,
-                        _ => {}
-                    }
-                    break; // re-arm
+                    },
                 }
-                state = states.changed() => {
-                    if publish(session_state(state)) {
+            }
+            event = async { watching.as_mut().expect("guarded").await }, if watching.is_some() => {
+                watching = None;
+                match event.event_type {
+                    zk::EventType::NodeDeleted => {
+                        publish(LockState::Lost(LostReason::NodeDeleted));
                         return;
                     }
+                    zk::EventType::Session => {
+                        session = event.session_state;
+                        if publish(session_state(session)) {
+                            return;
+                        }
+                    }
+                    _ => {} // data changed: re-arm, reading the new data
+                }
+            }
+            state = states.changed() => {
+                session = state;
+                if publish(session_state(state)) {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                if Instant::now() >= lease.deadline() {
+                    tracing::warn!(node = %path, "no answer from the server within the lease; the lock may be handed on");
+                    publish(LockState::Lost(LostReason::LeaseExpired));
+                    drop((arming, watching));
+                    if let Err(e) = delete_own(&client, &path).await {
+                        tracing::warn!(node = %path, error = %e, "could not delete our lock node after the lease expired");
+                    }
+                    return;
                 }
             }
         }
@@ -340,6 +348,15 @@ macro_rules! guard_methods {
             self.node.node_path()
         }
 
+        /// The lease deadline: the last instant at which the server provably cannot yet have
+        /// expired our session and handed this lock on, given the replies received so far. It
+        /// moves forward while the server answers (a heartbeat renews it while locks are held);
+        /// while the server is unreachable it stands still, and when it passes the guard becomes
+        /// `Lost(LeaseExpired)`. Stop work that must not overlap the next holder before it.
+        pub fn lease_deadline(&self) -> std::time::Instant {
+            self.node.lease_deadline()
+        }
+
         /// The current state; the first call starts watching our node.
         pub fn state(&self) -> crate::zookeeper::LockState {
             self.node.state()
@@ -350,8 +367,9 @@ macro_rules! guard_methods {
             self.node.watch()
         }
 
-        /// Resolves when the lock can no longer be trusted: the session expired or closed, or our node
-        /// was deleted by someone else. A connection loss alone (`Suspended`) does not resolve it; see
+        /// Resolves when the lock can no longer be trusted: the session expired or closed, our node
+        /// was deleted by someone else, or the [lease deadline](Self::lease_deadline) passed while the
+        /// server did not answer. A connection loss alone (`Suspended`) does not resolve it; see
         /// [`state_changes`](Self::state_changes) for that.
         pub fn lost(&self) -> impl std::future::Future<Output = crate::LostReason> + Send + 'static {
             self.node.lost()

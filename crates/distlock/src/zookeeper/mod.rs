@@ -18,6 +18,7 @@ mod queue;
 mod reentrant;
 mod rwlock;
 mod semaphore;
+mod session;
 mod url;
 
 pub use guard::LockState;
@@ -65,6 +66,7 @@ struct Inner {
     url: ZkUrl,
     owner: Vec<u8>,
     metrics: Metrics,
+    lease: Arc<session::Lease>,
 }
 
 impl std::fmt::Debug for Client {
@@ -87,6 +89,7 @@ impl Client {
     /// Connects with an already parsed [`ZkUrl`].
     pub async fn connect_url(url: ZkUrl) -> Result<Client> {
         let connect_string = url.connect_string();
+        let started = tokio::time::Instant::now();
         let connect = zk::Client::connector()
             .with_session_timeout(url.session_timeout)
             .with_connection_timeout(url.connect_timeout)
@@ -105,7 +108,20 @@ impl Client {
             }
         };
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
-        Ok(Client { inner: Arc::new(Inner { zk, url, owner: Owner::current().encode(), metrics: Metrics::default() }) })
+        let timeout = zk.session_timeout();
+        let margin = url.lease_margin.unwrap_or_else(|| session::default_margin(timeout));
+        if margin >= timeout {
+            return Err(Error::InvalidUrl {
+                url: url.to_string(),
+                reason: format!(
+                    "lease_margin ({margin:?}) must be shorter than the negotiated session timeout ({timeout:?})"
+                ),
+            });
+        }
+        let lease = Arc::new(session::Lease::new(started, timeout, margin));
+        let inner = Arc::new(Inner { zk, url, owner: Owner::current().encode(), metrics: Metrics::default(), lease });
+        tokio::spawn(session::heartbeat(Arc::downgrade(&inner)));
+        Ok(Client { inner })
     }
 
     /// An exclusive lock on `path` (e.g. `/locks/orders`), sharing this session.
@@ -178,6 +194,15 @@ impl Client {
         self.inner.zk.session_timeout()
     }
 
+    /// The lease deadline of this session: the last instant at which the server provably cannot
+    /// yet have expired it (and handed its locks on), given the replies received so far. Every
+    /// guard's [`lease_deadline`](MutexGuard::lease_deadline) is this instant. It moves forward
+    /// while the server answers (a heartbeat renews it while locks are held) and stands still
+    /// while the server is unreachable.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.inner.lease.deadline().into_std()
+    }
+
     /// The URL this client connected with.
     pub fn url(&self) -> &ZkUrl {
         &self.inner.url
@@ -218,6 +243,10 @@ impl Client {
 
     pub(crate) fn owner_data(&self) -> &[u8] {
         &self.inner.owner
+    }
+
+    pub(crate) fn lease(&self) -> &session::Lease {
+        &self.inner.lease
     }
 }
 
@@ -302,24 +331,4 @@ pub(crate) fn backend(op: &'static str, path: &str, e: zk::Error) -> Error {
         zk::Error::ClientClosed => Error::Closed,
         e => Error::Backend { op, path: path.to_string(), source: Box::new(e) },
     }
-}
-
-/// Waits (at most `bound`) until the session is connected again after a connection loss.
-/// Returns an error when the session ended.
-pub(crate) async fn await_connected(zk: &zk::Client, bound: Duration) -> Result<()> {
-    let mut states = zk.state_watcher();
-    let wait = async {
-        loop {
-            match states.state() {
-                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => return Ok(()),
-                zk::SessionState::Expired => return Err(Error::SessionExpired),
-                zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
-                zk::SessionState::Disconnected => {
-                    states.changed().await;
-                }
-            }
-        }
-    };
-    // Timing out here is not an error of its own: the caller retries and reports.
-    tokio::time::timeout(bound, wait).await.unwrap_or(Ok(()))
 }

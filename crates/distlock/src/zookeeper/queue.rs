@@ -13,14 +13,16 @@
 //! proves we are first (sequence numbers only grow, so nothing can appear ahead of us), and the
 //! hand-off needs no further read.
 
-use super::{await_connected, backend, Client};
+use super::session::{await_connected, delete_own, is_connection_loss, session_error, Failure};
+use super::{backend, Client};
 use crate::{Error, Result};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-/// How many times a create is attempted across connection losses before giving up.
+/// How many times the lock directory is made again when reaped under us, and how many times we
+/// queue again when our node is deleted by someone else while we wait.
 const MAX_ATTEMPTS: u32 = 5;
 /// First backoff between attempts; doubles each time, capped at [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -163,89 +165,128 @@ pub(crate) fn sort_children(children: &mut [String], markers: &[&str]) {
     }
 }
 
-/// Removes our node if an acquire is dropped or fails half-way. Disarmed on success.
-struct Pending {
+/// How long an acquire whose deadline has passed still waits for the deletion of its node
+/// before returning; the deletion goes on in the background after that.
+const CLEANUP_GRACE: Duration = Duration::from_millis(200);
+
+/// Our node in a queue, from before its create is sent until the acquire succeeds: removes it
+/// (in a task of its own, so that dropping the caller cannot stop it) if the acquire gives up,
+/// fails or is dropped. Disarmed on success. Keeps the session's lease renewed meanwhile, so a
+/// grant starts with a fresh lease.
+pub(crate) struct Pending {
     client: Client,
     dir: String,
-    prefix: String,
-    path: Option<String>,
+    pub(crate) prefix: String,
+    pub(crate) path: Option<String>,
     armed: bool,
+}
+
+impl Pending {
+    pub(crate) fn new(client: &Client, dir: &str) -> Pending {
+        client.lease().hold();
+        Pending {
+            client: client.clone(),
+            dir: dir.to_string(),
+            prefix: format!("_c_{}-", uuid::Uuid::new_v4()),
+            path: None,
+            armed: true,
+        }
+    }
+
+    /// Keeps the node: the acquire succeeded.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Starts the removal of our node now, in a task of its own; the handle reports its end.
+    pub(crate) fn remove(&mut self) -> Option<tokio::task::JoinHandle<Result<()>>> {
+        if !std::mem::replace(&mut self.armed, false) {
+            return None;
+        }
+        let (client, dir, prefix, path) =
+            (self.client.clone(), self.dir.clone(), self.prefix.clone(), self.path.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => Some(handle.spawn(async move {
+                let result = remove_own(&client, &dir, &prefix, path.as_deref()).await;
+                if let Err(e) = &result {
+                    tracing::warn!(dir, prefix, error = %e, "could not remove an abandoned lock node; the session's end will");
+                }
+                result
+            })),
+            Err(_) => {
+                if let Some(path) = path {
+                    // The request is queued on the session at once; nobody awaits the reply.
+                    self.client.inner.metrics.sent_background(1);
+                    drop(self.client.zk().delete(&path, None));
+                }
+                None
+            }
+        }
+    }
+
+    /// Removes our node and waits for the server, at most until `bound` (then the removal goes
+    /// on in the background).
+    pub(crate) async fn remove_within(&mut self, bound: Option<Instant>) -> Result<()> {
+        let Some(task) = self.remove() else { return Ok(()) };
+        let joined = match bound {
+            Some(bound) => match tokio::time::timeout_at(bound, task).await {
+                Ok(joined) => joined,
+                Err(_) => {
+                    tracing::debug!(dir = %self.dir, "deadline passed; our node is removed in the background");
+                    return Ok(());
+                }
+            },
+            None => task.await,
+        };
+        joined.unwrap_or(Ok(()))
+    }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (client, dir, prefix, path) =
-            (self.client.clone(), self.dir.clone(), self.prefix.clone(), self.path.take());
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    if let Err(e) = remove_own(&client, &dir, &prefix, path.as_deref()).await {
-                        tracing::warn!(dir, prefix, error = %e, "could not remove an abandoned lock node; the session's end will");
-                    }
-                });
-            }
-            Err(_) => {
-                if let Some(path) = path {
-                    // The request is queued on the session at once; nobody awaits the reply.
-                    client.inner.metrics.sent_background(1);
-                    drop(client.zk().delete(&path, None));
-                }
-            }
-        }
+        self.remove();
+        self.client.lease().unhold();
     }
 }
 
-/// Deletes our node: by path when we know it, else by finding our unique prefix.
+/// Deletes our node for sure: by path when we know it, else by finding our unique prefix (a
+/// create whose reply was lost may or may not have been applied). Retried across connection
+/// losses until done or the session is gone.
 async fn remove_own(client: &Client, dir: &str, prefix: &str, path: Option<&str>) -> Result<()> {
+    let paths = match path {
+        Some(path) => vec![path.to_string()],
+        None => match list_dir(client, dir).await {
+            Ok(children) => {
+                children.into_iter().filter(|c| c.starts_with(prefix)).map(|c| format!("{dir}/{c}")).collect()
+            }
+            // No directory, or no session: nothing of ours is left.
+            Err(Error::Backend { .. }) | Err(Error::SessionExpired) | Err(Error::Closed) => Vec::new(),
+            Err(e) => return Err(e),
+        },
+    };
+    let deletes: Vec<_> = paths.iter().map(|p| delete_own(client, p)).collect();
+    for r in futures::future::join_all(deletes).await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Lists a directory, retrying across connection losses until the session is gone; `NoNode` is
+/// reported as [`Error::Backend`].
+pub(crate) async fn list_dir(client: &Client, dir: &str) -> Result<Vec<String>> {
     let zk = client.zk();
-    let mut attempts = 0;
     loop {
-        attempts += 1;
-        let result = match path {
-            Some(path) => {
-                client.inner.metrics.sent(1);
-                match zk.delete(path, None).await {
-                    Ok(()) | Err(zk::Error::NoNode) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-            None => {
-                client.inner.metrics.sent(1);
-                match zk.list_children(dir).await {
-                    Ok(children) => {
-                        let mine: Vec<String> = children
-                            .into_iter()
-                            .filter(|c| c.starts_with(prefix))
-                            .map(|c| format!("{dir}/{c}"))
-                            .collect();
-                        client.inner.metrics.sent(mine.len() as u64);
-                        let deletes: Vec<_> = mine.iter().map(|p| zk.delete(p, None)).collect();
-                        let mut result = Ok(());
-                        for r in futures::future::join_all(deletes).await {
-                            if let Err(e) = r {
-                                if e != zk::Error::NoNode {
-                                    result = Err(e);
-                                }
-                            }
-                        }
-                        result
-                    }
-                    Err(zk::Error::NoNode) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        };
+        let sent = Instant::now();
+        client.inner.metrics.sent(1);
+        let result = zk.list_children(dir).await;
+        client.lease().observe(sent, &result);
         match result {
-            Ok(()) => return Ok(()),
-            // Our ephemeral nodes went with the session.
-            Err(zk::Error::SessionExpired) | Err(zk::Error::ClientClosed) => return Ok(()),
-            Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
-                await_connected(zk, client.session_timeout()).await?;
-            }
-            Err(e) => return Err(backend("delete", path.unwrap_or(dir), e)),
+            Ok(children) => return Ok(children),
+            Err(e) => match Failure::of(&e) {
+                Failure::Connection => await_connected(zk).await?,
+                Failure::SessionGone(reason) => return Err(session_error(reason)),
+                Failure::Server => return Err(backend("getChildren", dir, e)),
+            },
         }
     }
 }
@@ -254,32 +295,31 @@ impl Queue {
     /// Joins the queue and waits (per `wait`) until `policy` lets us proceed.
     ///
     /// Returns `Ok(None)` when we gave up (never waiting, or the deadline passed); our node is
-    /// deleted before returning. Cancel safe: dropping the future removes our node in the
-    /// background.
+    /// deleted before returning (when the deadline has passed, at most [`CLEANUP_GRACE`] is spent
+    /// on that, and the deletion goes on in the background). Connection losses are retried within
+    /// the deadline (or, without one, until the session ends). Cancel safe: dropping the future
+    /// removes our node in the background.
     pub(crate) async fn acquire(
         &self,
         policy: &dyn Policy,
         wait: Wait,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<Acquired>> {
-        let prefix = format!("_c_{}-", uuid::Uuid::new_v4());
-        let mut pending = Pending {
-            client: self.client.clone(),
-            dir: self.dir.clone(),
-            prefix: prefix.clone(),
-            path: None,
-            armed: true,
+        let mut pending = Pending::new(&self.client, &self.dir);
+        let inner = self.acquire_inner(policy, wait, progress, &mut pending);
+        let result = match wait.deadline() {
+            Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, inner)).await.unwrap_or(Ok(None)),
+            None => Box::pin(inner).await,
         };
-        let result = self.acquire_inner(policy, wait, progress, &mut pending).await;
         match result {
             Ok(Some(acquired)) => {
-                pending.armed = false;
+                pending.disarm();
                 Ok(Some(acquired))
             }
             Ok(None) | Err(_) => {
                 // Leave nothing behind: delete our node before reporting.
-                pending.armed = false;
-                let cleanup = Box::pin(remove_own(&self.client, &self.dir, &prefix, pending.path.as_deref())).await;
+                let bound = wait.deadline().map(|d| d.max(Instant::now()) + CLEANUP_GRACE);
+                let cleanup = Box::pin(pending.remove_within(bound)).await;
                 match (result, cleanup) {
                     (Ok(None), Ok(())) => Ok(None),
                     (Ok(None), Err(e)) => Err(e),
@@ -299,8 +339,8 @@ impl Queue {
     ) -> Result<Option<Acquired>> {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
-        let (mut acquired, mut children) = Box::pin(self.create_and_list(pending, wait)).await?;
-        let own_name = acquired.path[self.dir.len() + 1..].to_string();
+        let (mut acquired, mut children) = Box::pin(self.create_and_list(pending)).await?;
+        let mut own_name = acquired.path[self.dir.len() + 1..].to_string();
         let mut recreated = 0;
         loop {
             if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers)) {
@@ -318,9 +358,11 @@ impl Queue {
                 }
                 tracing::warn!(node = %acquired.path, "our lock node disappeared while waiting; queueing again");
                 pending.path = None;
-                let (a, c) = Box::pin(self.create_and_list(pending, wait)).await?;
+                pending.prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+                let (a, c) = Box::pin(self.create_and_list(pending)).await?;
                 acquired = a;
                 children = c;
+                own_name = acquired.path[self.dir.len() + 1..].to_string();
                 continue;
             };
             let Some(blocker) = policy.blocker(&children, ours) else {
@@ -343,82 +385,70 @@ impl Queue {
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
             // however long the queue is.
             drop(std::mem::take(&mut children));
-            metrics.sent(1);
-            let watcher = match Box::pin(zk.get_and_watch_data(&blocker_path)).await {
-                Ok((_, _, watcher)) => watcher,
-                Err(zk::Error::NoNode) => {
-                    // Gone before the watch was set: look again.
-                    children = Box::pin(self.list(wait)).await?;
-                    continue;
-                }
-                Err(zk::Error::ConnectionLoss) => {
-                    Box::pin(await_connected(zk, self.client.session_timeout())).await?;
-                    children = Box::pin(self.list(wait)).await?;
-                    continue;
-                }
-                Err(e) => return Err(backend("getData", &blocker_path, e)),
-            };
-            let event = match wait.deadline() {
-                // Boxed: waits without a deadline (most of them) carry no timer in their state.
-                Some(deadline) => match Box::pin(tokio::time::timeout_at(deadline, watcher.changed())).await {
-                    Ok(event) => event,
-                    Err(_) => return Ok(None),
+            // Watch the blocker, and (in the same round trip) our own node: a grant on the
+            // blocker's deletion must not be given if our node was deleted first.
+            metrics.sent(2);
+            let sent = Instant::now();
+            let (blocker_watch, own_watch) =
+                futures::join!(zk.get_and_watch_data(&blocker_path), zk.get_and_watch_data(&acquired.path));
+            self.client.lease().observe(sent, &blocker_watch);
+            let (blocker_watcher, own_watcher) = match (blocker_watch, own_watch) {
+                (Ok((_, _, b)), Ok((_, _, o))) => (b, o),
+                (Err(e), _) | (_, Err(e)) => match Failure::of(&e) {
+                    // Gone before the watch was set (the blocker, or our own node): look again.
+                    Failure::Server if e == zk::Error::NoNode => {
+                        children = Box::pin(self.list()).await?;
+                        continue;
+                    }
+                    Failure::Connection => {
+                        Box::pin(await_connected(zk)).await?;
+                        children = Box::pin(self.list()).await?;
+                        continue;
+                    }
+                    Failure::SessionGone(reason) => return Err(session_error(reason)),
+                    Failure::Server => return Err(backend("getData", &blocker_path, e)),
                 },
-                None => watcher.changed().await,
+            };
+            let mut own_changed = Box::pin(own_watcher.changed());
+            let event = tokio::select! {
+                biased;
+                // Events arrive in zxid order: if our node went first, this is seen first.
+                _ = &mut own_changed => None,
+                event = blocker_watcher.changed() => Some(event),
             };
             metrics.woke();
-            match event.event_type {
-                zk::EventType::NodeDeleted if grant_on_delete => {
-                    tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
-                    if let Some(p) = progress {
-                        p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
+            match event {
+                Some(event) if event.event_type == zk::EventType::NodeDeleted && grant_on_delete => {
+                    // A deletion of our own node before the blocker's would already be queued.
+                    if futures::FutureExt::now_or_never(&mut own_changed).is_none() {
+                        tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
+                        if let Some(p) = progress {
+                            p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
+                        }
+                        return Ok(Some(acquired));
                     }
-                    return Ok(Some(acquired));
                 }
-                zk::EventType::Session => match event.session_state {
+                Some(event) if event.event_type == zk::EventType::Session => match event.session_state {
                     zk::SessionState::Expired => return Err(Error::SessionExpired),
                     zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
                     _ => {}
                 },
                 _ => {}
             }
-            children = Box::pin(self.list(wait)).await?;
+            children = Box::pin(self.list()).await?;
         }
     }
 
     /// Lists the lock directory, retrying across connection losses.
-    async fn list(&self, wait: Wait) -> Result<Vec<String>> {
-        let zk = self.client.zk();
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            self.client.inner.metrics.sent(1);
-            match zk.list_children(&self.dir).await {
-                Ok(children) => return Ok(children),
-                Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
-                    self.backoff(attempts, wait).await?;
-                }
-                Err(zk::Error::ConnectionLoss) => {
-                    return Err(Error::ConnectionLoss { op: "getChildren", path: self.dir.clone(), attempts })
-                }
-                Err(e) => return Err(backend("getChildren", &self.dir, e)),
-            }
-        }
-    }
-
-    async fn backoff(&self, attempts: u32, wait: Wait) -> Result<()> {
-        let pause = FIRST_BACKOFF.saturating_mul(1 << attempts.min(10)).min(MAX_BACKOFF);
-        let until = Instant::now() + pause;
-        let until = wait.deadline().map_or(until, |d| d.min(until));
-        tokio::time::sleep_until(until).await;
-        let bound = self.client.session_timeout();
-        await_connected(self.client.zk(), bound).await
+    async fn list(&self) -> Result<Vec<String>> {
+        list_dir(&self.client, &self.dir).await
     }
 
     /// Creates our node and lists the directory in one round trip; creates missing parents as
     /// containers; after a connection loss finds our node by its unique prefix rather than
-    /// creating a second one.
-    async fn create_and_list(&self, pending: &mut Pending, wait: Wait) -> Result<(Acquired, Vec<String>)> {
+    /// creating a second one. Connection losses are retried until the session ends (the caller
+    /// bounds the wait).
+    pub(crate) async fn create_and_list(&self, pending: &mut Pending) -> Result<(Acquired, Vec<String>)> {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
         let node_prefix = format!("{}/{}{}", self.dir, pending.prefix, self.marker);
@@ -428,9 +458,11 @@ impl Queue {
         loop {
             attempts += 1;
             metrics.sent(2);
+            let sent = Instant::now();
             let create = zk.create(&node_prefix, self.client.owner_data(), &options);
             let list = zk.list_children(&self.dir);
             let (created, listed) = futures::join!(create, list);
+            self.client.lease().observe(sent, &created);
             match created {
                 Ok((stat, seq)) => {
                     let path = format!("{node_prefix}{seq}");
@@ -438,64 +470,87 @@ impl Queue {
                     let acquired = Acquired { path, czxid: stat.czxid };
                     let children = match listed {
                         Ok(children) => children,
-                        Err(_) => self.list(wait).await?,
+                        Err(_) => self.list().await?,
                     };
                     return Ok((acquired, children));
                 }
                 Err(zk::Error::NoNode) if !parents_made => {
                     tracing::debug!(dir = %self.dir, "creating lock directory as containers");
-                    let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    metrics.sent(1);
-                    match zk.mkdir(&self.dir, &dir_options).await {
-                        Ok(()) => {}
-                        Err(zk::Error::NoNode) => {
-                            return Err(Error::InvalidLockPath {
-                                path: self.dir.clone(),
-                                reason: "its chroot does not exist on the server".into(),
-                            })
-                        }
-                        Err(e) => return Err(backend("create", &self.dir, e)),
-                    }
+                    self.make_dir().await?;
                     parents_made = true;
                 }
                 // The directory was reaped between our mkdir and create: make it again.
                 Err(zk::Error::NoNode) if attempts < MAX_ATTEMPTS => parents_made = false,
-                Err(zk::Error::ConnectionLoss) if attempts < MAX_ATTEMPTS => {
-                    self.backoff(attempts, wait).await?;
-                    // The create may have been applied before the connection dropped: look for
-                    // our prefix (unique to this attempt) instead of creating a second node.
-                    if let Some(found) = self.find_own(&pending.prefix).await? {
-                        tracing::debug!(node = %found.path, "found our node after a connection loss");
-                        pending.path = Some(found.path.clone());
-                        let children = Box::pin(self.list(wait)).await?;
-                        return Ok((found, children));
+                Err(e) => match Failure::of(&e) {
+                    Failure::Connection => {
+                        self.backoff(attempts).await?;
+                        // The create may have been applied before the connection dropped: look
+                        // for our prefix (unique to this acquire) instead of creating a second
+                        // node.
+                        if let Some(found) = self.find_own(&pending.prefix).await? {
+                            tracing::debug!(node = %found.path, "found our node after a connection loss");
+                            pending.path = Some(found.path.clone());
+                            let children = Box::pin(self.list()).await?;
+                            return Ok((found, children));
+                        }
                     }
-                }
-                Err(zk::Error::ConnectionLoss) => {
-                    return Err(Error::ConnectionLoss { op: "create", path: node_prefix, attempts })
-                }
-                Err(e) => return Err(backend("create", &node_prefix, e)),
+                    Failure::SessionGone(reason) => return Err(session_error(reason)),
+                    Failure::Server => return Err(backend("create", &node_prefix, e)),
+                },
             }
         }
     }
 
-    /// Finds a node with our unique prefix, with its creation zxid.
+    /// Creates the lock directory (and its parents) as containers, across connection losses.
+    async fn make_dir(&self) -> Result<()> {
+        let zk = self.client.zk();
+        let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        loop {
+            self.client.inner.metrics.sent(1);
+            match zk.mkdir(&self.dir, &dir_options).await {
+                Ok(()) | Err(zk::Error::NodeExists) => return Ok(()),
+                Err(zk::Error::NoNode) => {
+                    return Err(Error::InvalidLockPath {
+                        path: self.dir.clone(),
+                        reason: "its chroot does not exist on the server".into(),
+                    })
+                }
+                Err(e) if is_connection_loss(&e) => await_connected(zk).await?,
+                Err(e) => return Err(backend("create", &self.dir, e)),
+            }
+        }
+    }
+
+    async fn backoff(&self, attempts: u32) -> Result<()> {
+        let pause = FIRST_BACKOFF.saturating_mul(1 << attempts.min(10)).min(MAX_BACKOFF);
+        tokio::time::sleep(pause).await;
+        await_connected(self.client.zk()).await
+    }
+
+    /// Finds a node with our unique prefix, with its creation zxid. A listing that fails is
+    /// retried, never taken for "not found" (which would queue a second node of ours).
     async fn find_own(&self, prefix: &str) -> Result<Option<Acquired>> {
         let zk = self.client.zk();
-        let children = match self.list(Wait::Forever).await {
+        let children = match self.list().await {
             Ok(c) => c,
-            Err(Error::Backend { .. }) => return Ok(None),
+            // The directory is gone, so our node is not in it.
+            Err(Error::Backend { source, .. }) if source.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => {
+                return Ok(None)
+            }
             Err(e) => return Err(e),
         };
         let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
             return Ok(None);
         };
         let path = format!("{}/{}", self.dir, name);
-        self.client.inner.metrics.sent(1);
-        match zk.check_stat(&path).await {
-            Ok(Some(stat)) => Ok(Some(Acquired { path, czxid: stat.czxid })),
-            Ok(None) => Ok(None),
-            Err(e) => Err(backend("exists", &path, e)),
+        loop {
+            self.client.inner.metrics.sent(1);
+            match zk.check_stat(&path).await {
+                Ok(Some(stat)) => return Ok(Some(Acquired { path, czxid: stat.czxid })),
+                Ok(None) => return Ok(None),
+                Err(e) if is_connection_loss(&e) => await_connected(zk).await?,
+                Err(e) => return Err(backend("exists", &path, e)),
+            }
         }
     }
 }

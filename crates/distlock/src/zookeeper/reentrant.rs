@@ -97,9 +97,11 @@ impl ReentrantMutex {
         if let Some(g) = self.reenter() {
             return Ok(Some(g));
         }
-        let _gate = match timeout {
+        // One deadline for the whole call: the wait for this handle's gate counts against it.
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let _gate = match deadline {
             None => self.shared.gate.lock().await,
-            Some(t) => match tokio::time::timeout(t, self.shared.gate.lock()).await {
+            Some(d) => match tokio::time::timeout_at(d, self.shared.gate.lock()).await {
                 Ok(g) => g,
                 Err(_) => return Ok(None),
             },
@@ -108,7 +110,12 @@ impl ReentrantMutex {
         if let Some(g) = self.reenter() {
             return Ok(Some(g));
         }
-        let Some(guard) = self.inner.lock_with(timeout, None).await? else { return Ok(None) };
+        let remaining = match (timeout, deadline) {
+            (Some(t), _) if t.is_zero() => Some(t),
+            (_, Some(d)) => Some(d.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_nanos(1))),
+            _ => None,
+        };
+        let Some(guard) = self.inner.lock_with(remaining, None).await? else { return Ok(None) };
         let token = guard.fencing_token();
         *self.shared.held.lock().unwrap() = Some(Held { guard, count: 1, token });
         Ok(Some(ReentrantGuard { shared: self.shared.clone(), token, released: false }))

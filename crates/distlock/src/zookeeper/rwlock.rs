@@ -1,10 +1,11 @@
 //! The shared (read/write) lock.
 
-use super::guard::HeldNode;
+use super::guard::{HeldNode, LockState};
 use super::queue::{sort_key, Exclusive, Policy, Queue, QueueStatus, Wait};
+use super::session::{await_connected, delete_own, Failure};
 use super::{backend, url, Client};
-use crate::{Error, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::{Error, LostReason, Result};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -172,7 +173,30 @@ impl RwLock {
         let acquired = self.write_q.acquire(&WritePolicy, Wait::from_timeout(timeout), progress).await?;
         Ok(acquired.map(|a| WriteGuard {
             node: HeldNode::new(self.write_q.client.clone(), self.write_q.dir.clone(), a.path, a.czxid),
+            readers: self.readers.clone(),
+            downgraded: AtomicBool::new(false),
         }))
+    }
+}
+
+/// A downgrade's read node while the downgrade is in progress: deleted in the background if the
+/// downgrade fails half-way or is dropped.
+struct DowngradeNode {
+    client: Client,
+    path: Option<String>,
+}
+
+impl Drop for DowngradeNode {
+    fn drop(&mut self) {
+        let Some(path) = self.path.take() else { return };
+        let client = self.client.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = delete_own(&client, &path).await {
+                    tracing::warn!(node = %path, error = %e, "could not delete an abandoned downgrade node");
+                }
+            });
+        }
     }
 }
 
@@ -230,6 +254,9 @@ impl ReadGuard {
 #[derive(Debug)]
 pub struct WriteGuard {
     node: HeldNode,
+    /// The handle's read-guard count: a downgraded read guard counts too.
+    readers: Arc<AtomicUsize>,
+    downgraded: AtomicBool,
 }
 
 impl WriteGuard {
@@ -238,20 +265,87 @@ impl WriteGuard {
     /// Takes a read lock while holding this write lock (a downgrade): release the write guard
     /// afterwards and keep reading, with readers queued behind us let in.
     ///
-    /// As Curator does, the read node is `_c_<uuid>-__READ__<our write sequence>`, an ephemeral
-    /// node that sorts at our write node's place in the queue, so no writer queued behind us can
-    /// get between. One round trip; never waits.
+    /// The read node is `_c_<our uuid>-__READ__<our write sequence>`: an ephemeral node that
+    /// sorts at our write node's place in the queue, so no writer queued behind us can get
+    /// between. (Curator instead queues the read node at the tail and lets it pass its own
+    /// writer; a writer queued meanwhile then waits for our read as well, as here.) Its name is
+    /// derived from our write node, so a create whose reply was lost is recognised when retried,
+    /// and a dropped downgrade deletes it in the background. It is created in one transaction with
+    /// a check that our write node still exists, so a lock lost meanwhile is never downgraded.
+    ///
+    /// The read guard keeps the write guard's fencing token: the hold began with the write, and a
+    /// writer queued behind us carries a larger token.
+    ///
+    /// One round trip; never waits. The read guard counts as a read lock of the handle, so a
+    /// later `write()` through the same handle is refused while it lives.
+    ///
+    /// # Notable errors
+    /// [`Error::LockLost`] when the write lock is already lost.
     pub async fn downgrade(&self) -> Result<ReadGuard> {
+        if self.downgraded.load(Ordering::SeqCst) {
+            return Err(Error::InvalidArgument {
+                what: "downgrade",
+                reason: format!("the write lock on {} was downgraded already; use that read guard", self.lock_path()),
+            });
+        }
+        if let LockState::Lost(reason) = self.node.state() {
+            return Err(Error::LockLost { lock: self.node.lock_path().to_string(), reason });
+        }
         let client = self.node.client().clone();
         let write_path = self.node.node_path();
-        let seq = sort_key(write_path, MARKERS);
         let dir = self.node.lock_path().to_string();
-        let path = format!("{dir}/_c_{}-{READ}{seq}", uuid::Uuid::new_v4());
+        let Some(path) =
+            write_path.rfind(WRITE).map(|i| format!("{}{READ}{}", &write_path[..i], &write_path[i + WRITE.len()..]))
+        else {
+            return Err(Error::InvalidLockPath {
+                path: write_path.to_string(),
+                reason: "not a write lock node".into(),
+            });
+        };
+        let mut pending = DowngradeNode { client: client.clone(), path: Some(path.clone()) };
         let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-        client.metrics().sent(1);
-        let (stat, _) =
-            client.zk().create(&path, client.owner_data(), &options).await.map_err(|e| backend("create", &path, e))?;
-        Ok(ReadGuard { node: HeldNode::new(client, dir, path, stat.czxid), _reader: ReaderCount(None) })
+        loop {
+            let mut txn = client.zk().new_multi_writer();
+            txn.add_check_version(write_path, -1).map_err(|e| backend("check", write_path, e))?;
+            txn.add_create(&path, client.owner_data(), &options).map_err(|e| backend("create", &path, e))?;
+            client.metrics().sent(1);
+            let sent = tokio::time::Instant::now();
+            let result = txn.commit().await;
+            let answered = match &result {
+                Err(zk::MultiWriteError::RequestFailed { source }) => Err(source.clone()),
+                _ => Ok(()),
+            };
+            client.lease().observe(sent, &answered);
+            match result {
+                Ok(_) => break,
+                Err(zk::MultiWriteError::OperationFailed { index: 1, source: zk::Error::NodeExists }) => {
+                    // Our earlier attempt was applied; its reply was lost.
+                    break;
+                }
+                Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
+                    pending.path = None;
+                    return Err(Error::LockLost { lock: dir, reason: LostReason::NodeDeleted });
+                }
+                Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
+                    return Err(backend("create", &path, source))
+                }
+                Err(zk::MultiWriteError::RequestFailed { source }) => match Failure::of(&source) {
+                    Failure::Connection => await_connected(client.zk()).await?,
+                    Failure::SessionGone(reason) => {
+                        pending.path = None;
+                        return Err(Error::LockLost { lock: dir, reason });
+                    }
+                    Failure::Server => return Err(backend("multi", &path, source)),
+                },
+            }
+        }
+        pending.path = None;
+        self.downgraded.store(true, Ordering::SeqCst);
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        Ok(ReadGuard {
+            node: HeldNode::new(client, dir, path, self.node.token() as i64),
+            _reader: ReaderCount(Some(self.readers.clone())),
+        })
     }
 
     /// Releases and waits for the server.

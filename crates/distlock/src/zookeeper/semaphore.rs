@@ -2,6 +2,8 @@
 
 use super::guard::{HeldNode, LockState};
 use super::mutex::Mutex;
+use super::queue::{list_dir, other_recipe, Acquired, Pending, Queue};
+use super::session::{await_connected, is_connection_loss, session_error, Failure};
 use super::{backend, url, Client};
 use crate::{Error, LostReason, Result};
 use std::time::Duration;
@@ -38,6 +40,8 @@ pub struct Semaphore {
     leases: String,
     permits: u32,
     gate: Mutex,
+    /// The leases directory as a queue (for its protected create); leases are not FIFO-granted.
+    lease_queue: Queue,
 }
 
 impl Semaphore {
@@ -50,7 +54,9 @@ impl Semaphore {
             });
         }
         let gate = client.mutex(&format!("{path}/locks"))?;
-        Ok(Semaphore { leases: format!("{path}/leases"), client, path, permits, gate })
+        let leases = format!("{path}/leases");
+        let lease_queue = Queue { client: client.clone(), dir: leases.clone(), marker: "lease-", markers: &["lease-"] };
+        Ok(Semaphore { leases, client, path, permits, gate, lease_queue })
     }
 
     /// The semaphore path.
@@ -95,6 +101,10 @@ impl Semaphore {
     }
 
     /// `n` permits; `timeout` `None` waits forever, `Some(ZERO)` never waits.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: lease nodes are created under a prefix unique to the acquire, so a dropped
+    /// acquire (or one whose create reply was lost) finds and deletes them in the background.
     pub async fn acquire_with(&self, n: u32, timeout: Option<Duration>) -> Result<Option<SemaphorePermit>> {
         if n == 0 || n > self.permits {
             return Err(Error::InvalidArgument {
@@ -105,116 +115,131 @@ impl Semaphore {
         let deadline = timeout.map(|t| Instant::now() + t);
         let remaining = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let Some(gate) = self.gate.lock_with(remaining(), None).await? else { return Ok(None) };
-        let mut created = Created { client: self.client.clone(), nodes: Vec::new(), armed: true };
-        let result = self.take_leases(n, deadline, &mut created).await;
+        let mut leases: Vec<Pending> = Vec::with_capacity(n as usize);
+        let taking = self.take_leases(n, deadline, &mut leases);
+        let result = match deadline {
+            Some(d) if !timeout.is_some_and(|t| t.is_zero()) => {
+                tokio::time::timeout_at(d, taking).await.unwrap_or(Ok(None))
+            }
+            _ => taking.await,
+        };
         let gate_result = gate.release().await;
         match result {
-            Ok(true) => {
+            Ok(Some(nodes)) => {
                 gate_result?;
-                created.armed = false;
-                let leases = std::mem::take(&mut created.nodes)
+                for lease in &mut leases {
+                    lease.disarm();
+                }
+                let leases = nodes
                     .into_iter()
-                    .map(|(path, czxid)| HeldNode::new(self.client.clone(), self.path.clone(), path, czxid))
+                    .map(|a| HeldNode::new(self.client.clone(), self.path.clone(), a.path, a.czxid))
                     .collect();
                 Ok(Some(SemaphorePermit { leases }))
             }
-            Ok(false) => {
-                created.remove().await;
-                Ok(None)
-            }
-            Err(e) => {
-                created.remove().await;
-                Err(e)
+            Ok(None) | Err(_) => {
+                let bound = deadline.map(|d| d.max(Instant::now()) + Duration::from_millis(200));
+                let removals = leases.iter_mut().map(|l| l.remove_within(bound));
+                let cleanup: Result<Vec<()>> = futures::future::join_all(removals).await.into_iter().collect();
+                match (result, cleanup) {
+                    (Err(e), _) | (Ok(None), Err(e)) => Err(e),
+                    _ => Ok(None),
+                }
             }
         }
     }
 
-    async fn take_leases(&self, n: u32, deadline: Option<Instant>, created: &mut Created) -> Result<bool> {
+    /// Creates `n` lease nodes (each protected by a unique prefix, found again after a lost
+    /// reply) and waits until they are within the permit count. `None` when a try found too many.
+    async fn take_leases(
+        &self,
+        n: u32,
+        deadline: Option<Instant>,
+        leases: &mut Vec<Pending>,
+    ) -> Result<Option<Vec<Acquired>>> {
         let zk = self.client.zk();
         let metrics = self.client.metrics();
-        let prefix = format!("{}/_c_{}-lease-", self.leases, uuid::Uuid::new_v4());
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let never_wait = deadline.is_some_and(|d| d <= Instant::now());
+        // Sent together with the first lease: a mutex or read/write lock on this very path would
+        // let both hold at once.
+        metrics.sent_background(1);
+        let parent = zk.list_children(&self.path);
+        let mut parent = Some(parent);
+        let mut taken = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            metrics.sent(1);
-            let (stat, seq) = match zk.create(&prefix, self.client.owner_data(), &options).await {
-                Ok(r) => r,
-                Err(zk::Error::NoNode) => {
-                    let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    metrics.sent(1);
-                    zk.mkdir(&self.leases, &dir).await.map_err(|e| backend("create", &self.leases, e))?;
-                    metrics.sent(1);
-                    zk.create(&prefix, self.client.owner_data(), &options)
-                        .await
-                        .map_err(|e| backend("create", &prefix, e))?
+            leases.push(Pending::new(&self.client, &self.leases));
+            let pending = leases.last_mut().expect("just pushed");
+            let (acquired, mut children) = self.lease_queue.create_and_list(pending).await?;
+            if let Some(parent) = parent.take() {
+                let siblings = match parent.await {
+                    Ok(c) => c,
+                    Err(zk::Error::NoNode) => Vec::new(),
+                    Err(e) if is_connection_loss(&e) => self.lease_queue_parent().await?,
+                    Err(e) => return Err(backend("getChildren", &self.path, e)),
+                };
+                if let Some(other) = siblings.iter().find_map(|c| other_recipe(c, MARKERS)) {
+                    return Err(Error::InvalidLockPath {
+                        path: self.path.clone(),
+                        reason: format!("already in use as {other}; one path holds one kind of lock"),
+                    });
                 }
-                Err(e) => return Err(backend("create", &prefix, e)),
-            };
-            let path = format!("{prefix}{seq}");
-            let name = path[self.leases.len() + 1..].to_string();
-            created.nodes.push((path, stat.czxid));
+            }
+            let name = acquired.path[self.leases.len() + 1..].to_string();
+            taken.push(acquired);
             loop {
-                metrics.sent(1);
-                let (children, watcher) = zk
-                    .list_and_watch_children(&self.leases)
-                    .await
-                    .map_err(|e| backend("getChildren", &self.leases, e))?;
                 if !children.contains(&name) {
                     return Err(Error::LockLost { lock: self.path.clone(), reason: LostReason::NodeDeleted });
                 }
                 if children.len() <= self.permits as usize {
                     break;
                 }
-                let event = match deadline {
-                    Some(d) if Instant::now() >= d => return Ok(false),
-                    Some(d) => match tokio::time::timeout_at(d, watcher.changed()).await {
-                        Ok(e) => e,
-                        Err(_) => return Ok(false),
+                if never_wait {
+                    return Ok(None);
+                }
+                metrics.sent(1);
+                let watcher = match zk.list_and_watch_children(&self.leases).await {
+                    Ok((c, w)) => {
+                        children = c;
+                        if children.len() <= self.permits as usize || !children.contains(&name) {
+                            continue;
+                        }
+                        w
+                    }
+                    Err(e) => match Failure::of(&e) {
+                        Failure::Connection => {
+                            await_connected(zk).await?;
+                            continue;
+                        }
+                        Failure::SessionGone(reason) => return Err(session_error(reason)),
+                        Failure::Server => return Err(backend("getChildren", &self.leases, e)),
                     },
-                    None => watcher.changed().await,
                 };
+                let event = watcher.changed().await;
                 metrics.woke();
-                if event.event_type == zk::EventType::Session && event.session_state == zk::SessionState::Expired {
-                    return Err(Error::SessionExpired);
+                if event.event_type == zk::EventType::Session {
+                    match event.session_state {
+                        zk::SessionState::Expired => return Err(Error::SessionExpired),
+                        zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
+                        _ => {}
+                    }
                 }
             }
         }
-        Ok(true)
+        Ok(Some(taken))
     }
-}
 
-/// Lease nodes created by an acquire in progress; deleted if it fails or is dropped.
-struct Created {
-    client: Client,
-    nodes: Vec<(String, i64)>,
-    armed: bool,
-}
-
-impl Created {
-    async fn remove(&mut self) {
-        self.armed = false;
-        let zk = self.client.zk();
-        let deletes: Vec<_> = self.nodes.iter().map(|(p, _)| zk.delete(p, None)).collect();
-        self.client.metrics().sent(deletes.len() as u64);
-        for r in futures::future::join_all(deletes).await {
-            if let Err(e) = r {
-                if e != zk::Error::NoNode {
-                    tracing::warn!(error = %e, "could not delete a lease node; the session's end will");
-                }
+    /// Lists the semaphore path itself, across connection losses.
+    async fn lease_queue_parent(&self) -> Result<Vec<String>> {
+        match list_dir(&self.client, &self.path).await {
+            Err(Error::Backend { source, .. }) if source.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => {
+                Ok(Vec::new())
             }
+            other => other,
         }
     }
 }
 
-impl Drop for Created {
-    fn drop(&mut self) {
-        if self.armed {
-            for (path, _) in &self.nodes {
-                // Queued on the session at once; the reply is not awaited.
-                drop(self.client.zk().delete(path, None));
-            }
-        }
-    }
-}
+/// The children a semaphore keeps under its path.
+const MARKERS: &[&str] = &["leases", "locks"];
 
 /// Permits held from a [`Semaphore`]; released on drop (from any task).
 ///

@@ -31,6 +31,10 @@ pub struct ZkUrl {
     pub session_timeout: Duration,
     /// Bound on establishing the first connection.
     pub connect_timeout: Duration,
+    /// How long before the session timeout a lock stops counting itself held when the server has
+    /// not answered (`lease_margin=`); `None` uses the default, 27% of the negotiated timeout
+    /// (see [`lease_deadline`](super::MutexGuard::lease_deadline)).
+    pub lease_margin: Option<Duration>,
 }
 
 impl ZkUrl {
@@ -71,22 +75,37 @@ impl ZkUrl {
         };
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
+        let mut lease_margin = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
+            if !["session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
+                return Err(bad(&format!(
+                    "unknown option {key:?} (known: session_timeout, connect_timeout, lease_margin)"
+                )));
+            }
+            let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
             let slot = match key {
                 "session_timeout" => &mut session_timeout,
                 "connect_timeout" => &mut connect_timeout,
-                other => {
-                    return Err(bad(&format!("unknown option {other:?} (known: session_timeout, connect_timeout)")))
+                "lease_margin" => {
+                    lease_margin = Some(d);
+                    continue;
                 }
+                _ => &mut connect_timeout,
             };
-            let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
             if d.is_zero() {
                 return Err(bad(&format!("{key} must be greater than zero")));
             }
             *slot = d;
         }
-        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout })
+        if let Some(m) = lease_margin {
+            if m >= session_timeout {
+                return Err(bad(&format!(
+                    "lease_margin ({m:?}) must be shorter than session_timeout ({session_timeout:?})"
+                )));
+            }
+        }
+        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
@@ -161,6 +180,7 @@ mod tests {
             ("zk://a:1?session_timeout=ten", "session_timeout"),
             ("zk://a:1?session_timeout=0s", "greater than zero"),
             ("zk://a:1?colour=red", "unknown option"),
+            ("zk://a:1?session_timeout=4s&lease_margin=4s", "lease_margin"),
         ] {
             let e = ZkUrl::parse(url).unwrap_err().to_string();
             assert!(e.contains(url), "{e}");
