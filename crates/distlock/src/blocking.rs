@@ -130,6 +130,12 @@ impl MutexGuard {
         self.guard().fencing_token()
     }
 
+    /// See [`zk::MutexGuard::lease_deadline`]: finish work that must not overlap the next holder
+    /// before this instant.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.guard().lease_deadline()
+    }
+
     /// Why the lock was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         let _enter = self.rt.enter();

@@ -418,15 +418,17 @@ impl Queue {
             };
             metrics.woke();
             match event {
-                Some(event) if event.event_type == zk::EventType::NodeDeleted && grant_on_delete => {
-                    // A deletion of our own node before the blocker's would already be queued.
-                    if futures::FutureExt::now_or_never(&mut own_changed).is_none() {
-                        tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
-                        if let Some(p) = progress {
-                            p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
-                        }
-                        return Ok(Some(acquired));
+                // A deletion of our own node before the blocker's would already be queued.
+                Some(event)
+                    if event.event_type == zk::EventType::NodeDeleted
+                        && grant_on_delete
+                        && futures::FutureExt::now_or_never(&mut own_changed).is_none() =>
+                {
+                    tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
+                    if let Some(p) = progress {
+                        p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
                     }
+                    return Ok(Some(acquired));
                 }
                 Some(event) if event.event_type == zk::EventType::Session => match event.session_state {
                     zk::SessionState::Expired => return Err(Error::SessionExpired),

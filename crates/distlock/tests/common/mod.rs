@@ -138,3 +138,21 @@ impl Partition {
         self.blocked.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// The test server's address as a socket address (for the fault proxy).
+pub fn zk_socket() -> std::net::SocketAddr {
+    zk_addr().parse().expect("DISTLOCK_TEST_ZK is host:port with a numeric host")
+}
+
+/// A client whose every byte passes through a fault proxy of its own.
+pub async fn proxied(session_timeout: &str) -> (distlock_faults::FaultProxy, Client) {
+    let proxy = distlock_faults::FaultProxy::start(zk_socket()).await.expect("start fault proxy");
+    let url = format!("zk://{}?session_timeout={session_timeout}", proxy.addr());
+    let client = Client::connect(&url).await.expect("connect through the fault proxy");
+    (proxy, client)
+}
+
+/// Waits (bounded) until nothing is left under `path` (the lock directory is empty or gone).
+pub async fn wait_empty(client: &Client, path: &str, bound: Duration) {
+    wait_children(client, path, bound, &format!("{path} to be empty"), |c| c.is_empty()).await;
+}
