@@ -2,19 +2,24 @@
 # Runs distlock's whole test suite against real servers that this script starts on free loopback
 # ports (and stops again, whatever happens).
 #
-#   scripts/test.sh                       both servers: Apache ZooKeeper, then distlock's own
+#   scripts/test.sh                       every server: Apache ZooKeeper, distlock's own, then a
+#                                         3-node Apache ZooKeeper ensemble
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
+#   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
+#   DISTLOCK_MATRIX_FAULTS=N scripts/test.sh         N faults per fault-matrix cell (default 2)
 #   scripts/test.sh -- ARGS               extra arguments for `cargo test` (e.g. a name filter)
 #
-# Each pass runs every Rust test (unit, integration, CLI, Curator interop, doc tests), the seed
-# demos, and the compatibility checks of Apache ZooKeeper's zkCli.sh and Python's kazoo.
+# Each single-server pass runs every Rust test (unit, integration, fault tests, the fault
+# matrix, CLI, Curator interop, doc tests), the seed demos, and the compatibility checks of
+# Apache ZooKeeper's zkCli.sh and Python's kazoo. The ensemble pass runs the fault matrix's
+# ensemble cells (leader killed, follower isolated). Matrix tables land in .tmp/fault-matrix/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 
 servers=${DISTLOCK_TEST_SERVER:-both}
-[[ "$servers" == both ]] && servers="zookeeper embedded"
+[[ "$servers" == both || "$servers" == all ]] && servers="zookeeper embedded ensemble"
 extra=()
 if [[ "${1:-}" == "--" ]]; then shift; extra=("$@"); fi
 
@@ -23,18 +28,36 @@ cargo build --workspace --all-targets --examples
 started=()
 cleanup() {
     for s in "${started[@]}"; do
-        if [[ "$s" == zookeeper ]]; then scripts/zk.sh stop .tmp/test-zookeeper; else scripts/embedded.sh stop .tmp/test-embedded; fi
+        case "$s" in
+            zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
+            embedded) scripts/embedded.sh stop .tmp/test-embedded ;;
+            ensemble) scripts/zk-ensemble.sh stop .tmp/test-ensemble ;;
+        esac
     done
 }
 trap cleanup EXIT
 
+export DISTLOCK_MATRIX_OUT="$PWD/.tmp/fault-matrix"
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"
+    unset DISTLOCK_TEST_ZK_DIR DISTLOCK_TEST_ENSEMBLE_DIR
     case "$server" in
-        zookeeper) addr=$(scripts/zk.sh start "$dir") ;;
-        embedded) addr=$(scripts/embedded.sh start "$dir") ;;
-        *) echo "test.sh: unknown server $server (zookeeper, embedded, both)" >&2; exit 2 ;;
+        zookeeper)
+            addr=$(scripts/zk.sh start "$dir")
+            # The fault matrix may crash and restart this server (its data is on disk).
+            export DISTLOCK_TEST_ZK_DIR="$PWD/$dir" DISTLOCK_TEST_SERVER_NAME="Apache ZooKeeper 3.8 (single server)" ;;
+        embedded)
+            addr=$(scripts/embedded.sh start "$dir")
+            export DISTLOCK_TEST_SERVER_NAME="distlock serve (embedded)" ;;
+        ensemble)
+            started+=("$server")
+            scripts/zk-ensemble.sh start "$dir" > /dev/null
+            echo "test.sh: === 3-node ensemble $(cat "$dir/ensemble.addr") ==="
+            DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")" \
+                cargo test -p distlock --test fault_matrix -- --nocapture matrix_ensemble
+            continue ;;
+        *) echo "test.sh: unknown server $server (zookeeper, embedded, ensemble)" >&2; exit 2 ;;
     esac
     started+=("$server")
     export DISTLOCK_TEST_ZK="$addr"

@@ -5,6 +5,9 @@
 #                             free 127.0.0.1 port with its data under DIR, wait until it answers
 #                             `ruok`, and print its address (host:port) on stdout.
 #   scripts/zk.sh stop DIR    stop the server recorded in DIR/zk.pid (and only that one).
+#   scripts/zk.sh kill DIR    SIGKILL that server (a crash; its data stays in DIR).
+#   scripts/zk.sh restart DIR start it again on the same port with the same data (after a kill
+#                             or stop), and wait until it answers `ruok`.
 #
 # Settings chosen for tests: tickTime 500 ms (so sessions may be as short as 1 s), the admin
 # HTTP server off (it would take port 8080), every four-letter word allowed, containers checked
@@ -20,30 +23,9 @@ fi
 
 log() { echo "zk.sh: $*" >&2; }
 
-install_zookeeper() {
-    if [[ -f /usr/share/java/zookeeper.jar ]]; then return; fi
-    log "installing the Debian zookeeper package"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq zookeeper >&2
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
-ruok() {
-    # Prints imok when the server is serving.
-    python3 - "$1" <<'PY' 2>/dev/null || true
-import socket, sys
-try:
-    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
-    s.sendall(b"ruok")
-    print(s.recv(16).decode(), end="")
-except OSError:
-    pass
-PY
-}
+# shellcheck source=lib/zookeeper.sh
+source "$(dirname "$0")/lib/zookeeper.sh"
+ruok() { four "$1" ruok; }
 
 start() {
     install_zookeeper
@@ -55,7 +37,7 @@ start() {
         return
     fi
     local port
-    port=$(free_port)
+    port=$(free_ports 1)
     cat > "$dir/zoo.cfg" <<CFG
 tickTime=500
 minSessionTimeout=1000
@@ -68,21 +50,20 @@ admin.enableServer=false
 4lw.commands.whitelist=*
 extendedTypesEnabled=true
 CFG
-    cat > "$dir/log4j.properties" <<'L4J'
-log4j.rootLogger=WARN, FILE
-log4j.appender.FILE=org.apache.log4j.FileAppender
-log4j.appender.FILE.File=${zk.logfile}
-log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
-log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
-L4J
-    local cp="$dir:/usr/share/java/zookeeper.jar"
+    write_log4j "$dir/log4j.properties"
+    echo "127.0.0.1:$port" > "$dir/zk.addr"
+    launch
+}
+
+launch() {
+    local cp="$dir:/usr/share/java/zookeeper.jar" port
+    port=$(sed -n 's/^clientPort=//p' "$dir/zoo.cfg")
     nohup java -Xmx512m -Dzk.logfile="$dir/zk.log" -Dlog4j.configuration="file:$dir/log4j.properties" \
         -Dznode.container.checkIntervalMs=1000 -Dzookeeper.jmx.log4j.disable=true \
         -cp "$cp" org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" \
         > "$dir/zk.out" 2>&1 < /dev/null &
     local pid=$!
     echo "$pid" > "$dir/zk.pid"
-    echo "127.0.0.1:$port" > "$dir/zk.addr"
     # Wait (bounded: 60 s) for the server to answer ruok.
     for _ in $(seq 1 300); do
         if [[ "$(ruok "$port")" == "imok" ]]; then
@@ -113,8 +94,17 @@ stop() {
     rm -f "$dir/zk.pid"
 }
 
+crash() {
+    [[ -f "$dir/zk.pid" ]] || { log "nothing recorded in $dir/zk.pid"; exit 1; }
+    kill -9 "$(cat "$dir/zk.pid")" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$(cat "$dir/zk.pid")" 2>/dev/null || break; sleep 0.1; done
+    log "killed ZooKeeper pid $(cat "$dir/zk.pid")"
+}
+
 case "$cmd" in
     start) start ;;
     stop) stop ;;
-    *) echo "usage: $0 start|stop DIR" >&2; exit 2 ;;
+    kill) dir=$(cd "$dir" && pwd); crash ;;
+    restart) dir=$(cd "$dir" && pwd); stop; launch ;;
+    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
 esac

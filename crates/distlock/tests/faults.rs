@@ -254,7 +254,8 @@ async fn lost_lease_reply_leaves_no_orphan_lease() {
 }
 
 /// Every acquire is cancel safe at every await point: under 40 ms reply delay, an acquire dropped
-/// after 0, 15, 30, … ms leaves no node behind, for every recipe.
+/// after 0, 15, 30, … 300 ms leaves no node behind, for every recipe. The lock directories exist
+/// beforehand (persistent), so every drop point falls on a known step of the acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_leave_nothing_at_any_point() {
     let (proxy, client) = proxied("20s").await;
@@ -262,8 +263,17 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
     let observer = connect().await;
     let mut checked = 0;
     for recipe in ["mutex", "reentrant", "read", "write", "semaphore", "multi"] {
-        for drop_after_ms in (0..=240).step_by(15) {
+        for drop_after_ms in (0..=300).step_by(15) {
             let path = unique_path(&format!("sweep-{recipe}"));
+            let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+            let dirs: &[&str] = match recipe {
+                "semaphore" => &["/leases", "/locks"],
+                "multi" => &["/a", "/b/leases", "/b/locks"],
+                _ => &[""],
+            };
+            for dir in dirs {
+                observer.zookeeper().mkdir(&format!("{path}{dir}"), &persistent).await.unwrap();
+            }
             let drop_after = Duration::from_millis(drop_after_ms);
             let held = match recipe {
                 "mutex" => {

@@ -1,0 +1,54 @@
+# Shared by scripts/zk.sh and scripts/zk-ensemble.sh (sourced; each defines log() first).
+
+install_zookeeper() {
+    if [[ -f /usr/share/java/zookeeper.jar ]]; then return; fi
+    log "installing the Debian zookeeper package"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq zookeeper >&2
+}
+
+free_ports() {
+    # $1 distinct free ports: all bound at once, so none is handed out twice.
+    python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+    s.close()
+PY
+}
+
+four() {
+    # Sends a four-letter word to 127.0.0.1:$1 and prints the answer (empty if none within 1 s).
+    python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import socket, sys
+try:
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
+    s.sendall(sys.argv[2].encode())
+    out = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        out += chunk
+    print(out.decode(errors="replace"), end="")
+except OSError:
+    pass
+PY
+}
+
+# Writes the log4j settings every server uses (WARN and above to ${zk.logfile}) to $1.
+write_log4j() {
+    cat > "$1" <<'L4J'
+log4j.rootLogger=WARN, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File=${zk.logfile}
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t] %c{1}: %m%n
+L4J
+}
