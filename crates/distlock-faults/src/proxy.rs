@@ -64,10 +64,11 @@ pub enum Fault {
         to_upstream: Duration,
     },
     /// A silent partition: nothing is forwarded in either direction, sockets stay open, no FIN or
-    /// RST is sent (a close or reset by either side is passed on only after healing). Bytes that
-    /// arrive meanwhile are discarded, as a network drops packets; after healing, open
-    /// connections forward only new bytes. New connections are accepted but the server is not
-    /// contacted until healing.
+    /// RST is sent (a close or reset by either side is passed on only after healing). Bytes sent
+    /// meanwhile are held, not lost, and delivered in order after healing, as TCP retransmission
+    /// delivers them once a real partition heals (a TCP stream never loses bytes and goes on:
+    /// either they arrive or the connection dies). New connections are accepted but the server is
+    /// not contacted until healing.
     Blackhole,
     /// Open connections keep working; each new connection is reset (RST) at once.
     RefuseNew,
@@ -139,14 +140,13 @@ pub fn zk_reply(body: &[u8]) -> bool {
 /// let mut buf = [0u8; 5];
 ///
 /// proxy.set(Fault::Blackhole);
-/// client.write_all(b"lost!").await?;
+/// client.write_all(b"held!").await?;
 /// let silent = tokio::time::timeout(Duration::from_millis(100), client.read(&mut buf)).await;
 /// assert!(silent.is_err(), "no answer, no EOF, no error during the partition");
 ///
-/// proxy.heal();
-/// client.write_all(b"hello").await?;
+/// proxy.heal(); // what was held is delivered now
 /// client.read_exact(&mut buf).await?;
-/// assert_eq!(&buf, b"hello");
+/// assert_eq!(&buf, b"held!");
 /// # Ok(()) }
 /// ```
 ///
@@ -419,10 +419,6 @@ impl Inner {
             self.fault.send_replace(Fault::Pass);
         }
     }
-
-    fn blackholed(&self) -> bool {
-        *self.fault.borrow() == Fault::Blackhole
-    }
 }
 
 /// Closes `stream` with a TCP RST instead of a FIN.
@@ -557,23 +553,10 @@ enum Dir {
 
 async fn run(inner: &Inner, conn: &Conn, client: &mut TcpStream, upstream: &mut Option<TcpStream>) -> End {
     let mut fault = inner.fault.subscribe();
-    let mut client_frames = Framer::default();
+    let client_frames = Framer::default();
 
-    // During a partition the server is not contacted; what the client sends is lost.
-    let mut buf = vec![0u8; CHUNK];
-    while *fault.borrow_and_update() == Fault::Blackhole {
-        tokio::select! {
-            read = client.read(&mut buf) => match read {
-                Ok(0) | Err(_) => {
-                    wait_healed(&mut fault).await;
-                    return End::Close;
-                }
-                Ok(n) => count_from_client(inner, &mut client_frames, &buf[..n]),
-            },
-            _ = fault.changed() => {}
-        }
-    }
-    drop(buf);
+    // During a partition the server is not contacted; what the client sends waits in the socket.
+    wait_healed(&mut fault).await;
 
     let stream = match TcpStream::connect(inner.upstream).await {
         Ok(stream) => stream,
@@ -635,7 +618,10 @@ async fn wait_healed(fault: &mut watch::Receiver<Fault>) {
 /// Reads one direction, applies the read-time part of the fault, and queues what is to be sent.
 async fn read_side(inner: &Inner, dir: Dir, mut from: ReadHalf<'_>, queue: mpsc::Sender<Timed>, mut framer: Framer) {
     let mut buf = vec![0u8; CHUNK];
+    let mut fault = inner.fault.subscribe();
     loop {
+        // A partition holds what is sent meanwhile in the socket buffers (TCP retransmits it).
+        wait_healed(&mut fault).await;
         let (item, last) = match from.read(&mut buf).await {
             Ok(0) => (Item::Eof, true),
             Err(error) => {
@@ -644,18 +630,10 @@ async fn read_side(inner: &Inner, dir: Dir, mut from: ReadHalf<'_>, queue: mpsc:
             }
             Ok(n) => {
                 let chunk = &buf[..n];
-                let blackholed = inner.blackholed();
                 match dir {
                     Dir::ToUpstream => {
                         count_from_client(inner, &mut framer, chunk);
-                        if blackholed {
-                            continue;
-                        }
                         (Item::Data(chunk.to_vec()), false)
-                    }
-                    Dir::ToClient if blackholed => {
-                        framer.feed(chunk, None, None); // keep track of frame boundaries
-                        continue;
                     }
                     Dir::ToClient => {
                         let mut out = Vec::with_capacity(chunk.len());
@@ -706,9 +684,8 @@ async fn write_side(
         }
         match item {
             Item::Data(bytes) => {
-                if inner.blackholed() {
-                    continue; // queued before the partition began: lost with it
-                }
+                // Read before the partition began: delivered after it.
+                wait_healed(&mut fault).await;
                 let (allowed, cut) = match dir {
                     Dir::ToClient => take_budget(conn, bytes.len()),
                     Dir::ToUpstream => (bytes.len(), false),

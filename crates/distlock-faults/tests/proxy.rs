@@ -220,25 +220,32 @@ async fn delay_adds_the_delay_to_a_round_trip_without_adding_up() {
 }
 
 #[tokio::test]
-async fn blackhole_is_silent_and_heals_for_new_bytes() {
+async fn blackhole_is_silent_and_delivers_held_bytes_when_healed() {
     let mut upstream = echo_server().await;
     let proxy = FaultProxy::start(upstream.addr).await.unwrap();
     let mut sock = connect(&proxy).await;
     echo(&mut sock, b"before").await;
 
     proxy.set(Fault::Blackhole);
-    sock.write_all(b"dropped").await.unwrap();
+    sock.write_all(b"held").await.unwrap();
     assert_silent(&mut sock).await;
 
     // A connection made during the partition is accepted, but nothing flows.
     let mut late = connect(&proxy).await;
-    late.write_all(b"dropped too").await.unwrap();
+    late.write_all(b"held too").await.unwrap();
     assert_silent(&mut late).await;
     assert_eq!(proxy.accepted(), 2);
     assert_eq!(proxy.connections(), 2);
 
     proxy.heal();
-    echo(&mut sock, b"after").await; // "dropped" is gone for good
+    // What was sent during the partition arrives now, in order, as TCP would deliver it.
+    let mut back = vec![0u8; 4];
+    within("the held bytes", sock.read_exact(&mut back)).await.unwrap();
+    assert_eq!(back, b"held");
+    let mut back = vec![0u8; 8];
+    within("the held bytes", late.read_exact(&mut back)).await.unwrap();
+    assert_eq!(back, b"held too");
+    echo(&mut sock, b"after").await;
     echo(&mut late, b"late").await;
 
     // The partition hid nothing else: no upstream connection ended.

@@ -12,9 +12,17 @@ use distlock_faults::{Fault, FaultProxy};
 use std::time::{Duration, Instant};
 
 const BOUND: Duration = Duration::from_secs(40);
-/// A partition shorter than the sessions below (20 s) and their leases (14.6 s), but long
-/// enough that the client's own "no response" timer (2/5 of the session) fires during it.
-const PARTITION: Duration = Duration::from_secs(4);
+/// The session of the partitioned clients: 10 s (every server here grants it), and a 2 s
+/// connect timeout, so the client notices a silent connection after 2 s.
+const SESSION: &str = "10s&connect_timeout=2s";
+
+/// A partition long enough that the client's own "no response" timer (the connect timeout, 2 s)
+/// fires during it, and short enough that it heals before the lease deadline
+/// (73% of the session after the last answer, which is at most 1/6 of the session before the
+/// partition began). The session is the one the server granted (servers cap it).
+fn partition_for(client: &Client) -> Duration {
+    client.session_timeout() * 47 / 100
+}
 
 /// The fault that a test applies for a while: a silent partition, or resets with reconnection
 /// refused.
@@ -42,11 +50,11 @@ impl Cut {
 async fn release_during_a_partition_completes_after_it() {
     for cut in [Cut::Silent, Cut::Reset] {
         let path = unique_path("release-partition");
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         let guard = client.mutex(&path).unwrap().lock().await.unwrap();
         cut.apply(&proxy);
         let release = tokio::spawn(guard.release());
-        tokio::time::sleep(PARTITION).await;
+        tokio::time::sleep(partition_for(&client)).await;
         proxy.heal();
         tokio::time::timeout(BOUND, release).await.expect("release finishes").unwrap().expect("release succeeds");
         let observer = connect().await;
@@ -59,11 +67,11 @@ async fn release_during_a_partition_completes_after_it() {
 async fn guard_dropped_during_a_partition_is_deleted_after_it() {
     for cut in [Cut::Silent, Cut::Reset] {
         let path = unique_path("drop-partition");
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         let guard = client.mutex(&path).unwrap().lock().await.unwrap();
         cut.apply(&proxy);
         drop(guard);
-        tokio::time::sleep(PARTITION).await;
+        tokio::time::sleep(partition_for(&client)).await;
         proxy.heal();
         let observer = connect().await;
         wait_empty(&observer, &path, BOUND).await;
@@ -76,14 +84,14 @@ async fn guard_dropped_during_a_partition_is_deleted_after_it() {
 async fn partition_within_the_session_is_never_reported_lost() {
     for cut in [Cut::Silent, Cut::Reset] {
         let path = unique_path("no-false-loss");
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         let guard = client.mutex(&path).unwrap().lock().await.unwrap();
         cut.apply(&proxy);
         // The monitor starts during the partition.
         assert!(!guard.state().is_lost(), "{cut:?}: lost at once");
         let mut states = guard.state_changes();
         let mut seen = vec![*states.borrow()];
-        let heal_at = tokio::time::Instant::now() + PARTITION;
+        let heal_at = tokio::time::Instant::now() + partition_for(&client);
         let mut healed = false;
         let settled = tokio::time::timeout(BOUND, async {
             loop {
@@ -116,11 +124,11 @@ async fn partition_within_the_session_is_never_reported_lost() {
 async fn lock_during_a_partition_acquires_after_it() {
     for cut in [Cut::Silent, Cut::Reset] {
         let path = unique_path("lock-partition");
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         let lock = client.mutex(&path).unwrap();
         cut.apply(&proxy);
         let acquire = tokio::spawn(async move { lock.lock().await });
-        tokio::time::sleep(PARTITION).await;
+        tokio::time::sleep(partition_for(&client)).await;
         proxy.heal();
         let guard = tokio::time::timeout(BOUND, acquire).await.expect("lock() finishes").unwrap();
         let guard = guard.unwrap_or_else(|e| panic!("{cut:?}: lock() failed: {e}"));
@@ -138,7 +146,7 @@ async fn lock_timeout_inside_a_partition_abandons_nothing() {
         let path = unique_path("timeout-partition");
         let holder_client = connect().await;
         let holder = holder_client.mutex(&path).unwrap().lock().await.unwrap();
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         let lock = client.mutex(&path).unwrap();
         let started = Instant::now();
         let waiting = tokio::spawn(async move { lock.lock_timeout(Duration::from_secs(2)).await });
@@ -148,7 +156,7 @@ async fn lock_timeout_inside_a_partition_abandons_nothing() {
         let took = started.elapsed();
         assert!(matches!(result, Ok(None)), "{cut:?}: {result:?}");
         assert!(took < Duration::from_millis(2600), "{cut:?}: lock_timeout(2s) took {took:?}");
-        tokio::time::sleep(PARTITION.saturating_sub(took)).await;
+        tokio::time::sleep(partition_for(&client).saturating_sub(took)).await;
         proxy.heal();
         holder.release().await.unwrap();
         let third = connect().await;
@@ -167,7 +175,7 @@ async fn lock_timeout_inside_a_partition_abandons_nothing() {
 async fn lock_timeout_is_a_total_against_an_unreachable_server() {
     for cut in [Cut::Silent, Cut::Reset] {
         let path = unique_path("timeout-unreachable");
-        let (proxy, client) = proxied("20s").await;
+        let (proxy, client) = proxied(SESSION).await;
         cut.apply(&proxy);
         let started = Instant::now();
         let result = client.mutex(&path).unwrap().lock_timeout(Duration::from_secs(1)).await;
@@ -208,7 +216,7 @@ async fn reentrant_lock_timeout_is_a_total() {
 #[tokio::test]
 async fn lost_create_reply_queues_exactly_one_node() {
     let path = unique_path("lost-create");
-    let (proxy, client) = proxied("20s").await;
+    let (proxy, client) = proxied(SESSION).await;
     proxy.lose_next_reply(is_lock_create);
     let guard = tokio::time::timeout(BOUND, client.mutex(&path).unwrap().lock()).await.unwrap().unwrap();
     assert!(proxy.accepted() >= 2, "the reply was not lost (no reconnection)");
@@ -239,7 +247,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[tokio::test]
 async fn lost_lease_reply_leaves_no_orphan_lease() {
     let path = unique_path("lost-lease");
-    let (proxy, client) = proxied("20s").await;
+    let (proxy, client) = proxied(SESSION).await;
     proxy.lose_next_reply(is_lease_create);
     let permit =
         tokio::time::timeout(BOUND, client.semaphore(&path, 1).unwrap().acquire()).await.unwrap().expect("acquire");
@@ -258,11 +266,12 @@ async fn lost_lease_reply_leaves_no_orphan_lease() {
 /// beforehand (persistent), so every drop point falls on a known step of the acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_leave_nothing_at_any_point() {
-    let (proxy, client) = proxied("20s").await;
+    let (proxy, client) = proxied(SESSION).await;
     proxy.set(Fault::Delay { to_client: Duration::from_millis(40), to_upstream: Duration::ZERO });
     let observer = connect().await;
     let mut checked = 0;
-    for recipe in ["mutex", "reentrant", "read", "write", "semaphore", "multi"] {
+    // "timeout": a lock_timeout(60 ms) on a held lock, so later drop points fall into its cleanup.
+    for recipe in ["mutex", "reentrant", "read", "write", "semaphore", "multi", "timeout"] {
         for drop_after_ms in (0..=300).step_by(15) {
             let path = unique_path(&format!("sweep-{recipe}"));
             let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
@@ -296,6 +305,18 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
                     let s = client.semaphore(&path, 2).unwrap();
                     tokio::time::timeout(drop_after, s.acquire_many(2)).await.is_ok()
                 }
+                "timeout" => {
+                    let holder = observer.mutex(&path).unwrap().lock().await.unwrap();
+                    let m = client.mutex(&path).unwrap();
+                    let gave_up = tokio::time::timeout(drop_after, m.lock_timeout(Duration::from_millis(60))).await;
+                    assert!(!matches!(gave_up, Ok(Ok(Some(_)))), "acquired a held lock");
+                    wait_children(&observer, &path, BOUND, &format!("timeout dropped at {drop_after_ms} ms"), |c| {
+                        c.len() == 1 && holder.node_path().ends_with(&c[0])
+                    })
+                    .await;
+                    holder.release().await.unwrap();
+                    false
+                }
                 _ => {
                     let multi = MultiLock::new(vec![
                         LockSpec::Exclusive(client.mutex(&format!("{path}/a")).unwrap()),
@@ -327,7 +348,7 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
 #[tokio::test]
 async fn lost_downgrade_reply_leaves_no_orphan_read_node() {
     let path = unique_path("lost-downgrade");
-    let (proxy, client) = proxied("20s").await;
+    let (proxy, client) = proxied(SESSION).await;
     let rw = client.rwlock(&path).unwrap();
     let w = rw.write().await.unwrap();
     proxy.lose_next_reply(is_read_create);

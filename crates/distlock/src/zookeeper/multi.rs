@@ -103,6 +103,17 @@ impl AnyGuard {
         }
     }
 
+    /// The guard's lease deadline (see
+    /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)).
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        match self {
+            AnyGuard::Exclusive(g) => g.lease_deadline(),
+            AnyGuard::Read(g) => g.lease_deadline(),
+            AnyGuard::Write(g) => g.lease_deadline(),
+            AnyGuard::Permits(g) => g.lease_deadline(),
+        }
+    }
+
     /// The guard's state.
     pub fn state(&self) -> LockState {
         match self {
@@ -271,6 +282,12 @@ impl MultiGuard {
     /// The largest member token.
     pub fn fencing_token(&self) -> u64 {
         self.parts.iter().map(|p| p.fencing_token()).max().unwrap_or(0)
+    }
+
+    /// The earliest lease deadline of the members: stop work that must not overlap another
+    /// holder of any member before it.
+    pub fn lease_deadline(&self) -> Option<std::time::Instant> {
+        self.parts.iter().map(|p| p.lease_deadline()).min()
     }
 
     /// Resolves when any member can no longer be trusted.

@@ -153,6 +153,12 @@ impl ReentrantGuard {
         self.token
     }
 
+    /// The lease deadline of the underlying lock (see
+    /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)); `None` once released.
+    pub fn lease_deadline(&self) -> Option<std::time::Instant> {
+        self.shared.held.lock().unwrap().as_ref().map(|h| h.guard.lease_deadline())
+    }
+
     /// Resolves when the underlying lock can no longer be trusted.
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let lost = self.shared.held.lock().unwrap().as_ref().map(|h| h.guard.lost());

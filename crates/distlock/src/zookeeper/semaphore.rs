@@ -134,7 +134,7 @@ impl Semaphore {
                     .into_iter()
                     .map(|a| HeldNode::new(self.client.clone(), self.path.clone(), a.path, a.czxid))
                     .collect();
-                Ok(Some(SemaphorePermit { leases }))
+                Ok(Some(SemaphorePermit { client: self.client.clone(), leases }))
             }
             Ok(None) | Err(_) => {
                 let bound = deadline.map(|d| d.max(Instant::now()) + Duration::from_millis(200));
@@ -255,6 +255,7 @@ const MARKERS: &[&str] = &["leases", "locks"];
 #[must_use = "if unused the permits are released at once"]
 #[derive(Debug)]
 pub struct SemaphorePermit {
+    client: Client,
     leases: Vec<HeldNode>,
 }
 
@@ -273,6 +274,12 @@ impl SemaphorePermit {
     /// before ours was created.
     pub fn fencing_token(&self) -> u64 {
         self.leases.iter().map(|l| l.token()).max().unwrap_or(0)
+    }
+
+    /// The lease deadline of our session (see
+    /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)).
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.client.lease_deadline()
     }
 
     /// `Held` only while every lease is held; the worst state of any lease otherwise.

@@ -95,9 +95,11 @@ pub(crate) enum Deleted {
 }
 
 /// Deletes one of our own nodes for sure: retried across connection losses until the server
-/// confirms or the session is known to be gone (which deletes it too).
+/// confirms or the session is known to be gone (which deletes it too). A `NoNode` answer to a
+/// retry counts as our own earlier attempt having been applied (its reply was lost).
 pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
     let zk = client.zk();
+    let mut retried = false;
     loop {
         let sent = Instant::now();
         client.inner.metrics.sent(1);
@@ -105,9 +107,11 @@ pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
         client.lease().observe(sent, &result);
         match result {
             Ok(()) => return Ok(Deleted::Now),
+            Err(zk::Error::NoNode) if retried => return Ok(Deleted::Now),
             Err(zk::Error::NoNode) => return Ok(Deleted::AlreadyGone),
             Err(e) => match Failure::of(&e) {
                 Failure::Connection => {
+                    retried = true;
                     if let Err(e) = await_connected(zk).await {
                         return Ok(Deleted::WithSession(lost_reason(&e)));
                     }
