@@ -14,20 +14,28 @@ echo "== 2. Three processes take turns; one is killed while it holds the lock"
 target/debug/examples/takeover
 echo
 echo "== 3. distlock exec and inspect"
+flags=$(mktemp -d)
+dir=
+trap 'rm -rf "$flags"; if [[ -n "$dir" ]]; then scripts/embedded.sh stop "$dir"; fi' EXIT
 if [[ -z "${DISTLOCK_BACKEND:-}" ]]; then
     dir=.tmp/demo-server
-    trap 'scripts/embedded.sh stop "$dir"' EXIT
     addr=$(scripts/embedded.sh start "$dir")
     export DISTLOCK_BACKEND="zk://$addr"
 fi
-$bin exec demo -- sh -c 'echo "   running under $DISTLOCK_KEY with fencing token $DISTLOCK_TOKEN"; sleep 1' &
+# The holder says when it holds (a file) and holds until told to let go (another file), so every
+# step below happens in a known order.
+$bin exec demo -- sh -c 'echo "   running under $DISTLOCK_KEY with fencing token $DISTLOCK_TOKEN"; touch "$0/held"
+    for _ in $(seq 1 300); do [ -e "$0/release" ] && exit 0; sleep 0.1; done; exit 1' "$flags" &
 holder=$!
-$bin exec -w 5s demo -- true & waiter=$!   # queues behind the holder
-for _ in $(seq 1 50); do   # wait (bounded) until both are queued
+for _ in $(seq 1 300); do [[ -e "$flags/held" ]] && break; sleep 0.1; done   # bounded: 30 s
+[[ -e "$flags/held" ]] || { echo "   the holder did not get the lock"; exit 1; }
+$bin exec -w 30s demo -- true & waiter=$!   # queues behind the holder
+for _ in $(seq 1 300); do   # wait (bounded) until it is queued
     [[ $($bin inspect --json demo | grep -o '"holds"' | wc -l) -ge 2 ]] && break
     sleep 0.1
 done
 $bin inspect demo
 if $bin exec -n demo -- true; then echo "   unexpected: -n acquired a held lock"; exit 1; else echo "   exec -n while held: exit $? (not acquired)"; fi
+touch "$flags/release"
 wait $holder $waiter
 $bin inspect demo
