@@ -498,3 +498,38 @@ async fn a_healthy_hold_outlives_its_lease_many_times() {
     assert!(guard.lease_deadline() > first_deadline + Duration::from_secs(6), "the lease was renewed");
     guard.release().await.unwrap();
 }
+
+/// The first `state()` after the lease deadline passed is `Lost(LeaseExpired)`, not the `Held`
+/// a monitor that has not run yet would still show.
+#[tokio::test]
+async fn first_state_after_the_lease_deadline_is_lost() {
+    let path = unique_path("state-after-lease");
+    let (proxy, client) = proxied("3s").await;
+    let guard = client.mutex(&path).unwrap().lock().await.unwrap();
+    proxy.set(Fault::Blackhole);
+    // The event waited for is an instant: the deadline, as known before the partition.
+    tokio::time::sleep_until(guard.lease_deadline().into()).await;
+    assert_eq!(guard.state(), LockState::Lost(LostReason::LeaseExpired));
+    assert_eq!(tokio::time::timeout(BOUND, guard.lost()).await.unwrap(), LostReason::LeaseExpired);
+    proxy.heal();
+    drop(guard);
+    let observer = connect().await;
+    wait_empty(&observer, &path, BOUND).await;
+}
+
+/// A `release()` the caller stops waiting for (a timeout) still deletes the node, also when its
+/// first delete never reached the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_release_still_deletes_the_node() {
+    let path = unique_path("abandoned-release");
+    let (proxy, client) = proxied(SESSION).await;
+    let guard = client.mutex(&path).unwrap().lock().await.unwrap();
+    // The delete is written into a silent connection, which is then reset: it is lost unapplied.
+    proxy.set(Fault::Blackhole);
+    assert!(tokio::time::timeout(Duration::from_millis(300), guard.release()).await.is_err(), "release waits");
+    Cut::Reset.apply(&proxy);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the fault's duration
+    proxy.heal();
+    let observer = connect().await;
+    wait_empty(&observer, &path, BOUND).await;
+}

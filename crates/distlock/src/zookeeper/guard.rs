@@ -12,6 +12,7 @@ use crate::{Error, LostReason, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -134,8 +135,26 @@ impl HeldNode {
         self.shared.tx.subscribe()
     }
 
+    /// The state now. Besides what the monitor has published, it reads the clock against the
+    /// lease deadline and the session's state itself, so that no caller is told `Held` after the
+    /// deadline, however late the monitor task runs (or on the very first call, which starts it).
     pub(crate) fn state(&self) -> LockState {
-        *self.watch().borrow()
+        let published = *self.watch().borrow();
+        if published.is_lost() {
+            return published;
+        }
+        if Instant::now() >= self.client.lease().deadline() {
+            // Final: published, so that a late renewal cannot turn it back.
+            publish_lost(&self.shared.tx, &self.path, LostReason::LeaseExpired);
+            return LockState::Lost(LostReason::LeaseExpired);
+        }
+        match self.client.zk().state_watcher().peek_state() {
+            zk::SessionState::Disconnected => LockState::Suspended,
+            zk::SessionState::Expired => LockState::Lost(LostReason::SessionExpired),
+            zk::SessionState::Closed => LockState::Lost(LostReason::SessionClosed),
+            zk::SessionState::AuthFailed => LockState::Lost(LostReason::AuthFailed),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => published,
+        }
     }
 
     pub(crate) fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
@@ -160,10 +179,16 @@ impl HeldNode {
     /// someone else, the session ended, or the lease deadline passed while the server was
     /// unreachable): the caller's work under it was not protected to the end.
     pub(crate) async fn release(mut self) -> Result<()> {
+        let before = self.state();
         self.released = true;
         self.stop_monitor();
-        let before = *self.shared.tx.borrow();
-        let outcome = delete_own(&self.client, &self.path).await?;
+        // In a task of its own: a caller that stops waiting (a timeout, a select) does not stop
+        // the delete.
+        let (client, path) = (self.client.clone(), self.path.clone());
+        let outcome =
+            self.handle.spawn(async move { delete_own(&client, &path).await }).await.unwrap_or_else(|e| {
+                Err(Error::Backend { op: "delete", path: self.path.clone(), source: Box::new(e) })
+            })?;
         let lost = |reason| Err(Error::LockLost { lock: self.lock.clone(), reason });
         match (before, outcome) {
             (LockState::Lost(reason), _) => lost(reason),
@@ -214,6 +239,27 @@ impl Drop for HeldNode {
     }
 }
 
+/// After a loss by lease expiry the session may still be alive: delete our node, so that a holder
+/// that gave up does not keep others waiting.
+async fn delete_after_lease(client: &Client, path: &str) {
+    if let Err(e) = delete_own(client, path).await {
+        tracing::warn!(node = %path, error = %e, "could not delete our lock node after the lease expired");
+    }
+}
+
+/// Publishes a final loss (unless one is published already).
+fn publish_lost(tx: &watch::Sender<LockState>, path: &str, reason: LostReason) {
+    tx.send_if_modified(|cur| {
+        if cur.is_lost() {
+            false
+        } else {
+            tracing::debug!(node = %path, from = ?*cur, ?reason, "lock lost");
+            *cur = LockState::Lost(reason);
+            true
+        }
+    });
+}
+
 /// Watches our node, the session and the lease deadline, publishing the guard's state until it
 /// is lost. After a loss by lease expiry the session may still be alive: our node is then
 /// deleted, so that a holder that gave up does not keep others waiting.
@@ -242,26 +288,26 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, rev
     type Arm<'a> =
         Pin<Box<dyn Future<Output = Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>> + Send + 'a>>;
     type Change = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
-    let mut arming: Option<(Instant, Arm<'_>)> = None;
+    let mut arming: Option<Arm<'_>> = None;
     let mut watching: Option<Change> = None;
     let mut session = states.state();
     if publish(session_state(session)) {
         return;
     }
     let lease = client.lease();
+    let mut published = tx.subscribe();
     loop {
         let connected = matches!(session, zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly);
         if connected && arming.is_none() && watching.is_none() {
             // Arm a watch on our own node (getData + watch); re-armed after data changes, which
             // is how a revoker's request arrives.
             client.inner.metrics.sent_background(1);
-            arming = Some((Instant::now(), Box::pin(zk.get_and_watch_data(&path))));
+            arming = Some(Box::pin(zk.get_and_watch_data(&path)));
         }
         let deadline = lease.deadline();
         tokio::select! {
-            armed = async { (&mut arming.as_mut().expect("guarded").1).await }, if arming.is_some() => {
-                let (sent, _) = arming.take().expect("polled");
-                lease.observe(sent, &armed);
+            armed = async { arming.as_mut().expect("guarded").await }, if arming.is_some() => {
+                arming = None;
                 match armed {
                     Ok((data, _, watcher)) => {
                         if data == REVOKE {
@@ -276,16 +322,19 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, rev
                     Err(e) => match Failure::of(&e) {
                         // The session watcher reports the disconnection; arm again once connected.
                         Failure::Connection => {
-                            publish(LockState::Suspended);
-                            session = zk::SessionState::Disconnected;
+                            // The client marks the session disconnected before it fails requests;
+                            // arm again once it is connected (perhaps already).
+                            session = states.state();
+                            publish(session_state(session));
                         }
                         Failure::SessionGone(reason) => {
                             publish(LockState::Lost(reason));
                             return;
                         }
-                        Failure::Server => {
-                            tracing::warn!(node = %path, error = %e, "cannot watch our lock node; retrying after the next state change");
-                            session = zk::SessionState::Disconnected;
+                        Failure::Server | Failure::Local => {
+                            tracing::warn!(node = %path, error = %e, "cannot watch our lock node; retrying in 1 s");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            session = states.state();
                         }
                     },
                 }
@@ -312,14 +361,23 @@ async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, rev
                     return;
                 }
             }
+            // `state()` may have found the lease over first and published the loss.
+            _ = async {
+                let found = published.wait_for(|s| *s == LockState::Lost(LostReason::LeaseExpired)).await.is_ok();
+                if !found {
+                    std::future::pending::<()>().await;
+                }
+            } => {
+                drop((arming, watching));
+                delete_after_lease(&client, &path).await;
+                return;
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 if Instant::now() >= lease.deadline() {
                     tracing::warn!(node = %path, "no answer from the server within the lease; the lock may be handed on");
                     publish(LockState::Lost(LostReason::LeaseExpired));
                     drop((arming, watching));
-                    if let Err(e) = delete_own(&client, &path).await {
-                        tracing::warn!(node = %path, error = %e, "could not delete our lock node after the lease expired");
-                    }
+                    delete_after_lease(&client, &path).await;
                     return;
                 }
             }

@@ -242,7 +242,16 @@ impl MultiLock {
                         taken = taken.len(),
                         "multi-lock member not acquired; rolling back"
                     );
-                    let rollback = MultiGuard { parts: taken }.release().await;
+                    // Bounded by the deadline (plus a grace): the deletes go on in the background.
+                    let rollback = MultiGuard { parts: taken }.release();
+                    let rollback = match deadline {
+                        Some(d) => {
+                            tokio::time::timeout_at(d.max(Instant::now()) + Duration::from_millis(200), rollback)
+                                .await
+                                .unwrap_or(Ok(()))
+                        }
+                        None => rollback.await,
+                    };
                     return match (result, rollback) {
                         (Err(e), _) => Err(e),
                         (Ok(_), Err(e)) => Err(e),

@@ -73,17 +73,25 @@ impl Mutex {
     /// background), so an abandoned acquire never blocks others; a caller that cancels loses its
     /// place in the queue.
     ///
+    /// # Error handling on connection loss
+    /// A failed connection (closed, reset or silent) is waited out and the acquire goes on: a
+    /// create whose reply was lost is found again by its unique prefix, never made twice. It
+    /// gives up only when the session ends.
+    ///
     /// # Notable errors
     /// - [`Error::SessionExpired`](crate::Error::SessionExpired): the session ended while waiting;
-    /// - [`Error::ConnectionLoss`](crate::Error::ConnectionLoss): the connection kept failing.
+    /// - [`Error::InvalidLockPath`](crate::Error::InvalidLockPath): the path holds another kind of
+    ///   lock, or its chroot does not exist.
     pub async fn lock(&self) -> Result<MutexGuard> {
         let guard = self.acquire(Wait::Forever, None).await?;
         Ok(guard.expect("waiting forever always acquires"))
     }
 
-    /// Takes the lock only if nobody holds or waits for it; never waits.
+    /// Takes the lock only if nobody holds or waits for it; never waits for another holder.
     ///
-    /// Returns `Ok(None)` when busy (our node is deleted before returning).
+    /// Returns `Ok(None)` when busy (our node is deleted before returning). A connection loss is
+    /// waited out as in [`lock`](Mutex::lock); use [`lock_timeout`](Mutex::lock_timeout) to bound
+    /// that too.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Mutex::lock).
@@ -92,7 +100,9 @@ impl Mutex {
     }
 
     /// Waits at most `timeout` for the lock; `Ok(None)` when it was not had in time, in which
-    /// case our node has been deleted before this returns.
+    /// case our node has been deleted before this returns. The timeout is a total: it covers
+    /// connection losses too, and when the server is unreachable at the deadline, the call
+    /// returns at most 200 ms later and our node is deleted in the background once it can be.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Mutex::lock).

@@ -255,12 +255,15 @@ impl Drop for Pending {
 async fn remove_own(client: &Client, dir: &str, prefix: &str, path: Option<&str>) -> Result<()> {
     let paths = match path {
         Some(path) => vec![path.to_string()],
-        None => match list_dir(client, dir).await {
+        // Catch up with the leader first: a follower we reconnected to may not have applied our
+        // create yet.
+        None => match sync_then_list(client, dir).await {
             Ok(children) => {
                 children.into_iter().filter(|c| c.starts_with(prefix)).map(|c| format!("{dir}/{c}")).collect()
             }
             // No directory, or no session: nothing of ours is left.
-            Err(Error::Backend { .. }) | Err(Error::SessionExpired) | Err(Error::Closed) => Vec::new(),
+            Err(e) if is_no_node(&e) => Vec::new(),
+            Err(Error::SessionExpired) | Err(Error::Closed) => Vec::new(),
             Err(e) => return Err(e),
         },
     };
@@ -271,21 +274,42 @@ async fn remove_own(client: &Client, dir: &str, prefix: &str, path: Option<&str>
     Ok(())
 }
 
+/// True for the error [`list_dir`] reports for a missing directory.
+pub(crate) fn is_no_node(e: &Error) -> bool {
+    matches!(e, Error::Backend { source, .. } if source.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode))
+}
+
+/// `sync` on `dir` (so a follower has applied everything the leader had), then [`list_dir`].
+async fn sync_then_list(client: &Client, dir: &str) -> Result<Vec<String>> {
+    loop {
+        let sent = Instant::now();
+        let result = client.zk().sync(dir).await;
+        client.lease().observe(sent, &result);
+        match result {
+            Ok(()) | Err(zk::Error::NoNode) => return list_dir(client, dir).await,
+            Err(e) => match Failure::of(&e) {
+                Failure::Connection => await_connected(client.zk()).await?,
+                Failure::SessionGone(reason) => return Err(session_error(reason)),
+                Failure::Server | Failure::Local => return Err(backend("sync", dir, e)),
+            },
+        }
+    }
+}
+
 /// Lists a directory, retrying across connection losses until the session is gone; `NoNode` is
 /// reported as [`Error::Backend`].
 pub(crate) async fn list_dir(client: &Client, dir: &str) -> Result<Vec<String>> {
     let zk = client.zk();
     loop {
-        let sent = Instant::now();
         client.inner.metrics.sent(1);
+        // A read: it renews no lease (a follower may answer it on its own).
         let result = zk.list_children(dir).await;
-        client.lease().observe(sent, &result);
         match result {
             Ok(children) => return Ok(children),
             Err(e) => match Failure::of(&e) {
                 Failure::Connection => await_connected(zk).await?,
                 Failure::SessionGone(reason) => return Err(session_error(reason)),
-                Failure::Server => return Err(backend("getChildren", dir, e)),
+                Failure::Server | Failure::Local => return Err(backend("getChildren", dir, e)),
             },
         }
     }
@@ -314,6 +338,7 @@ impl Queue {
         match result {
             Ok(Some(acquired)) => {
                 pending.disarm();
+                super::session::renew_if_short(&self.client).await;
                 Ok(Some(acquired))
             }
             Ok(None) | Err(_) => {
@@ -388,10 +413,11 @@ impl Queue {
             // Watch the blocker, and (in the same round trip) our own node: a grant on the
             // blocker's deletion must not be given if our node was deleted first.
             metrics.sent(2);
-            let sent = Instant::now();
+            // A reconnection between here and the blocker's deletion voids the no-re-read grant:
+            // the server then fires re-registered watches in no particular order.
+            let mut states = zk.state_watcher();
             let (blocker_watch, own_watch) =
                 futures::join!(zk.get_and_watch_data(&blocker_path), zk.get_and_watch_data(&acquired.path));
-            self.client.lease().observe(sent, &blocker_watch);
             let (blocker_watcher, own_watcher) = match (blocker_watch, own_watch) {
                 (Ok((_, _, b)), Ok((_, _, o))) => (b, o),
                 (Err(e), _) | (_, Err(e)) => match Failure::of(&e) {
@@ -406,7 +432,7 @@ impl Queue {
                         continue;
                     }
                     Failure::SessionGone(reason) => return Err(session_error(reason)),
-                    Failure::Server => return Err(backend("getData", &blocker_path, e)),
+                    Failure::Server | Failure::Local => return Err(backend("getData", &blocker_path, e)),
                 },
             };
             let mut own_changed = Box::pin(own_watcher.changed());
@@ -422,7 +448,8 @@ impl Queue {
                 Some(event)
                     if event.event_type == zk::EventType::NodeDeleted
                         && grant_on_delete
-                        && futures::FutureExt::now_or_never(&mut own_changed).is_none() =>
+                        && futures::FutureExt::now_or_never(&mut own_changed).is_none()
+                        && futures::FutureExt::now_or_never(states.changed()).is_none() =>
                 {
                     tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
                     if let Some(p) = progress {
@@ -497,7 +524,7 @@ impl Queue {
                         }
                     }
                     Failure::SessionGone(reason) => return Err(session_error(reason)),
-                    Failure::Server => return Err(backend("create", &node_prefix, e)),
+                    Failure::Server | Failure::Local => return Err(backend("create", &node_prefix, e)),
                 },
             }
         }
@@ -533,12 +560,10 @@ impl Queue {
     /// retried, never taken for "not found" (which would queue a second node of ours).
     async fn find_own(&self, prefix: &str) -> Result<Option<Acquired>> {
         let zk = self.client.zk();
-        let children = match self.list().await {
+        let children = match sync_then_list(&self.client, &self.dir).await {
             Ok(c) => c,
             // The directory is gone, so our node is not in it.
-            Err(Error::Backend { source, .. }) if source.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => {
-                return Ok(None)
-            }
+            Err(e) if is_no_node(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
         let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {

@@ -175,6 +175,7 @@ impl RwLock {
             node: HeldNode::new(self.write_q.client.clone(), self.write_q.dir.clone(), a.path, a.czxid),
             readers: self.readers.clone(),
             downgraded: AtomicBool::new(false),
+            downgrading: Arc::new(tokio::sync::Mutex::new(())),
         }))
     }
 }
@@ -184,10 +185,13 @@ impl RwLock {
 struct DowngradeNode {
     client: Client,
     path: Option<String>,
+    /// The write guard's downgrade permit, kept until the cleanup is done.
+    permit: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Drop for DowngradeNode {
     fn drop(&mut self) {
+        let permit = self.permit.take();
         let Some(path) = self.path.take() else { return };
         let client = self.client.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -195,6 +199,7 @@ impl Drop for DowngradeNode {
                 if let Err(e) = delete_own(&client, &path).await {
                     tracing::warn!(node = %path, error = %e, "could not delete an abandoned downgrade node");
                 }
+                drop(permit);
             });
         }
     }
@@ -257,6 +262,9 @@ pub struct WriteGuard {
     /// The handle's read-guard count: a downgraded read guard counts too.
     readers: Arc<AtomicUsize>,
     downgraded: AtomicBool,
+    /// Held by a downgrade in progress, and by the cleanup of one that was dropped, so that a
+    /// second downgrade never meets the first one's read node.
+    downgrading: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl WriteGuard {
@@ -302,7 +310,10 @@ impl WriteGuard {
                 reason: "not a write lock node".into(),
             });
         };
-        let mut pending = DowngradeNode { client: client.clone(), path: Some(path.clone()) };
+        let permit = self.downgrading.clone().lock_owned().await;
+        let mut pending = DowngradeNode { client: client.clone(), path: Some(path.clone()), permit: Some(permit) };
+        // Whether an earlier attempt of this call may have been applied (its reply was lost).
+        let mut retried = false;
         let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         loop {
             let mut txn = client.zk().new_multi_writer();
@@ -318,24 +329,33 @@ impl WriteGuard {
             client.lease().observe(sent, &answered);
             match result {
                 Ok(_) => break,
-                Err(zk::MultiWriteError::OperationFailed { index: 1, source: zk::Error::NodeExists }) => {
+                Err(zk::MultiWriteError::OperationFailed { index: 1, source: zk::Error::NodeExists }) if retried => {
                     // Our earlier attempt was applied; its reply was lost.
                     break;
                 }
+                // Nothing of this answer was applied; an earlier attempt's node (if any) is deleted.
                 Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
-                    pending.path = None;
+                    if !retried {
+                        pending.path = None;
+                    }
                     return Err(Error::LockLost { lock: dir, reason: LostReason::NodeDeleted });
                 }
                 Err(zk::MultiWriteError::OperationFailed { source, .. }) => {
-                    return Err(backend("create", &path, source))
+                    if !retried {
+                        pending.path = None; // not ours to delete
+                    }
+                    return Err(backend("create", &path, source));
                 }
                 Err(zk::MultiWriteError::RequestFailed { source }) => match Failure::of(&source) {
-                    Failure::Connection => await_connected(client.zk()).await?,
+                    Failure::Connection => {
+                        retried = true;
+                        await_connected(client.zk()).await?
+                    }
                     Failure::SessionGone(reason) => {
                         pending.path = None;
                         return Err(Error::LockLost { lock: dir, reason });
                     }
-                    Failure::Server => return Err(backend("multi", &path, source)),
+                    Failure::Server | Failure::Local => return Err(backend("multi", &path, source)),
                 },
             }
         }

@@ -2,7 +2,7 @@
 
 use super::guard::{HeldNode, LockState};
 use super::mutex::Mutex;
-use super::queue::{list_dir, other_recipe, Acquired, Pending, Queue};
+use super::queue::{is_no_node, list_dir, other_recipe, Acquired, Pending, Queue};
 use super::session::{await_connected, is_connection_loss, session_error, Failure};
 use super::{backend, url, Client};
 use crate::{Error, LostReason, Result};
@@ -123,13 +123,19 @@ impl Semaphore {
             }
             _ => taking.await,
         };
-        let gate_result = gate.release().await;
+        // Bounded by the deadline (plus a grace): the gate's delete goes on in the background.
+        let bound = deadline.map(|d| d.max(Instant::now()) + Duration::from_millis(200));
+        let gate_result = match bound {
+            Some(b) => tokio::time::timeout_at(b, gate.release()).await.unwrap_or(Ok(())),
+            None => gate.release().await,
+        };
         match result {
             Ok(Some(nodes)) => {
                 gate_result?;
                 for lease in &mut leases {
                     lease.disarm();
                 }
+                super::session::renew_if_short(&self.client).await;
                 let leases = nodes
                     .into_iter()
                     .map(|a| HeldNode::new(self.client.clone(), self.path.clone(), a.path, a.czxid))
@@ -137,7 +143,6 @@ impl Semaphore {
                 Ok(Some(SemaphorePermit { client: self.client.clone(), leases }))
             }
             Ok(None) | Err(_) => {
-                let bound = deadline.map(|d| d.max(Instant::now()) + Duration::from_millis(200));
                 let removals = leases.iter_mut().map(|l| l.remove_within(bound));
                 let cleanup: Result<Vec<()>> = futures::future::join_all(removals).await.into_iter().collect();
                 match (result, cleanup) {
@@ -210,7 +215,7 @@ impl Semaphore {
                             continue;
                         }
                         Failure::SessionGone(reason) => return Err(session_error(reason)),
-                        Failure::Server => return Err(backend("getChildren", &self.leases, e)),
+                        Failure::Server | Failure::Local => return Err(backend("getChildren", &self.leases, e)),
                     },
                 };
                 let event = watcher.changed().await;
@@ -230,9 +235,7 @@ impl Semaphore {
     /// Lists the semaphore path itself, across connection losses.
     async fn lease_queue_parent(&self) -> Result<Vec<String>> {
         match list_dir(&self.client, &self.path).await {
-            Err(Error::Backend { source, .. }) if source.downcast_ref::<zk::Error>() == Some(&zk::Error::NoNode) => {
-                Ok(Vec::new())
-            }
+            Err(e) if is_no_node(&e) => Ok(Vec::new()),
             other => other,
         }
     }

@@ -33,23 +33,49 @@ use zookeeper_client as zk;
 /// The kinds of failure a recipe tells apart.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// The connection failed (closed, reset, silent): the request may or may not have been
-    /// applied, the session may be alive. Retry after reconnecting.
+    /// The connection failed (closed, reset, silent, or a garbled reply that made the client
+    /// drop it): the request may or may not have been applied, the session may be alive. Retry
+    /// after reconnecting.
     Connection,
     /// The session is gone for good (expired, closed, authentication failed).
     SessionGone(LostReason),
-    /// The server answered with an error (NoNode, NodeExists, …).
+    /// The server answered with an error code (NoNode, NodeExists, …).
     Server,
+    /// The client refused the request itself (bad arguments): nothing reached the server.
+    Local,
 }
 
 impl Failure {
     pub(crate) fn of(e: &zk::Error) -> Failure {
+        use zk::Error as E;
         match e {
-            zk::Error::SessionExpired | zk::Error::SessionMoved => Failure::SessionGone(LostReason::SessionExpired),
-            zk::Error::ClientClosed | zk::Error::NoHosts => Failure::SessionGone(LostReason::SessionClosed),
-            zk::Error::AuthFailed => Failure::SessionGone(LostReason::AuthFailed),
-            zk::Error::ConnectionLoss | zk::Error::Custom(_) | zk::Error::Timeout => Failure::Connection,
-            _ => Failure::Server,
+            E::SessionExpired => Failure::SessionGone(LostReason::SessionExpired),
+            E::ClientClosed | E::NoHosts => Failure::SessionGone(LostReason::SessionClosed),
+            E::AuthFailed => Failure::SessionGone(LostReason::AuthFailed),
+            // The error that ends a connection is handed to every request in flight on it; a
+            // moved session is re-established by the client on its next connection.
+            E::ConnectionLoss
+            | E::Custom(_)
+            | E::Timeout
+            | E::UnexpectedError(_)
+            | E::UnmarshalError { .. }
+            | E::SessionMoved => Failure::Connection,
+            E::NoNode
+            | E::NoAuth
+            | E::BadVersion
+            | E::NoChildrenForEphemerals
+            | E::NodeExists
+            | E::NotEmpty
+            | E::InvalidAcl
+            | E::NotReadOnly
+            | E::NoWatcher
+            | E::QuotaExceeded
+            | E::Throttled
+            | E::MarshallingError
+            | E::Unimplemented
+            | E::ReconfigDisabled
+            | E::UnexpectedErrorCode(_) => Failure::Server,
+            _ => Failure::Local,
         }
     }
 }
@@ -117,7 +143,7 @@ pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
                     }
                 }
                 Failure::SessionGone(reason) => return Ok(Deleted::WithSession(reason)),
-                Failure::Server => return Err(super::backend("delete", path, e)),
+                Failure::Server | Failure::Local => return Err(super::backend("delete", path, e)),
             },
         }
     }
@@ -159,7 +185,9 @@ impl Lease {
     }
 
     /// Records that the server answered a request we sent at `sent` (a server error is an
-    /// answer too; a connection failure is not).
+    /// answer too; a connection failure is not). Only for requests that pass through the
+    /// ensemble's leader (`sync` and writes): a follower cut off from the leader may still answer
+    /// reads on its own, and the leader alone expires sessions.
     pub(crate) fn observe<T>(&self, sent: Instant, result: &std::result::Result<T, zk::Error>) {
         let answered = match result {
             Ok(_) => true,
@@ -191,6 +219,19 @@ impl Lease {
     pub(crate) fn unhold(&self) {
         self.holders.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// Renews the lease now with a `sync` when less than a quarter of the session is left of it (a
+/// grant right after a long disconnection would otherwise start with a lapsed lease). Errors are
+/// left to the caller's next request to find.
+pub(crate) async fn renew_if_short(client: &Client) {
+    let lease = client.lease();
+    if lease.deadline() > Instant::now() + lease.timeout / 4 {
+        return;
+    }
+    let sent = Instant::now();
+    let result = client.zk().sync("/").await;
+    lease.observe(sent, &result);
 }
 
 /// The default margin kept before the session timeout: a quarter of it for a follower's
@@ -244,6 +285,8 @@ mod tests {
         assert!(matches!(Failure::of(&zk::Error::SessionExpired), Failure::SessionGone(LostReason::SessionExpired)));
         assert!(matches!(Failure::of(&zk::Error::ClientClosed), Failure::SessionGone(LostReason::SessionClosed)));
         assert!(matches!(Failure::of(&zk::Error::NoNode), Failure::Server));
+        assert!(is_connection_loss(&zk::Error::UnexpectedError("recv response with xid 7".into())));
+        assert!(matches!(Failure::of(&zk::Error::BadArguments(&"path")), Failure::Local));
     }
 
     #[tokio::test(start_paused = true)]
