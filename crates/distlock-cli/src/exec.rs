@@ -6,6 +6,7 @@ use distlock::zookeeper::{Client, LockSpec, MultiLock, QueueStatus};
 use std::io::IsTerminal;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -35,7 +36,8 @@ pub struct ExecArgs {
     /// What to do to the command if the lock is lost while it runs.
     #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term)]
     on_lost: OnLost,
-    /// Time between SIGTERM and SIGKILL when the lock is lost.
+    /// Time between SIGTERM and SIGKILL when the lock is lost; cut to a quarter of the session
+    /// timeout, so that SIGKILL always lands before the lock's lease ends.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
     grace: Duration,
     /// Take the read side of a read/write lock: shared with other readers (Curator's
@@ -119,64 +121,152 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let tokens: Vec<String> = guard.parts().iter().map(|p| p.fencing_token().to_string()).collect();
     tracing::info!(lock = %path, tokens = %tokens.join(","), "acquired");
 
-    let mut child = tokio::process::Command::new(&args.command[0])
+    // The lock's lease bounds how long the command may run once the server stops answering:
+    // SIGTERM early enough that SIGKILL lands before the lease deadline, whatever --grace says.
+    let session = client.session_timeout();
+    let grace = args.grace.min(session / 4);
+    let kill_margin = (session / 20).min(Duration::from_millis(500));
+    if grace < args.grace {
+        tracing::debug!(?grace, "--grace cut to a quarter of the session timeout");
+    }
+
+    // Every signal that exec forwards is caught before the command starts.
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigquit = signal(SignalKind::quit())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    let mut sigusr2 = signal(SignalKind::user_defined2())?;
+    let mut command = tokio::process::Command::new(&args.command[0]);
+    command
         .args(&args.command[1..])
         .env("DISTLOCK_KEY", keys.join(","))
         .env("DISTLOCK_TOKEN", tokens.join(","))
-        .spawn()
-        .with_context(|| format!("cannot run {:?}", args.command[0]))?;
-    let pid = child.id().map(|p| p as libc::pid_t);
+        .process_group(0);
+    let terminal = Terminal::foreground();
+    if terminal.is_some() {
+        // The command's group takes the terminal, as a shell gives it to a foreground job: it
+        // reads the terminal and gets Ctrl-C itself (once).
+        // SAFETY: only async-signal-safe calls (signal, tcsetpgrp, getpid) between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpid());
+                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+    }
+    let mut child = command.spawn().with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let pgid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
+    let watchdog = crate::supervise::Watchdog::start(pgid, grace + kill_margin)?;
+    let to_group = |sig| {
+        if pgid > 1 {
+            crate::supervise::signal_group(pgid, sig);
+        }
+    };
 
     let lost = guard.lost();
     tokio::pin!(lost);
-    let mut lost_fired = false;
-    let status: ExitStatus = loop {
+    let far = || Instant::now() + Duration::from_secs(86400);
+    let lost_reason: Option<String> = loop {
+        let lease_deadline = guard.lease_deadline().unwrap_or_else(far);
+        let term_at = lease_deadline.checked_sub(grace + kill_margin).unwrap_or_else(Instant::now);
         tokio::select! {
-            status = child.wait() => break status?,
-            _ = sigint.recv() => forward(pid, libc::SIGINT),
-            _ = sigterm.recv() => forward(pid, libc::SIGTERM),
-            reason = &mut lost, if !lost_fired => {
-                lost_fired = true;
-                match args.on_lost {
-                    OnLost::Ignore => {
-                        eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
-                    }
-                    OnLost::Kill => {
-                        eprintln!("distlock: lock {path} lost ({reason}); killing the command");
-                        forward(pid, libc::SIGKILL);
-                        child.wait().await?;
-                        client.close(Duration::from_secs(2)).await;
-                        return Ok(EXIT_LOST);
-                    }
-                    OnLost::Term => {
-                        eprintln!("distlock: lock {path} lost ({reason}); terminating the command (SIGTERM, SIGKILL after {})", humantime::format_duration(args.grace));
-                        forward(pid, libc::SIGTERM);
-                        if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                            eprintln!("distlock: the command outlived the grace period; SIGKILL");
-                            forward(pid, libc::SIGKILL);
-                            child.wait().await?;
-                        }
-                        client.close(Duration::from_secs(2)).await;
-                        return Ok(EXIT_LOST);
-                    }
+            status = child.wait() => {
+                let status = status?;
+                watchdog.disarm();
+                if let Some(t) = terminal { t.take_back(); }
+                guard.release().await.unwrap_or_else(|e| eprintln!("distlock: releasing {path}: {e}"));
+                client.close(Duration::from_secs(2)).await;
+                return Ok(exit_code(status));
+            }
+            _ = sigint.recv() => to_group(libc::SIGINT),
+            _ = sigterm.recv() => to_group(libc::SIGTERM),
+            _ = sighup.recv() => to_group(libc::SIGHUP),
+            _ = sigquit.recv() => to_group(libc::SIGQUIT),
+            _ = sigusr1.recv() => to_group(libc::SIGUSR1),
+            _ = sigusr2.recv() => to_group(libc::SIGUSR2),
+            reason = &mut lost => break Some(reason.to_string()),
+            _ = tokio::time::sleep_until(term_at.into()) => {
+                let left = guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
+                if left <= grace + kill_margin {
+                    break Some(format!("no answer from ZooKeeper; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))));
                 }
             }
         }
     };
-    if lost_fired {
-        drop(guard);
-    } else if let Err(e) = guard.release().await {
-        eprintln!("distlock: releasing {path}: {e}");
+    let reason = lost_reason.unwrap_or_default();
+    // Lost, or about to be: stop the command group before anyone else can hold the lock.
+    let kill_at = guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now);
+    match args.on_lost {
+        OnLost::Ignore => {
+            eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
+            drop(guard);
+            let status = child.wait().await?;
+            watchdog.disarm();
+            if let Some(t) = terminal {
+                t.take_back();
+            }
+            client.close(Duration::from_secs(2)).await;
+            return Ok(exit_code(status));
+        }
+        OnLost::Kill => {
+            eprintln!("distlock: lock {path} lost ({reason}); killing the command");
+            to_group(libc::SIGKILL);
+        }
+        OnLost::Term => {
+            let kill_at = kill_at.min(Instant::now() + grace);
+            eprintln!(
+                "distlock: lock {path} lost ({reason}); terminating the command (SIGTERM, SIGKILL after {})",
+                humantime::format_duration(Duration::from_millis(
+                    kill_at.saturating_duration_since(Instant::now()).as_millis() as u64
+                ))
+            );
+            to_group(libc::SIGTERM);
+            if tokio::time::timeout_at(kill_at.into(), child.wait()).await.is_err() {
+                eprintln!("distlock: the command outlived the grace period; SIGKILL");
+                to_group(libc::SIGKILL);
+            }
+        }
     }
+    // The rest of the group too (a command may exit and leave children behind).
+    to_group(libc::SIGKILL);
+    child.wait().await?;
+    watchdog.disarm();
+    if let Some(t) = terminal {
+        t.take_back();
+    }
+    // Every other lock of a multi-lock is released now, not when the session ends.
+    drop(guard);
     client.close(Duration::from_secs(2)).await;
-    Ok(exit_code(status))
+    Ok(EXIT_LOST)
 }
 
-fn forward(pid: Option<libc::pid_t>, sig: libc::c_int) {
-    if let Some(pid) = pid {
-        // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
+/// The controlling terminal, when our process group is its foreground group (we were started in
+/// the foreground of an interactive shell): the command's group is given the terminal, and it is
+/// taken back when the command ends.
+#[derive(Clone, Copy)]
+struct Terminal {
+    our_group: libc::pid_t,
+}
+
+impl Terminal {
+    fn foreground() -> Option<Terminal> {
+        // SAFETY: plain queries of our own process group and of stdin's terminal.
         unsafe {
-            libc::kill(pid, sig);
+            if libc::isatty(0) != 1 {
+                return None;
+            }
+            let ours = libc::getpgrp();
+            (libc::tcgetpgrp(0) == ours).then_some(Terminal { our_group: ours })
+        }
+    }
+
+    fn take_back(self) {
+        // SAFETY: a background group may take the terminal back with SIGTTOU ignored.
+        unsafe {
+            let previous = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, self.our_group);
+            libc::signal(libc::SIGTTOU, previous);
         }
     }
 }

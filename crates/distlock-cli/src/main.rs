@@ -9,6 +9,7 @@ mod bench;
 mod exec;
 mod inspect;
 mod serve;
+mod supervise;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -39,6 +40,13 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run COMMAND while holding LOCK (like flock(1), across machines).
+    ///
+    /// The command runs in a process group of its own; INT, TERM, HUP, QUIT, USR1 and USR2 sent
+    /// to distlock are passed to the whole group. If distlock dies for any reason (SIGKILL
+    /// included), a watchdog process terminates the group at once. If the lock is lost, or the
+    /// server stops answering, the group gets SIGTERM early enough that SIGKILL lands before the
+    /// lock's lease ends (before the server can give the lock to anyone else), whatever --grace
+    /// says; distlock then exits 3.
     Exec(exec::ExecArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
@@ -46,6 +54,15 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
     Serve(serve::ServeArgs),
+    /// (internal) The watchdog `exec` starts: ends the command's process group if `exec` dies.
+    #[command(hide = true)]
+    Supervise {
+        /// The command's process group.
+        pgid: i32,
+        /// SIGKILL this long after SIGTERM.
+        #[arg(value_parser = duration_arg)]
+        kill_after: Duration,
+    },
 }
 
 /// Parses `500ms`, `10s`, `2m` for clap.
@@ -77,6 +94,10 @@ pub struct BackendArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Supervise { pgid, kill_after } = cli.command {
+        // No runtime, no threads: the watchdog only reads a pipe and sends signals.
+        return ExitCode::from(supervise::run(pgid, kill_after));
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
@@ -93,6 +114,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => inspect::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Supervise { .. } => unreachable!("handled before the runtime starts"),
         }
     });
     match code {

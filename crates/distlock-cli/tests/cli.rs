@@ -367,3 +367,192 @@ fn bench_reports_every_workload_against_its_limit() {
     let per: f64 = queue["extra"][0][1].as_str().unwrap().parse().unwrap();
     assert!(per <= 1.0, "the queue lock wakes at most one waiter per acquisition: {queue}");
 }
+
+/// Reads a child's stdout lines on a thread of their own, so that every read has a bound.
+struct Lines(std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    fn of(child: &mut Child) -> Lines {
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    /// The next line, or a panic naming `what` after `bound`.
+    fn next(&self, bound: Duration, what: &str) -> String {
+        self.0.recv_timeout(bound).unwrap_or_else(|e| panic!("no line for {what} within {bound:?}: {e}"))
+    }
+
+    /// Every line until the output ends (bounded).
+    fn rest(&self, bound: Duration) -> Vec<String> {
+        let deadline = Instant::now() + bound;
+        let mut all = Vec::new();
+        loop {
+            match self.0.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => all.push(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return all,
+                Err(e) => panic!("output did not end within {bound:?}: {e}"),
+            }
+        }
+    }
+}
+
+/// True while a process with this pid exists.
+fn alive(pid: i32) -> bool {
+    unsafe { libc_kill(pid, 0) == 0 }
+}
+
+/// Waits (bounded) until the process `pid` is gone.
+fn wait_gone(pid: i32, bound: Duration, what: &str) {
+    let deadline = Instant::now() + bound;
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs after {bound:?}");
+        std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
+    }
+}
+
+/// Starts a holder whose command starts a grandchild (a background `sleep`) and prints its pid.
+fn hold_with_grandchild(lock: &str, backend_url: &str) -> (Child, i32) {
+    let mut child = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend_url)
+        .args(["exec", lock, "--", "sh", "-c", "sleep 300 & echo $!; wait"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut child);
+    let grandchild: i32 = lines.next(Duration::from_secs(20), "the grandchild's pid").trim().parse().unwrap();
+    assert!(alive(grandchild));
+    (child, grandchild)
+}
+
+/// `kill -9` of a holding `distlock exec` ends its whole command group at once (the command used
+/// to keep running under pid 1 while the next waiter started).
+#[test]
+fn killed_exec_takes_its_command_group_with_it() {
+    let l = lock();
+    let (mut holder, grandchild) = hold_with_grandchild(&l, &backend("4s"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_gone(grandchild, Duration::from_secs(10), "the command's child after exec was killed");
+}
+
+/// Losing the lock ends the whole command group, not only the direct child.
+#[test]
+fn losing_the_lock_ends_the_command_group() {
+    let l = lock();
+    let (mut holder, grandchild) = hold_with_grandchild(&l, &backend("4s"));
+    delete_holder_node(&l);
+    let status = wait_exit(&mut holder, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3));
+    wait_gone(grandchild, Duration::from_secs(5), "the command's child after the loss");
+}
+
+/// HUP, USR1 and USR2 sent to exec reach the command (exec used to die of USR1, leaving it).
+#[test]
+fn hangup_and_user_signals_reach_the_command() {
+    let l = lock();
+    let script = "trap 'echo got-hup' HUP; trap 'echo got-usr1' USR1; trap 'echo got-usr2; exit 4' USR2; \
+                  echo held; while :; do sleep 0.05; done";
+    let mut child = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", &l, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // If exec dies of a signal (as it used to), its command must not outlive the test.
+    struct Cleanup;
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("pkill").args(["-f", "trap 'echo got-usr2"]).status();
+        }
+    }
+    let _cleanup = Cleanup;
+    let lines = Lines::of(&mut child);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    for (sig, expect) in [(1, "got-hup"), (10, "got-usr1"), (12, "got-usr2")] {
+        unsafe { libc_kill(child.id() as i32, sig) };
+        assert_eq!(lines.next(Duration::from_secs(10), expect), expect);
+    }
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(4), "exec lived on and passed the command's status through");
+}
+
+/// A silent partition of the holder: exec stops its command before the server can hand the lock
+/// on, whatever `--grace` says (it used to act only on `Lost`, and then allow the full grace to a
+/// command that ignores SIGTERM, while the next holder had started).
+#[test]
+fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
+    let l = lock();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let upstream = std::env::var("DISTLOCK_TEST_ZK").unwrap().parse().unwrap();
+    let proxy = rt.block_on(distlock_faults::FaultProxy::start(upstream)).unwrap();
+    let holder_backend = format!("zk://{}?session_timeout=4s", proxy.addr());
+    // The command ignores SIGTERM and says every 20 ms that it still runs.
+    let script = "trap '' TERM; echo held; while :; do date +%s%N; sleep 0.02; done";
+    let mut holder = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", &holder_backend)
+        .args(["exec", "--grace", "10s", &l, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    let waiter =
+        distlock(&["exec", "-w", "60s", &l, "--", "sh", "-c", "date +%s%N"]).stdout(Stdio::piped()).spawn().unwrap();
+    // Wait (bounded) until the waiter is queued.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+        let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+        if view["contenders"].as_array().map_or(0, |c| c.len()) >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter did not queue");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proxy.set(distlock_faults::Fault::Blackhole);
+    let status = wait_exit(&mut holder, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3), "exec reports the lock lost");
+    let last: u128 = lines.rest(Duration::from_secs(30)).last().expect("the command ran").parse().unwrap();
+    let waited = waiter.wait_with_output().unwrap();
+    assert!(waited.status.success());
+    let waiter_started: u128 = String::from_utf8(waited.stdout).unwrap().trim().parse().unwrap();
+    assert!(
+        last < waiter_started,
+        "the command still ran {} ms after the next holder started",
+        (last - waiter_started) / 1_000_000
+    );
+    println!(
+        "the command's last sign of life was {} ms before the next holder started",
+        (waiter_started - last) / 1_000_000
+    );
+    drop(proxy);
+}
+
+/// When one lock of several is lost, exec releases the others at once (they used to stay held
+/// until the session expired).
+#[test]
+fn losing_one_of_several_locks_releases_the_others_at_once() {
+    let (a, b) = (lock(), lock());
+    let mut holder = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("20s"))
+        .args(["exec", &a, &b, "--", "sh", "-c", "echo held; sleep 60"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    delete_holder_node(&a);
+    let status = wait_exit(&mut holder, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3));
+    // Within the 20 s session, the other lock is free right away.
+    let out = distlock(&["exec", "-n", &b, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}

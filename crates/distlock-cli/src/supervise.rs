@@ -1,0 +1,85 @@
+//! Keeping the command's process group from outliving `distlock exec`.
+//!
+//! The command runs in a process group of its own. A **watchdog**, a second `distlock` process
+//! (`distlock supervise`, hidden) in yet another group, reads a pipe whose only write end
+//! `distlock exec` holds. When `exec` ends normally it writes `done` first and the watchdog just
+//! exits. When `exec` dies any other way, SIGKILL included, the kernel closes the pipe and the
+//! watchdog sees end-of-file without `done`: it sends SIGTERM to the whole command group and
+//! SIGKILL after the grace period, which `exec` has already cut to fit the lock's lease.
+//!
+//! Why a watchdog and not `PR_SET_PDEATHSIG`: the death signal reaches only the direct child, not
+//! what it started, and it fires when the *thread* that forked exits, which in a multi-threaded
+//! runtime can happen while `exec` lives on. A pipe's end-of-file is certain and immediate.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `exec` side of the watchdog.
+pub struct Watchdog {
+    pipe: Option<ChildStdin>,
+    child: Child,
+}
+
+impl Watchdog {
+    /// Starts a watchdog for process group `pgid`, killing it within `kill_after` of our death.
+    pub fn start(pgid: libc::pid_t, kill_after: Duration) -> anyhow::Result<Watchdog> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["supervise", &pgid.to_string(), &format!("{}ms", kill_after.as_millis())])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pipe = child.stdin.take();
+        Ok(Watchdog { pipe, child })
+    }
+
+    /// `exec` is ending normally: the watchdog leaves the group alone.
+    pub fn disarm(mut self) {
+        if let Some(mut pipe) = self.pipe.take() {
+            let _ = pipe.write_all(b"done\n");
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `sig` to every process of group `pgid`.
+pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process group we created, with a valid signal number.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+fn group_alive(pgid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the group exists.
+    unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
+/// `distlock supervise PGID KILL_AFTER`: the watchdog itself. Returns its exit status.
+pub fn run(pgid: libc::pid_t, kill_after: Duration) -> u8 {
+    // Terminal hang-ups and interrupts are for the command and for exec, not for us.
+    // SAFETY: setting signal dispositions to SIG_IGN before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    let mut said = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut said);
+    if said.starts_with(b"done") || pgid <= 1 {
+        return 0;
+    }
+    eprintln!("distlock: distlock exec ended without releasing; terminating its command (process group {pgid})");
+    signal_group(pgid, libc::SIGTERM);
+    let deadline = Instant::now() + kill_after;
+    while group_alive(pgid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20)); // polling a process group: no event to wait on
+    }
+    if group_alive(pgid) {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    0
+}
