@@ -173,8 +173,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         tokio::select! {
             status = child.wait() => {
                 let status = status?;
-                watchdog.disarm();
-                if let Some(t) = terminal { t.take_back(); }
+                command_ended(watchdog, terminal);
                 guard.release().await.unwrap_or_else(|e| eprintln!("distlock: releasing {path}: {e}"));
                 client.close(Duration::from_secs(2)).await;
                 return Ok(exit_code(status));
@@ -202,10 +201,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
             drop(guard);
             let status = child.wait().await?;
-            watchdog.disarm();
-            if let Some(t) = terminal {
-                t.take_back();
-            }
+            command_ended(watchdog, terminal);
             client.close(Duration::from_secs(2)).await;
             return Ok(exit_code(status));
         }
@@ -231,14 +227,19 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     // The rest of the group too (a command may exit and leave children behind).
     to_group(libc::SIGKILL);
     child.wait().await?;
-    watchdog.disarm();
-    if let Some(t) = terminal {
-        t.take_back();
-    }
+    command_ended(watchdog, terminal);
     // Every other lock of a multi-lock is released now, not when the session ends.
     drop(guard);
     client.close(Duration::from_secs(2)).await;
     Ok(EXIT_LOST)
+}
+
+/// The command's group is gone: the watchdog stands down and the terminal comes back to us.
+fn command_ended(watchdog: crate::supervise::Watchdog, terminal: Option<Terminal>) {
+    watchdog.disarm();
+    if let Some(t) = terminal {
+        t.take_back();
+    }
 }
 
 /// The controlling terminal, when our process group is its foreground group (we were started in

@@ -139,8 +139,6 @@ struct Shared {
     grants: StdMutex<Vec<u64>>,
     stop: AtomicBool,
     losses: AtomicUsize,
-    /// Faults injected (and healed) so far.
-    faults_done: AtomicUsize,
     seq: AtomicU64,
 }
 
@@ -437,7 +435,6 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         grants: StdMutex::new(Vec::new()),
         stop: AtomicBool::new(false),
         losses: AtomicUsize::new(0),
-        faults_done: AtomicUsize::new(0),
         seq: AtomicU64::new(0),
     });
     let mut proxies = Vec::new();
@@ -542,7 +539,6 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
                 script(&["scripts/zk-ensemble.sh", "resume", dir, follower]);
             }
         }
-        shared.faults_done.fetch_add(1, Ordering::SeqCst);
     }
     // Let the lock move on after the last fault, then stop everyone.
     tokio::time::sleep(GAP * 2).await;

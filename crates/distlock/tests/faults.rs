@@ -284,26 +284,27 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
                 observer.zookeeper().mkdir(&format!("{path}{dir}"), &persistent).await.unwrap();
             }
             let drop_after = Duration::from_millis(drop_after_ms);
-            let held = match recipe {
+            // Whether it was held (and dropped) or cancelled, nothing may stay.
+            match recipe {
                 "mutex" => {
                     let m = client.mutex(&path).unwrap();
-                    tokio::time::timeout(drop_after, m.lock()).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, m.lock()).await)
                 }
                 "reentrant" => {
                     let m = client.reentrant_mutex(&path).unwrap();
-                    tokio::time::timeout(drop_after, m.lock()).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, m.lock()).await)
                 }
                 "read" => {
                     let l = client.rwlock(&path).unwrap();
-                    tokio::time::timeout(drop_after, l.read()).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, l.read()).await)
                 }
                 "write" => {
                     let l = client.rwlock(&path).unwrap();
-                    tokio::time::timeout(drop_after, l.write()).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, l.write()).await)
                 }
                 "semaphore" => {
                     let s = client.semaphore(&path, 2).unwrap();
-                    tokio::time::timeout(drop_after, s.acquire_many(2)).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, s.acquire_many(2)).await)
                 }
                 "timeout" => {
                     let holder = observer.mutex(&path).unwrap().lock().await.unwrap();
@@ -315,7 +316,6 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
                     })
                     .await;
                     holder.release().await.unwrap();
-                    false
                 }
                 _ => {
                     let multi = MultiLock::new(vec![
@@ -323,11 +323,9 @@ async fn dropped_acquires_leave_nothing_at_any_point() {
                         LockSpec::Permits(client.semaphore(&format!("{path}/b"), 1).unwrap(), 1),
                     ])
                     .unwrap();
-                    tokio::time::timeout(drop_after, multi.lock()).await.is_ok()
+                    drop(tokio::time::timeout(drop_after, multi.lock()).await)
                 }
-            };
-            // Whether it was held (and dropped) or cancelled, nothing may stay.
-            let _ = held;
+            }
             for dir in [path.clone(), format!("{path}/leases"), format!("{path}/locks"), format!("{path}/a")] {
                 wait_children(&observer, &dir, BOUND, &format!("{recipe} dropped at {drop_after_ms} ms"), |c| {
                     c.iter().all(|n| n == "leases" || n == "locks" || n == "a" || n == "b")

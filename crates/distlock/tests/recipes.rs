@@ -392,8 +392,7 @@ async fn naive_lock_herds_queue_lock_does_not() {
 async fn dead_readers_writers_and_permit_holders_free_their_locks() {
     let path = unique_path("rw-dead");
     let sem_path = unique_path("sem-dead");
-    let net = Partition::start().await;
-    let doomed = distlock::zookeeper::Client::connect(&net.url("2s")).await.unwrap();
+    let (net, doomed) = proxied("2s").await;
     let r = doomed.rwlock(&path).unwrap().read().await.unwrap();
     let p = doomed.semaphore(&sem_path, 1).unwrap().acquire().await.unwrap();
     let (rl, pl) = (r.lost(), p.lost());
@@ -402,7 +401,7 @@ async fn dead_readers_writers_and_permit_holders_free_their_locks() {
     let sem = other.semaphore(&sem_path, 1).unwrap();
     assert!(writer.try_write().await.unwrap().is_none());
     assert!(sem.try_acquire().await.unwrap().is_none());
-    net.block();
+    cut_off(&net);
     let w =
         tokio::time::timeout(BOUND, writer.write()).await.expect("writer after the reader's session expired").unwrap();
     assert!(w.fencing_token() > r.fencing_token());

@@ -180,8 +180,7 @@ async fn waiter_behind_an_abandoning_predecessor_still_gets_the_lock() {
 #[tokio::test]
 async fn partition_beyond_session_timeout_is_loss_reported_before_the_next_grant() {
     let path = unique_path("expiry");
-    let net = Partition::start().await;
-    let holder = Client::connect(&net.url("2s")).await.unwrap();
+    let (net, holder) = proxied("2s").await;
     let guard = holder.mutex(&path).unwrap().lock().await.unwrap();
     assert_eq!(guard.state(), LockState::Held);
     let old_token = guard.fencing_token();
@@ -198,7 +197,7 @@ async fn partition_beyond_session_timeout_is_loss_reported_before_the_next_grant
     queued(&mut rx, 1).await;
 
     // Cut the holder off. First it only knows it is disconnected: suspended, not lost.
-    net.block();
+    cut_off(&net);
     tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Suspended)).await.unwrap().unwrap();
     // Then its lease runs out: lost, before the server can have expired the session.
     let reason = tokio::time::timeout(BOUND, lost).await.expect("loss reported");
@@ -222,11 +221,10 @@ async fn partition_beyond_session_timeout_is_loss_reported_before_the_next_grant
 #[tokio::test]
 async fn short_disconnect_within_the_session_is_suspension_not_loss() {
     let path = unique_path("suspend");
-    let net = Partition::start().await;
-    let holder = Client::connect(&net.url("6s")).await.unwrap();
+    let (net, holder) = proxied("6s").await;
     let guard = holder.mutex(&path).unwrap().lock().await.unwrap();
     let mut states = guard.state_changes();
-    net.block();
+    cut_off(&net);
     tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Suspended)).await.unwrap().unwrap();
     net.heal();
     tokio::time::timeout(BOUND, states.wait_for(|s| *s == LockState::Held)).await.unwrap().unwrap();

@@ -83,62 +83,6 @@ pub fn assert_exclusive(holds: &mut [Hold]) {
     }
 }
 
-/// A TCP proxy in front of the test ZooKeeper that can cut a client off (a network partition):
-/// while blocked it drops every connection, so the client cannot reach the server and its
-/// session expires on the server after the session timeout.
-pub struct Partition {
-    pub addr: std::net::SocketAddr,
-    blocked: Arc<std::sync::atomic::AtomicBool>,
-    conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-use std::sync::Arc;
-
-impl Partition {
-    pub async fn start() -> Partition {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let upstream = zk_addr();
-        let blocked = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (b, c) = (blocked.clone(), conns.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
-                if b.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue; // dropped: connection closed at once
-                }
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-                c.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        Partition { addr, blocked, conns }
-    }
-
-    /// A URL through this proxy.
-    pub fn url(&self, session_timeout: &str) -> String {
-        format!("zk://{}?session_timeout={session_timeout}", self.addr)
-    }
-
-    /// Cuts every connection and refuses new ones.
-    pub fn block(&self) {
-        self.blocked.store(true, std::sync::atomic::Ordering::SeqCst);
-        for c in self.conns.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-
-    /// Lets connections through again.
-    pub fn heal(&self) {
-        self.blocked.store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// The test server's address as a socket address (for the fault proxy).
 pub fn zk_socket() -> std::net::SocketAddr {
     zk_addr().parse().expect("DISTLOCK_TEST_ZK is host:port with a numeric host")
@@ -150,6 +94,13 @@ pub async fn proxied(session_timeout: &str) -> (distlock_faults::FaultProxy, Cli
     let url = format!("zk://{}?session_timeout={session_timeout}", proxy.addr());
     let client = Client::connect(&url).await.expect("connect through the fault proxy");
     (proxy, client)
+}
+
+/// Cuts a proxied client off: every connection reset, new ones refused (until `heal()`), so the
+/// client knows at once that it is disconnected.
+pub fn cut_off(proxy: &distlock_faults::FaultProxy) {
+    proxy.set(distlock_faults::Fault::RefuseNew);
+    proxy.reset_all();
 }
 
 /// Waits (bounded) until nothing is left under `path` (the lock directory is empty or gone).
