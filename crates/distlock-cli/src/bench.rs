@@ -95,7 +95,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
     }
     let _embedded;
-    let url = if args.backend == "embedded" {
+    let backend = crate::backend_or_default(&args.backend);
+    let url = if backend == "embedded" {
         let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
         let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
         let url = s.url();
@@ -103,7 +104,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         url
     } else {
         _embedded = None;
-        args.backend.clone()
+        backend.to_string()
     };
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
     let prefix = format!("/distlock-bench/{}", uuid::Uuid::new_v4().simple());

@@ -2,7 +2,7 @@
 
 use crate::{BackendArg, EXIT_LOST, EXIT_NOT_ACQUIRED};
 use anyhow::Context;
-use distlock::zookeeper::{Client, LockSpec, MultiLock, QueueStatus};
+use distlock::zookeeper::{LockSpec, MultiLock, QueueStatus};
 use std::io::IsTerminal;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -64,7 +64,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         args.locks.iter().map(|l| crate::lock_path(l)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let shown = paths.join(",");
     let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
-    let client = Client::connect(&args.backend.backend).await?;
+    let client = args.backend.connect().await?;
     let specs = paths
         .iter()
         .map(|p| {

@@ -1,7 +1,6 @@
 //! `distlock inspect`.
 
 use crate::BackendArg;
-use distlock::zookeeper::Client;
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
@@ -18,7 +17,7 @@ pub struct InspectArgs {
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
-    let client = Client::connect(&args.backend.backend).await?;
+    let client = args.backend.connect().await?;
     let view = client.inspect(&path).await?;
     if args.json {
         println!("{}", serde_json::to_string(&view)?);

@@ -84,12 +84,57 @@ pub fn lock_path(lock: &str) -> Result<String, String> {
     }
 }
 
-/// The backend URL: the flag, then `$DISTLOCK_BACKEND`, then the default.
+/// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
     /// Backend URL, e.g. zk://host:2181,host2:2181/chroot?session_timeout=10s
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
+    /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held
+    /// by a process that dies is passed on after about this long.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub session_timeout: Option<Duration>,
+    /// Give up connecting after this long (overrides the URL's connect_timeout; default 10s).
+    /// A refused connection is reported at once.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub connect_timeout: Option<Duration>,
+}
+
+impl BackendArg {
+    /// The URL with the flags applied.
+    pub fn url(&self) -> anyhow::Result<distlock::zookeeper::ZkUrl> {
+        let mut url = distlock::zookeeper::ZkUrl::parse(backend_or_default(&self.backend))?;
+        if let Some(t) = self.session_timeout {
+            if t.is_zero() {
+                anyhow::bail!("invalid --session-timeout: must be greater than zero");
+            }
+            url.session_timeout = t;
+        }
+        if let Some(t) = self.connect_timeout {
+            if t.is_zero() {
+                anyhow::bail!("invalid --connect-timeout: must be greater than zero");
+            }
+            url.connect_timeout = t;
+        }
+        if let Some(m) = url.lease_margin.filter(|m| *m >= url.session_timeout) {
+            anyhow::bail!("lease_margin ({m:?}) must be shorter than the session timeout ({:?})", url.session_timeout);
+        }
+        Ok(url)
+    }
+
+    /// Connects with [`BackendArg::url`].
+    pub async fn connect(&self) -> anyhow::Result<distlock::zookeeper::Client> {
+        Ok(distlock::zookeeper::Client::connect_url(self.url()?).await?)
+    }
+}
+
+/// `$DISTLOCK_BACKEND` set but empty means the default backend, as if unset.
+pub fn backend_or_default(backend: &str) -> &str {
+    if backend.trim().is_empty() {
+        DEFAULT_BACKEND
+    } else {
+        backend
+    }
 }
 
 fn main() -> ExitCode {
