@@ -1,14 +1,19 @@
-//! `distlock exec`: run a command while holding a lock.
+//! `distlock exec`: run a command while holding locks. The lock flags and the acquire are shared
+//! with `distlock hold`.
 
 use crate::{BackendArg, EXIT_LOST, EXIT_NOT_ACQUIRED};
-use anyhow::Context;
-use distlock::zookeeper::{LockSpec, MultiLock, QueueStatus};
+use distlock::zookeeper::{Client, LockSpec, MultiGuard, MultiLock, QueueStatus};
 use std::io::IsTerminal;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::watch;
+
+/// Exit status of a command that could not be found (as shells report it).
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit status of a command that was found but could not be run.
+pub const EXIT_CANNOT_RUN: u8 = 126;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnLost {
@@ -20,19 +25,45 @@ pub enum OnLost {
     Ignore,
 }
 
+/// Which locks to take and how long to wait: shared by `exec` and `hold`.
 #[derive(clap::Args, Debug)]
-pub struct ExecArgs {
+pub struct LockArgs {
     #[command(flatten)]
     backend: BackendArg,
-    /// Wait at most this long for the lock (e.g. 500ms, 10s, 2m); 0 never waits.
-    #[arg(short = 'w', long = "wait", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with = "nonblock")]
+    /// Wait at most this long for the lock: seconds as flock(1) takes them (5, 0.5) or with a
+    /// unit (500ms, 2m); 0 never waits. Without -w or -n, waits as long as it takes.
+    #[arg(short = 'w', long = "wait", visible_alias = "timeout", value_name = "SECONDS", value_parser = wait_arg, conflicts_with = "nonblock")]
     wait: Option<Duration>,
     /// Do not wait: fail at once if the lock is held.
-    #[arg(short = 'n', long = "nonblock")]
+    #[arg(short = 'n', long = "nonblock", visible_alias = "no-wait")]
     nonblock: bool,
     /// Exit status when the lock is not acquired.
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED)]
     conflict_exit_code: u8,
+    /// Shared: a read lock, held together with other -s holders (Curator's
+    /// InterProcessReadWriteLock layout, `__READ__` nodes).
+    #[arg(short = 's', long = "shared", conflicts_with_all = ["exclusive", "permits"])]
+    shared: bool,
+    /// Exclusive, as the write side of a read/write lock (`__WRIT__` nodes; Curator's
+    /// InterProcessReadWriteLock writers share the queue). Without -s, -x or --permits the lock
+    /// is a plain mutex (Curator's InterProcessMutex layout); distlock queues both in one FIFO
+    /// with -s holders, so either is exclusive against everyone on the path.
+    #[arg(short = 'x', long = "exclusive", visible_alias = "write", conflicts_with = "permits")]
+    exclusive: bool,
+    /// Take one permit of a semaphore with N permits (Curator's InterProcessSemaphoreV2 layout).
+    /// Every user of the path must give the same N; a different N is refused.
+    #[arg(long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The locks: znode paths (/locks/orders) or bare names (orders = /distlock/orders). Several
+    /// locks are taken all or nothing, in a fixed global order.
+    #[arg(value_name = "LOCK", required = true, num_args = 1..)]
+    locks: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    lock: LockArgs,
     /// What to do to the command if the lock is lost while it runs.
     #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term)]
     on_lost: OnLost,
@@ -40,26 +71,101 @@ pub struct ExecArgs {
     /// timeout, so that SIGKILL always lands before the lock's lease ends.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
     grace: Duration,
-    /// Take the read side of a read/write lock: shared with other readers (Curator's
-    /// InterProcessReadWriteLock layout). Its exclusive partner is --write, not a plain exec.
-    #[arg(short = 's', long = "shared", conflicts_with = "permits")]
-    shared: bool,
-    /// Take the write side of a read/write lock (exclusive against --shared and --write).
-    #[arg(long = "write", conflicts_with_all = ["shared", "permits"])]
-    write: bool,
-    /// Take one permit of a semaphore with N permits (Curator's InterProcessSemaphoreV2 layout).
-    #[arg(long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    permits: Option<u32>,
-    /// The locks: znode paths (/locks/orders) or bare names (orders = /distlock/orders). Several
-    /// locks are taken all or nothing, in a fixed global order.
-    #[arg(value_name = "LOCK", required = true, num_args = 1..)]
-    locks: Vec<String>,
-    /// The command and its arguments (after --).
-    #[arg(value_name = "COMMAND", last = true, required = true, num_args = 1..)]
+    /// Run STRING with `sh -c` (as flock -c does) instead of a COMMAND after --.
+    #[arg(short = 'c', long = "command", value_name = "STRING", conflicts_with = "command")]
+    command_string: Option<String>,
+    /// The command and its arguments, after --.
+    #[arg(value_name = "COMMAND", last = true, num_args = 1..)]
     command: Vec<String>,
 }
 
-pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
+/// `-w`: bare numbers are seconds (flock's convention, fractions allowed); otherwise a duration
+/// with a unit.
+pub fn wait_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let secs: f64 = t.parse().map_err(|_| format!("invalid number of seconds {s:?}"))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid number of seconds {s:?}: {e}"));
+    }
+    crate::duration_arg(t)
+}
+
+/// Every signal `exec` and `hold` react to, caught from before the acquire on, so none is missed
+/// between waiting and running.
+pub struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    quit: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    pub fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    /// The next INT, TERM or HUP (the signals that end a wait or a hold).
+    pub async fn ending(&mut self) -> libc::c_int {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+        }
+    }
+
+    /// The next signal to forward to the command.
+    async fn any(&mut self) -> libc::c_int {
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
+            _ = self.usr1.recv() => libc::SIGUSR1,
+            _ = self.usr2.recv() => libc::SIGUSR2,
+        }
+    }
+}
+
+/// Locks that are held, with the session that holds them.
+pub struct Held {
+    pub client: Client,
+    pub guard: MultiGuard,
+    /// The lock paths, comma-separated, for messages.
+    pub shown: String,
+}
+
+impl Held {
+    /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order.
+    pub fn env(&self) -> [(&'static str, String); 3] {
+        let parts = self.guard.parts();
+        let join =
+            |f: &dyn Fn(&distlock::zookeeper::AnyGuard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
+        [
+            ("DISTLOCK_KEY", join(&|p| p.lock_path())),
+            ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
+            ("DISTLOCK_NODE", join(&|p| p.node_path())),
+        ]
+    }
+
+    /// Releases every lock and closes the session (so the server has deleted our nodes).
+    pub async fn release(self) {
+        let Held { client, guard, shown } = self;
+        guard.release().await.unwrap_or_else(|e| eprintln!("distlock: releasing {shown}: {e}"));
+        client.close(Duration::from_secs(2)).await;
+    }
+}
+
+/// Acquires the locks, or says why not: `Err(status)` is the exit status to end with.
+pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<Result<Held, u8>> {
     let paths =
         args.locks.iter().map(|l| crate::lock_path(l)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let shown = paths.join(",");
@@ -72,7 +178,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 LockSpec::Permits(client.semaphore(p, n)?, 1)
             } else if args.shared {
                 LockSpec::Read(client.rwlock(p)?)
-            } else if args.write {
+            } else if args.exclusive {
                 LockSpec::Write(client.rwlock(p)?)
             } else {
                 LockSpec::Exclusive(client.mutex(p)?)
@@ -81,66 +187,98 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         .collect::<distlock::Result<Vec<_>>>()?;
     let multi = MultiLock::new(specs)?;
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-
-    // Acquire, showing a status line on a terminal, and giving up cleanly on INT/TERM.
+    // A status line on a terminal, once the wait lasts long enough to be worth one.
     let (progress_tx, progress_rx) = watch::channel(QueueStatus::default());
-    let started = Instant::now();
     let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
-        .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, started)));
+        .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, Instant::now())));
     let acquired = tokio::select! {
-        r = multi.lock_observed(timeout, Some(&progress_tx)) => Some(r),
-        _ = sigint.recv() => None,
-        _ = sigterm.recv() => None,
+        r = multi.lock_observed(timeout, Some(&progress_tx)) => Ok(r),
+        sig = signals.ending() => Err(sig),
     };
     if let Some(task) = status_line {
         task.abort();
-        eprint!("\r\x1b[K");
+        if task.await.is_err() {
+            eprint!("\r\x1b[K");
+        }
     }
     // Locks and guards hold clones of the session; `close` only takes effect once all are gone.
     drop(multi);
-    let path = shown;
-    let guard = match acquired {
-        None => {
+    match acquired {
+        Err(sig) => {
             // Interrupted while waiting: our queue node is removed on drop; closing the session
             // makes sure the server has done it before we exit.
             client.close(Duration::from_secs(2)).await;
-            eprintln!("distlock: interrupted while waiting for {path}");
-            return Ok(130);
+            eprintln!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
+            Ok(Err(128 + sig as u8))
         }
-        Some(Err(e)) => return Err(e.into()),
-        Some(Ok(None)) => {
-            eprintln!("distlock: {path} is held by someone else; not acquired");
+        Ok(Err(e)) => {
             client.close(Duration::from_secs(2)).await;
-            return Ok(args.conflict_exit_code);
+            Err(match e {
+                distlock::Error::InvalidLockPath { .. } | distlock::Error::InvalidArgument { .. } => e.into(),
+                e => anyhow::Error::from(e).context(format!("waiting for {shown}")),
+            })
         }
-        Some(Ok(Some(g))) => g,
+        Ok(Ok(None)) => {
+            eprintln!("distlock: {shown} is held by someone else; not acquired");
+            client.close(Duration::from_secs(2)).await;
+            Ok(Err(args.conflict_exit_code))
+        }
+        Ok(Ok(Some(guard))) => Ok(Ok(Held { client, guard, shown })),
+    }
+}
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        _ => "a signal",
+    }
+}
+
+/// What to run: COMMAND after --, or `sh -c STRING`.
+fn argv(args: &ExecArgs) -> anyhow::Result<Vec<String>> {
+    match &args.command_string {
+        Some(s) => Ok(vec!["sh".into(), "-c".into(), s.clone()]),
+        None if !args.command.is_empty() => Ok(args.command.clone()),
+        None => {
+            let hint = if args.lock.locks.len() > 1 {
+                format!(" (without --, {:?} is read as a second lock)", args.lock.locks[1..].join(" "))
+            } else {
+                String::new()
+            };
+            anyhow::bail!(
+                "no command to run{hint}: put -- before the command (distlock exec LOCK -- COMMAND ARGS), \
+                 give a shell command with -c 'STRING', or use `distlock hold LOCK` to hold the lock without a command"
+            )
+        }
+    }
+}
+
+pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
+    let argv = argv(&args)?;
+    let mut signals = Signals::new()?;
+    let held = match acquire(&args.lock, &mut signals).await? {
+        Ok(held) => held,
+        Err(code) => return Ok(code),
     };
-    let keys: Vec<String> = guard.parts().iter().map(|p| p.lock_path()).collect();
-    let tokens: Vec<String> = guard.parts().iter().map(|p| p.fencing_token().to_string()).collect();
-    tracing::info!(lock = %path, tokens = %tokens.join(","), "acquired");
+    let path = held.shown.clone();
+    tracing::info!(lock = %path, tokens = %held.env()[1].1, "acquired");
 
     // The lock's lease bounds how long the command may run once the server stops answering:
     // SIGTERM early enough that SIGKILL lands before the lease deadline, whatever --grace says.
-    let session = client.session_timeout();
+    let session = held.client.session_timeout();
     let grace = args.grace.min(session / 4);
     let kill_margin = (session / 20).min(Duration::from_millis(500));
     if grace < args.grace {
         tracing::debug!(?grace, "--grace cut to a quarter of the session timeout");
     }
 
-    // Every signal that exec forwards is caught before the command starts.
-    let mut sighup = signal(SignalKind::hangup())?;
-    let mut sigquit = signal(SignalKind::quit())?;
-    let mut sigusr1 = signal(SignalKind::user_defined1())?;
-    let mut sigusr2 = signal(SignalKind::user_defined2())?;
-    let mut command = tokio::process::Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env("DISTLOCK_KEY", keys.join(","))
-        .env("DISTLOCK_TOKEN", tokens.join(","))
-        .process_group(0);
+    let mut command = tokio::process::Command::new(&argv[0]);
+    command.args(&argv[1..]).envs(held.env()).process_group(0);
     let terminal = Terminal::foreground();
     if terminal.is_some() {
         // The command's group takes the terminal, as a shell gives it to a foreground job: it
@@ -155,7 +293,19 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             });
         }
     }
-    let mut child = command.spawn().with_context(|| format!("cannot run {:?}", args.command[0]))?;
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let (code, why) = match e.kind() {
+                std::io::ErrorKind::NotFound => (EXIT_NOT_FOUND, "command not found".to_string()),
+                std::io::ErrorKind::PermissionDenied => (EXIT_CANNOT_RUN, "permission denied (not executable?)".into()),
+                _ => (EXIT_CANNOT_RUN, e.to_string()),
+            };
+            eprintln!("distlock: cannot run {:?}: {why}", argv[0]);
+            held.release().await;
+            return Ok(code);
+        }
+    };
     let pgid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
     let watchdog = crate::supervise::Watchdog::start(pgid, grace + kill_margin)?;
     let to_group = |sig| {
@@ -164,43 +314,52 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         }
     };
 
-    let lost = guard.lost();
+    let lost = held.guard.lost();
     tokio::pin!(lost);
     let far = || Instant::now() + Duration::from_secs(86400);
+    // The command's own status, once it has exited; the lock stays held until the processes it
+    // left in its group have ended too (as flock(1)'s lock stays held while a background child
+    // keeps the file open).
+    let mut status: Option<ExitStatus> = None;
     let lost_reason: Option<String> = loop {
-        let lease_deadline = guard.lease_deadline().unwrap_or_else(far);
+        let lease_deadline = held.guard.lease_deadline().unwrap_or_else(far);
         let term_at = lease_deadline.checked_sub(grace + kill_margin).unwrap_or_else(Instant::now);
         tokio::select! {
-            status = child.wait() => {
-                let status = status?;
-                command_ended(watchdog, terminal);
-                guard.release().await.unwrap_or_else(|e| eprintln!("distlock: releasing {path}: {e}"));
-                client.close(Duration::from_secs(2)).await;
-                return Ok(exit_code(status));
+            s = child.wait(), if status.is_none() => {
+                status = Some(s?);
+                if !crate::supervise::group_alive(pgid) {
+                    break None;
+                }
+                tracing::info!("the command exited; holding the lock until the processes it left in its group end");
             }
-            _ = sigint.recv() => to_group(libc::SIGINT),
-            _ = sigterm.recv() => to_group(libc::SIGTERM),
-            _ = sighup.recv() => to_group(libc::SIGHUP),
-            _ = sigquit.recv() => to_group(libc::SIGQUIT),
-            _ = sigusr1.recv() => to_group(libc::SIGUSR1),
-            _ = sigusr2.recv() => to_group(libc::SIGUSR2),
+            _ = tokio::time::sleep(GROUP_POLL), if status.is_some() => {
+                if !crate::supervise::group_alive(pgid) {
+                    break None;
+                }
+            }
+            sig = signals.any() => to_group(sig),
             reason = &mut lost => break Some(reason.to_string()),
             _ = tokio::time::sleep_until(term_at.into()) => {
-                let left = guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
+                let left = held.guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
                 if left <= grace + kill_margin {
                     break Some(format!("no answer from ZooKeeper; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))));
                 }
             }
         }
     };
-    let reason = lost_reason.unwrap_or_default();
+    let Some(reason) = lost_reason else {
+        command_ended(watchdog, terminal);
+        held.release().await;
+        return Ok(exit_code(status.expect("the loop ends normally only after the command exited")));
+    };
     // Lost, or about to be: stop the command group before anyone else can hold the lock.
-    let kill_at = guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now);
+    let kill_at = held.guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now);
     match args.on_lost {
         OnLost::Ignore => {
             eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
+            let Held { client, guard, .. } = held;
             drop(guard);
-            let status = child.wait().await?;
+            let status = group_ended(&mut child, pgid).await?;
             command_ended(watchdog, terminal);
             client.close(Duration::from_secs(2)).await;
             return Ok(exit_code(status));
@@ -218,20 +377,31 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 ))
             );
             to_group(libc::SIGTERM);
-            if tokio::time::timeout_at(kill_at.into(), child.wait()).await.is_err() {
+            if tokio::time::timeout_at(kill_at.into(), group_ended(&mut child, pgid)).await.is_err() {
                 eprintln!("distlock: the command outlived the grace period; SIGKILL");
-                to_group(libc::SIGKILL);
             }
         }
     }
-    // The rest of the group too (a command may exit and leave children behind).
+    // Whatever is left of the group (a command may exit and leave children behind).
     to_group(libc::SIGKILL);
     child.wait().await?;
     command_ended(watchdog, terminal);
     // Every other lock of a multi-lock is released now, not when the session ends.
-    drop(guard);
-    client.close(Duration::from_secs(2)).await;
+    held.release().await;
     Ok(EXIT_LOST)
+}
+
+/// How often a command's leftover process group is checked for having ended (a process group has
+/// no event to wait on once its leader is reaped).
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// Waits until the command has exited and its whole process group has ended.
+async fn group_ended(child: &mut tokio::process::Child, pgid: libc::pid_t) -> std::io::Result<ExitStatus> {
+    let status = child.wait().await?;
+    while crate::supervise::group_alive(pgid) {
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+    Ok(status)
 }
 
 /// The command's group is gone: the watchdog stands down and the terminal comes back to us.
@@ -281,19 +451,81 @@ fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// Shows where we stand in the queue, on one line that fits the terminal, from half a second into
+/// the wait on (an acquire that succeeds at once prints nothing).
 async fn show_status(path: String, mut progress: watch::Receiver<QueueStatus>, started: Instant) {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval_at((started + Duration::from_millis(500)).into(), Duration::from_millis(250));
     loop {
         tick.tick().await;
         let s = *progress.borrow_and_update();
-        let elapsed = started.elapsed().as_secs_f64();
-        if s.queue_len == 0 {
-            eprint!("\r\x1b[Kdistlock: waiting for {path} ({elapsed:.1}s)");
-        } else {
-            eprint!(
-                "\r\x1b[Kdistlock: waiting for {path}: {} ahead of us, queue of {} ({elapsed:.1}s)",
-                s.ahead, s.queue_len
-            );
+        let line = status_text(&path, s, started.elapsed(), terminal_width());
+        eprint!("\r\x1b[K{line}");
+    }
+}
+
+/// The status line, at most `width - 1` characters (the last column would wrap on some
+/// terminals): the queue position and time first, the path shortened from the left if needed.
+pub fn status_text(path: &str, s: QueueStatus, elapsed: Duration, width: usize) -> String {
+    let budget = width.saturating_sub(1);
+    let tail = if s.queue_len == 0 {
+        format!(" ({:.1}s)", elapsed.as_secs_f64())
+    } else {
+        format!(": {} ahead ({:.1}s)", s.ahead, elapsed.as_secs_f64())
+    };
+    let head = "distlock: waiting for ";
+    let fixed = head.chars().count() + tail.chars().count();
+    let path_len = path.chars().count();
+    if fixed + path_len <= budget {
+        return format!("{head}{path}{tail}");
+    }
+    if fixed + 4 <= budget {
+        let keep = budget - fixed - 1;
+        let short: String = path.chars().skip(path_len - keep).collect();
+        return format!("{head}…{short}{tail}");
+    }
+    let minimal = format!("waiting{tail}");
+    if minimal.chars().count() <= budget {
+        return minimal;
+    }
+    tail.trim_start_matches([':', ' ']).chars().take(budget).collect()
+}
+
+/// Columns of the terminal on stderr (80 when unknown).
+fn terminal_width() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize struct for a terminal file descriptor.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(2, libc::TIOCGWINSZ, &mut size) } == 0;
+    if ok && size.ws_col > 0 {
+        size.ws_col as usize
+    } else {
+        80
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_takes_seconds_like_flock() {
+        assert_eq!(wait_arg("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(wait_arg("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(wait_arg("0"), Ok(Duration::ZERO));
+        assert_eq!(wait_arg("250ms"), Ok(Duration::from_millis(250)));
+        assert!(wait_arg("1.2.3").unwrap_err().contains("1.2.3"));
+        assert!(wait_arg("soon").is_err());
+    }
+
+    #[test]
+    fn status_line_fits_the_terminal() {
+        let s = QueueStatus { ahead: 3, queue_len: 5 };
+        let path = "/locks/a-rather-long-lock-name-for-orders";
+        for width in [20, 40, 60, 80, 200] {
+            let line = status_text(path, s, Duration::from_millis(12_345), width);
+            assert!(line.chars().count() < width, "{width}: {line:?}");
+            assert!(line.contains("12.3s"), "{width}: {line:?}");
         }
+        assert!(status_text(path, s, Duration::ZERO, 200).contains(path));
+        assert!(status_text(path, s, Duration::ZERO, 50).contains("…"));
     }
 }

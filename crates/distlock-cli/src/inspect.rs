@@ -24,7 +24,10 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     } else if view.contenders.is_empty() {
         println!("{}: free (no holder, no waiters)", view.path);
     } else {
-        println!("{} ({}): {} nodes", view.path, view.kind, view.contenders.len());
+        let permits =
+            view.permits.map(|n| format!(", {n} permit{}", if n == 1 { "" } else { "s" })).unwrap_or_default();
+        let n = view.contenders.len();
+        println!("{} ({}{permits}): {n} node{}", view.path, view.kind, if n == 1 { "" } else { "s" });
         println!("{:<4} {:<7} {:<6} {:<28} {:<20} {:>8}  NODE", "POS", "ROLE", "MODE", "OWNER", "SESSION", "AGE");
         for c in &view.contenders {
             let owner = match &c.owner {
@@ -44,6 +47,9 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 c.node
             );
         }
+    }
+    if !args.json && !view.others.is_empty() {
+        println!("not lock nodes (ignored by the queue): {}", view.others.join(", "));
     }
     client.close(Duration::from_secs(2)).await;
     Ok(0)

@@ -1,12 +1,11 @@
 //! `distlock`: run commands under distributed locks, and look at them.
 //!
-//! Exit status: 0 success (for `exec`: the command's own status), 1 lock not acquired (or the
-//! `-E` value), 2 usage or backend error, 3 the lock was lost while the command ran (the command
-//! was terminated), 128+N when the command was killed by signal N.
+//! Exit statuses: see `exec_help!` (printed by `distlock exec --help`).
 
 mod alloc;
 mod bench;
 mod exec;
+mod hold;
 mod inspect;
 mod serve;
 mod supervise;
@@ -27,10 +26,32 @@ pub const EXIT_LOST: u8 = 3;
 
 const DEFAULT_BACKEND: &str = "zk://127.0.0.1:2181";
 
+/// The exit-status table and environment of `exec` and `hold`, printed in their help.
+macro_rules! exec_help {
+    () => {
+        "EXIT STATUS:
+  0      success (exec: the command exited 0); hold: released after stdin closed or INT/TERM/HUP
+  1      the lock was not acquired (-n, or -w ran out); -E N changes it
+  2      usage error, bad lock name, or backend error (unreachable server, expired session)
+  3      the lock was lost while held; exec terminated the command first
+  126    the command was found but could not be run (not executable)
+  127    the command was not found
+  128+N  exec: the command was killed by signal N; exec and hold: signal N (INT 130, TERM 143,
+         HUP 129) arrived while waiting for the lock, which was not taken
+  other  exec: the command's own exit status
+
+ENVIRONMENT:
+  DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181)
+  DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
+  The command gets DISTLOCK_KEY (lock paths), DISTLOCK_TOKEN (fencing tokens) and DISTLOCK_NODE
+  (our lock nodes), each comma-separated in lock order; hold prints the same as KEY=value lines."
+    };
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "distlock", version, about = "Run commands under distributed locks (ZooKeeper)")]
 #[command(
-    after_help = "EXIT STATUS:\n  0    success (exec: the command's own status)\n  1    lock not acquired (exec -E N changes it)\n  2    usage or backend error\n  3    lock lost while the command ran; the command was terminated\n  128+N  the command was killed by signal N\n\nLOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders)."
+    after_help = "LOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders).\n\nSee `distlock exec --help` for exit statuses and environment variables."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,12 +63,21 @@ enum Command {
     /// Run COMMAND while holding LOCK (like flock(1), across machines).
     ///
     /// The command runs in a process group of its own; INT, TERM, HUP, QUIT, USR1 and USR2 sent
-    /// to distlock are passed to the whole group. If distlock dies for any reason (SIGKILL
+    /// to distlock are passed to the whole group. The lock is held until the command and every
+    /// process it left in its group have ended. If distlock dies for any reason (SIGKILL
     /// included), a watchdog process terminates the group at once. If the lock is lost, or the
     /// server stops answering, the group gets SIGTERM early enough that SIGKILL lands before the
     /// lock's lease ends (before the server can give the lock to anyone else), whatever --grace
     /// says; distlock then exits 3.
+    #[command(after_help = exec_help!())]
     Exec(exec::ExecArgs),
+    /// Take LOCK and hold it without a command: prints DISTLOCK_KEY, DISTLOCK_TOKEN and
+    /// DISTLOCK_NODE lines, then holds until standard input closes or INT, TERM or HUP arrives.
+    ///
+    /// For scripts: `coproc distlock hold orders` (bash) holds the lock until the coprocess's
+    /// input is closed. If the lock is lost, a message goes to stderr and distlock exits 3.
+    #[command(after_help = exec_help!())]
+    Hold(hold::HoldArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
     /// Measure every lock against the server's own limit (create+delete pairs/s).
@@ -78,7 +108,12 @@ pub fn lock_path(lock: &str) -> Result<String, String> {
     if lock.starts_with('/') {
         Ok(lock.to_string())
     } else if lock.contains('/') {
-        Err(format!("invalid lock {lock:?}: a name without '/' or an absolute path like /locks/{lock}"))
+        let segments: Vec<&str> = lock.split('/').filter(|s| !s.is_empty() && *s != "." && *s != "..").collect();
+        let suggestion = match segments.as_slice() {
+            [one] => format!("{one} (which means /distlock/{one}) or /{one}"),
+            _ => format!("/{}", segments.join("/")),
+        };
+        Err(format!("invalid lock {lock:?}: give a bare name without '/' or an absolute znode path, e.g. {suggestion}"))
     } else {
         Ok(format!("/distlock/{lock}"))
     }
@@ -138,14 +173,22 @@ pub fn backend_or_default(backend: &str) -> &str {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     if let Command::Supervise { pgid, kill_after } = cli.command {
         // No runtime, no threads: the watchdog only reads a pipe and sends signals.
         return ExitCode::from(supervise::run(pgid, kill_after));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .event_format(log::Plain)
+        .init();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -156,6 +199,7 @@ fn main() -> ExitCode {
     let code = rt.block_on(async {
         match cli.command {
             Command::Exec(args) => exec::run(args).await,
+            Command::Hold(args) => hold::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Bench(args) => bench::run(args).await,
@@ -167,6 +211,50 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("distlock: {e:#}");
             ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Prints clap's error; for `exec` arguments clap did not expect, says where the command goes.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let code = e.exit_code();
+    let _ = e.print();
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        return ExitCode::from(code as u8);
+    }
+    let exec = std::env::args().nth(1).is_some_and(|a| a == "exec");
+    if exec && matches!(e.kind(), ErrorKind::UnknownArgument) {
+        eprintln!("distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')");
+    }
+    ExitCode::from(EXIT_ERROR)
+}
+
+mod log {
+    //! Log lines as plain `distlock: level: message key=value` text, with no colours or times.
+
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+    use tracing_subscriber::registry::LookupSpan;
+
+    pub struct Plain;
+
+    impl<S, N> FormatEvent<S, N> for Plain
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        fn format_event(
+            &self,
+            ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> std::fmt::Result {
+            let level = event.metadata().level().as_str().to_ascii_lowercase();
+            write!(writer, "distlock: {level}: ")?;
+            ctx.field_format().format_fields(writer.by_ref(), event)?;
+            writeln!(writer)
         }
     }
 }

@@ -53,7 +53,8 @@ pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
     }
 }
 
-fn group_alive(pgid: libc::pid_t) -> bool {
+/// Whether any process of group `pgid` is still alive.
+pub fn group_alive(pgid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks that the group exists.
     unsafe { libc::kill(-pgid, 0) == 0 }
 }

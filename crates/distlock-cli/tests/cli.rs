@@ -58,6 +58,9 @@ fn exec_passes_env_and_exit_status() {
     let (key, token) = stdout.trim().split_once(' ').unwrap();
     assert_eq!(key, l);
     assert!(token.parse::<u64>().unwrap() > 0);
+    let out = distlock(&["exec", &l, "--", "sh", "-c", "echo \"$DISTLOCK_NODE\""]).output().unwrap();
+    let node = String::from_utf8(out.stdout).unwrap();
+    assert!(node.trim().starts_with(&format!("{l}/_c_")) && node.contains("-lock-"), "{node}");
 }
 
 #[test]
@@ -183,9 +186,9 @@ fn losing_the_lock_kills_a_command_that_ignores_sigterm() {
 
 #[test]
 fn bad_arguments_are_named() {
-    let out = distlock(&["exec", "-w", "5", "x", "--", "true"]).output().unwrap();
+    let out = distlock(&["exec", "-w", "soon", "x", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("\"5\""));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"soon\""));
     let out = Command::new(BIN).args(["exec", "--backend", "zk://h", "x", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("zk://h"));
@@ -250,13 +253,68 @@ fn shared_locks_share_and_write_excludes() {
     );
     let r = distlock(&["exec", "-n", "-s", &l, "--", "echo", "second reader"]).output().unwrap();
     assert_eq!(r.status.code(), Some(0), "{}", String::from_utf8_lossy(&r.stderr));
-    let w = distlock(&["exec", "-n", "--write", &l, "--", "echo", "writer"]).output().unwrap();
-    assert_eq!(w.status.code(), Some(1), "a writer must not enter beside a reader");
-    let m = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
-    assert_eq!(m.status.code(), Some(2), "a plain (mutex) exec on a read/write path is refused");
-    assert!(String::from_utf8_lossy(&m.stderr).contains("read/write lock"));
+    for exclusive in [&["-x"][..], &["--write"], &[]] {
+        let mut args = vec!["exec", "-n"];
+        args.extend_from_slice(exclusive);
+        args.extend_from_slice(&[&l, "--", "echo", "exclusive"]);
+        let w = distlock(&args).output().unwrap();
+        // A plain exec (a mutex node) queues with readers like a writer: busy, not an error.
+        assert_eq!(w.status.code(), Some(1), "{exclusive:?} must not enter beside a reader: {w:?}");
+        assert!(w.stdout.is_empty());
+    }
     reader.kill().unwrap();
     reader.wait().unwrap();
+}
+
+/// A lock's kind does not depend on who came first: a plain exec, -x and -s on one path form one
+/// FIFO queue, in whatever order they arrive.
+#[test]
+fn plain_exclusive_and_shared_holders_form_one_queue() {
+    let l = lock();
+    let (mut plain, _out) = hold(&l, "4s", "sleep 30");
+    for flags in [&["-s"][..], &["-x"]] {
+        let mut args = vec!["exec", "-n"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[&l, "--", "echo", "ran"]);
+        let out = distlock(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{flags:?} beside a plain holder: {out:?}");
+    }
+    // Queue a reader, then a plain waiter, behind the plain holder; the reader goes first.
+    let mut reader = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", "-s", &l, "--", "sh", "-c", "echo reader; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reader_lines = Lines::of(&mut reader);
+    wait_queue_len(&l, 2);
+    let mut waiter = distlock(&["exec", &l, "--", "echo", "plain"]).stdout(Stdio::piped()).spawn().unwrap();
+    wait_queue_len(&l, 3);
+    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let modes: Vec<&str> = view["contenders"].as_array().unwrap().iter().map(|c| c["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["lock", "read", "lock"], "{view}");
+    plain.kill().unwrap();
+    plain.wait().unwrap();
+    assert_eq!(reader_lines.next(Duration::from_secs(20), "the reader's turn"), "reader");
+    assert_eq!(waiter.try_wait().unwrap(), None, "the plain waiter must wait for the reader");
+    reader.kill().unwrap();
+    reader.wait().unwrap();
+    assert!(wait_exit(&mut waiter, Duration::from_secs(20)).success());
+}
+
+/// Waits (bounded) until `lock` has `n` nodes queued.
+fn wait_queue_len(lock: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = distlock(&["inspect", "--json", lock]).output().unwrap();
+        let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        if view["contenders"].as_array().map_or(0, |c| c.len()) == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{lock} never had {n} nodes queued: {view}");
+        std::thread::sleep(Duration::from_millis(50)); // polling the server: no event to wait on
+    }
 }
 
 #[test]
@@ -555,4 +613,306 @@ fn losing_one_of_several_locks_releases_the_others_at_once() {
     // Within the 20 s session, the other lock is free right away.
     let out = distlock(&["exec", "-n", &b, "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// flock(1)'s conventions: -w takes bare seconds (fractions too) and -w 0 never waits; -c runs a
+/// string through sh.
+#[test]
+fn flock_conventions_wait_seconds_and_dash_c() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let started = Instant::now();
+    let out = distlock(&["exec", "-w", "0.4", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(started.elapsed() >= Duration::from_millis(400), "-w 0.4 is 0.4 s");
+    let out = distlock(&["exec", "-w", "0", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "-w 0 never waits: {out:?}");
+    assert!(out.stdout.is_empty());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let free = lock();
+    let out = distlock(&["exec", &free, "-c", "echo \"$DISTLOCK_KEY\"; exit 4"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), free);
+}
+
+/// Without `--`, the command's words are read as locks (or as flags): say where the command goes.
+#[test]
+fn a_missing_double_dash_is_explained() {
+    for args in [&["exec", "some-lock", "true"][..], &["exec", "some-lock"], &["exec", "some-lock", "ls", "-la"]] {
+        let out = distlock(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("put -- before the command"), "{args:?}: {err}");
+    }
+}
+
+/// A command that cannot be run gives the shell's statuses, and the lock is given back.
+#[test]
+fn commands_that_cannot_run_exit_127_and_126() {
+    let l = lock();
+    let out = distlock(&["exec", &l, "--", "/nonexistent/command"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    let dir = std::env::temp_dir().join(format!("distlock-not-executable-{}", std::process::id()));
+    std::fs::write(&dir, "#!/bin/sh\necho hi\n").unwrap();
+    let out = distlock(&["exec", &l, "--", dir.to_str().unwrap()]).output().unwrap();
+    std::fs::remove_file(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "the lock was released: {out:?}");
+}
+
+/// A signal that ends a wait gives 128+N, and leaves nothing queued.
+#[test]
+fn a_signal_while_waiting_exits_128_plus_n() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    for (sig, code) in [(15, 143), (2, 130), (1, 129)] {
+        let mut waiter = distlock(&["exec", &l, "--", "echo", "ran"]).stdout(Stdio::piped()).spawn().unwrap();
+        wait_queue_len(&l, 2);
+        unsafe { libc_kill(waiter.id() as i32, sig) };
+        let status = wait_exit(&mut waiter, Duration::from_secs(20));
+        assert_eq!(status.code(), Some(code), "signal {sig}");
+        wait_queue_len(&l, 1);
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+/// A free port on loopback that nobody listens on.
+fn dead_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Connection refused is reported at once, not after the connect timeout; the connect timeout
+/// is the one given; --session-timeout sets the session; an empty DISTLOCK_BACKEND is unset.
+#[test]
+fn unreachable_servers_and_connection_flags() {
+    let refused = format!("zk://127.0.0.1:{}?connect_timeout=60s", dead_port());
+    let mut child = Command::new(BIN)
+        .args(["exec", "-n", "--backend", &refused, "x", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Well within the 60 s connect timeout: the refusal itself is reported.
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(2));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("refused"), "{err}");
+
+    // A server that accepts but never answers: the connect timeout given, not a second more.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let upstream = std::env::var("DISTLOCK_TEST_ZK").unwrap().parse().unwrap();
+    let proxy = rt.block_on(distlock_faults::FaultProxy::start(upstream)).unwrap();
+    proxy.set(distlock_faults::Fault::Blackhole);
+    let silent = format!("zk://{}", proxy.addr());
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["exec", "--connect-timeout", "1s", "--backend", &silent, "x", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("within 1s"), "{out:?}");
+    drop(proxy);
+
+    let out = distlock(&["exec", "--session-timeout", "3s", &lock(), "--", "true"])
+        .env("DISTLOCK_LOG", "info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timeout=3000ms"), "{out:?}");
+
+    let out = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", "")
+        .args(["exec", "--connect-timeout", "1s", "x", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("zk://127.0.0.1:2181") && !err.contains("invalid backend URL"), "{err}");
+}
+
+/// Messages are plain `distlock: ...` lines without terminal colours, log lines included.
+#[test]
+fn messages_are_plain_lines() {
+    let out = distlock(&["exec", &lock(), "--", "true"]).env("DISTLOCK_LOG", "debug").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(!err.is_empty());
+    for line in err.lines() {
+        assert!(line.starts_with("distlock: ") && !line.contains('\x1b'), "{line:?}");
+    }
+}
+
+/// A missing chroot is named, by exec and inspect alike; a suggested lock path is a valid one.
+#[test]
+fn a_missing_chroot_and_bad_lock_names_are_named() {
+    let addr = std::env::var("DISTLOCK_TEST_ZK").unwrap();
+    let chroot = format!("/no-such-chroot-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("zk://{addr}{chroot}");
+    for args in [&["exec", "--backend", &url, "x", "--", "true"][..], &["inspect", "--backend", &url, "x"]] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&chroot), "{args:?}: {out:?}");
+    }
+    let name = format!("x{}", uuid::Uuid::new_v4().simple());
+    let out = distlock(&["exec", &format!("{name}/y/"), "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let suggested = format!("/{name}/y");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&suggested), "{out:?}");
+    let out = distlock(&["exec", &suggested, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "the suggestion works: {out:?}");
+}
+
+/// A child that is not a lock node is neither a holder (inspect) nor in the way (exec).
+#[test]
+fn non_lock_children_are_ignored() {
+    let l = lock();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
+        let opts = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+        c.zookeeper().mkdir(&format!("{l}/config"), &opts).await.unwrap();
+    });
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let contenders = view["contenders"].as_array().unwrap();
+    assert_eq!(contenders.len(), 1, "{view}");
+    assert_eq!(contenders[0]["owner"]["pid"], holder.id());
+    assert_eq!(view["others"], serde_json::json!(["config"]));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_queue_len(&l, 0);
+    let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    rt.block_on(async {
+        let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
+        c.zookeeper().delete(&format!("{l}/config"), None).await.unwrap();
+    });
+}
+
+/// Another permit count on a semaphore in use is refused with both counts; inspect shows it.
+#[test]
+fn a_different_permit_count_is_refused() {
+    let l = lock();
+    let (mut a, _oa) = hold_with(&["--permits", "2"], &l, "sleep 30");
+    let out = distlock(&["exec", "--permits", "5", &l, "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("2 permits") && err.contains('5'), "{err}");
+    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["permits"], 2, "{view}");
+    assert_eq!(view["contenders"].as_array().unwrap().len(), 1, "the refused acquire left nothing: {view}");
+    let table = distlock(&["inspect", &l]).output().unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("2 permits"));
+    a.kill().unwrap();
+    a.wait().unwrap();
+}
+
+/// `distlock hold`: prints the key, token and node, holds until stdin closes (or a signal), then
+/// releases.
+#[test]
+fn hold_holds_until_stdin_closes_or_a_signal() {
+    for by_signal in [false, true] {
+        let l = lock();
+        let mut holder = distlock(&["hold", &l]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let lines = Lines::of(&mut holder);
+        let printed: Vec<String> = (0..3).map(|_| lines.next(Duration::from_secs(20), "hold's output")).collect();
+        assert_eq!(printed[0], format!("DISTLOCK_KEY={l}"));
+        assert!(printed[1].strip_prefix("DISTLOCK_TOKEN=").unwrap().parse::<u64>().unwrap() > 0);
+        assert!(printed[2].starts_with(&format!("DISTLOCK_NODE={l}/_c_")), "{printed:?}");
+        let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "held while stdin is open");
+        if by_signal {
+            unsafe { libc_kill(holder.id() as i32, 15) };
+        } else {
+            drop(holder.stdin.take());
+        }
+        assert_eq!(wait_exit(&mut holder, Duration::from_secs(20)).code(), Some(0));
+        let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "released (by_signal: {by_signal})");
+    }
+}
+
+/// As with flock(1), the lock stays held while processes the command left in its group run.
+#[test]
+fn the_lock_is_held_until_the_commands_background_children_end() {
+    let l = lock();
+    let fifo = std::env::temp_dir().join(format!("distlock-bg-{}", uuid::Uuid::new_v4().simple()));
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let script = format!("(read x < {}; echo bg-done) & echo started", fifo.display());
+    let mut holder = distlock(&["exec", &l, "--", "sh", "-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "started"), "started");
+    let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "the background child still runs: the lock is held");
+    assert_eq!(holder.try_wait().unwrap(), None);
+    std::fs::write(&fifo, "go\n").unwrap();
+    assert_eq!(lines.next(Duration::from_secs(20), "bg-done"), "bg-done");
+    assert_eq!(wait_exit(&mut holder, Duration::from_secs(20)).code(), Some(0));
+    std::fs::remove_file(&fifo).unwrap();
+    let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
+
+/// On a 40-column terminal the waiting status line never wraps; an acquire that succeeds at once
+/// prints no status at all.
+#[test]
+fn the_status_line_fits_the_terminal() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let backend_url = backend("4s");
+    let cmd = format!("stty cols 40; DISTLOCK_BACKEND='{backend_url}' {BIN} exec -w 1.5 {l} -- true");
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let statuses: Vec<&str> =
+        text.split(['\r', '\n']).filter(|s| s.contains("waiting") || s.contains("ahead")).collect();
+    assert!(!statuses.is_empty(), "no status line: {text:?}");
+    for s in &statuses {
+        let visible = s.replace("\x1b[K", "");
+        assert!(visible.chars().count() < 40, "{visible:?} is wider than the terminal");
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let free = lock();
+    let cmd = format!("DISTLOCK_BACKEND='{backend_url}' {BIN} exec {free} -- true");
+    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("waiting"), "{text:?}");
+}
+
+/// A waiter whose session expires (cut off from the server for longer than its session) says so,
+/// naming the lock it waited for.
+#[test]
+fn an_expired_session_error_names_the_lock() {
+    let l = lock();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 60");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let upstream = std::env::var("DISTLOCK_TEST_ZK").unwrap().parse().unwrap();
+    let proxy = rt.block_on(distlock_faults::FaultProxy::start(upstream)).unwrap();
+    let mut waiter = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", format!("zk://{}?session_timeout=4s", proxy.addr()))
+        .args(["exec", &l, "--", "echo", "ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_queue_len(&l, 2);
+    proxy.set(distlock_faults::Fault::Blackhole);
+    // The server expires the waiter's session and deletes its node.
+    wait_queue_len(&l, 1);
+    proxy.set(distlock_faults::Fault::Pass);
+    let status = wait_exit(&mut waiter, Duration::from_secs(30));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("expired") && err.contains(&l), "{err}");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    drop(proxy);
 }

@@ -26,13 +26,21 @@ pub struct Owner {
     pub pid: u32,
     /// Client library and version.
     pub client: String,
+    /// For a semaphore's lease: the semaphore's permit count, as its holder sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 impl Owner {
     /// The owner record for this process.
     pub fn current() -> Owner {
         let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
-        Owner { host, pid: std::process::id(), client: format!("distlock {}", env!("CARGO_PKG_VERSION")) }
+        Owner {
+            host,
+            pid: std::process::id(),
+            client: format!("distlock {}", env!("CARGO_PKG_VERSION")),
+            permits: None,
+        }
     }
 
     /// Serializes the record as node data.

@@ -1,7 +1,7 @@
 //! Who holds a lock and who waits, for every recipe's layout.
 
-use super::queue::{sort_children, Exclusive, Policy};
-use super::rwlock::{is_writer, ReadPolicy, MARKERS as RW_MARKERS, READ};
+use super::queue::{node_kind, sort_children, Exclusive, NodeKind, Policy, FAMILY};
+use super::rwlock::ReadPolicy;
 use super::{backend, url, Client};
 use crate::{Owner, Result};
 use serde::Serialize;
@@ -23,7 +23,7 @@ use zookeeper_client as zk;
 pub struct Contender {
     /// Child name (for a semaphore: `leases/<name>` or `locks/<name>`).
     pub node: String,
-    /// `lock` (mutex), `read` / `write` (read/write lock), `lease` / `gate` (semaphore).
+    /// `lock` (mutex), `read` / `write` (read/write lock), `lease` / `gate` (semaphore), `naive`.
     pub mode: String,
     /// Whether this node holds (a lock, a read share, or a permit).
     pub holds: bool,
@@ -46,17 +46,24 @@ pub struct Contender {
 /// # Examples
 ///
 /// ```
-/// let v = distlock::zookeeper::LockView { path: "/locks/a".into(), kind: "free".into(), contenders: vec![] };
+/// let v = distlock::zookeeper::LockView {
+///     path: "/locks/a".into(), kind: "free".into(), permits: None, contenders: vec![], others: vec![],
+/// };
 /// assert!(v.holder().is_none());
 /// ```
 #[derive(Debug, Clone, Serialize)]
 pub struct LockView {
     /// The lock path.
     pub path: String,
-    /// `mutex`, `rwlock`, `semaphore`, or `free` (no nodes).
+    /// `mutex`, `rwlock` (readers or writers, possibly beside mutex nodes, in one queue),
+    /// `semaphore`, `naive`, or `free` (no lock nodes).
     pub kind: String,
-    /// Every node under it, in queue order.
+    /// A semaphore's permit count, as recorded by its distlock holders (Curator records none).
+    pub permits: Option<u32>,
+    /// Every lock node under it, in queue order.
     pub contenders: Vec<Contender>,
+    /// Children that are not lock nodes (the queue ignores them).
+    pub others: Vec<String>,
 }
 
 impl LockView {
@@ -68,10 +75,15 @@ impl LockView {
 
 impl Client {
     /// Reads a lock's queue: holders and waiters in order, with owners, sessions and ages.
-    /// Understands the mutex, read/write lock and semaphore layouts. A missing path shows as free.
+    /// Understands the mutex, read/write lock, semaphore and naive-lock layouts. A missing path
+    /// shows as free.
+    ///
+    /// # Notable errors
+    /// [`Error::InvalidLockPath`](crate::Error::InvalidLockPath) when the URL's chroot does not
+    /// exist (as an acquire would report it).
     pub async fn inspect(&self, path: &str) -> Result<LockView> {
         let dir = url::lock_path(path)?;
-        let mut children = self.children(&dir).await?;
+        let children = self.children(&dir).await?;
         if children.iter().any(|c| c == "leases" || c == "locks") {
             let mut leases = self.children(&format!("{dir}/leases")).await?;
             sort_children(&mut leases, &["lease-"]);
@@ -93,38 +105,53 @@ impl Client {
             for (i, c) in contenders.iter_mut().enumerate() {
                 c.position = i;
             }
-            return Ok(LockView { path: dir, kind: "semaphore".into(), contenders });
+            let permits = contenders.iter().find_map(|c| c.owner.as_ref().and_then(|o| o.permits));
+            return Ok(LockView { path: dir, kind: "semaphore".into(), permits, contenders, others: vec![] });
         }
-        let rw = children.iter().any(|c| c.contains(READ) || is_writer(c));
-        let kind = if children.is_empty() {
+        let (mut queue, mut others): (Vec<String>, Vec<String>) =
+            children.into_iter().partition(|c| node_kind(c) != NodeKind::Other);
+        if queue.is_empty() && others == ["lock"] {
+            let mut contenders = self.read_nodes(&dir, "", &others, "naive").await?;
+            contenders.iter_mut().for_each(|c| c.holds = true);
+            let kind = if contenders.is_empty() { "free" } else { "naive" };
+            return Ok(LockView { path: dir, kind: kind.into(), permits: None, contenders, others: vec![] });
+        }
+        others.sort();
+        let kind = if queue.is_empty() {
             "free"
-        } else if rw {
+        } else if queue.iter().any(|c| matches!(node_kind(c), NodeKind::Read | NodeKind::Write)) {
             "rwlock"
         } else {
             "mutex"
         };
-        let markers: &[&str] = if rw { RW_MARKERS } else { &["lock-"] };
-        sort_children(&mut children, markers);
-        let mut contenders = self.read_nodes(&dir, "", &children, "lock").await?;
+        sort_children(&mut queue, FAMILY);
+        let mut contenders = self.read_nodes(&dir, "", &queue, "lock").await?;
         let live: Vec<String> = contenders.iter().map(|c| c.node.clone()).collect();
         for (i, c) in contenders.iter_mut().enumerate() {
             c.position = i;
-            if rw {
-                let writer = is_writer(&c.node);
-                c.mode = if writer { "write" } else { "read" }.into();
-                c.holds =
-                    if writer { Exclusive.blocker(&live, i).is_none() } else { ReadPolicy.blocker(&live, i).is_none() };
-            } else {
-                c.holds = Exclusive.blocker(&live, i).is_none();
+            let node = node_kind(&c.node);
+            c.mode = match node {
+                NodeKind::Read => "read",
+                NodeKind::Write => "write",
+                _ => "lock",
             }
+            .into();
+            c.holds = if node == NodeKind::Read {
+                ReadPolicy.blocker(&live, i).is_none()
+            } else {
+                Exclusive.blocker(&live, i).is_none()
+            };
         }
-        Ok(LockView { path: dir, kind: kind.into(), contenders })
+        Ok(LockView { path: dir, kind: kind.into(), permits: None, contenders, others })
     }
 
     async fn children(&self, dir: &str) -> Result<Vec<String>> {
         match self.zk().list_children(dir).await {
             Ok(c) => Ok(c),
-            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(zk::Error::NoNode) => match self.missing_chroot(dir).await {
+                Some(e) => Err(e),
+                None => Ok(Vec::new()),
+            },
             Err(e) => Err(backend("getChildren", dir, e)),
         }
     }

@@ -75,12 +75,35 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// Resolves only when no address accepts a TCP connection at all (refused, unresolvable or
+/// unreachable), with the reasons; pends forever otherwise. Probes once, after a short delay, so
+/// a live server answers the real connect first and never sees the probe.
+async fn nobody_listens(hosts: &[String]) -> String {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probes = hosts.iter().map(|host| async move {
+        match tokio::net::TcpStream::connect(host.as_str()).await {
+            Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => None,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Some(format!("{host} refused the connection"))
+            }
+            Err(e) => Some(format!("{host}: {e}")),
+        }
+    });
+    let failures: Option<Vec<String>> = futures::future::join_all(probes).await.into_iter().collect();
+    match failures {
+        Some(reasons) => format!("{} (is the server running?)", reasons.join("; ")),
+        None => std::future::pending().await,
+    }
+}
+
 impl Client {
     /// Connects to the ensemble named by a `zk://` URL and establishes a session.
     ///
     /// # Notable errors
     /// - [`Error::InvalidUrl`] when the URL does not parse (the message names the bad part);
-    /// - [`Error::Connect`] when no server answered within the URL's `connect_timeout`.
+    /// - [`Error::Connect`] when no server answered within the URL's `connect_timeout`, or at once
+    ///   when every address refuses the connection.
     pub async fn connect(url: &str) -> Result<Client> {
         let parsed = ZkUrl::parse(url)?;
         Self::connect_url(parsed).await
@@ -94,18 +117,21 @@ impl Client {
             .with_session_timeout(url.session_timeout)
             .with_connection_timeout(url.connect_timeout)
             .connect(&connect_string);
-        // The client retries endpoints on its own; bound the whole attempt so a dead address
-        // never hangs the caller.
-        let bound = url.connect_timeout + Duration::from_secs(1);
-        let zk = match tokio::time::timeout(bound, connect).await {
-            Ok(Ok(zk)) => zk,
-            Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
-            Err(_) => {
-                return Err(Error::Connect {
-                    url: url.to_string(),
-                    reason: format!("no session established within {bound:?}"),
-                })
-            }
+        // The client retries endpoints on its own until the connect timeout; a server that is
+        // not there at all (every address refuses) is reported at once instead.
+        let bound = url.connect_timeout;
+        let zk = tokio::select! {
+            connected = tokio::time::timeout(bound, connect) => match connected {
+                Ok(Ok(zk)) => zk,
+                Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
+                Err(_) => {
+                    return Err(Error::Connect {
+                        url: url.to_string(),
+                        reason: format!("no session established within {}", humantime::format_duration(bound)),
+                    })
+                }
+            },
+            reason = nobody_listens(&url.hosts) => return Err(Error::Connect { url: url.to_string(), reason }),
         };
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();
@@ -239,6 +265,21 @@ impl Client {
 
     pub(crate) fn zk(&self) -> &zk::Client {
         &self.inner.zk
+    }
+
+    /// After a `NoNode` on `path`: the error to report if the URL's chroot itself is missing.
+    pub(crate) async fn missing_chroot(&self, path: &str) -> Option<Error> {
+        let chroot = self.inner.url.chroot.as_deref()?;
+        match self.inner.zk.check_stat("/").await {
+            Ok(None) => Some(Error::InvalidLockPath {
+                path: path.to_string(),
+                reason: format!(
+                    "the backend URL's chroot {chroot} does not exist on the server; create it first \
+                     (e.g. zkCli.sh create {chroot}) or drop it from the URL"
+                ),
+            }),
+            _ => None,
+        }
     }
 
     pub(crate) fn owner_data(&self) -> &[u8] {

@@ -103,6 +103,17 @@ impl AnyGuard {
         }
     }
 
+    /// Our node's full path (for a semaphore permit, its first lease node), e.g.
+    /// `/locks/a/_c_<uuid>-lock-0000000007`.
+    pub fn node_path(&self) -> String {
+        match self {
+            AnyGuard::Exclusive(g) => g.node_path().to_string(),
+            AnyGuard::Read(g) => g.node_path().to_string(),
+            AnyGuard::Write(g) => g.node_path().to_string(),
+            AnyGuard::Permits(g) => g.node_paths()[0].to_string(),
+        }
+    }
+
     /// The guard's lease deadline (see
     /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)).
     pub fn lease_deadline(&self) -> std::time::Instant {

@@ -56,7 +56,7 @@ pub struct Mutex {
 impl Mutex {
     pub(super) fn new(client: Client, path: &str) -> Result<Mutex> {
         let dir = url::lock_path(path)?;
-        Ok(Mutex { queue: Queue { client, dir, marker: MARKER, markers: &[MARKER] } })
+        Ok(Mutex { queue: Queue { client, dir, marker: MARKER, data: None } })
     }
 
     /// The lock path.

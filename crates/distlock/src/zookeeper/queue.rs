@@ -85,13 +85,6 @@ pub(crate) trait Policy: Send + Sync {
         without.remove(blocker);
         self.blocker(&without, ours - 1).is_none()
     }
-
-    /// Whether a node can never appear ahead of ours after our snapshot, so that the blocker's
-    /// deletion alone may grant us (no re-read). False where non-sequential nodes may be inserted
-    /// mid-queue (a read/write lock's downgrade nodes).
-    fn nothing_inserted_ahead(&self) -> bool {
-        true
-    }
 }
 
 /// Exclusive: only the first child holds; everyone else waits for the child just ahead.
@@ -102,8 +95,10 @@ impl Policy for Exclusive {
         ours.checked_sub(1)
     }
 
-    fn proceeds_without(&self, _sorted: &[String], ours: usize, blocker: usize) -> bool {
-        ours == 1 && blocker == 0
+    fn proceeds_without(&self, sorted: &[String], ours: usize, blocker: usize) -> bool {
+        // A read/write lock's writer may downgrade: it inserts a read node at its own place in
+        // the queue before deleting its write node, so its deletion alone proves nothing.
+        ours == 1 && blocker == 0 && node_kind(&sorted[0]) != NodeKind::Write
     }
 }
 
@@ -115,9 +110,25 @@ pub(crate) struct Queue {
     pub(crate) dir: String,
     /// The marker before the sequence, e.g. `lock-`.
     pub(crate) marker: &'static str,
-    /// Every marker that may appear in this directory (for sorting).
-    pub(crate) markers: &'static [&'static str],
+    /// Data of our nodes when not the client's owner record (a semaphore's lease records its
+    /// permit count too).
+    pub(crate) data: Option<std::sync::Arc<[u8]>>,
 }
+
+impl Queue {
+    /// Every marker that may take part in this directory's queue: the lock family's, or (for a
+    /// semaphore's leases) the marker alone.
+    pub(crate) fn markers(&self) -> &'static [&'static str] {
+        if FAMILY.contains(&self.marker) {
+            FAMILY
+        } else {
+            LEASE_MARKERS
+        }
+    }
+}
+
+/// A semaphore's lease nodes.
+const LEASE_MARKERS: &[&str] = &["lease-"];
 
 /// A node we created and own in the queue.
 #[derive(Debug, Clone)]
@@ -128,25 +139,61 @@ pub(crate) struct Acquired {
     pub(crate) czxid: i64,
 }
 
+/// Marker of mutex nodes (Apache Curator's InterProcessMutex: `_c_<uuid>-lock-<seq>`).
+pub(crate) const LOCK: &str = "lock-";
+/// Marker of read nodes (Curator's InterProcessReadWriteLock).
+pub(crate) const READ: &str = "__READ__";
+/// Marker of write nodes (Curator's InterProcessReadWriteLock).
+pub(crate) const WRITE: &str = "__WRIT__";
+/// The layouts that share one directory and one queue, ordered by sequence number: mutex nodes
+/// and writers are exclusive, readers share with readers. So a path's kind never depends on who
+/// came first: a mutex on a path that readers hold waits for them like a writer.
+pub(crate) const FAMILY: &[&str] = &[LOCK, READ, WRITE];
+
+/// What a child of a lock directory is, by the marker that decides its sort key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// A mutex node (exclusive).
+    Lock,
+    /// A reader (shares with readers).
+    Read,
+    /// A writer (exclusive).
+    Write,
+    /// Not a lock node; the queue ignores it.
+    Other,
+}
+
+pub(crate) fn node_kind(name: &str) -> NodeKind {
+    let found = FAMILY.iter().filter_map(|m| name.rfind(m).map(|i| (i + m.len(), *m))).max_by_key(|(end, _)| *end);
+    match found {
+        Some((_, LOCK)) => NodeKind::Lock,
+        Some((_, READ)) => NodeKind::Read,
+        Some((_, WRITE)) => NodeKind::Write,
+        _ => NodeKind::Other,
+    }
+}
+
+/// Whether a child excludes everyone queued after it (a mutex node or a writer).
+pub(crate) fn is_exclusive(name: &str) -> bool {
+    matches!(node_kind(name), NodeKind::Lock | NodeKind::Write)
+}
+
 /// Sort key of a child: the text after the last marker, or the whole name (Curator's rule).
 pub(crate) fn sort_key<'a>(name: &'a str, markers: &[&str]) -> &'a str {
     markers.iter().filter_map(|m| name.rfind(m).map(|i| i + m.len())).max().map(|i| &name[i..]).unwrap_or(name)
 }
 
-/// Names the recipe a child belongs to when it is not ours (mixing kinds on one path would let
-/// both sides hold at once).
+/// Names the recipe a child belongs to when it cannot share our queue (a semaphore's layout and
+/// the queue locks' layout would let both sides hold at once).
 pub(crate) fn other_recipe(name: &str, markers: &[&str]) -> Option<&'static str> {
-    let families: [(&[&str], &str); 3] = [
-        (&["lock-"], "a mutex"),
-        (&["__READ__", "__WRIT__"], "a read/write lock"),
-        (&["leases", "locks"], "a semaphore"),
-    ];
+    let families: [(&[&str], &str); 2] =
+        [(FAMILY, "a mutex or read/write lock"), (&["leases", "locks"], "a semaphore (use the same permit count)")];
     for (family, what) in families {
         if family.iter().any(|m| markers.contains(m)) {
             continue;
         }
         let belongs =
-            if what == "a semaphore" { family.contains(&name) } else { family.iter().any(|m| name.contains(m)) };
+            if family.contains(&"leases") { family.contains(&name) } else { family.iter().any(|m| name.contains(m)) };
         if belongs {
             return Some(what);
         }
@@ -367,14 +414,26 @@ impl Queue {
         let (mut acquired, mut children) = Box::pin(self.create_and_list(pending)).await?;
         let mut own_name = acquired.path[self.dir.len() + 1..].to_string();
         let mut recreated = 0;
+        let mut semaphore_idle = false;
         loop {
-            if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers)) {
-                return Err(Error::InvalidLockPath {
-                    path: self.dir.clone(),
-                    reason: format!("already in use as {other}; one path holds one kind of lock"),
-                });
+            if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers())) {
+                // A semaphore's directories outlive its users for a while (containers are reaped
+                // late): only leases in use make the path a semaphore's.
+                let directories_only = children.iter().any(|c| c == "leases" || c == "locks")
+                    && !children
+                        .iter()
+                        .any(|c| c != "leases" && c != "locks" && other_recipe(c, self.markers()).is_some());
+                if !(directories_only && (semaphore_idle || self.leases_unused().await?)) {
+                    return Err(Error::InvalidLockPath {
+                        path: self.dir.clone(),
+                        reason: format!("already in use as {other}; one path holds one kind of lock"),
+                    });
+                }
+                semaphore_idle = true;
             }
-            sort_children(&mut children, self.markers);
+            // Children that are not lock nodes (a stray znode) take no part in the queue.
+            children.retain(|c| self.markers().iter().any(|m| c.contains(m)));
+            sort_children(&mut children, self.markers());
             let Some(ours) = children.iter().position(|c| *c == own_name) else {
                 // Our node vanished while we waited (deleted by an operator?): queue again.
                 recreated += 1;
@@ -404,7 +463,7 @@ impl Queue {
             }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
-            let grant_on_delete = policy.nothing_inserted_ahead() && policy.proceeds_without(&children, ours, blocker);
+            let grant_on_delete = policy.proceeds_without(&children, ours, blocker);
             let queue_len = children.len();
             let blocker_path = format!("{}/{}", self.dir, children[blocker]);
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
@@ -488,7 +547,8 @@ impl Queue {
             attempts += 1;
             metrics.sent(2);
             let sent = Instant::now();
-            let create = zk.create(&node_prefix, self.client.owner_data(), &options);
+            let data = self.data.as_deref().unwrap_or(self.client.owner_data());
+            let create = zk.create(&node_prefix, data, &options);
             let list = zk.list_children(&self.dir);
             let (created, listed) = futures::join!(create, list);
             self.client.lease().observe(sent, &created);
@@ -531,6 +591,19 @@ impl Queue {
     }
 
     /// Creates the lock directory (and its parents) as containers, across connection losses.
+    /// Whether `<dir>/leases` (a semaphore's) is missing or empty.
+    async fn leases_unused(&self) -> Result<bool> {
+        let leases = format!("{}/leases", self.dir);
+        loop {
+            self.client.inner.metrics.sent(1);
+            match self.client.zk().check_stat(&leases).await {
+                Ok(stat) => return Ok(stat.is_none_or(|s| s.num_children == 0)),
+                Err(e) if is_connection_loss(&e) => await_connected(self.client.zk()).await?,
+                Err(e) => return Err(backend("exists", &leases, e)),
+            }
+        }
+    }
+
     async fn make_dir(&self) -> Result<()> {
         let zk = self.client.zk();
         let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
@@ -539,10 +612,10 @@ impl Queue {
             match zk.mkdir(&self.dir, &dir_options).await {
                 Ok(()) | Err(zk::Error::NodeExists) => return Ok(()),
                 Err(zk::Error::NoNode) => {
-                    return Err(Error::InvalidLockPath {
+                    return Err(self.client.missing_chroot(&self.dir).await.unwrap_or_else(|| Error::InvalidLockPath {
                         path: self.dir.clone(),
-                        reason: "its chroot does not exist on the server".into(),
-                    })
+                        reason: "a parent was deleted while it was being made; try again".into(),
+                    }))
                 }
                 Err(e) if is_connection_loss(&e) => await_connected(zk).await?,
                 Err(e) => return Err(backend("create", &self.dir, e)),
@@ -602,11 +675,30 @@ mod tests {
 
     #[test]
     fn mixing_recipes_on_one_path_is_detected() {
-        assert_eq!(other_recipe("_c_x-__WRIT__0000000001", &["lock-"]), Some("a read/write lock"));
-        assert_eq!(other_recipe("_c_x-lock-0000000001", &["__READ__", "__WRIT__"]), Some("a mutex"));
-        assert_eq!(other_recipe("leases", &["lock-"]), Some("a semaphore"));
-        assert_eq!(other_recipe("_c_x-lock-0000000001", &["lock-"]), None);
-        assert_eq!(other_recipe("foreign", &["lock-"]), None);
+        assert_eq!(other_recipe("_c_x-__WRIT__0000000001", FAMILY), None);
+        assert_eq!(other_recipe("_c_x-lock-0000000001", FAMILY), None);
+        assert_eq!(other_recipe("leases", FAMILY), Some("a semaphore (use the same permit count)"));
+        assert_eq!(other_recipe("_c_x-lock-0000000001", &["leases", "locks"]), Some("a mutex or read/write lock"));
+        assert_eq!(other_recipe("foreign", FAMILY), None);
+    }
+
+    #[test]
+    fn mutex_and_read_write_nodes_form_one_queue() {
+        let mut c = vec![
+            "_c_b-__READ__0000000004".to_string(),
+            "_c_a-lock-0000000002".to_string(),
+            "_c_c-__WRIT__0000000003".to_string(),
+        ];
+        sort_children(&mut c, FAMILY);
+        let kinds: Vec<NodeKind> = c.iter().map(|n| node_kind(n)).collect();
+        assert_eq!(kinds, [NodeKind::Lock, NodeKind::Write, NodeKind::Read]);
+        assert_eq!(node_kind("config"), NodeKind::Other);
+        assert!(is_exclusive(&c[0]) && is_exclusive(&c[1]) && !is_exclusive(&c[2]));
+        // A reader behind a mutex node waits for it.
+        assert_eq!(
+            crate::zookeeper::rwlock::ReadPolicy.blocker(&c[..1].iter().chain(&c[2..]).cloned().collect::<Vec<_>>(), 1),
+            Some(0)
+        );
     }
 
     #[test]
@@ -628,24 +720,26 @@ mod tests {
             }
         }
         let read = crate::zookeeper::rwlock::ReadPolicy;
-        for mask in 0u32..64 {
+        // Every queue of six nodes, each a reader, a writer or a mutex node.
+        for code in 0u32..729 {
             let q: Vec<String> = (0..6)
-                .map(|i| {
-                    if mask & (1 << i) != 0 {
-                        format!("_c_x-__WRIT__{i:010}")
-                    } else {
-                        format!("_c_x-__READ__{i:010}")
-                    }
+                .map(|i| match (code / 3u32.pow(i)) % 3 {
+                    0 => format!("_c_x-__READ__{i:010}"),
+                    1 => format!("_c_x-__WRIT__{i:010}"),
+                    _ => format!("_c_x-lock-{i:010}"),
                 })
                 .collect();
             for ours in 1..q.len() {
                 for policy in [&Exclusive as &dyn Policy, &read] {
                     if let Some(b) = policy.blocker(&q, ours) {
-                        assert_eq!(
-                            policy.proceeds_without(&q, ours, b),
-                            Generic(policy).proceeds_without(&q, ours, b),
-                            "{q:?} {ours}"
-                        );
+                        let fast = policy.proceeds_without(&q, ours, b);
+                        let generic = Generic(policy).proceeds_without(&q, ours, b);
+                        // The fast path may re-read where the rule would not (a writer that may
+                        // downgrade), never the other way round.
+                        assert!(!fast || generic, "{q:?} {ours}");
+                        if node_kind(&q[b]) != NodeKind::Write {
+                            assert_eq!(fast, generic, "{q:?} {ours}");
+                        }
                     }
                 }
             }

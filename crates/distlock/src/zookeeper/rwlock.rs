@@ -1,7 +1,7 @@
 //! The shared (read/write) lock.
 
 use super::guard::{HeldNode, LockState};
-use super::queue::{sort_key, Exclusive, Policy, Queue, QueueStatus, Wait};
+use super::queue::{Exclusive, Policy, Queue, QueueStatus, Wait};
 use super::session::{await_connected, delete_own, Failure};
 use super::{backend, url, Client};
 use crate::{Error, LostReason, Result};
@@ -11,48 +11,22 @@ use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-/// Marker of read nodes (Curator's InterProcessReadWriteLock).
-pub(crate) const READ: &str = "__READ__";
-/// Marker of write nodes.
-pub(crate) const WRITE: &str = "__WRIT__";
-pub(crate) const MARKERS: &[&str] = &[READ, WRITE];
+use super::queue::is_exclusive;
+pub(crate) use super::queue::{READ, WRITE};
 
-/// Readers are blocked only by writers queued ahead of them; they watch the nearest one.
+/// Readers are blocked only by exclusive nodes (writers, mutex nodes) queued ahead of them; they
+/// watch the nearest one.
 pub(crate) struct ReadPolicy;
 
 impl Policy for ReadPolicy {
     fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
-        sorted[..ours].iter().rposition(|n| is_writer(n))
+        sorted[..ours].iter().rposition(|n| is_exclusive(n))
     }
 
     fn proceeds_without(&self, sorted: &[String], _ours: usize, blocker: usize) -> bool {
-        // The blocker is the nearest writer ahead; we proceed if no other writer is ahead of it.
-        !sorted[..blocker].iter().any(|n| is_writer(n))
+        // The blocker is the nearest exclusive node ahead; we proceed if no other is ahead of it.
+        !sorted[..blocker].iter().any(|n| is_exclusive(n))
     }
-}
-
-/// Writers wait for the node just ahead of them, and always re-read after it goes: a holder's
-/// downgrade inserts a read node at its own place in the queue, ahead of us.
-pub(crate) struct WritePolicy;
-
-impl Policy for WritePolicy {
-    fn blocker(&self, sorted: &[String], ours: usize) -> Option<usize> {
-        Exclusive.blocker(sorted, ours)
-    }
-
-    fn proceeds_without(&self, sorted: &[String], ours: usize, blocker: usize) -> bool {
-        Exclusive.proceeds_without(sorted, ours, blocker)
-    }
-
-    fn nothing_inserted_ahead(&self) -> bool {
-        false
-    }
-}
-
-pub(crate) fn is_writer(name: &str) -> bool {
-    // The marker that decides the sort key decides the kind.
-    let key = sort_key(name, MARKERS);
-    name[..name.len() - key.len()].ends_with(WRITE)
 }
 
 /// A read/write lock on a znode path: many readers or one writer, in queue order.
@@ -93,8 +67,8 @@ pub struct RwLock {
 impl RwLock {
     pub(super) fn new(client: Client, path: &str) -> Result<RwLock> {
         let dir = url::lock_path(path)?;
-        let read_q = Queue { client: client.clone(), dir: dir.clone(), marker: READ, markers: MARKERS };
-        let write_q = Queue { client, dir, marker: WRITE, markers: MARKERS };
+        let read_q = Queue { client: client.clone(), dir: dir.clone(), marker: READ, data: None };
+        let write_q = Queue { client, dir, marker: WRITE, data: None };
         Ok(RwLock { read_q, write_q, readers: Arc::new(AtomicUsize::new(0)) })
     }
 
@@ -170,7 +144,7 @@ impl RwLock {
                 reason: "upgrade refused: this handle holds a read lock, and a write lock would wait for it forever; release the read guard first",
             });
         }
-        let acquired = self.write_q.acquire(&WritePolicy, Wait::from_timeout(timeout), progress).await?;
+        let acquired = self.write_q.acquire(&Exclusive, Wait::from_timeout(timeout), progress).await?;
         Ok(acquired.map(|a| WriteGuard {
             node: HeldNode::new(self.write_q.client.clone(), self.write_q.dir.clone(), a.path, a.czxid),
             readers: self.readers.clone(),

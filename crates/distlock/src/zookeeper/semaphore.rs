@@ -18,8 +18,10 @@ use zookeeper_client as zk;
 /// its lease nodes and waits (watching the leases directory) until at most `permits` leases exist,
 /// then lets go of the mutex. Holders that die free their permits when their session ends.
 ///
-/// The permit count is not stored on the server: every user of a path must agree on it (as with
-/// Curator). With one permit this is Curator's InterProcessSemaphoreMutex: a non-reentrant lock
+/// Every user of a path must agree on the permit count (as with Curator). distlock records it in
+/// each lease node's owner record, and an acquire that finds leases taken with another count is
+/// refused with [`Error::InvalidArgument`] naming both counts; Curator's leases carry no count and
+/// are not checked. With one permit this is Curator's InterProcessSemaphoreMutex: a non-reentrant lock
 /// whose permit any task may release.
 ///
 /// # Examples
@@ -55,7 +57,10 @@ impl Semaphore {
         }
         let gate = client.mutex(&format!("{path}/locks"))?;
         let leases = format!("{path}/leases");
-        let lease_queue = Queue { client: client.clone(), dir: leases.clone(), marker: "lease-", markers: &["lease-"] };
+        let mut owner = crate::Owner::current();
+        owner.permits = Some(permits);
+        let data = Some(std::sync::Arc::from(owner.encode()));
+        let lease_queue = Queue { client: client.clone(), dir: leases.clone(), marker: "lease-", data };
         Ok(Semaphore { leases, client, path, permits, gate, lease_queue })
     }
 
@@ -189,6 +194,9 @@ impl Semaphore {
                 }
             }
             let name = acquired.path[self.leases.len() + 1..].to_string();
+            if taken.is_empty() {
+                self.check_permit_count(&children, &name).await?;
+            }
             taken.push(acquired);
             loop {
                 if !children.contains(&name) {
@@ -230,6 +238,37 @@ impl Semaphore {
             }
         }
         Ok(Some(taken))
+    }
+
+    /// Refuses to join leases taken with another permit count: one holder thinking the limit is 2
+    /// and another 5 would let 5 hold where 2 were meant to. Reads the oldest other lease (one
+    /// round trip, only when the semaphore is in use); a lease without a count (Curator's, or
+    /// one that left meanwhile) is not checked.
+    async fn check_permit_count(&self, children: &[String], ours: &str) -> Result<()> {
+        let mut others: Vec<String> = children.iter().filter(|c| c.as_str() != ours).cloned().collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        super::queue::sort_children(&mut others, &["lease-"]);
+        let path = format!("{}/{}", self.leases, others[0]);
+        self.client.metrics().sent(1);
+        let theirs = match self.client.zk().get_data(&path).await {
+            Ok((data, _)) => crate::Owner::parse(&data).and_then(|o| o.permits),
+            Err(e) => {
+                tracing::debug!(node = %path, error = %e, "could not read a lease's permit count");
+                None
+            }
+        };
+        match theirs {
+            Some(p) if p != self.permits => Err(Error::InvalidArgument {
+                what: "permit count",
+                reason: format!(
+                    "{} is in use as a semaphore with {p} permits; this one was made with {}",
+                    self.path, self.permits
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Lists the semaphore path itself, across connection losses.
