@@ -916,3 +916,50 @@ fn an_expired_session_error_names_the_lock() {
     holder.wait().unwrap();
     drop(proxy);
 }
+
+/// The command owns the terminal: it reads it, and one Ctrl-C reaches it once (distlock does not
+/// receive it too and pass it on a second time).
+#[test]
+fn one_ctrl_c_reaches_the_command_once() {
+    let l = lock();
+    let backend_url = backend("4s");
+    let script = "n=0; trap 'n=$((n+1)); echo got-int-$n' INT; echo held; read x; echo read-$x; i=0; \
+                  while [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done; echo done-$n";
+    let file = std::env::temp_dir().join(format!("distlock-ctrl-c-{}.sh", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&file, script).unwrap();
+    // If the test fails, nothing it started may outlive it (a command stopped on the terminal).
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("pkill").args(["-9", "-f", &self.0]).status();
+        }
+    }
+    let _cleanup = Cleanup(file.display().to_string());
+    let cmd = format!("DISTLOCK_BACKEND='{backend_url}' {BIN} exec {l} -- sh {}", file.display());
+    let mut term = Command::new("script")
+        .args(["-qefc", &cmd, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut term);
+    let mut stdin = term.stdin.take().unwrap();
+    loop {
+        if lines.next(Duration::from_secs(20), "held").trim_end().ends_with("held") {
+            break;
+        }
+    }
+    std::io::Write::write_all(&mut stdin, b"hello\n").unwrap();
+    loop {
+        if lines.next(Duration::from_secs(20), "read-hello").trim_end().ends_with("read-hello") {
+            break;
+        }
+    }
+    std::io::Write::write_all(&mut stdin, b"\x03").unwrap();
+    let rest: Vec<String> = lines.rest(Duration::from_secs(20)).iter().map(|l| l.trim_end().to_string()).collect();
+    assert!(wait_exit(&mut term, Duration::from_secs(20)).success());
+    std::fs::remove_file(&file).unwrap();
+    let ints: Vec<&String> = rest.iter().filter(|l| l.contains("got-int")).collect();
+    assert_eq!(ints.len(), 1, "{rest:?}");
+    assert!(rest.iter().any(|l| l.ends_with("done-1")), "{rest:?}");
+}
