@@ -1,6 +1,7 @@
 //! `distlock bench`: every lock against the server's own limit, measured in one run.
 
 use distlock::zookeeper::{Client, MetricsSnapshot};
+use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde::Serialize;
 use std::io::IsTerminal;
@@ -33,7 +34,9 @@ pub struct BenchArgs {
     /// Waiting handles for `waiters`.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     count: u32,
-    /// Also write SVG plots (throughput against clients; acquire latency distribution) here.
+    /// Also write SVG plots here: acquire latency distribution (uncontended) and throughput
+    /// against sessions (contended; runs the workload at 1, 2, 4, 8, 16 and 32 sessions too).
+    /// Other workloads have nothing to plot.
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
     /// Workloads: raw, uncontended, contended, many-locks, waiters, herd (default: all).
@@ -42,7 +45,7 @@ pub struct BenchArgs {
 }
 
 /// One workload's result (one JSON line with --json).
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub workload: String,
     pub ops_per_sec: f64,
@@ -51,8 +54,26 @@ pub struct Report {
     pub p999_us: u64,
     pub limit_ops_per_sec: f64,
     pub ratio_to_limit: f64,
+    /// `debug` or `release`: the build of distlock that measured (debug figures mean little).
+    pub build_profile: &'static str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub extra: Vec<(String, String)>,
+}
+
+impl Default for Report {
+    fn default() -> Self {
+        Report {
+            workload: String::new(),
+            ops_per_sec: 0.0,
+            p50_us: 0,
+            p99_us: 0,
+            p999_us: 0,
+            limit_ops_per_sec: 0.0,
+            ratio_to_limit: 0.0,
+            build_profile: BUILD_PROFILE,
+            extra: Vec::new(),
+        }
+    }
 }
 
 struct Limits {
@@ -89,10 +110,41 @@ impl Progress {
     }
 }
 
+/// The build profile of this binary, as `--json` reports it.
+const BUILD_PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
+
+/// The workloads that write a plot with `--plot`.
+const PLOTTED: [&str; 2] = ["uncontended", "contended"];
+
+/// Every run works under `/distlock-bench/<run id>`; the run removes its own directory, then this
+/// one if nothing else is left in it.
+const BENCH_ROOT: &str = "/distlock-bench";
+
 pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let mut workloads = args.workloads.clone();
     if workloads.is_empty() {
         workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
+    }
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+        );
+    }
+    if args.plot.is_some() {
+        let mut unplotted: Vec<&str> = Vec::new();
+        for w in workloads.iter().map(String::as_str) {
+            if !PLOTTED.contains(&w) && !unplotted.contains(&w) {
+                unplotted.push(w);
+            }
+        }
+        if !unplotted.is_empty() {
+            eprintln!(
+                "distlock: --plot: nothing to plot for workload{} {} (only {} write plots)",
+                if unplotted.len() > 1 { "s" } else { "" },
+                unplotted.join(", "),
+                PLOTTED.join(" and ")
+            );
+        }
     }
     let _embedded;
     let backend = crate::backend_or_default(&args.backend);
@@ -107,11 +159,88 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         backend.to_string()
     };
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-    let prefix = format!("/distlock-bench/{}", uuid::Uuid::new_v4().simple());
+    let prefix = format!("{BENCH_ROOT}/{}", uuid::Uuid::new_v4().simple());
+    // This session measures the raw limit, then removes what the run created, whether the
+    // workloads succeed, fail or are interrupted. (Nothing is created before it connects.)
+    let admin = raw_client(&url).await?;
+    let mut stop = StopSignals::new();
+    let measured = tokio::select! {
+        r = measure(&args, &workloads, &url, &prefix, &admin, &progress) => Ok(r),
+        sig = stop.next() => Err(sig),
+    };
+    progress.clear();
+    let removed = tokio::select! {
+        r = remove_run(&admin, &prefix) => r,
+        sig = stop.next() => {
+            eprintln!("distlock: interrupted again: {prefix} is left on the server");
+            return Ok(128 + sig);
+        }
+    };
+    match measured {
+        Ok(Ok(reports)) => {
+            if !args.json {
+                print_table(&reports);
+            }
+            removed.map(|()| 0)
+        }
+        Ok(Err(e)) => {
+            if let Err(r) = removed {
+                eprintln!("distlock: {r:#}");
+            }
+            Err(e)
+        }
+        Err(sig) => {
+            match removed {
+                Ok(()) => eprintln!("distlock: bench interrupted; its nodes are removed"),
+                Err(r) => eprintln!("distlock: bench interrupted; {r:#}"),
+            }
+            Ok(128 + sig)
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, caught so that an interrupted run can remove its nodes first.
+struct StopSignals {
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn new() -> StopSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        StopSignals { int: signal(SignalKind::interrupt()).ok(), term: signal(SignalKind::terminate()).ok() }
+    }
+
+    /// The next signal's number (never, for one that could not be caught).
+    async fn next(&mut self) -> u8 {
+        async fn on(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = on(&mut self.int) => libc::SIGINT as u8,
+            () = on(&mut self.term) => libc::SIGTERM as u8,
+        }
+    }
+}
+
+/// Runs `workloads` in order under `prefix`, printing each one's JSON lines as it ends.
+async fn measure(
+    args: &BenchArgs,
+    workloads: &[String],
+    url: &str,
+    prefix: &str,
+    admin: &Client,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Report>> {
     // The limit is always measured first, in the same run, on the same server.
-    let limits = raw_limits(&url, &prefix, args.duration, &progress).await?;
+    let limits = raw_limits(admin, prefix, args.duration, progress).await?;
     let mut reports = Vec::new();
-    for w in &workloads {
+    for w in workloads {
         let r = match w.as_str() {
             "raw" => vec![
                 Report {
@@ -129,15 +258,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
                     ..Default::default()
                 },
             ],
-            "uncontended" => {
-                uncontended(&url, &prefix, args.duration, &limits, &progress, args.plot.as_deref()).await?
-            }
+            "uncontended" => uncontended(url, prefix, args.duration, &limits, progress, args.plot.as_deref()).await?,
             "contended" => {
-                let mut v = vec![contended(&url, &prefix, args.clients, args.duration, &limits, &progress).await?];
+                let mut v = vec![contended(url, prefix, args.clients, args.duration, &limits, progress).await?];
                 if let Some(dir) = &args.plot {
                     let mut points = Vec::new();
                     for n in [1u32, 2, 4, 8, 16, 32] {
-                        let r = contended(&url, &prefix, n, args.duration, &limits, &progress).await?;
+                        let r = contended(url, prefix, n, args.duration, &limits, progress).await?;
                         points.push((n as f64, r.ops_per_sec));
                     }
                     plot_lines(
@@ -153,10 +280,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
                 v
             }
             "many-locks" => {
-                vec![many_locks(&url, &prefix, args.locks, args.tasks, args.duration, &limits, &progress).await?]
+                vec![many_locks(url, prefix, args.locks, args.tasks, args.duration, &limits, progress).await?]
             }
-            "waiters" => vec![waiters(&url, &prefix, args.count, &limits, &progress).await?],
-            "herd" => herd(&url, &prefix, args.clients, args.duration, &limits, &progress).await?,
+            "waiters" => vec![waiters(url, prefix, args.count, &limits, progress).await?],
+            "herd" => herd(url, prefix, args.clients, args.duration, &limits, progress).await?,
             _ => unreachable!("clap checked the workload"),
         };
         progress.clear();
@@ -167,10 +294,53 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
         reports.extend(r);
     }
-    if !args.json {
-        print_table(&reports);
+    Ok(reports)
+}
+
+/// Removes `prefix` and everything under it, then [`BENCH_ROOT`] if that is left empty (another
+/// run may still be using it, or have removed it already: both are fine). Gives up after 30 s.
+async fn remove_run(client: &Client, prefix: &str) -> anyhow::Result<()> {
+    let zk = client.zookeeper();
+    let remove = async {
+        // A node can appear while the tree is walked (a release queued by a drop, a task of a
+        // failed workload winding down): walk again, a bounded number of times.
+        let mut walks = 0;
+        loop {
+            match remove_tree(zk, prefix.to_string()).await {
+                Err(zk::Error::NotEmpty) if walks < 20 => walks += 1,
+                r => break r,
+            }
+        }?;
+        match zk.delete(BENCH_ROOT, None).await {
+            Ok(()) | Err(zk::Error::NotEmpty) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(e),
+        }
+    };
+    let reason = match tokio::time::timeout(Duration::from_secs(30), remove).await {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer within 30s".to_string(),
+    };
+    anyhow::bail!("cannot remove {prefix} from the server (remove it by hand): {reason}")
+}
+
+/// Deletes `path` and its descendants, children before parents, siblings concurrently (a
+/// many-locks run leaves a directory per lock). A node already gone is not an error; a node
+/// that gains a child meanwhile is `NotEmpty`.
+fn remove_tree(zk: &zk::Client, path: String) -> BoxFuture<'_, Result<(), zk::Error>> {
+    async move {
+        let children = match zk.list_children(&path).await {
+            Ok(c) => c,
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        futures::future::try_join_all(children.iter().map(|c| remove_tree(zk, format!("{path}/{c}")))).await?;
+        match zk.delete(&path, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
-    Ok(0)
+    .boxed()
 }
 
 fn print_table(reports: &[Report]) {
@@ -200,8 +370,7 @@ async fn raw_client(url: &str) -> anyhow::Result<Client> {
 
 /// The server's own limit: create+delete pairs of an ephemeral node, sequential (round-trip
 /// bound) and pipelined (throughput bound), on one session.
-async fn raw_limits(url: &str, prefix: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Limits> {
-    let client = raw_client(url).await?;
+async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Limits> {
     let zk = client.zookeeper();
     let dir = format!("{prefix}/raw");
     zk.mkdir(&dir, &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await?;
@@ -282,6 +451,7 @@ async fn uncontended(
     let elapsed = start.elapsed().as_secs_f64();
     let m: MetricsSnapshot = client.metrics().snapshot() - before;
     let rtt_per_cycle = m.round_trips as f64 / n as f64;
+    let mut plotted = None;
     if let Some(dir) = plot {
         let mut sorted = acq.clone();
         sorted.sort_unstable();
@@ -299,6 +469,7 @@ async fn uncontended(
             &[("acquire", cdf)],
             0.0,
         )?;
+        plotted = Some(dir.join("uncontended-latency.svg").display().to_string());
     }
     let ops = n as f64 / elapsed;
     let (a50, a99, a999) = summarize(acq);
@@ -316,6 +487,8 @@ async fn uncontended(
     }
     let drop_ops = d as f64 / start.elapsed().as_secs_f64();
     let md = client.metrics().snapshot() - before;
+    let mut acquire_extra = vec![("round_trips_per_acquire+release".into(), format!("{rtt_per_cycle:.2}"))];
+    acquire_extra.extend(plotted.map(|p| ("plot".to_string(), p)));
     Ok(vec![
         Report {
             workload: "uncontended-acquire".into(),
@@ -325,7 +498,8 @@ async fn uncontended(
             p999_us: a999,
             limit_ops_per_sec: limits.sequential,
             ratio_to_limit: ops / limits.sequential,
-            extra: vec![("round_trips_per_acquire+release".into(), format!("{rtt_per_cycle:.2}"))],
+            extra: acquire_extra,
+            ..Default::default()
         },
         Report {
             workload: "uncontended-release".into(),
@@ -335,7 +509,7 @@ async fn uncontended(
             p999_us: r999,
             limit_ops_per_sec: limits.sequential,
             ratio_to_limit: ops / limits.sequential,
-            extra: vec![],
+            ..Default::default()
         },
         Report {
             workload: "uncontended-drop-release".into(),
@@ -360,7 +534,8 @@ async fn contended(
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let waits = Arc::new(StdMutex::new(Vec::new()));
-    let mut tasks = Vec::new();
+    // A JoinSet: if this returns early with an error, dropping it aborts the other tasks.
+    let mut tasks = tokio::task::JoinSet::new();
     let mut sessions = Vec::new();
     for _ in 0..clients {
         sessions.push(raw_client(url).await?);
@@ -369,7 +544,7 @@ async fn contended(
     for c in &sessions {
         let c = c.clone();
         let (path, stop, total, waits) = (path.clone(), stop.clone(), total.clone(), waits.clone());
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let lock = c.mutex(&path)?;
             let mut mine = 0u64;
             let mut local = Vec::new();
@@ -383,7 +558,7 @@ async fn contended(
             }
             waits.lock().unwrap().extend(local);
             Ok::<u64, distlock::Error>(mine)
-        }));
+        });
     }
     while start.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window, not a wait for a condition
@@ -391,8 +566,8 @@ async fn contended(
     }
     stop.store(true, Ordering::Relaxed);
     let mut per_client = Vec::new();
-    for t in tasks {
-        per_client.push(t.await??);
+    while let Some(t) = tasks.join_next().await {
+        per_client.push(t??);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let n: u64 = per_client.iter().sum();
@@ -412,6 +587,7 @@ async fn contended(
             ("fairness_min/max".into(), format!("{min}/{max}")),
             ("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
         ],
+        ..Default::default()
     })
 }
 
@@ -433,10 +609,10 @@ async fn many_locks(
     let total = Arc::new(AtomicU64::new(0));
     let lat = Arc::new(StdMutex::new(Vec::new()));
     let start = Instant::now();
-    let mut jobs = Vec::new();
+    let mut jobs = tokio::task::JoinSet::new(); // dropped early on an error: aborts the rest
     for t in 0..tasks {
         let (handles, stop, total, lat) = (handles.clone(), stop.clone(), total.clone(), lat.clone());
-        jobs.push(tokio::spawn(async move {
+        jobs.spawn(async move {
             let mut i = t as usize;
             let mut local = Vec::new();
             while !stop.load(Ordering::Relaxed) {
@@ -450,15 +626,15 @@ async fn many_locks(
             }
             lat.lock().unwrap().extend(local);
             Ok::<(), distlock::Error>(())
-        }));
+        });
     }
     while start.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window
         progress.show("many-locks", total.load(Ordering::Relaxed), start.elapsed());
     }
     stop.store(true, Ordering::Relaxed);
-    for j in jobs {
-        j.await??;
+    while let Some(j) = jobs.join_next().await {
+        j??;
     }
     let ops = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
     let (p50, p99, p999) = summarize(std::mem::take(&mut *lat.lock().unwrap()));
@@ -470,7 +646,7 @@ async fn many_locks(
         p999_us: p999,
         limit_ops_per_sec: limits.pipelined,
         ratio_to_limit: ops / limits.pipelined,
-        extra: vec![],
+        ..Default::default()
     })
 }
 
@@ -501,19 +677,20 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let before = rss_bytes();
     let heap_before = crate::alloc::live_bytes();
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new(); // dropped early on an error: aborts the rest
     for _ in 0..count {
         let lock = client.mutex(&path)?;
         let tx = tx.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let g = lock.lock().await?;
             let _ = tx.send(());
             drop(g); // release by drop: the next waiter proceeds
             Ok::<(), distlock::Error>(())
-        }));
+        });
     }
-    // Wait until every waiter is queued, judged on the server (the waiters carry nothing extra
-    // for the benchmark): the lock directory holds the holder plus `count` nodes.
+    drop(tx); // the channel closes when every waiter has ended, failed ones included
+              // Wait until every waiter is queued, judged on the server (the waiters carry nothing extra
+              // for the benchmark): the lock directory holds the holder plus `count` nodes.
     let setup = Instant::now();
     loop {
         let (_, stat) = holder.zookeeper().get_children(&path).await?;
@@ -533,15 +710,17 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
     first.release().await?;
     let mut drained = 0u64;
     while drained < count as u64 {
-        rx.recv().await;
+        if rx.recv().await.is_none() {
+            break; // a waiter failed: its error comes out of the join below
+        }
         drained += 1;
         if drained % 256 == 0 {
             progress.show("waiters: draining", drained, start.elapsed());
         }
     }
     let elapsed = start.elapsed();
-    for t in tasks {
-        t.await??;
+    while let Some(t) = tasks.join_next().await {
+        t??;
     }
     let ops = count as f64 / elapsed.as_secs_f64();
     Ok(Report {
@@ -577,11 +756,11 @@ async fn herd(
             sessions.push(raw_client(url).await?);
         }
         let start = Instant::now();
-        let mut tasks = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new(); // dropped early on an error: aborts the rest
         for c in &sessions {
             let c = c.clone();
             let (path, stop, total) = (path.clone(), stop.clone(), total.clone());
-            tasks.push(tokio::spawn(async move {
+            tasks.spawn(async move {
                 if naive {
                     let lock = c.naive_lock(&path)?;
                     while !stop.load(Ordering::Relaxed) {
@@ -598,7 +777,7 @@ async fn herd(
                     }
                 }
                 Ok::<(), distlock::Error>(())
-            }));
+            });
         }
         while start.elapsed() < duration {
             tokio::time::sleep(Duration::from_millis(200)).await; // the measuring window
@@ -609,8 +788,8 @@ async fn herd(
             );
         }
         stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            t.await??;
+        while let Some(t) = tasks.join_next().await {
+            t??;
         }
         let n = total.load(Ordering::Relaxed);
         let ops = n as f64 / start.elapsed().as_secs_f64();
@@ -675,7 +854,7 @@ fn plot_lines(
         );
     }
     svg += "</svg>\n";
-    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))?;
-    std::fs::write(path, svg)?;
-    Ok(())
+    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))
+        .and_then(|()| std::fs::write(path, svg))
+        .map_err(|e| anyhow::anyhow!("--plot: cannot write {}: {e}", path.display()))
 }

@@ -1,16 +1,19 @@
 //! `distlock serve`: the embedded ZooKeeper-protocol server, standalone.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port; see --addr-file).
-    #[arg(long, default_value = "127.0.0.1:2181")]
-    listen: SocketAddr,
-    /// Keep a transaction log and snapshots here, so nodes and sessions survive a restart.
-    /// Without it, everything is in memory.
+    /// Address to listen on: IP:PORT, HOST:PORT or a bare PORT. A bare port listens on loopback
+    /// only (127.0.0.1:PORT); give 0.0.0.0:PORT to listen on every interface. A HOST listens on
+    /// the first address it resolves to that can be bound. Port 0 picks a free port (see
+    /// --addr-file).
+    #[arg(long, value_name = "ADDR", value_parser = listen_arg, default_value = "127.0.0.1:2181")]
+    listen: Listen,
+    /// Keep a transaction log and snapshots here (created if missing), so nodes and sessions
+    /// survive a restart. Without it, everything is in memory.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// When to fsync the transaction log: always (before each reply) or never (the OS decides).
@@ -33,6 +36,109 @@ pub struct ServeArgs {
     addr_file: Option<PathBuf>,
 }
 
+/// A `--listen` value, checked for form; host names are resolved when binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listen {
+    Addr(SocketAddr),
+    /// A bare port: loopback.
+    Port(u16),
+    Host(String, u16),
+}
+
+impl std::fmt::Display for Listen {
+    /// As given, with what a bare port means.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Addr(a) => write!(f, "{a}"),
+            Listen::Port(p) => write!(f, "{p} (127.0.0.1:{p})"),
+            Listen::Host(h, p) => write!(f, "{h}:{p}"),
+        }
+    }
+}
+
+/// Parses `--listen`: `PORT` (loopback), `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`.
+fn listen_arg(s: &str) -> Result<Listen, String> {
+    const FORMS: &str = "expected PORT, IP:PORT, [IPv6]:PORT or HOST:PORT";
+    let port = |p: &str| -> Result<u16, String> {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("{p:?} is not a port number ({FORMS})"));
+        }
+        p.parse::<u16>().map_err(|_| format!("port {p} is out of range (0..=65535)"))
+    };
+    if s.is_empty() {
+        return Err(format!("empty ({FORMS})"));
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Listen::Port(port(s)?));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(Listen::Addr(a));
+    }
+    if s.parse::<IpAddr>().is_ok() {
+        return Err(format!("no port ({FORMS}; IPv6 addresses go in brackets, e.g. [::1]:2181)"));
+    }
+    let Some((host, p)) = s.rsplit_once(':') else {
+        return Err(format!("no port ({FORMS})"));
+    };
+    if host.is_empty() {
+        return Err(format!("no host before ':' ({FORMS})"));
+    }
+    if host.contains(':') || host.starts_with('[') {
+        return Err(format!("not an address ({FORMS}; IPv6 addresses go in brackets, e.g. [::1]:2181)"));
+    }
+    Ok(Listen::Host(host.to_string(), port(p)?))
+}
+
+/// Binds `listen`: the address itself, or the first address the host resolves to that binds.
+async fn bind(listen: &Listen) -> anyhow::Result<tokio::net::TcpListener> {
+    let candidates: Vec<SocketAddr> = match listen {
+        Listen::Addr(a) => vec![*a],
+        Listen::Port(p) => vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *p)],
+        Listen::Host(host, port) => tokio::net::lookup_host((host.as_str(), *port))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: cannot resolve {host}: {e}"))?
+            .collect(),
+    };
+    let mut failures = Vec::new();
+    for addr in &candidates {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) if candidates.len() == 1 => anyhow::bail!("cannot listen on {listen}: {e}"),
+            Err(e) => failures.push(format!("{addr}: {e}")),
+        }
+    }
+    if failures.is_empty() {
+        anyhow::bail!("cannot listen on {listen}: the host resolves to no address");
+    }
+    anyhow::bail!("cannot listen on {listen}: no address it resolves to can be bound ({})", failures.join("; "))
+}
+
+/// Why `dir` cannot be the data directory, in words, from the error opening it.
+fn data_dir_problem(dir: &Path, e: &std::io::Error) -> String {
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return "it exists and is not a directory".into();
+    }
+    if e.kind() == std::io::ErrorKind::NotADirectory {
+        // Some ancestor is a file: name it.
+        if let Some(a) = dir.ancestors().skip(1).find(|a| std::fs::metadata(a).is_ok_and(|m| !m.is_dir())) {
+            return format!("{} is not a directory", a.display());
+        }
+    }
+    e.to_string()
+}
+
+/// Writes the bound address to `file` so that a reader never sees half a line: a temporary file
+/// next to it, renamed over it.
+fn write_addr_file(file: &Path, addr: SocketAddr) -> anyhow::Result<()> {
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(format!(".tmp{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, format!("{addr}\n")).and_then(|()| std::fs::rename(&tmp, file)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("cannot write --addr-file {}: {e}", file.display())
+    })
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if args.tick.is_zero() {
         anyhow::bail!("invalid --tick: must be greater than zero");
@@ -46,12 +152,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         fsync: args.fsync.parse().map_err(anyhow::Error::msg)?,
         ..Default::default()
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    // The data directory first: nothing is bound or announced for a server that cannot start.
+    let server = distlock_server::Server::open(config).map_err(|e| match &args.data_dir {
+        Some(d) => anyhow::anyhow!("cannot use data directory {}: {}", d.display(), data_dir_problem(d, &e)),
+        None => anyhow::anyhow!("cannot start the server: {e}"),
+    })?;
+    let listener = bind(&args.listen).await?;
     let addr = listener.local_addr()?;
     if let Some(f) = &args.addr_file {
-        std::fs::write(f, format!("{addr}\n"))?;
+        write_addr_file(f, addr)?;
     }
     eprintln!(
         "distlock serve: ZooKeeper protocol on {addr} ({})",
@@ -67,6 +176,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
             _ = term.recv() => {}
         }
     };
-    distlock_server::run(listener, config, shutdown).await?;
+    server.serve(listener, shutdown).await;
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_forms() {
+        let v4 = |s: &str| Listen::Addr(s.parse().unwrap());
+        assert_eq!(listen_arg("2181"), Ok(Listen::Port(2181)));
+        assert_eq!(listen_arg("0"), Ok(Listen::Port(0)));
+        assert_eq!(listen_arg("0.0.0.0:2181"), Ok(v4("0.0.0.0:2181")));
+        assert_eq!(listen_arg("[::1]:0"), Ok(v4("[::1]:0")));
+        assert_eq!(listen_arg("localhost:0"), Ok(Listen::Host("localhost".into(), 0)));
+        assert_eq!(listen_arg("zk-1.example:2181"), Ok(Listen::Host("zk-1.example".into(), 2181)));
+        for bad in
+            ["", "70000", "localhost", "localhost:", ":2181", "localhost:http", "::1", "10.0.0.1", "a:b:1", "[::1"]
+        {
+            assert!(listen_arg(bad).is_err(), "{bad:?} accepted: {:?}", listen_arg(bad));
+        }
+    }
 }

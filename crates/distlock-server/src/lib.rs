@@ -94,6 +94,8 @@ fn build_state(config: Config) -> std::io::Result<Arc<Mutex<state::State>>> {
 
 /// Serves on `listener` until `shutdown` resolves.
 ///
+/// The only errors are those of opening `config.data_dir` (see [`Server::open`]).
+///
 /// # Examples
 ///
 /// ```no_run
@@ -107,9 +109,44 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let state = build_state(config)?;
-    server::run(listener, state, shutdown).await;
+    Server::open(config)?.serve(listener, shutdown).await;
     Ok(())
+}
+
+/// A server whose state is loaded but which does not serve yet.
+///
+/// Opening first, then binding, lets a program report a data directory it cannot use before it
+/// announces an address to anyone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> std::io::Result<()> {
+/// let config = distlock_server::Config { data_dir: Some("/var/lib/distlock".into()), ..Default::default() };
+/// let server = distlock_server::Server::open(config)?; // a bad data directory fails here
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:2181").await?;
+/// server.serve(listener, async { tokio::signal::ctrl_c().await.ok(); }).await;
+/// # Ok(()) }
+/// ```
+pub struct Server {
+    state: Arc<Mutex<state::State>>,
+}
+
+impl Server {
+    /// Loads the state: recovers it from `config.data_dir` (created if missing) when set, else
+    /// starts empty in memory.
+    ///
+    /// # Notable errors
+    /// The I/O error of creating or reading the data directory, or of opening its transaction
+    /// log for writing; a snapshot that does not parse is an error naming the file.
+    pub fn open(config: Config) -> std::io::Result<Server> {
+        Ok(Server { state: build_state(config)? })
+    }
+
+    /// Serves on `listener` until `shutdown` resolves.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+        server::run(listener, self.state, shutdown).await;
+    }
 }
 
 /// An in-process server on a free loopback port, stopped when dropped.
