@@ -53,10 +53,33 @@ pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
     }
 }
 
-/// Whether any process of group `pgid` is still alive.
+/// Whether any process of group `pgid` is still alive. Zombies do not count: an orphaned member
+/// that has exited stays in the group until its new parent reaps it, which some init processes
+/// (a container's) do late or never.
 pub fn group_alive(pgid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks that the group exists.
-    unsafe { libc::kill(-pgid, 0) == 0 }
+    if unsafe { libc::kill(-pgid, 0) } != 0 {
+        return false;
+    }
+    live_members(pgid).is_none_or(|n| n > 0)
+}
+
+/// Members of group `pgid` that have not exited, from `/proc` (`None` where it cannot be read).
+fn live_members(pgid: libc::pid_t) -> Option<usize> {
+    let mut live = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // "pid (comm) state ppid pgrp ...": comm may hold anything, so read after its last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
+        if pgrp == Some(pgid) && !matches!(state, Some("Z" | "X")) {
+            live += 1;
+        }
+    }
+    Some(live)
 }
 
 /// `distlock supervise PGID KILL_AFTER`: the watchdog itself. Returns its exit status.
@@ -83,4 +106,33 @@ pub fn run(pgid: libc::pid_t, kill_after: Duration) -> u8 {
         signal_group(pgid, libc::SIGKILL);
     }
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group whose only member has exited but is not reaped yet (a zombie) has ended.
+    #[test]
+    fn a_group_of_zombies_has_ended() {
+        let mut child = Command::new("true").process_group(0).spawn().unwrap();
+        let pid = child.id() as libc::pid_t;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            if stat.rsplit_once(')').unwrap().1.trim_start().starts_with('Z') {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the child never exited");
+            std::thread::sleep(Duration::from_millis(10)); // polling a process state: no event to wait on
+        }
+        // SAFETY: signal 0 only checks that the group exists.
+        assert_eq!(unsafe { libc::kill(-pid, 0) }, 0, "the zombie is still in its group");
+        assert!(!group_alive(pid));
+        child.wait().unwrap();
+        let mut live = Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        assert!(group_alive(live.id() as libc::pid_t));
+        live.kill().unwrap();
+        live.wait().unwrap();
+    }
 }
