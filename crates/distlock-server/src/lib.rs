@@ -246,7 +246,7 @@ pub fn decode_for_fuzzing(data: &[u8]) {
         password: vec![0; 16],
         read_only: false,
     };
-    let (_, sid) = state.connect(&hello, (1, tx), None);
+    let Ok((_, sid)) = state.connect(&hello, (1, tx), None) else { return };
     if let Some(sid) = sid {
         let _ = state.handle(sid, data);
     }

@@ -121,9 +121,13 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     let req = ConnectRequest::decode(&frame).map_err(|e| format!("bad connect request: {e}"))?;
     let conn_id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
-    let (response, sid) = {
-        let mut s = state.lock().unwrap();
-        s.connect(&req, (conn_id, tx.clone()), Some(peer.ip()))
+    let connected = state.lock().unwrap().connect(&req, (conn_id, tx.clone()), Some(peer.ip()));
+    let (response, sid) = match connected {
+        Ok(c) => c,
+        Err(why) => {
+            let _ = socket.shutdown().await;
+            return Err(why);
+        }
     };
     let (mut reader, mut writer) = socket.into_split();
     writer.write_all(&response).await.map_err(|e| format!("write: {e}"))?;
@@ -131,7 +135,11 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
         let _ = writer.shutdown().await;
         return Err(format!("session {:#x} expired or unknown", req.session_id));
     };
+    // Set when the writer stops (the server closed the connection: session expired or moved), so
+    // the reader stops too instead of waiting on a client that may never speak again.
+    let (writer_done, mut closed) = tokio::sync::watch::channel(false);
     let writer_task = tokio::spawn(async move {
+        let _done = DropSignal(writer_done);
         while let Some(out) = rx.recv().await {
             match out {
                 Outgoing::Frame(f) => {
@@ -149,10 +157,13 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     });
     let result = async {
         loop {
-            let frame = read_frame(&mut reader, max_frame, None).await?;
+            let frame = tokio::select! {
+                frame = read_frame(&mut reader, max_frame, None) => frame?,
+                _ = closed.wait_for(|c| *c) => return Err("closed by the server".to_string()),
+            };
             let mut s = state.lock().unwrap();
-            if !s.sessions.contains_key(&sid) {
-                return Err("session ended".to_string());
+            if !s.is_current(sid, conn_id) {
+                return Err("session ended or moved to another connection".to_string());
             }
             s.touch(sid);
             let reply = s.handle(sid, &frame).map_err(|e| format!("malformed request: {e}"))?;
@@ -174,6 +185,15 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     drop(tx);
     let _ = writer_task.await;
     result
+}
+
+/// Sets its flag when dropped (however the task holding it ends).
+struct DropSignal(tokio::sync::watch::Sender<bool>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
 }
 
 fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {

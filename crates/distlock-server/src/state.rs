@@ -184,17 +184,24 @@ impl State {
         req: &proto::ConnectRequest,
         conn: (u64, Outbox),
         addr: Option<IpAddr>,
-    ) -> (Vec<u8>, Option<i64>) {
+    ) -> Result<(Vec<u8>, Option<i64>), String> {
+        if req.last_zxid_seen > self.zxid {
+            // The client has seen a newer state than ours: we went back in time (a data directory
+            // restored from an old copy, say). Refused without a reply, as ZooKeeper does, so the
+            // client tries another server instead of trusting this one.
+            return Err(format!(
+                "refusing the client: it has seen zxid {:#x}, our last is {:#x}",
+                req.last_zxid_seen, self.zxid
+            ));
+        }
         let timeout = self.negotiate_timeout(req.timeout_ms);
         let mut w = Writer::framed();
         if req.session_id == 0 {
             let id = self.next_session;
             self.next_session += 1;
             let password: Vec<u8> = (0..16).map(|_| rand::random::<u8>()).collect();
-            self.zxid += 1;
-            let time = now_ms();
-            self.commit(vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }], time);
             let deadline = Instant::now() + Duration::from_millis(timeout as u64);
+            // In the session table before the commit: a snapshot the commit triggers must hold it.
             self.sessions.insert(
                 id,
                 Session {
@@ -207,12 +214,14 @@ impl State {
                     addr,
                 },
             );
+            self.zxid += 1;
+            self.commit(vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }], now_ms());
             w.i32(0).i32(timeout).i64(id).buffer(&password);
             if req.read_only {
                 w.bool(false);
             }
             tracing::debug!(session = format!("{id:#x}"), timeout, "session opened");
-            return (w.frame(), Some(id));
+            return Ok((w.frame(), Some(id)));
         }
         match self.sessions.get_mut(&req.session_id) {
             Some(s) if s.password == req.password => {
@@ -230,7 +239,7 @@ impl State {
                     w.bool(false);
                 }
                 tracing::debug!(session = format!("{id:#x}"), "session re-attached");
-                (w.frame(), Some(id))
+                Ok((w.frame(), Some(id)))
             }
             _ => {
                 // Unknown or expired session (or a wrong password): timeout 0 tells the client.
@@ -238,7 +247,7 @@ impl State {
                 if req.read_only {
                     w.bool(false);
                 }
-                (w.frame(), None)
+                Ok((w.frame(), None))
             }
         }
     }
@@ -252,6 +261,12 @@ impl State {
                 self.watches.remove_session(sid);
             }
         }
+    }
+
+    /// Whether `conn_id` is the connection session `sid` is attached to now (a session that moved
+    /// to a new connection, or ended, no longer answers the old one).
+    pub fn is_current(&self, sid: i64, conn_id: u64) -> bool {
+        self.sessions.get(&sid).is_some_and(|s| s.conn.as_ref().is_some_and(|(id, _)| *id == conn_id))
     }
 
     pub fn touch(&mut self, sid: i64) {

@@ -83,6 +83,22 @@ fn jute_string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// A create request frame (xid 1, empty data, open ACL) with ZooKeeper's create `flags`
+/// (0 persistent, 1 ephemeral).
+fn create_frame(path: &str, flags: i32) -> Vec<u8> {
+    let mut create = Vec::new();
+    create.extend_from_slice(&1i32.to_be_bytes()); // xid
+    create.extend_from_slice(&1i32.to_be_bytes()); // create
+    jute_string(&mut create, path);
+    create.extend_from_slice(&0i32.to_be_bytes()); // empty data
+    create.extend_from_slice(&1i32.to_be_bytes()); // one ACL
+    create.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut create, "world");
+    jute_string(&mut create, "anyone");
+    create.extend_from_slice(&flags.to_be_bytes());
+    frame(&create)
+}
+
 #[tokio::test]
 async fn silent_sessions_expire() {
     let s = server().await;
@@ -94,17 +110,7 @@ async fn silent_sessions_expire() {
     sock.write_all(&hello).await.unwrap();
     let mut resp = vec![0u8; 4 + 36];
     sock.read_exact(&mut resp).await.unwrap();
-    let mut create = Vec::new();
-    create.extend_from_slice(&1i32.to_be_bytes()); // xid
-    create.extend_from_slice(&1i32.to_be_bytes()); // create
-    jute_string(&mut create, "/silent");
-    create.extend_from_slice(&0i32.to_be_bytes()); // empty data
-    create.extend_from_slice(&1i32.to_be_bytes()); // one ACL
-    create.extend_from_slice(&31i32.to_be_bytes());
-    jute_string(&mut create, "world");
-    jute_string(&mut create, "anyone");
-    create.extend_from_slice(&1i32.to_be_bytes()); // ephemeral
-    sock.write_all(&frame(&create)).await.unwrap();
+    sock.write_all(&create_frame("/silent", 1)).await.unwrap();
     let (stat, w) = b.check_and_watch_stat("/silent").await.unwrap();
     let w = match stat {
         Some(_) => w,
@@ -450,4 +456,82 @@ async fn stopping_the_server_closes_its_connections() {
     s.stop().await;
     let state = tokio::time::timeout(BOUND, states.changed()).await.expect("the client notices");
     assert_eq!(state, zk::SessionState::Disconnected);
+}
+
+/// Handshakes on a raw socket with `session`/`password` (0: a new session); returns the socket,
+/// the negotiated timeout (0: refused as expired), the session id and the password.
+async fn attach(
+    addr: std::net::SocketAddr,
+    session: i64,
+    password: &[u8],
+    timeout_ms: i32,
+) -> (TcpStream, i32, i64, Vec<u8>) {
+    let mut hello = connect_frame();
+    hello[4 + 12..4 + 16].copy_from_slice(&timeout_ms.to_be_bytes());
+    hello[4 + 16..4 + 24].copy_from_slice(&session.to_be_bytes());
+    hello[4 + 28..4 + 44].copy_from_slice(password);
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&hello).await.unwrap();
+    let mut resp = vec![0u8; 4 + 36];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
+    let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
+    let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
+    (sock, timeout, id, resp[24..40].to_vec())
+}
+
+/// Sessions that expire have their sockets closed for good: silent clients cannot hold every
+/// connection slot (20 of them used to lock out even four-letter words).
+#[tokio::test]
+async fn expired_sessions_free_their_connection_slots() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_connections: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(attach(s.addr(), 0, &[0; 16], 1000).await.0);
+    }
+    // Each session expires and the server closes its socket (we keep ours open).
+    for sock in &mut silent {
+        let mut rest = Vec::new();
+        tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await.expect("closed by the server").unwrap();
+    }
+    // Their slots come free: a four-letter word is answered again.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while raw(s.addr(), b"ruok").await != b"imok" {
+        assert!(tokio::time::Instant::now() < deadline, "the slots of expired sessions were never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling the server: no event to wait on
+    }
+    let c = client(&s).await;
+    assert!(c.check_stat("/").await.unwrap().is_some());
+}
+
+/// Once a session moves to a new connection, the old one is closed and nothing it sends is
+/// applied (its creates used to be).
+#[tokio::test]
+async fn a_superseded_connection_executes_nothing() {
+    let s = server().await;
+    let (mut old, _, id, password) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let (_new, timeout, moved, _) = attach(s.addr(), id, &password, 4000).await;
+    assert_eq!((moved, timeout > 0), (id, true));
+    let _ = old.write_all(&create_frame("/from-the-old-connection", 0)).await;
+    let mut rest = Vec::new();
+    tokio::time::timeout(BOUND, old.read_to_end(&mut rest)).await.expect("the old connection is closed").ok();
+    assert!(rest.is_empty(), "no reply on the old connection: {rest:?}");
+    let c = client(&s).await;
+    assert!(c.check_stat("/from-the-old-connection").await.unwrap().is_none());
+}
+
+/// A client that has seen a newer zxid than the server's is refused without a reply (how clients
+/// notice a server that went back in time).
+#[tokio::test]
+async fn a_client_from_the_future_is_refused() {
+    let s = server().await;
+    let mut hello = connect_frame();
+    hello[4 + 4..4 + 12].copy_from_slice(&(1i64 << 40).to_be_bytes());
+    assert!(raw(s.addr(), &hello).await.is_empty(), "no session for a client that saw zxid 2^40");
+    assert_eq!(raw(s.addr(), &connect_frame()).await.len(), 4 + 36, "an ordinary client is answered");
 }

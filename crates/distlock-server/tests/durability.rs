@@ -1,0 +1,136 @@
+//! Crash and corruption: what a data directory recovers, and what it refuses.
+
+use distlock_server::{Config, EmbeddedServer, Fsync};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use zookeeper_client as zk;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
+    Config {
+        tick: Duration::from_millis(500),
+        data_dir: Some(dir.to_path_buf()),
+        fsync: Fsync::Always,
+        snapshot_every,
+        ..Default::default()
+    }
+}
+
+/// A connect request frame for `session` (0: a new one) with `password`.
+fn hello(session: i64, password: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&0i32.to_be_bytes()); // protocol version
+    body.extend_from_slice(&0i64.to_be_bytes()); // last zxid seen
+    body.extend_from_slice(&4000i32.to_be_bytes()); // timeout
+    body.extend_from_slice(&session.to_be_bytes());
+    body.extend_from_slice(&(password.len() as i32).to_be_bytes());
+    body.extend_from_slice(password);
+    let mut f = (body.len() as i32).to_be_bytes().to_vec();
+    f.extend_from_slice(&body);
+    f
+}
+
+/// Handshakes on a raw socket; returns (negotiated timeout, session id, password).
+async fn handshake(addr: std::net::SocketAddr, session: i64, password: &[u8]) -> (i32, i64, Vec<u8>) {
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&hello(session, password)).await.unwrap();
+    let mut resp = vec![0u8; 4 + 36];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
+    let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
+    let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
+    (timeout, id, resp[24..40].to_vec())
+}
+
+/// The session opened by the very transaction that triggers a snapshot is in that snapshot: after
+/// a crash it can be resumed (its ephemerals used to stay for ever, the session unknown).
+#[tokio::test]
+async fn a_session_opened_at_a_snapshot_boundary_survives_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = EmbeddedServer::start_with(durable(dir.path(), 1)).await.unwrap();
+    let (timeout, id, password) = handshake(s.addr(), 0, &[0; 16]).await;
+    assert!(timeout > 0);
+    s.stop().await; // no close of the session: as after SIGKILL
+    let s2 = EmbeddedServer::start_with(durable(dir.path(), 1)).await.unwrap();
+    let (timeout, resumed, _) = handshake(s2.addr(), id, &password).await;
+    assert_eq!((resumed, timeout > 0), (id, true), "the session is known after the restart");
+}
+
+/// Writes `n` persistent nodes through a real client, then stops the server.
+async fn write_nodes(dir: &std::path::Path, n: usize) {
+    let s = EmbeddedServer::start_with(durable(dir, 10_000)).await.unwrap();
+    let c = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(4))
+        .connect(&s.addr().to_string())
+        .await
+        .unwrap();
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for i in 0..n {
+        c.create(&format!("/n{i}"), format!("value {i}").as_bytes(), &open).await.unwrap();
+    }
+    drop(c);
+    s.stop().await;
+}
+
+/// Byte offsets where each line of the log starts.
+fn line_starts(log: &[u8]) -> Vec<usize> {
+    let mut starts = vec![0];
+    starts.extend(log.iter().enumerate().filter(|(_, b)| **b == b'\n').map(|(i, _)| i + 1));
+    starts.pop();
+    starts
+}
+
+/// One changed digit in the middle of the log is caught by its checksum, and the server refuses to
+/// start, naming the file and the offset (it used to replay the changed value, or drop every
+/// transaction after a record it could not parse).
+#[tokio::test]
+async fn a_damaged_record_mid_log_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    write_nodes(dir.path(), 6).await;
+    let log_path = dir.path().join("log.jsonl");
+    let mut log = std::fs::read(&log_path).unwrap();
+    let starts = line_starts(&log);
+    assert!(starts.len() >= 6, "one record per transaction");
+    let victim = starts[3];
+    let digit = victim + log[victim..].iter().position(|b| *b == b'"').unwrap() + 1;
+    let digit = digit + log[digit..].iter().position(|b| b.is_ascii_digit()).unwrap();
+    log[digit] = if log[digit] == b'7' { b'8' } else { b'7' };
+    std::fs::write(&log_path, &log).unwrap();
+    let err = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.err().expect("refuses to start");
+    let msg = err.to_string();
+    assert!(msg.contains("log.jsonl") && msg.contains(&format!("offset {victim}")), "{msg}");
+    assert_eq!(std::fs::read(&log_path).unwrap(), log, "the log is left as it was for a person to look at");
+}
+
+/// A torn last record, even one cut inside a multi-byte character or not text at all, is dropped
+/// and every acknowledged transaction before it is kept.
+#[tokio::test]
+async fn a_torn_last_record_is_dropped() {
+    for tail in [
+        &b"0badc0de {\"zxid\":999,\"time\":1,\"m\":[{\"Create\":{\"path\":\"/\xc3"[..],
+        b"\xff\xfe\x00garbage",
+        b"00000000 {}\n",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_nodes(dir.path(), 4).await;
+        let log_path = dir.path().join("log.jsonl");
+        let good = std::fs::read(&log_path).unwrap();
+        let mut torn = good.clone();
+        torn.extend_from_slice(tail);
+        std::fs::write(&log_path, &torn).unwrap();
+        let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
+        let c = zk::Client::connector()
+            .with_session_timeout(Duration::from_secs(4))
+            .connect(&s.addr().to_string())
+            .await
+            .unwrap();
+        for i in 0..4 {
+            assert_eq!(c.get_data(&format!("/n{i}")).await.unwrap().0, format!("value {i}").as_bytes(), "{tail:?}");
+        }
+        drop(c);
+        s.stop().await;
+        let after = std::fs::read(&log_path).unwrap();
+        assert!(after.starts_with(&good) && !after.ends_with(tail), "the torn tail was cut: {tail:?}");
+    }
+}
