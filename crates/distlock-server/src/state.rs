@@ -76,6 +76,9 @@ fn add(table: &mut HashMap<String, HashSet<i64>>, path: &str, sid: i64) {
     table.entry(path.to_string()).or_default().insert(sid);
 }
 
+/// A node without its children: what a multi saves to undo an op.
+type NodeFields = (Vec<u8>, Vec<Acl>, Stat);
+
 /// Counters for the four-letter words.
 #[derive(Default, Clone, Copy)]
 pub struct Counters {
@@ -954,10 +957,14 @@ impl State {
         let mut events = Vec::new();
         let mut results = Vec::new();
         let mut failure = None;
-        let mut undo: Vec<(String, Option<Node>)> = Vec::new();
+        // What each op may change, saved before it runs: a node's own fields, never its children
+        // (a parent with thousands of children used to be copied once per op). Children sets are
+        // put back by undoing the creates and deletes of the children themselves.
+        let mut undo: Vec<(String, Option<NodeFields>)> = Vec::new();
         for (i, o) in ops.iter().enumerate() {
             for p in o.touches(&self.tree) {
-                undo.push((p.clone(), self.tree.get(&p).cloned()));
+                let saved = self.tree.get(&p).map(|n| (n.data.clone(), n.acl.clone(), n.stat));
+                undo.push((p, saved));
             }
             match self.write_op(sid, o, zxid, time, &mut muts, &mut events) {
                 Ok(res) => results.push(res),
@@ -986,13 +993,27 @@ impl State {
             }
             Some((failed, code)) => {
                 // Undo in reverse order, so the oldest saved state of each node wins.
-                for (path, node) in undo.into_iter().rev() {
-                    match node {
-                        Some(n) => {
-                            self.tree.nodes.insert(path, n);
-                        }
+                for (path, saved) in undo.into_iter().rev() {
+                    let name = crate::tree::name_of(&path).to_string();
+                    let parent = parent_of(&path).to_string();
+                    match saved {
+                        Some((data, acl, stat)) => match self.tree.nodes.get_mut(&path) {
+                            Some(n) => (n.data, n.acl, n.stat) = (data, acl, stat),
+                            None => {
+                                // Deleted by the multi (so it had no children): put it back.
+                                let node = Node { data, acl, stat, children: Default::default() };
+                                self.tree.nodes.insert(path, node);
+                                if let Some(p) = self.tree.nodes.get_mut(&parent) {
+                                    p.children.insert(name);
+                                }
+                            }
+                        },
                         None => {
-                            self.tree.nodes.remove(&path);
+                            if self.tree.nodes.remove(&path).is_some() {
+                                if let Some(p) = self.tree.nodes.get_mut(&parent) {
+                                    p.children.remove(&name);
+                                }
+                            }
                         }
                     }
                 }

@@ -535,3 +535,44 @@ async fn a_client_from_the_future_is_refused() {
     assert!(raw(s.addr(), &hello).await.is_empty(), "no session for a client that saw zxid 2^40");
     assert_eq!(raw(s.addr(), &connect_frame()).await.len(), 4 + 36, "an ordinary client is answered");
 }
+
+/// A failing multi under a parent with many children puts every node, child set and stat back as
+/// it was, including nodes it deleted and re-created (its undo no longer copies the parent's
+/// children once per op).
+#[tokio::test]
+async fn a_failed_multi_under_a_large_parent_is_undone_exactly() {
+    let s = server().await;
+    let c = client(&s).await;
+    c.create("/big", b"before", &open()).await.unwrap();
+    let mut w = c.new_multi_writer();
+    for i in 0..2000 {
+        w.add_create(&format!("/big/c{i:05}"), b"", &open()).unwrap();
+    }
+    w.commit().await.unwrap();
+    let (children_before, parent_before) = c.get_children("/big").await.unwrap();
+    let mut w = c.new_multi_writer();
+    for i in 0..300 {
+        w.add_create(&format!("/big/new{i:03}"), b"", &open()).unwrap();
+    }
+    w.add_delete("/big/c00007", None).unwrap();
+    w.add_create("/big/c00007", b"re-created", &open()).unwrap();
+    w.add_create("/big/c00007/inner", b"", &open()).unwrap();
+    w.add_delete("/big/c00008", None).unwrap();
+    w.add_set_data("/big", b"after", None).unwrap();
+    w.add_check_version("/big", 99).unwrap();
+    assert!(matches!(
+        w.commit().await,
+        Err(zk::MultiWriteError::OperationFailed { source: zk::Error::BadVersion, .. })
+    ));
+    let (children_after, parent_after) = c.get_children("/big").await.unwrap();
+    assert_eq!(children_after.len(), children_before.len());
+    assert_eq!(
+        children_after.iter().collect::<std::collections::BTreeSet<_>>(),
+        children_before.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert_eq!(parent_after, parent_before, "the parent's stat is as before");
+    assert_eq!(c.get_data("/big").await.unwrap().0, b"before");
+    assert_eq!(c.get_data("/big/c00007").await.unwrap().0, b"");
+    assert!(c.check_stat("/big/c00007/inner").await.unwrap().is_none());
+    assert!(c.check_stat("/big/new000").await.unwrap().is_none());
+}
