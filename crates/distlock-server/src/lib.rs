@@ -63,6 +63,9 @@ pub struct Config {
     pub snapshot_every: u64,
     /// How often emptied containers and expired TTL nodes are reaped. Default 1 s.
     pub container_check: Duration,
+    /// Most reply and event bytes queued for one connection; a client that does not read its
+    /// replies is disconnected past it. Default 64 MiB.
+    pub max_queued_output: usize,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             fsync: Fsync::Always,
             snapshot_every: 10_000,
             container_check: Duration::from_secs(1),
+            max_queued_output: 64 << 20,
         }
     }
 }
@@ -237,7 +241,7 @@ impl Drop for EmbeddedServer {
 pub fn decode_for_fuzzing(data: &[u8]) {
     let _ = proto::ConnectRequest::decode(data);
     let mut state = state::State::new(Config::default(), tree::Tree::default(), 0, Vec::new(), None);
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, _rx) = state::Outbox::new(usize::MAX);
     let hello = proto::ConnectRequest {
         protocol_version: 0,
         last_zxid_seen: 0,

@@ -1,14 +1,13 @@
 //! Connections: framing, the handshake, four-letter words, and the timers.
 
 use crate::proto::ConnectRequest;
-use crate::state::{Outgoing, State};
+use crate::state::{Outbox, Outgoing, State};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 pub type Shared = Arc<Mutex<State>>;
 
@@ -98,8 +97,12 @@ async fn read_frame(
     if len < 0 || len as usize > max {
         return Err(format!("frame length {len} outside 0..={max}"));
     }
-    let mut frame = vec![0u8; len as usize];
-    socket.read_exact(&mut frame).await.map_err(|e| format!("truncated frame: {e}"))?;
+    // Memory grows with the bytes that arrive, not with the length a client announces.
+    let mut frame = Vec::with_capacity((len as usize).min(64 << 10));
+    (&mut *socket).take(len as u64).read_to_end(&mut frame).await.map_err(|e| format!("read: {e}"))?;
+    if frame.len() < len as usize {
+        return Err(format!("truncated frame: {} of {len} bytes", frame.len()));
+    }
     Ok(frame)
 }
 
@@ -120,7 +123,8 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
         .map_err(|_| format!("no connect request within {HANDSHAKE_TIMEOUT:?}"))??;
     let req = ConnectRequest::decode(&frame).map_err(|e| format!("bad connect request: {e}"))?;
     let conn_id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
+    let max_output = state.lock().unwrap().config.max_queued_output;
+    let (tx, mut outbox) = Outbox::new(max_output);
     let connected = state.lock().unwrap().connect(&req, (conn_id, tx.clone()), Some(peer.ip()));
     let (response, sid) = match connected {
         Ok(c) => c,
@@ -140,12 +144,24 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     let (writer_done, mut closed) = tokio::sync::watch::channel(false);
     let writer_task = tokio::spawn(async move {
         let _done = DropSignal(writer_done);
-        while let Some(out) = rx.recv().await {
+        loop {
+            let out = tokio::select! {
+                out = outbox.rx.recv() => match out {
+                    Some(out) => out,
+                    None => return,
+                },
+                _ = outbox.overflow.notified() => return,
+            };
             match out {
                 Outgoing::Frame(f) => {
-                    if writer.write_all(&f).await.is_err() {
+                    let written = tokio::select! {
+                        r = writer.write_all(&f) => r.is_ok(),
+                        _ = outbox.overflow.notified() => false,
+                    };
+                    if !written {
                         return;
                     }
+                    outbox.written(f.len());
                 }
                 Outgoing::Close(why) => {
                     tracing::debug!(why, "closing connection");

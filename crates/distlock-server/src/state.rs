@@ -13,6 +13,8 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
@@ -23,7 +25,59 @@ pub enum Outgoing {
     Close(String),
 }
 
-pub type Outbox = mpsc::UnboundedSender<Outgoing>;
+/// What a connection has to send: frames and a close, with a bound on the bytes not yet written.
+/// Past the bound the connection is closed (at once, not after the queue drains): a client that
+/// does not read its replies cannot grow the server's memory.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+    /// Woken when the bound is passed; the writer stops at once.
+    overflow: Arc<tokio::sync::Notify>,
+}
+
+/// The writer's side of an [`Outbox`].
+pub struct OutboxReader {
+    pub rx: mpsc::UnboundedReceiver<Outgoing>,
+    queued: Arc<AtomicUsize>,
+    pub overflow: Arc<tokio::sync::Notify>,
+}
+
+impl Outbox {
+    pub fn new(limit: usize) -> (Outbox, OutboxReader) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let overflow = Arc::new(tokio::sync::Notify::new());
+        let reader = OutboxReader { rx, queued: queued.clone(), overflow: overflow.clone() };
+        (Outbox { tx, queued, limit, overflow }, reader)
+    }
+
+    /// Queues `out`; false if the connection is gone or has just been cut for not reading.
+    pub fn send(&self, out: Outgoing) -> bool {
+        if let Outgoing::Frame(f) = &out {
+            let before = self.queued.fetch_add(f.len(), Ordering::SeqCst);
+            if before + f.len() > self.limit {
+                self.queued.fetch_sub(f.len(), Ordering::SeqCst);
+                tracing::warn!(
+                    queued = before,
+                    limit = self.limit,
+                    "the client does not read its replies; disconnecting it"
+                );
+                self.overflow.notify_one();
+                return false;
+            }
+        }
+        self.tx.send(out).is_ok()
+    }
+}
+
+impl OutboxReader {
+    /// `n` bytes of a frame were written to the socket.
+    pub fn written(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::SeqCst);
+    }
+}
 
 pub struct Session {
     pub id: i64,

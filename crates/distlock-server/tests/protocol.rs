@@ -576,3 +576,39 @@ async fn a_failed_multi_under_a_large_parent_is_undone_exactly() {
     assert!(c.check_stat("/big/c00007/inner").await.unwrap().is_none());
     assert!(c.check_stat("/big/new000").await.unwrap().is_none());
 }
+
+/// A client that sends requests but never reads the replies is disconnected once its queued
+/// replies pass the bound (they used to pile up in memory, 400 MB and more), and everyone else is
+/// served on.
+#[tokio::test]
+async fn a_client_that_does_not_read_is_disconnected() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_queued_output: 4 << 20,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let healthy = client(&s).await;
+    healthy.create("/big", &vec![7u8; 512 << 10], &open()).await.unwrap();
+    let (mut sock, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let mut get = Vec::new();
+    get.extend_from_slice(&2i32.to_be_bytes()); // xid
+    get.extend_from_slice(&4i32.to_be_bytes()); // getData
+    jute_string(&mut get, "/big");
+    get.push(0); // no watch
+    let get = frame(&get);
+    // 200 replies of 512 KiB = 100 MiB, never read while sending (the server's writes block).
+    let mut sent = 0;
+    for _ in 0..200 {
+        match tokio::time::timeout(BOUND, sock.write_all(&get)).await.expect("write blocked past the bound") {
+            Ok(()) => sent += 1,
+            Err(_) => break, // the server has closed the connection already
+        }
+    }
+    let mut received = Vec::new();
+    let _ =
+        tokio::time::timeout(BOUND, sock.read_to_end(&mut received)).await.expect("the server closed the connection");
+    assert!(received.len() < 200 * (512 << 10), "all {sent} replies were queued and delivered");
+    assert_eq!(healthy.get_data("/big").await.unwrap().0.len(), 512 << 10);
+}
