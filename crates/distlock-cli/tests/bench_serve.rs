@@ -366,3 +366,78 @@ fn serve_names_an_unusable_data_dir() {
     assert!(answers(s.addr));
     assert!(fresh.join("log.jsonl").is_file());
 }
+
+/// A frame: the body with its length in front (ZooKeeper's framing).
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as i32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn jute_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as i32).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Reads one frame's body.
+fn read_framed(sock: &mut std::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len)?;
+    let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// A server that was itself slow (here: paused with SIGSTOP for twice the session timeout)
+/// expires nobody for it: its clients could not be heard meanwhile. The session and its ephemeral
+/// node (a held lock) survive, and the client's next request is answered. A raw client is used:
+/// it waits as long as it is told to, where a library client gives its session up on its own.
+#[test]
+fn a_paused_server_expires_no_session_for_its_own_pause() {
+    let scratch = Scratch::new();
+    let s = serve(&["--listen", "127.0.0.1:0", "--tick", "200ms"], &scratch);
+    let mut sock = std::net::TcpStream::connect(s.addr).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&0i32.to_be_bytes()); // protocol version
+    hello.extend_from_slice(&0i64.to_be_bytes()); // last zxid seen
+    hello.extend_from_slice(&1000i32.to_be_bytes()); // session timeout 1 s
+    hello.extend_from_slice(&0i64.to_be_bytes()); // new session
+    jute_string(&mut hello, "0123456789abcdef"); // password
+    sock.write_all(&framed(&hello)).unwrap();
+    let connected = read_framed(&mut sock).unwrap();
+    assert_eq!(i32::from_be_bytes(connected[4..8].try_into().unwrap()), 1000, "negotiated 1 s");
+    let mut create = Vec::new();
+    create.extend_from_slice(&1i32.to_be_bytes()); // xid
+    create.extend_from_slice(&1i32.to_be_bytes()); // create
+    jute_string(&mut create, "/held-while-paused");
+    create.extend_from_slice(&0i32.to_be_bytes()); // empty data
+    create.extend_from_slice(&1i32.to_be_bytes()); // one ACL: world:anyone, all
+    create.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut create, "world");
+    jute_string(&mut create, "anyone");
+    create.extend_from_slice(&1i32.to_be_bytes()); // ephemeral
+    sock.write_all(&framed(&create)).unwrap();
+    let created = read_framed(&mut sock).unwrap();
+    assert_eq!(i32::from_be_bytes(created[12..16].try_into().unwrap()), 0, "created");
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    // The fault: the server is paused for twice the session timeout.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    // The client speaks again only now: the server's clock is past the session's deadline.
+    let mut ping = Vec::new();
+    ping.extend_from_slice(&(-2i32).to_be_bytes());
+    ping.extend_from_slice(&11i32.to_be_bytes());
+    sock.write_all(&framed(&ping)).unwrap();
+    let reply = read_framed(&mut sock).expect("the session was expired and its connection closed");
+    assert_eq!(i32::from_be_bytes(reply[0..4].try_into().unwrap()), -2, "a ping reply");
+    let mut exists = Vec::new();
+    exists.extend_from_slice(&3i32.to_be_bytes()); // xid
+    exists.extend_from_slice(&3i32.to_be_bytes()); // exists
+    jute_string(&mut exists, "/held-while-paused");
+    exists.push(0); // no watch
+    sock.write_all(&framed(&exists)).unwrap();
+    let found = read_framed(&mut sock).unwrap();
+    assert_eq!(i32::from_be_bytes(found[12..16].try_into().unwrap()), 0, "the ephemeral node survived");
+}

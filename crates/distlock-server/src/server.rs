@@ -63,12 +63,29 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
 }
 
 /// Session expiry, container and TTL reaping.
+///
+/// No session expires because the server itself was slow: when this loop runs late (a long
+/// request or snapshot held the state, the process was paused, the runtime was starved), every
+/// session is credited with the delay before anything is expired. Clients could not be heard
+/// meanwhile, so their silence says nothing. (Expiring later than the timeout is always safe for
+/// locks: a client's lease only assumes the server cannot expire it *sooner*.)
 async fn timers(state: Shared, tick: Duration) {
-    let mut every = tokio::time::interval(tick.min(Duration::from_millis(500)));
+    let period = tick.min(Duration::from_millis(500));
+    let mut every = tokio::time::interval(period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reap_at = tokio::time::Instant::now();
+    let mut last_run = tokio::time::Instant::now();
     loop {
         every.tick().await;
         let mut s = state.lock().unwrap();
+        // Measured from the start of the previous round, so a slow round of our own counts too.
+        let started = tokio::time::Instant::now();
+        let late = started.duration_since(last_run).saturating_sub(period);
+        last_run = started;
+        if late > period / 2 {
+            tracing::warn!(late = ?late, "the server was slow; sessions get the time back before expiry");
+            s.credit_sessions(late);
+        }
         s.expire_sessions();
         if tokio::time::Instant::now() >= reap_at {
             s.reap();

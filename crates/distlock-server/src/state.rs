@@ -332,6 +332,13 @@ impl State {
         }
     }
 
+    /// Moves every session's deadline `by` later (time the server could not hear its clients).
+    pub fn credit_sessions(&mut self, by: Duration) {
+        for s in self.sessions.values_mut() {
+            s.deadline += by;
+        }
+    }
+
     /// Ends a session: deletes its ephemeral nodes (firing their watches) and its watches.
     pub fn close_session(&mut self, sid: i64, why: &str) {
         if self.sessions.remove(&sid).is_none() {
