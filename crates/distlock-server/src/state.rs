@@ -89,45 +89,79 @@ pub struct Session {
     pub addr: Option<IpAddr>,
 }
 
+/// Indexes of [`Watches::tables`].
+const DATA: usize = 0;
+const CHILD: usize = 1;
+const PERSISTENT: usize = 2;
+const RECURSIVE: usize = 3;
+
+/// Every watch: per kind, the sessions watching each path; and per session, how many it holds
+/// (so the per-session limit costs nothing to check).
 #[derive(Default)]
 struct Watches {
-    data: HashMap<String, HashSet<i64>>,
-    child: HashMap<String, HashSet<i64>>,
-    persistent: HashMap<String, HashSet<i64>>,
-    recursive: HashMap<String, HashSet<i64>>,
+    tables: [HashMap<String, HashSet<i64>>; 4],
+    counts: HashMap<i64, usize>,
 }
 
 impl Watches {
-    fn tables(&mut self) -> [&mut HashMap<String, HashSet<i64>>; 4] {
-        [&mut self.data, &mut self.child, &mut self.persistent, &mut self.recursive]
+    fn add(&mut self, kind: usize, path: &str, sid: i64) {
+        if self.tables[kind].entry(path.to_string()).or_default().insert(sid) {
+            *self.counts.entry(sid).or_default() += 1;
+        }
+    }
+
+    /// Removes and returns the sessions watching `path` (a one-shot watch firing).
+    fn take(&mut self, kind: usize, path: &str) -> HashSet<i64> {
+        let taken = self.tables[kind].remove(path).unwrap_or_default();
+        for sid in &taken {
+            self.uncount(*sid);
+        }
+        taken
+    }
+
+    fn contains(&self, kind: usize, path: &str, sid: i64) -> bool {
+        self.tables[kind].get(path).is_some_and(|s| s.contains(&sid))
+    }
+
+    fn remove(&mut self, kind: usize, path: &str, sid: i64) {
+        if let Some(s) = self.tables[kind].get_mut(path) {
+            if s.remove(&sid) {
+                if s.is_empty() {
+                    self.tables[kind].remove(path);
+                }
+                self.uncount(sid);
+            }
+        }
+    }
+
+    fn uncount(&mut self, sid: i64) {
+        if let Some(n) = self.counts.get_mut(&sid) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&sid);
+            }
+        }
     }
 
     fn count(&self, sid: i64) -> usize {
-        [&self.data, &self.child, &self.persistent, &self.recursive]
-            .iter()
-            .map(|t| t.values().filter(|s| s.contains(&sid)).count())
-            .sum()
+        self.counts.get(&sid).copied().unwrap_or(0)
     }
 
     fn total(&self) -> usize {
-        [&self.data, &self.child, &self.persistent, &self.recursive]
-            .iter()
-            .map(|t| t.values().map(|s| s.len()).sum::<usize>())
-            .sum()
+        self.counts.values().sum()
     }
 
     fn remove_session(&mut self, sid: i64) {
-        for t in self.tables() {
+        if self.counts.remove(&sid).is_none() {
+            return;
+        }
+        for t in &mut self.tables {
             t.retain(|_, s| {
                 s.remove(&sid);
                 !s.is_empty()
             });
         }
     }
-}
-
-fn add(table: &mut HashMap<String, HashSet<i64>>, path: &str, sid: i64) {
-    table.entry(path.to_string()).or_default().insert(sid);
 }
 
 /// A node without its children: what a multi saves to undo an op.
@@ -420,27 +454,22 @@ impl State {
     /// Fires the watches matching `(path, type)` events and queues the notifications.
     fn deliver(&mut self, events: Vec<(String, i32)>) {
         for (path, typ) in events {
-            let mut targets: HashSet<i64> = HashSet::new();
-            let mut take = |t: &mut HashMap<String, HashSet<i64>>, p: &str| {
-                if let Some(s) = t.remove(p) {
-                    targets.extend(s);
-                }
-            };
-            match typ {
-                event::NODE_CREATED | event::NODE_DATA_CHANGED => take(&mut self.watches.data, &path),
+            let mut targets: HashSet<i64> = match typ {
+                event::NODE_CREATED | event::NODE_DATA_CHANGED => self.watches.take(DATA, &path),
                 event::NODE_DELETED => {
-                    take(&mut self.watches.data, &path);
-                    take(&mut self.watches.child, &path);
+                    let mut t = self.watches.take(DATA, &path);
+                    t.extend(self.watches.take(CHILD, &path));
+                    t
                 }
-                _ => take(&mut self.watches.child, &path),
-            }
-            if let Some(s) = self.watches.persistent.get(&path) {
+                _ => self.watches.take(CHILD, &path),
+            };
+            if let Some(s) = self.watches.tables[PERSISTENT].get(&path) {
                 targets.extend(s.iter().copied());
             }
             if typ != event::NODE_CHILDREN_CHANGED {
                 let mut p = path.as_str();
                 loop {
-                    if let Some(s) = self.watches.recursive.get(p) {
+                    if let Some(s) = self.watches.tables[RECURSIVE].get(p) {
                         targets.extend(s.iter().copied());
                     }
                     if p == "/" {
@@ -643,27 +672,27 @@ impl State {
             match self.tree.get(&p) {
                 None => fire.push((p, event::NODE_DELETED)),
                 Some(n) if n.stat.mzxid > rel => fire.push((p, event::NODE_DATA_CHANGED)),
-                Some(_) => add(&mut self.watches.data, &p, sid),
+                Some(_) => self.watches.add(DATA, &p, sid),
             }
         }
         for p in exist {
             match self.tree.get(&p) {
                 Some(_) => fire.push((p, event::NODE_CREATED)),
-                None => add(&mut self.watches.data, &p, sid),
+                None => self.watches.add(DATA, &p, sid),
             }
         }
         for p in child {
             match self.tree.get(&p) {
                 None => fire.push((p, event::NODE_DELETED)),
                 Some(n) if n.stat.pzxid > rel => fire.push((p, event::NODE_CHILDREN_CHANGED)),
-                Some(_) => add(&mut self.watches.child, &p, sid),
+                Some(_) => self.watches.add(CHILD, &p, sid),
             }
         }
         for p in pers {
-            add(&mut self.watches.persistent, &p, sid);
+            self.watches.add(PERSISTENT, &p, sid);
         }
         for p in rec {
-            add(&mut self.watches.recursive, &p, sid);
+            self.watches.add(RECURSIVE, &p, sid);
         }
         for (p, typ) in fire {
             self.notify(sid, typ, &p);
@@ -697,7 +726,7 @@ impl State {
                         return Err(err::THROTTLED);
                     }
                     if watch {
-                        add(&mut self.watches.data, &path, sid);
+                        self.watches.add(DATA, &path, sid);
                     }
                     let n = self.node(&path)?;
                     w.stat(&n.stat);
@@ -772,8 +801,8 @@ impl State {
                         return Err(err::THROTTLED);
                     }
                     match mode {
-                        0 => add(&mut self.watches.persistent, &path, sid),
-                        1 => add(&mut self.watches.recursive, &path, sid),
+                        0 => self.watches.add(PERSISTENT, &path, sid),
+                        1 => self.watches.add(RECURSIVE, &path, sid),
                         _ => return Err(err::BAD_ARGUMENTS),
                     }
                     Ok(())
@@ -784,30 +813,20 @@ impl State {
                 let typ = r.i32("watcher type")?;
                 r.finish()?;
                 let remove = opcode == op::REMOVE_WATCHES;
-                let tables: &mut [&mut HashMap<String, HashSet<i64>>] = match typ {
-                    1 => &mut [&mut self.watches.child],
-                    2 => &mut [&mut self.watches.data],
-                    3 => &mut [
-                        &mut self.watches.child,
-                        &mut self.watches.data,
-                        &mut self.watches.persistent,
-                        &mut self.watches.recursive,
-                    ],
-                    4 => &mut [&mut self.watches.persistent],
-                    5 => &mut [&mut self.watches.recursive],
+                let kinds: &[usize] = match typ {
+                    1 => &[CHILD],
+                    2 => &[DATA],
+                    3 => &[CHILD, DATA, PERSISTENT, RECURSIVE],
+                    4 => &[PERSISTENT],
+                    5 => &[RECURSIVE],
                     _ => return Ok(Err(err::BAD_ARGUMENTS)),
                 };
                 let mut found = false;
-                for t in tables.iter_mut() {
-                    if let Some(s) = t.get_mut(&path) {
-                        if s.contains(&sid) {
-                            found = true;
-                            if remove {
-                                s.remove(&sid);
-                                if s.is_empty() {
-                                    t.remove(&path);
-                                }
-                            }
+                for &kind in kinds {
+                    if self.watches.contains(kind, &path, sid) {
+                        found = true;
+                        if remove {
+                            self.watches.remove(kind, &path, sid);
                         }
                     }
                 }
@@ -849,7 +868,7 @@ impl State {
             if !self.watch_limit_ok(sid) {
                 return Err(err::THROTTLED);
             }
-            add(&mut self.watches.data, path, sid);
+            self.watches.add(DATA, path, sid);
         }
         Ok(())
     }
@@ -869,7 +888,7 @@ impl State {
             if !self.watch_limit_ok(sid) {
                 return Err(err::THROTTLED);
             }
-            add(&mut self.watches.child, path, sid);
+            self.watches.add(CHILD, path, sid);
         }
         Ok(())
     }
