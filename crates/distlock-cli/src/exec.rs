@@ -307,7 +307,21 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         }
     };
     let pgid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
-    let watchdog = crate::supervise::Watchdog::start(pgid, grace + kill_margin)?;
+    let watchdog = match crate::supervise::Watchdog::start(pgid, grace + kill_margin) {
+        Ok(w) => w,
+        Err(e) => {
+            // Nothing would end the command if we died: it does not run at all.
+            crate::supervise::signal_group(pgid, libc::SIGKILL);
+            let _ = group_ended(&mut child, pgid).await;
+            if let Some(t) = terminal {
+                t.take_back();
+            }
+            held.release().await;
+            anyhow::bail!(
+                "cannot start the watchdog that ends the command if distlock dies ({e}); the command was killed"
+            );
+        }
+    };
     let to_group = |sig| {
         if pgid > 1 {
             crate::supervise::signal_group(pgid, sig);

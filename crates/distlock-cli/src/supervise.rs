@@ -25,7 +25,12 @@ pub struct Watchdog {
 impl Watchdog {
     /// Starts a watchdog for process group `pgid`, killing it within `kill_after` of our death.
     pub fn start(pgid: libc::pid_t, kill_after: Duration) -> anyhow::Result<Watchdog> {
-        let exe = std::env::current_exe()?;
+        // /proc/self/exe works even when our binary was replaced or removed meanwhile (a package
+        // upgrade during a long wait), where the path current_exe() gives would not.
+        let exe = match std::path::Path::new("/proc/self/exe") {
+            p if p.exists() => p.to_path_buf(),
+            _ => std::env::current_exe()?,
+        };
         let mut child = Command::new(exe)
             .args(["supervise", &pgid.to_string(), &format!("{}ms", kill_after.as_millis())])
             .stdin(Stdio::piped())

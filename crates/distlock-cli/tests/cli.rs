@@ -963,3 +963,35 @@ fn one_ctrl_c_reaches_the_command_once() {
     assert_eq!(ints.len(), 1, "{rest:?}");
     assert!(rest.iter().any(|l| l.ends_with("done-1")), "{rest:?}");
 }
+
+/// A waiter whose binary was removed while it waited (a package upgrade) still starts its
+/// watchdog, and so runs its command (it used to fail with the command already started and left
+/// running without the lock).
+#[test]
+fn a_waiter_whose_binary_was_removed_still_guards_its_command() {
+    let l = lock();
+    let copy = std::env::temp_dir().join(format!("distlock-copy-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::copy(BIN, &copy).unwrap();
+    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let mut waiter = Command::new(&copy)
+        .env("DISTLOCK_BACKEND", backend("4s"))
+        .args(["exec", &l, "--", "echo", "ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_queue_len(&l, 2);
+    std::fs::remove_file(&copy).unwrap();
+    unsafe { libc_kill(holder.id() as i32, 15) }; // the holder ends its command and releases
+    wait_exit(&mut holder, Duration::from_secs(20));
+    let out = {
+        let status = wait_exit(&mut waiter, Duration::from_secs(30));
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut waiter.stdout.take().unwrap(), &mut text).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut waiter.stderr.take().unwrap(), &mut err).unwrap();
+        (status, text, err)
+    };
+    assert_eq!(out.0.code(), Some(0), "{out:?}");
+    assert_eq!(out.1.trim(), "ran");
+}

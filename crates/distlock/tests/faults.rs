@@ -431,6 +431,27 @@ async fn semaphore_on_a_mutex_or_rwlock_path_is_refused() {
     wait_empty(&client, &format!("{rpath}/leases"), BOUND).await;
 }
 
+/// A semaphore and a mutex arriving on one path at the same moment never both hold: whichever
+/// comes second sees the other (an empty pair of semaphore directories is ignored only when both
+/// are empty, and the semaphore's gate node exists before it looks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_and_a_mutex_racing_for_one_path_never_both_hold() {
+    let (a, b) = (connect().await, connect().await);
+    for round in 0..500 {
+        let path = unique_path("race");
+        let (sem, mutex) = (a.semaphore(&path, 1).unwrap(), b.mutex(&path).unwrap());
+        let (permit, guard) = tokio::join!(sem.try_acquire(), mutex.try_lock());
+        let held = (matches!(permit, Ok(Some(_))), matches!(guard, Ok(Some(_))));
+        assert_ne!(held, (true, true), "round {round}: both hold {path}");
+        if let Ok(Some(p)) = permit {
+            p.release().await.unwrap();
+        }
+        if let Ok(Some(g)) = guard {
+            g.release().await.unwrap();
+        }
+    }
+}
+
 /// If our own node is deleted while we wait, the predecessor's later deletion must not grant us
 /// the lock: we queue again and hold with a node that exists.
 #[tokio::test]

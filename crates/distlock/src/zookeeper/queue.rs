@@ -423,7 +423,7 @@ impl Queue {
                     && !children
                         .iter()
                         .any(|c| c != "leases" && c != "locks" && other_recipe(c, self.markers()).is_some());
-                if !(directories_only && (semaphore_idle || self.leases_unused().await?)) {
+                if !(directories_only && (semaphore_idle || self.semaphore_idle().await?)) {
                     return Err(Error::InvalidLockPath {
                         path: self.dir.clone(),
                         reason: format!("already in use as {other}; one path holds one kind of lock"),
@@ -590,20 +590,26 @@ impl Queue {
         }
     }
 
-    /// Creates the lock directory (and its parents) as containers, across connection losses.
-    /// Whether `<dir>/leases` (a semaphore's) is missing or empty.
-    async fn leases_unused(&self) -> Result<bool> {
-        let leases = format!("{}/leases", self.dir);
+    /// Whether a semaphore's `<dir>/locks` and `<dir>/leases` are both missing or empty. A
+    /// semaphore holds a gate node in `locks` from before it lists this directory until its lease
+    /// exists, and then the lease: so an empty pair, read after our node exists, means no
+    /// semaphore holder and none that could have missed our node.
+    async fn semaphore_idle(&self) -> Result<bool> {
+        let zk = self.client.zk();
+        let (leases, gate) = (format!("{}/leases", self.dir), format!("{}/locks", self.dir));
         loop {
-            self.client.inner.metrics.sent(1);
-            match self.client.zk().check_stat(&leases).await {
-                Ok(stat) => return Ok(stat.is_none_or(|s| s.num_children == 0)),
-                Err(e) if is_connection_loss(&e) => await_connected(self.client.zk()).await?,
-                Err(e) => return Err(backend("exists", &leases, e)),
+            self.client.inner.metrics.sent(2);
+            let (l, g) = futures::join!(zk.check_stat(&leases), zk.check_stat(&gate));
+            let empty = |stat: Option<zk::Stat>| stat.is_none_or(|s| s.num_children == 0);
+            match (l, g) {
+                (Ok(l), Ok(g)) => return Ok(empty(l) && empty(g)),
+                (Err(e), _) | (_, Err(e)) if is_connection_loss(&e) => await_connected(zk).await?,
+                (Err(e), _) | (_, Err(e)) => return Err(backend("exists", &self.dir, e)),
             }
         }
     }
 
+    /// Creates the lock directory (and its parents) as containers, across connection losses.
     async fn make_dir(&self) -> Result<()> {
         let zk = self.client.zk();
         let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
