@@ -47,7 +47,8 @@ pub struct LockArgs {
     /// Exclusive, as the write side of a read/write lock (`__WRIT__` nodes; Curator's
     /// InterProcessReadWriteLock writers share the queue). Without -s, -x or --permits the lock
     /// is a plain mutex (Curator's InterProcessMutex layout); distlock queues both in one FIFO
-    /// with -s holders, so either is exclusive against everyone on the path.
+    /// with -s holders, so either is exclusive against everyone on the path. (Curator orders
+    /// such a mixed queue wrongly: where Curator clients share a path, keep to one layout.)
     #[arg(short = 'x', long = "exclusive", visible_alias = "write", conflicts_with = "permits")]
     exclusive: bool,
     /// Take one permit of a semaphore with N permits (Curator's InterProcessSemaphoreV2 layout).
@@ -113,13 +114,21 @@ impl Signals {
         })
     }
 
-    /// The next INT, TERM or HUP (the signals that end a wait or a hold).
+    /// The next INT, TERM, HUP or QUIT (the signals that end a wait or a hold).
     pub async fn ending(&mut self) -> libc::c_int {
         tokio::select! {
             _ = self.int.recv() => libc::SIGINT,
             _ = self.term.recv() => libc::SIGTERM,
             _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.quit.recv() => libc::SIGQUIT,
         }
+    }
+
+    /// Forgets USR1 and USR2 that arrived while waiting: they were for no command yet.
+    fn forget_pending(&mut self) {
+        use futures::FutureExt;
+        while self.usr1.recv().now_or_never().is_some() {}
+        while self.usr2.recv().now_or_never().is_some() {}
     }
 
     /// The next signal to forward to the command.
@@ -170,7 +179,13 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         args.locks.iter().map(|l| crate::lock_path(l)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let shown = paths.join(",");
     let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
-    let client = args.backend.connect().await?;
+    let client = tokio::select! {
+        client = args.backend.connect() => client?,
+        sig = signals.ending() => {
+            eprintln!("distlock: {} while connecting; gave up", signal_name(sig));
+            return Ok(Err(interrupted(sig)));
+        }
+    };
     let specs = paths
         .iter()
         .map(|p| {
@@ -189,15 +204,17 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
 
     // A status line on a terminal, once the wait lasts long enough to be worth one.
     let (progress_tx, progress_rx) = watch::channel(QueueStatus::default());
+    let shown_status = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
-        .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, Instant::now())));
+        .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, Instant::now(), shown_status.clone())));
     let acquired = tokio::select! {
         r = multi.lock_observed(timeout, Some(&progress_tx)) => Ok(r),
         sig = signals.ending() => Err(sig),
     };
     if let Some(task) = status_line {
         task.abort();
-        if task.await.is_err() {
+        let _ = task.await;
+        if shown_status.load(std::sync::atomic::Ordering::SeqCst) {
             eprint!("\r\x1b[K");
         }
     }
@@ -209,7 +226,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             // makes sure the server has done it before we exit.
             client.close(Duration::from_secs(2)).await;
             eprintln!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
-            Ok(Err(128 + sig as u8))
+            Ok(Err(interrupted(sig)))
         }
         Ok(Err(e)) => {
             client.close(Duration::from_secs(2)).await;
@@ -224,6 +241,39 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             Ok(Err(args.conflict_exit_code))
         }
         Ok(Ok(Some(guard))) => Ok(Ok(Held { client, guard, shown })),
+    }
+}
+
+/// The exit status for a wait ended by `sig`: 128+N. For INT and QUIT distlock dies of the signal
+/// itself instead (after cleaning up), as a shell expects of a program it ran when the user
+/// pressed Ctrl-C, so that a calling script stops too.
+fn interrupted(sig: libc::c_int) -> u8 {
+    if sig == libc::SIGINT || sig == libc::SIGQUIT {
+        die_of(sig);
+    }
+    128 + sig as u8
+}
+
+/// Sends `sig` to our own process group (us included: our disposition is set to the default
+/// first, so we die of it).
+fn interrupt_our_group(sig: libc::c_int) {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    // SAFETY: resetting our disposition, then kill(2) on our own process group.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::kill(0, sig);
+    }
+}
+
+/// Ends the process by `sig` with its default action (flushing stderr first).
+fn die_of(sig: libc::c_int) {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    // SAFETY: resetting a disposition to the default and raising a signal at ourselves.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
     }
 }
 
@@ -242,7 +292,20 @@ fn signal_name(sig: libc::c_int) -> &'static str {
 /// What to run: COMMAND after --, or `sh -c STRING`.
 fn argv(args: &ExecArgs) -> anyhow::Result<Vec<String>> {
     match &args.command_string {
-        Some(s) => Ok(vec!["sh".into(), "-c".into(), s.clone()]),
+        Some(s) => {
+            // `exec L -c make all` would run `sh -c make` holding a second lock named `all`.
+            let words: Vec<String> = std::env::args().collect();
+            if let Some(c) = words.iter().position(|w| w == "-c" || w == "--command") {
+                if let Some(extra) =
+                    words[c + 2..].iter().take_while(|w| *w != "--").find(|w| args.lock.locks.contains(w))
+                {
+                    anyhow::bail!(
+                        "{extra:?} comes after -c STRING: put the locks before -c, and the whole shell command in one quoted STRING"
+                    );
+                }
+            }
+            Ok(vec!["sh".into(), "-c".into(), s.clone()])
+        }
         None if !args.command.is_empty() => Ok(args.command.clone()),
         None => {
             let hint = if args.lock.locks.len() > 1 {
@@ -277,18 +340,23 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         tracing::debug!(?grace, "--grace cut to a quarter of the session timeout");
     }
 
+    signals.forget_pending();
     let mut command = tokio::process::Command::new(&argv[0]);
     command.args(&argv[1..]).envs(held.env()).process_group(0);
     let terminal = Terminal::foreground();
+    let had_terminal = terminal.is_some();
     if terminal.is_some() {
         // The command's group takes the terminal, as a shell gives it to a foreground job: it
         // reads the terminal and gets Ctrl-C itself (once).
+        // Ctrl-Z is ignored by the command: a stopped group that owns the terminal would hang
+        // the shell with the lock held (distlock cannot stop and resume with it, as sudo does).
         // SAFETY: only async-signal-safe calls (signal, tcsetpgrp, getpid) between fork and exec.
         unsafe {
             command.pre_exec(|| {
                 libc::signal(libc::SIGTTOU, libc::SIG_IGN);
                 libc::tcsetpgrp(0, libc::getpid());
                 libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                libc::signal(libc::SIGTSTP, libc::SIG_IGN);
                 Ok(())
             });
         }
@@ -296,12 +364,18 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
+            let exists = argv[0].contains('/') && std::path::Path::new(&argv[0]).exists();
             let (code, why) = match e.kind() {
+                // The file is there but its #! interpreter is not (as a shell says: 126).
+                std::io::ErrorKind::NotFound if exists => (EXIT_CANNOT_RUN, "bad interpreter (see its #! line)".into()),
                 std::io::ErrorKind::NotFound => (EXIT_NOT_FOUND, "command not found".to_string()),
                 std::io::ErrorKind::PermissionDenied => (EXIT_CANNOT_RUN, "permission denied (not executable?)".into()),
                 _ => (EXIT_CANNOT_RUN, e.to_string()),
             };
             eprintln!("distlock: cannot run {:?}: {why}", argv[0]);
+            if let Some(t) = terminal {
+                t.take_back(); // the failed child may have taken it before its exec failed
+            }
             held.release().await;
             return Ok(code);
         }
@@ -335,23 +409,40 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     // left in its group have ended too (as flock(1)'s lock stays held while a background child
     // keeps the file open).
     let mut status: Option<ExitStatus> = None;
+    let mut terminal = terminal;
+    // Signals received after the command itself exited, while its leftovers run.
+    let mut late_signals = 0;
     let lost_reason: Option<String> = loop {
         let lease_deadline = held.guard.lease_deadline().unwrap_or_else(far);
         let term_at = lease_deadline.checked_sub(grace + kill_margin).unwrap_or_else(Instant::now);
         tokio::select! {
             s = child.wait(), if status.is_none() => {
                 status = Some(s?);
+                if let Some(t) = terminal.take() {
+                    t.take_back();
+                }
                 if !crate::supervise::group_alive(pgid) {
                     break None;
                 }
-                tracing::info!("the command exited; holding the lock until the processes it left in its group end");
+                eprintln!(
+                    "distlock: the command exited; {path} stays held until the processes it left behind end \
+                     (process group {pgid}: {}); INT or TERM passes on to them, a second one kills them",
+                    crate::supervise::members(pgid).iter().map(|p| p.to_string()).collect::<Vec<_>>().join(" ")
+                );
             }
             _ = tokio::time::sleep(GROUP_POLL), if status.is_some() => {
                 if !crate::supervise::group_alive(pgid) {
                     break None;
                 }
             }
-            sig = signals.any() => to_group(sig),
+            sig = signals.any() => {
+                if status.is_some() && (sig == libc::SIGINT || sig == libc::SIGTERM) {
+                    late_signals += 1;
+                    to_group(if late_signals > 1 { libc::SIGKILL } else { libc::SIGTERM });
+                } else {
+                    to_group(sig);
+                }
+            }
             reason = &mut lost => break Some(reason.to_string()),
             _ = tokio::time::sleep_until(term_at.into()) => {
                 let left = held.guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
@@ -364,7 +455,17 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let Some(reason) = lost_reason else {
         command_ended(watchdog, terminal);
         held.release().await;
-        return Ok(exit_code(status.expect("the loop ends normally only after the command exited")));
+        let status = status.expect("the loop ends normally only after the command exited");
+        // Killed by Ctrl-C (or Ctrl-\\): distlock dies the same way, so a calling shell stops its
+        // script. When the command had the terminal, the keypress reached only its group; it is
+        // passed on to ours (the calling shell included), as the terminal would have done.
+        if let Some(sig @ (libc::SIGINT | libc::SIGQUIT)) = std::os::unix::process::ExitStatusExt::signal(&status) {
+            if had_terminal {
+                interrupt_our_group(sig);
+            }
+            die_of(sig);
+        }
+        return Ok(exit_code(status));
     };
     // Lost, or about to be: stop the command group before anyone else can hold the lock.
     let kill_at = held.guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now);
@@ -426,9 +527,9 @@ fn command_ended(watchdog: crate::supervise::Watchdog, terminal: Option<Terminal
     }
 }
 
-/// The controlling terminal, when our process group is its foreground group (we were started in
-/// the foreground of an interactive shell): the command's group is given the terminal, and it is
-/// taken back when the command ends.
+/// The controlling terminal, when our process group is its foreground group (we run in the
+/// foreground): the command's group is given the terminal, and it is taken back when the command
+/// itself ends.
 #[derive(Clone, Copy)]
 struct Terminal {
     our_group: libc::pid_t,
@@ -441,6 +542,9 @@ impl Terminal {
             if libc::isatty(0) != 1 {
                 return None;
             }
+            // (In a script the shell shares our group and loses Ctrl-C to the command meanwhile;
+            // a command killed by Ctrl-C makes distlock die of SIGINT too, which a shell takes as
+            // its own interrupt: its loop stops.)
             let ours = libc::getpgrp();
             (libc::tcgetpgrp(0) == ours).then_some(Terminal { our_group: ours })
         }
@@ -467,12 +571,18 @@ fn exit_code(status: ExitStatus) -> u8 {
 
 /// Shows where we stand in the queue, on one line that fits the terminal, from half a second into
 /// the wait on (an acquire that succeeds at once prints nothing).
-async fn show_status(path: String, mut progress: watch::Receiver<QueueStatus>, started: Instant) {
+async fn show_status(
+    path: String,
+    mut progress: watch::Receiver<QueueStatus>,
+    started: Instant,
+    shown: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     let mut tick = tokio::time::interval_at((started + Duration::from_millis(500)).into(), Duration::from_millis(250));
     loop {
         tick.tick().await;
         let s = *progress.borrow_and_update();
         let line = status_text(&path, s, started.elapsed(), terminal_width());
+        shown.store(true, std::sync::atomic::Ordering::SeqCst);
         eprint!("\r\x1b[K{line}");
     }
 }

@@ -25,14 +25,35 @@ pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
         out.flush()?;
     }
     // Standard input is read on a thread of its own (a blocking read no runtime has to wait
-    // for); its end-of-file is the signal to let go.
+    // for); its end-of-file is the signal to let go. A background job reading its terminal would
+    // be stopped (SIGTTIN) with the lock held; with SIGTTIN ignored the read fails instead, and
+    // then only a signal ends the hold.
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe {
+        libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+    }
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buf = [0u8; 4096];
-        while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::info!(error = %e, "cannot read standard input (a background job?); holding until a signal");
+                    return; // the sender drops unsent: never "closed"
+                }
+            }
+        }
         let _ = closed_tx.send(());
     });
+    let closed_rx = async move {
+        if closed_rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
     let lost = held.guard.lost();
     tokio::select! {
         _ = closed_rx => tracing::info!("standard input closed; releasing"),

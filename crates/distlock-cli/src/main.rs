@@ -157,9 +157,14 @@ impl BackendArg {
         Ok(url)
     }
 
-    /// Connects with [`BackendArg::url`].
+    /// Connects with [`BackendArg::url`]; a server that is not there at all (every address
+    /// refuses) is reported at once rather than after the connect timeout.
     pub async fn connect(&self) -> anyhow::Result<distlock::zookeeper::Client> {
-        Ok(distlock::zookeeper::Client::connect_url(self.url()?).await?)
+        let url = self.url()?;
+        tokio::select! {
+            client = distlock::zookeeper::Client::connect_url(url.clone()) => Ok(client?),
+            why = distlock::zookeeper::nobody_listens(&url) => anyhow::bail!("cannot connect to {url}: {why}"),
+        }
     }
 }
 

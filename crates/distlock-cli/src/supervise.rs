@@ -63,16 +63,30 @@ pub fn signal_group(pgid: libc::pid_t, sig: libc::c_int) {
 /// (a container's) do late or never.
 pub fn group_alive(pgid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks that the group exists.
-    if unsafe { libc::kill(-pgid, 0) } != 0 {
-        return false;
+    if unsafe { libc::kill(-pgid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EPERM) {
+        return false; // ESRCH: no such group (EPERM: members we may not signal, e.g. setuid)
     }
     live_members(pgid).is_none_or(|n| n > 0)
+}
+
+/// Pids of the live members of group `pgid` (empty where `/proc` cannot be read).
+pub fn members(pgid: libc::pid_t) -> Vec<u32> {
+    let mut pids = Vec::new();
+    scan_group(pgid, |pid| pids.push(pid));
+    pids.sort_unstable();
+    pids
 }
 
 /// Members of group `pgid` that have not exited, from `/proc` (`None` where it cannot be read).
 fn live_members(pgid: libc::pid_t) -> Option<usize> {
     let mut live = 0;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+    scan_group(pgid, |_| live += 1).then_some(live)
+}
+
+/// Calls `found` with each live (not zombie) member of group `pgid`; false if `/proc` is unreadable.
+fn scan_group(pgid: libc::pid_t, mut found: impl FnMut(u32)) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    for entry in dir.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         // "pid (comm) state ppid pgrp ...": comm may hold anything, so read after its last ')'.
@@ -81,10 +95,10 @@ fn live_members(pgid: libc::pid_t) -> Option<usize> {
         let state = fields.next();
         let pgrp = fields.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
         if pgrp == Some(pgid) && !matches!(state, Some("Z" | "X")) {
-            live += 1;
+            found(pid);
         }
     }
-    Some(live)
+    true
 }
 
 /// `distlock supervise PGID KILL_AFTER`: the watchdog itself. Returns its exit status.

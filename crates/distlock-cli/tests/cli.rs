@@ -297,7 +297,15 @@ fn plain_exclusive_and_shared_holders_form_one_queue() {
     plain.kill().unwrap();
     plain.wait().unwrap();
     assert_eq!(reader_lines.next(Duration::from_secs(20), "the reader's turn"), "reader");
-    assert_eq!(waiter.try_wait().unwrap(), None, "the plain waiter must wait for the reader");
+    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let holds: Vec<(&str, bool)> = view["contenders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["mode"].as_str().unwrap(), c["holds"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(holds, [("read", true), ("lock", false)], "the plain waiter waits for the reader: {view}");
     reader.kill().unwrap();
     reader.wait().unwrap();
     assert!(wait_exit(&mut waiter, Duration::from_secs(20)).success());
@@ -668,16 +676,29 @@ fn commands_that_cannot_run_exit_127_and_126() {
 fn a_signal_while_waiting_exits_128_plus_n() {
     let l = lock();
     let (mut holder, _out) = hold(&l, "4s", "sleep 30");
-    for (sig, code) in [(15, 143), (2, 130), (1, 129)] {
+    use std::os::unix::process::ExitStatusExt;
+    // TERM and HUP: exit 128+N. INT and QUIT: distlock dies of the signal itself after cleaning
+    // up (a shell shows 128+N), so that a calling script stops as it would for any program.
+    for (sig, code) in [(15, Some(143)), (1, Some(129)), (2, None), (3, None)] {
         let mut waiter = distlock(&["exec", &l, "--", "echo", "ran"]).stdout(Stdio::piped()).spawn().unwrap();
         wait_queue_len(&l, 2);
         unsafe { libc_kill(waiter.id() as i32, sig) };
         let status = wait_exit(&mut waiter, Duration::from_secs(20));
-        assert_eq!(status.code(), Some(code), "signal {sig}");
+        match code {
+            Some(code) => assert_eq!(status.code(), Some(code), "signal {sig}"),
+            None => assert_eq!(status.signal(), Some(sig), "signal {sig}: {status:?}"),
+        }
         wait_queue_len(&l, 1);
     }
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    // USR1 while waiting is not kept for the command (it used to kill it the moment it started).
+    let mut waiter = distlock(&["exec", &l, "--", "echo", "ran"]).stdout(Stdio::piped()).spawn().unwrap();
+    let lines = Lines::of(&mut waiter);
+    wait_queue_len(&l, 2);
+    unsafe { libc_kill(waiter.id() as i32, 10) };
+    unsafe { libc_kill(holder.id() as i32, 15) };
+    assert_eq!(lines.next(Duration::from_secs(20), "the waiter's command"), "ran");
+    assert_eq!(wait_exit(&mut waiter, Duration::from_secs(20)).code(), Some(0));
+    wait_exit(&mut holder, Duration::from_secs(20));
 }
 
 /// A free port on loopback that nobody listens on.
@@ -725,13 +746,15 @@ fn unreachable_servers_and_connection_flags() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("timeout=3000ms"), "{out:?}");
 
+    // (inspect only reads: harmless if a developer runs a server on the default port.)
     let out = Command::new(BIN)
         .env("DISTLOCK_BACKEND", "")
-        .args(["exec", "--connect-timeout", "1s", "x", "--", "true"])
+        .args(["inspect", "--connect-timeout", "1s", "x"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("zk://127.0.0.1:2181") && !err.contains("invalid backend URL"), "{err}");
+    assert!(out.status.success() || err.contains("zk://127.0.0.1:2181"), "{err}");
+    assert!(!err.contains("invalid backend URL"), "{err}");
 }
 
 /// Messages are plain `distlock: ...` lines without terminal colours, log lines included.
@@ -845,16 +868,24 @@ fn the_lock_is_held_until_the_commands_background_children_end() {
     let l = lock();
     let fifo = std::env::temp_dir().join(format!("distlock-bg-{}", uuid::Uuid::new_v4().simple()));
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-    let script = format!("(read x < {}; echo bg-done) & echo started", fifo.display());
-    let mut holder = distlock(&["exec", &l, "--", "sh", "-c", &script]).stdout(Stdio::piped()).spawn().unwrap();
+    let script = format!("(read x < {}; echo bg-done) & echo $$", fifo.display());
+    let mut holder = distlock(&["exec", &l, "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let lines = Lines::of(&mut holder);
-    assert_eq!(lines.next(Duration::from_secs(20), "started"), "started");
+    let command: i32 = lines.next(Duration::from_secs(20), "the command's pid").parse().unwrap();
+    wait_gone(command, Duration::from_secs(20), "the command itself");
     let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "the background child still runs: the lock is held");
     assert_eq!(holder.try_wait().unwrap(), None);
     std::fs::write(&fifo, "go\n").unwrap();
     assert_eq!(lines.next(Duration::from_secs(20), "bg-done"), "bg-done");
     assert_eq!(wait_exit(&mut holder, Duration::from_secs(20)).code(), Some(0));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("stays held until the processes it left behind end"), "{err}");
     std::fs::remove_file(&fifo).unwrap();
     let out = distlock(&["exec", "-n", &l, "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -955,7 +986,9 @@ fn one_ctrl_c_reaches_the_command_once() {
             break;
         }
     }
-    std::io::Write::write_all(&mut stdin, b"\x03").unwrap();
+    // Ctrl-Z is ignored (a stopped command owning the terminal would hang the shell with the
+    // lock held); Ctrl-C then ends the wait loop's sleep as usual.
+    std::io::Write::write_all(&mut stdin, b"\x1a\x03").unwrap();
     let rest: Vec<String> = lines.rest(Duration::from_secs(20)).iter().map(|l| l.trim_end().to_string()).collect();
     assert!(wait_exit(&mut term, Duration::from_secs(20)).success());
     std::fs::remove_file(&file).unwrap();
@@ -994,4 +1027,40 @@ fn a_waiter_whose_binary_was_removed_still_guards_its_command() {
     };
     assert_eq!(out.0.code(), Some(0), "{out:?}");
     assert_eq!(out.1.trim(), "ran");
+}
+
+/// INT while still connecting ends at once (it used to wait for the connect timeout, then exit 2).
+#[test]
+fn a_signal_while_connecting_ends_at_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // accepts, never answers
+    let url = format!("zk://{}", silent.local_addr().unwrap());
+    let mut child = Command::new(BIN)
+        .args(["exec", "--connect-timeout", "60s", "--backend", &url, "x", "--", "true"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (_conn, _) = silent.accept().unwrap(); // distlock is connecting now
+    unsafe { libc_kill(child.id() as i32, 2) };
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert_eq!(status.signal(), Some(2), "{status:?}");
+}
+
+/// Odd commands and flags: a script whose #! interpreter is missing (126, as a shell says), words
+/// after -c (refused: they would become locks), a -w of centuries (no panic).
+#[test]
+fn odd_commands_and_flags_are_named() {
+    let l = lock();
+    let script = std::env::temp_dir().join(format!("distlock-bad-interp-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&script, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = distlock(&["exec", &l, "--", script.to_str().unwrap()]).output().unwrap();
+    std::fs::remove_file(&script).unwrap();
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interpreter"), "{out:?}");
+    let out = distlock(&["exec", &l, "-c", "echo hi", "all"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("after -c"), "{out:?}");
+    let out = distlock(&["exec", "-w", "10000000000000000000", &l, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

@@ -84,10 +84,15 @@ impl Client {
     pub async fn inspect(&self, path: &str) -> Result<LockView> {
         let dir = url::lock_path(path)?;
         let children = self.children(&dir).await?;
-        if children.iter().any(|c| c == "leases" || c == "locks") {
-            let mut leases = self.children(&format!("{dir}/leases")).await?;
+        let (mut leases, mut gate) = if children.iter().any(|c| c == "leases" || c == "locks") {
+            (self.children(&format!("{dir}/leases")).await?, self.children(&format!("{dir}/locks")).await?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        // A semaphore's directories outlive their users for a while: only leases or gate nodes in
+        // them make this a semaphore's path.
+        if !leases.is_empty() || !gate.is_empty() {
             sort_children(&mut leases, &["lease-"]);
-            let mut gate = self.children(&format!("{dir}/locks")).await?;
             sort_children(&mut gate, &["lock-"]);
             let mut contenders = self.read_nodes(&format!("{dir}/leases"), "leases/", &leases, "lease").await?;
             contenders.iter_mut().for_each(|c| c.holds = true);

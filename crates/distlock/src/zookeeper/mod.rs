@@ -75,10 +75,28 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Resolves only when no address accepts a TCP connection at all (refused, unresolvable or
-/// unreachable), with the reasons; pends forever otherwise. Probes once, after a short delay, so
-/// a live server answers the real connect first and never sees the probe.
-async fn nobody_listens(hosts: &[String]) -> String {
+/// Resolves only when no address of `url` accepts a TCP connection at all (refused, unresolvable
+/// or unreachable), with the reasons; pends forever otherwise. Probes once, after a short delay,
+/// so a live server answers a real connect first and never sees the probe.
+///
+/// [`Client::connect`] keeps retrying a refusing server until its connect timeout (it may be
+/// starting); a command-line tool races the connect with this to report a server that is not
+/// there at once.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::zookeeper::{nobody_listens, Client, ZkUrl};
+/// let url = ZkUrl::parse("zk://127.0.0.1:2181")?;
+/// let client = tokio::select! {
+///     c = Client::connect_url(url.clone()) => c?,
+///     why = nobody_listens(&url) => panic!("no server: {why}"),
+/// };
+/// # let _ = client; Ok(()) }
+/// ```
+pub async fn nobody_listens(url: &ZkUrl) -> String {
+    let hosts = &url.hosts;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let probes = hosts.iter().map(|host| async move {
         match tokio::net::TcpStream::connect(host.as_str()).await {
@@ -102,8 +120,8 @@ impl Client {
     ///
     /// # Notable errors
     /// - [`Error::InvalidUrl`] when the URL does not parse (the message names the bad part);
-    /// - [`Error::Connect`] when no server answered within the URL's `connect_timeout`, or at once
-    ///   when every address refuses the connection.
+    /// - [`Error::Connect`] when no server answered within the URL's `connect_timeout` (see
+    ///   [`nobody_listens`] to learn sooner that nothing listens at all).
     pub async fn connect(url: &str) -> Result<Client> {
         let parsed = ZkUrl::parse(url)?;
         Self::connect_url(parsed).await
@@ -117,21 +135,18 @@ impl Client {
             .with_session_timeout(url.session_timeout)
             .with_connection_timeout(url.connect_timeout)
             .connect(&connect_string);
-        // The client retries endpoints on its own until the connect timeout; a server that is
-        // not there at all (every address refuses) is reported at once instead.
+        // The client retries endpoints on its own (a server that is starting or restarting
+        // comes up meanwhile); bound the whole attempt by the connect timeout.
         let bound = url.connect_timeout;
-        let zk = tokio::select! {
-            connected = tokio::time::timeout(bound, connect) => match connected {
-                Ok(Ok(zk)) => zk,
-                Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
-                Err(_) => {
-                    return Err(Error::Connect {
-                        url: url.to_string(),
-                        reason: format!("no session established within {}", humantime::format_duration(bound)),
-                    })
-                }
-            },
-            reason = nobody_listens(&url.hosts) => return Err(Error::Connect { url: url.to_string(), reason }),
+        let zk = match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(zk)) => zk,
+            Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
+            Err(_) => {
+                return Err(Error::Connect {
+                    url: url.to_string(),
+                    reason: format!("no session established within {}", humantime::format_duration(bound)),
+                })
+            }
         };
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();

@@ -236,7 +236,7 @@ impl MultiLock {
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<MultiGuard>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(super::queue::deadline_after);
         let mut taken: Vec<AnyGuard> = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
             let remaining = match (timeout, deadline) {

@@ -6,7 +6,6 @@ use super::{url, Client};
 use crate::Result;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Marker before the sequence number in Curator's InterProcessMutex nodes.
 const MARKER: &str = "lock-";
@@ -107,7 +106,7 @@ impl Mutex {
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Mutex::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Wait::Until(Instant::now() + timeout), None).await
+        self.acquire(super::queue::deadline_after(timeout).map_or(Wait::Forever, Wait::Until), None).await
     }
 
     /// Acquires with full control: `timeout` `None` waits forever, `Some(ZERO)` never waits;

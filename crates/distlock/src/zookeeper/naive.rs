@@ -5,7 +5,6 @@ use super::{backend, url, Client};
 use crate::Result;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use zookeeper_client as zk;
 
 /// The lock the seeds warn about: every contender tries to create one EPHEMERAL node
@@ -51,7 +50,7 @@ impl NaiveLock {
     ) -> Result<Option<NaiveGuard>> {
         let zk = self.client.zk();
         let metrics = self.client.metrics();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(super::queue::deadline_after);
         let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         loop {
             metrics.sent(1);

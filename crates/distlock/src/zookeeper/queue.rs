@@ -61,7 +61,7 @@ impl Wait {
         match timeout {
             None => Wait::Forever,
             Some(t) if t.is_zero() => Wait::Never,
-            Some(t) => Wait::Until(Instant::now() + t),
+            Some(t) => deadline_after(t).map_or(Wait::Forever, Wait::Until),
         }
     }
 
@@ -71,6 +71,11 @@ impl Wait {
             _ => None,
         }
     }
+}
+
+/// `now + t`, or `None` when that is too far to represent (a timeout of centuries: forever).
+pub(crate) fn deadline_after(t: Duration) -> Option<Instant> {
+    Instant::now().checked_add(t)
 }
 
 /// A recipe's rule for who may proceed.

@@ -98,7 +98,7 @@ impl ReentrantMutex {
             return Ok(Some(g));
         }
         // One deadline for the whole call: the wait for this handle's gate counts against it.
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let deadline = timeout.and_then(super::queue::deadline_after);
         let _gate = match deadline {
             None => self.shared.gate.lock().await,
             Some(d) => match tokio::time::timeout_at(d, self.shared.gate.lock()).await {

@@ -117,7 +117,7 @@ impl Semaphore {
                 reason: format!("asked for {n} permits of {} on {}", self.permits, self.path),
             });
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(super::queue::deadline_after);
         let remaining = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let Some(gate) = self.gate.lock_with(remaining(), None).await? else { return Ok(None) };
         let mut leases: Vec<Pending> = Vec::with_capacity(n as usize);
@@ -250,15 +250,22 @@ impl Semaphore {
             return Ok(());
         }
         super::queue::sort_children(&mut others, &["lease-"]);
-        let path = format!("{}/{}", self.leases, others[0]);
-        self.client.metrics().sent(1);
-        let theirs = match self.client.zk().get_data(&path).await {
-            Ok((data, _)) => crate::Owner::parse(&data).and_then(|o| o.permits),
-            Err(e) => {
-                tracing::debug!(node = %path, error = %e, "could not read a lease's permit count");
-                None
+        // The oldest lease that records a count (one that left meanwhile, or Curator's, which
+        // records none, is passed over; a few at most are read).
+        let mut theirs = None;
+        for other in others.iter().take(3) {
+            let path = format!("{}/{}", self.leases, other);
+            self.client.metrics().sent(1);
+            match self.client.zk().get_data(&path).await {
+                Ok((data, _)) => {
+                    theirs = crate::Owner::parse(&data).and_then(|o| o.permits);
+                    if theirs.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => tracing::debug!(node = %path, error = %e, "could not read a lease's permit count"),
             }
-        };
+        }
         match theirs {
             Some(p) if p != self.permits => Err(Error::InvalidArgument {
                 what: "permit count",
