@@ -85,6 +85,25 @@ def check_rw_and_timeouts():
     a.stop(); a.close(); b.stop(); b.close()
 
 
+def check_version_and_transactions():
+    """kazoo reads the server's version from `envi` (its transactions need it) and parses its
+    leading x.y.z; a transaction then commits atomically."""
+    c = client()
+    version = c.server_version()
+    assert version[:2] >= (3, 4), "server_version() = %r" % (version,)
+    path = base + "/txn"
+    c.ensure_path(path)
+    t = c.transaction()
+    t.create(path + "/a", b"1")
+    t.check(path, 0)
+    t.create(path + "/b", b"2")
+    results = t.commit()
+    assert results == [path + "/a", True, path + "/b"], results
+    c.delete(base, recursive=True)
+    c.stop(); c.close()
+
+
 check_mutex()
 check_rw_and_timeouts()
-print("kazoo: Lock, ReadLock, WriteLock OK on", hosts)
+check_version_and_transactions()
+print("kazoo: Lock, ReadLock, WriteLock, server_version, transactions OK on", hosts)

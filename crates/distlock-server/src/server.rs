@@ -229,9 +229,13 @@ impl Drop for DropSignal {
     }
 }
 
+/// The Apache ZooKeeper release whose client protocol the server speaks, as version strings show it.
+const ZK_PROTOCOL_VERSION: &str = "3.8.4";
+
 fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
     let s = state.lock().unwrap();
-    let version = format!("distlock-server {} (ZooKeeper 3.8 client protocol)", env!("CARGO_PKG_VERSION"));
+    // ZooKeeper's form (kazoo and others parse the leading x.y.z): the protocol we speak, then us.
+    let version = format!("{ZK_PROTOCOL_VERSION}-distlock-{}, built on distlock-server", env!("CARGO_PKG_VERSION"));
     let nodes = s.tree.nodes.len();
     let conns = s.sessions.values().filter(|x| x.conn.is_some()).count();
     match word {

@@ -308,9 +308,7 @@ impl State {
             self.zxid += 1;
             self.commit(vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }], now_ms());
             w.i32(0).i32(timeout).i64(id).buffer(&password);
-            if req.read_only {
-                w.bool(false);
-            }
+            w.bool(false); // readOnly: always sent, as ZooKeeper 3.4+ does
             tracing::debug!(session = format!("{id:#x}"), timeout, "session opened");
             return Ok((w.frame(), Some(id)));
         }
@@ -326,18 +324,14 @@ impl State {
                 let id = s.id;
                 self.watches.remove_session(id);
                 w.i32(0).i32(timeout).i64(id).buffer(&s.password.clone());
-                if req.read_only {
-                    w.bool(false);
-                }
+                w.bool(false); // readOnly
                 tracing::debug!(session = format!("{id:#x}"), "session re-attached");
                 Ok((w.frame(), Some(id)))
             }
             _ => {
                 // Unknown or expired session (or a wrong password): timeout 0 tells the client.
                 w.i32(0).i32(0).i64(0).buffer(&[0u8; 16]);
-                if req.read_only {
-                    w.bool(false);
-                }
+                w.bool(false); // readOnly
                 Ok((w.frame(), None))
             }
         }
@@ -1239,7 +1233,10 @@ enum WriteResult {
 impl WriteResult {
     fn opcode(&self) -> i32 {
         match self {
-            WriteResult::Create { opcode, .. } => *opcode,
+            // As ZooKeeper answers in a multi: a create with a stat (create2, container, TTL) is a
+            // create2 result (the Java client disconnects on "Invalid type 19 in MultiResponse").
+            WriteResult::Create { opcode, .. } if *opcode == op::CREATE => op::CREATE,
+            WriteResult::Create { .. } => op::CREATE2,
             WriteResult::Delete => op::DELETE,
             WriteResult::SetData(_) => op::SET_DATA,
             WriteResult::Check => op::CHECK,

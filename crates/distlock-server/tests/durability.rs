@@ -36,7 +36,7 @@ fn hello(session: i64, password: &[u8]) -> Vec<u8> {
 async fn handshake(addr: std::net::SocketAddr, session: i64, password: &[u8]) -> (i32, i64, Vec<u8>) {
     let mut sock = TcpStream::connect(addr).await.unwrap();
     sock.write_all(&hello(session, password)).await.unwrap();
-    let mut resp = vec![0u8; 4 + 36];
+    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
     tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
     let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
     let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());

@@ -108,7 +108,7 @@ async fn silent_sessions_expire() {
     let mut hello = connect_frame();
     hello[4 + 12..4 + 16].copy_from_slice(&1000i32.to_be_bytes());
     sock.write_all(&hello).await.unwrap();
-    let mut resp = vec![0u8; 4 + 36];
+    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
     sock.read_exact(&mut resp).await.unwrap();
     sock.write_all(&create_frame("/silent", 1)).await.unwrap();
     let (stat, w) = b.check_and_watch_stat("/silent").await.unwrap();
@@ -320,6 +320,44 @@ async fn four_letter_words() {
     assert!(mntr.contains("zk_znode_count"), "{mntr}");
     let stat = String::from_utf8(raw(s.addr(), b"stat").await).unwrap();
     assert!(stat.contains("Clients:"), "{stat}");
+    // Clients parse the version's leading x.y.z (kazoo's server_version() reads envi).
+    let envi = String::from_utf8(raw(s.addr(), b"envi").await).unwrap();
+    let version = envi.lines().find_map(|l| l.strip_prefix("zookeeper.version=")).expect("a version line");
+    let digits: Vec<u32> = version.split(['-', ',']).next().unwrap().split('.').map(|d| d.parse().unwrap()).collect();
+    assert!(digits.len() == 3 && digits[0] == 3, "{version}");
+    assert!(srvr.contains(&format!("Zookeeper version: {version}")), "{srvr}");
+}
+
+/// In a multi, a container (or TTL, or create2) create is answered as a create2 result, as
+/// ZooKeeper does: the Java client disconnects on any other type ("Invalid type 19").
+#[tokio::test]
+async fn a_multi_answers_container_creates_as_create2() {
+    let s = server().await;
+    let (mut sock, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let mut multi = Vec::new();
+    multi.extend_from_slice(&5i32.to_be_bytes()); // xid
+    multi.extend_from_slice(&14i32.to_be_bytes()); // multi
+    multi.extend_from_slice(&19i32.to_be_bytes()); // op header: createContainer
+    multi.push(0); // not done
+    multi.extend_from_slice(&(-1i32).to_be_bytes());
+    jute_string(&mut multi, "/container-in-a-multi");
+    multi.extend_from_slice(&0i32.to_be_bytes()); // empty data
+    multi.extend_from_slice(&1i32.to_be_bytes()); // one ACL
+    multi.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut multi, "world");
+    jute_string(&mut multi, "anyone");
+    multi.extend_from_slice(&4i32.to_be_bytes()); // container flags
+    multi.extend_from_slice(&(-1i32).to_be_bytes()); // end header
+    multi.push(1);
+    multi.extend_from_slice(&(-1i32).to_be_bytes());
+    sock.write_all(&frame(&multi)).await.unwrap();
+    let mut len = [0u8; 4];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut len)).await.unwrap().unwrap();
+    let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut body).await.unwrap();
+    assert_eq!(i32::from_be_bytes(body[0..4].try_into().unwrap()), 5, "our reply");
+    assert_eq!(i32::from_be_bytes(body[12..16].try_into().unwrap()), 0, "no error");
+    assert_eq!(i32::from_be_bytes(body[16..20].try_into().unwrap()), 15, "a create2 result");
 }
 
 #[tokio::test]
@@ -472,7 +510,7 @@ async fn attach(
     hello[4 + 28..4 + 44].copy_from_slice(password);
     let mut sock = TcpStream::connect(addr).await.unwrap();
     sock.write_all(&hello).await.unwrap();
-    let mut resp = vec![0u8; 4 + 36];
+    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
     tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
     let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
     let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
@@ -533,7 +571,11 @@ async fn a_client_from_the_future_is_refused() {
     let mut hello = connect_frame();
     hello[4 + 4..4 + 12].copy_from_slice(&(1i64 << 40).to_be_bytes());
     assert!(raw(s.addr(), &hello).await.is_empty(), "no session for a client that saw zxid 2^40");
-    assert_eq!(raw(s.addr(), &connect_frame()).await.len(), 4 + 36, "an ordinary client is answered");
+    assert_eq!(
+        raw(s.addr(), &connect_frame()).await.len(),
+        4 + 37,
+        "an ordinary client is answered (readOnly byte included)"
+    );
 }
 
 /// A failing multi under a parent with many children puts every node, child set and stat back as
