@@ -173,6 +173,7 @@ impl Writer {
         self
     }
 
+    /// A stat as clients see it (container and TTL markers hidden, as ZooKeeper does).
     pub fn stat(&mut self, s: &Stat) -> &mut Self {
         self.i64(s.czxid)
             .i64(s.mzxid)
@@ -181,7 +182,7 @@ impl Writer {
             .i32(s.version)
             .i32(s.cversion)
             .i32(s.aversion)
-            .i64(s.ephemeral_owner)
+            .i64(client_ephemeral_owner(s.ephemeral_owner))
             .i32(s.data_length)
             .i32(s.num_children)
             .i64(s.pzxid)
@@ -335,6 +336,16 @@ pub fn request_header(frame: &[u8]) -> DResult<(i32, i32, &[u8])> {
     let xid = r.i32("xid")?;
     let op = r.i32("opcode")?;
     Ok((xid, op, &frame[8..]))
+}
+
+/// The `ephemeralOwner` clients see: a session id, or 0. Container and TTL nodes keep a marker in
+/// the field internally; ZooKeeper reports 0 for them, and so do we.
+pub fn client_ephemeral_owner(owner: i64) -> i64 {
+    if owner == crate::tree::CONTAINER_OWNER || (owner & crate::tree::TTL_MASK) == crate::tree::TTL_MASK {
+        0
+    } else {
+        owner
+    }
 }
 
 #[cfg(test)]

@@ -913,18 +913,19 @@ impl State {
                 if ttl_mode && !(1..=0x00FF_FFFF_FFFF).contains(ttl) {
                     return Err(err::BAD_ARGUMENTS);
                 }
+                // ZooKeeper's order: the ACL, the parent, the permission, the rest.
+                let acl = self.fix_acl(sid, acl.clone())?;
                 let parent_path = parent_of(path).to_string();
                 let parent = self.tree.get(&parent_path).ok_or(err::NO_NODE)?;
-                if parent.ephemeral_session().is_some() {
-                    return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
-                }
                 if !self.allowed(sid, &parent.acl, perms::CREATE) {
                     return Err(err::NO_AUTH);
                 }
-                let acl = self.fix_acl(sid, acl.clone())?;
                 let actual = if sequential { format!("{path}{:010}", parent.stat.cversion) } else { path.clone() };
                 if self.tree.get(&actual).is_some() {
                     return Err(err::NODE_EXISTS);
+                }
+                if parent.ephemeral_session().is_some() {
+                    return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
                 }
                 let owner = match flags {
                     1 | 3 => sid,
@@ -954,16 +955,17 @@ impl State {
                 if path == "/" {
                     return Err(err::BAD_ARGUMENTS);
                 }
+                // ZooKeeper's order: the parent and its DELETE permission, then the node.
+                let parent_path = parent_of(path).to_string();
+                if !self.allowed(sid, &self.node(&parent_path)?.acl, perms::DELETE) {
+                    return Err(err::NO_AUTH);
+                }
                 let n = self.node(path)?;
                 if *version != -1 && *version != n.stat.version {
                     return Err(err::BAD_VERSION);
                 }
                 if !n.children.is_empty() {
                     return Err(err::NOT_EMPTY);
-                }
-                let parent_path = parent_of(path).to_string();
-                if !self.allowed(sid, &self.node(&parent_path)?.acl, perms::DELETE) {
-                    return Err(err::NO_AUTH);
                 }
                 let m = Mutation::Delete { path: path.clone(), zxid };
                 self.tree.apply(&m);
@@ -975,11 +977,11 @@ impl State {
             WriteOp::SetData { path, data, version } => {
                 Self::check_path(path)?;
                 let n = self.node(path)?;
-                if *version != -1 && *version != n.stat.version {
-                    return Err(err::BAD_VERSION);
-                }
                 if !self.allowed(sid, &n.acl, perms::WRITE) {
                     return Err(err::NO_AUTH);
+                }
+                if *version != -1 && *version != n.stat.version {
+                    return Err(err::BAD_VERSION);
                 }
                 let m = Mutation::SetData { path: path.clone(), data: data.clone(), zxid, time };
                 self.tree.apply(&m);
@@ -990,13 +992,14 @@ impl State {
             WriteOp::SetAcl { path, acl, version } => {
                 Self::check_path(path)?;
                 let n = self.node(path)?;
-                if *version != -1 && *version != n.stat.aversion {
-                    return Err(err::BAD_VERSION);
-                }
                 if !self.allowed(sid, &n.acl, perms::ADMIN) {
                     return Err(err::NO_AUTH);
                 }
+                let aversion = n.stat.aversion;
                 let acl = self.fix_acl(sid, acl.clone())?;
+                if *version != -1 && *version != aversion {
+                    return Err(err::BAD_VERSION);
+                }
                 let m = Mutation::SetAcl { path: path.clone(), acl };
                 self.tree.apply(&m);
                 muts.push(m);
@@ -1005,6 +1008,9 @@ impl State {
             WriteOp::Check { path, version } => {
                 Self::check_path(path)?;
                 let n = self.node(path)?;
+                if !self.allowed(sid, &n.acl, perms::READ) {
+                    return Err(err::NO_AUTH);
+                }
                 if *version != -1 && *version != n.stat.version {
                     return Err(err::BAD_VERSION);
                 }

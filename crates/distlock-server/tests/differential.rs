@@ -1,0 +1,245 @@
+//! The differential test: one scripted client sequence run against Apache ZooKeeper and against
+//! the embedded server, every observable compared.
+//!
+//! Runs in the Apache ZooKeeper pass of `scripts/test.sh` (`DISTLOCK_TEST_ZK_DIR` set: the server at
+//! `DISTLOCK_TEST_ZK` is Apache ZooKeeper); the embedded server is started here. In other passes
+//! there is no Apache ZooKeeper to compare with and the test says so and returns.
+//!
+//! Observables are normalized only where they must differ (zxids and times are compared as
+//! relations, session ids by who owns them). Every remaining difference must be listed in
+//! [`KNOWN`] with its reason, and in `docs/embedded-server.md`.
+
+use distlock_server::{Config, EmbeddedServer};
+use std::time::Duration;
+use zookeeper_client as zk;
+
+const BOUND: Duration = Duration::from_secs(20);
+
+/// Differences allowed, by step name, each with why.
+const KNOWN: &[(&str, &str)] = &[(
+    "sequence-numbers",
+    "not fixed yet: after a child is deleted, ZooKeeper's next sequence number does not count the \
+     delete (0, 1, 2, delete, 3) while ours is the parent's cversion, which does (0, 1, 2, delete, 4); \
+     both are unique and rising, which is what lock queues need",
+)];
+
+fn open() -> zk::CreateOptions<'static> {
+    zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
+}
+
+/// A stat as relations that hold on any server: versions, lengths, counts, and who owns it.
+fn stat(s: &zk::Stat, a: i64, b: i64) -> String {
+    let owner = match s.ephemeral_owner {
+        0 => "none".to_string(),
+        o if o == a => "A".to_string(),
+        o if o == b => "B".to_string(),
+        i64::MIN => "container".to_string(),
+        o if (o as u64) >> 56 == 0xff => "ttl".to_string(),
+        o => format!("other {o:#x}"),
+    };
+    format!(
+        "v={} cv={} av={} len={} nc={} owner={} created_is_modified={} ctime_is_mtime={}",
+        s.version,
+        s.cversion,
+        s.aversion,
+        s.data_length,
+        s.num_children,
+        owner,
+        s.czxid == s.mzxid,
+        s.ctime == s.mtime
+    )
+}
+
+fn err<T: std::fmt::Debug>(r: Result<T, zk::Error>) -> String {
+    match r {
+        Ok(v) => format!("ok {v:?}"),
+        Err(e) => format!("error {e:?}"),
+    }
+}
+
+/// Runs the script against `addr`; returns (step, observable) pairs.
+async fn script(addr: &str) -> Vec<(String, String)> {
+    let connect =
+        || async { zk::Client::connector().with_session_timeout(Duration::from_secs(10)).connect(addr).await.unwrap() };
+    let (a, b) = (connect().await, connect().await);
+    let (sa, sb) = (a.session_id().0, b.session_id().0);
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut log = |step: &str, what: String| out.push((step.to_string(), what));
+    let base = format!("/diff-{}", uuid::Uuid::new_v4().simple());
+
+    let (st, _) = a.create(&base, b"x", &open()).await.unwrap();
+    log("create", stat(&st, sa, sb));
+    log("create-again", err(a.create(&base, b"", &open()).await.map(|_| ())));
+    log("create-no-parent", err(a.create(&format!("{base}/missing/child"), b"", &open()).await.map(|_| ())));
+    let seq = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+    a.create(&format!("{base}/seq"), b"", &open()).await.unwrap();
+    let mut seqs = Vec::new();
+    for _ in 0..3 {
+        seqs.push(a.create(&format!("{base}/seq/n-"), b"", &seq).await.unwrap().1);
+    }
+    a.delete(&format!("{base}/seq/n-{}", seqs[2]), None).await.unwrap();
+    seqs.push(a.create(&format!("{base}/seq/n-"), b"", &seq).await.unwrap().1);
+    log("sequence-numbers", format!("{:?}", seqs.iter().map(|s| s.into_i64()).collect::<Vec<_>>()));
+    let (data, st) = a.get_data(&base).await.unwrap();
+    log("get-data", format!("{:?} {}", data, stat(&st, sa, sb)));
+    log("set-data", err(a.set_data(&base, b"yy", Some(0)).await.map(|s| stat(&s, sa, sb))));
+    log("set-data-bad-version", err(a.set_data(&base, b"z", Some(7)).await.map(|_| ())));
+    log("delete-bad-version", err(a.delete(&format!("{base}/seq"), Some(9)).await));
+    log("delete-not-empty", err(a.delete(&format!("{base}/seq"), None).await));
+    log("delete-missing", err(a.delete(&format!("{base}/nothing"), None).await));
+    let (mut children, st) = a.get_children(&format!("{base}/seq")).await.unwrap();
+    children.sort();
+    log("get-children", format!("{} children {}", children.len(), stat(&st, sa, sb)));
+
+    let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+    a.create(&format!("{base}/eph"), b"", &eph).await.unwrap();
+    log(
+        "ephemeral-owner",
+        b.check_stat(&format!("{base}/eph")).await.unwrap().map(|s| stat(&s, sa, sb)).unwrap_or_default(),
+    );
+    log("child-of-ephemeral", err(a.create(&format!("{base}/eph/child"), b"", &open()).await.map(|_| ())));
+    log(
+        "ephemerals",
+        err(a.list_ephemerals(&base).await.map(|v| {
+            let mut v: Vec<String> = v.iter().map(|p| p.trim_start_matches(&base).to_string()).collect();
+            v.sort();
+            v
+        })),
+    );
+    log("descendants", err(a.count_descendants_number(&base).await));
+
+    // Multi: a failing check undoes the create before it; a good one applies all.
+    let mut m = a.new_multi_writer();
+    m.add_create(&format!("{base}/m1"), b"", &open()).unwrap();
+    m.add_check_version(&base, 42).unwrap();
+    log(
+        "multi-failing",
+        match m.commit().await {
+            Ok(r) => format!("ok {}", r.len()),
+            Err(e) => format!("error {e:?}"),
+        },
+    );
+    log("multi-undone", err(a.check_stat(&format!("{base}/m1")).await.map(|s| s.is_some())));
+    let mut m = a.new_multi_writer();
+    m.add_create(&format!("{base}/m2"), b"d", &open()).unwrap();
+    m.add_set_data(&format!("{base}/m2"), b"e", Some(0)).unwrap();
+    m.add_delete(&format!("{base}/m2"), Some(1)).unwrap();
+    log(
+        "multi-ok",
+        match m.commit().await {
+            Ok(r) => format!("ok {}", r.len()),
+            Err(e) => format!("error {e:?}"),
+        },
+    );
+
+    // Watches: events and their order relative to replies.
+    let (none, w) = b.check_and_watch_stat(&format!("{base}/w")).await.unwrap();
+    a.create(&format!("{base}/w"), b"", &open()).await.unwrap();
+    let ev = tokio::time::timeout(BOUND, w.changed()).await.unwrap();
+    log("exists-watch", format!("{} {:?} {}", none.is_none(), ev.event_type, ev.path.trim_start_matches(&base)));
+    let (_, cw) = b.list_and_watch_children(&format!("{base}/w")).await.unwrap();
+    a.create(&format!("{base}/w/c"), b"", &open()).await.unwrap();
+    let ev = tokio::time::timeout(BOUND, cw.changed()).await.unwrap();
+    log("child-watch", format!("{:?} {}", ev.event_type, ev.path.trim_start_matches(&base)));
+    let mut rec = b.watch(&format!("{base}/r"), zk::AddWatchMode::PersistentRecursive).await.unwrap();
+    a.create(&format!("{base}/r"), b"", &open()).await.unwrap();
+    a.create(&format!("{base}/r/a"), b"", &open()).await.unwrap();
+    a.set_data(&format!("{base}/r/a"), b"1", None).await.unwrap();
+    a.delete(&format!("{base}/r/a"), None).await.unwrap();
+    let mut events = Vec::new();
+    for _ in 0..4 {
+        let ev = tokio::time::timeout(BOUND, rec.changed()).await.unwrap();
+        events.push(format!("{:?} {}", ev.event_type, ev.path.trim_start_matches(&base)));
+    }
+    log("recursive-watch", events.join(", "));
+
+    // Containers and TTL nodes.
+    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    log(
+        "container-create",
+        err(a.create(&format!("{base}/ctr"), b"", &container).await.map(|(s, _)| stat(&s, sa, sb))),
+    );
+    let ttl = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()).with_ttl(Duration::from_secs(60));
+    log("ttl-create", err(a.create(&format!("{base}/ttl"), b"", &ttl).await.map(|(s, _)| stat(&s, sa, sb))));
+    log("container-stat", err(a.check_stat(&format!("{base}/ctr")).await.map(|s| s.map(|s| stat(&s, sa, sb)))));
+    log("ttl-stat", err(a.check_stat(&format!("{base}/ttl")).await.map(|s| s.map(|s| stat(&s, sa, sb)))));
+
+    // ACLs and digest auth, in every check order.
+    a.auth("digest", b"alice:secret").await.unwrap();
+    let private = [zk::Acl::new(zk::Permission::READ | zk::Permission::ADMIN, zk::AuthId::new("auth", ""))];
+    let private = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&private));
+    a.create(&format!("{base}/private"), b"p", &private).await.unwrap();
+    let (acl, _) = a.get_acl(&format!("{base}/private")).await.unwrap();
+    log("get-acl", format!("{:?}", acl.iter().map(|x| (x.scheme().to_string(), x.permission())).collect::<Vec<_>>()));
+    log("read-without-auth", err(b.get_data(&format!("{base}/private")).await.map(|_| ())));
+    log("write-with-auth-no-perm", err(a.set_data(&format!("{base}/private"), b"q", None).await.map(|_| ())));
+    log("write-bad-version-no-perm", err(b.set_data(&format!("{base}/private"), b"q", Some(5)).await.map(|_| ())));
+    log("create-under-no-create-perm", err(b.create(&format!("{base}/private/c"), b"", &open()).await.map(|_| ())));
+    log("delete-missing-no-perm", err(b.delete(&format!("{base}/private/none"), None).await));
+    let bad_acl = [zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", "not-a-digest"))];
+    log(
+        "bad-acl-missing-parent",
+        err(a
+            .create(&format!("{base}/absent/x"), b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&bad_acl)))
+            .await
+            .map(|_| ())),
+    );
+    log(
+        "set-acl-bad-version-no-perm",
+        err(b.set_acl(&format!("{base}/private"), &zk::Acls::anyone_all(), Some(9)).await.map(|_| ())),
+    );
+    log("check-no-perm", {
+        let mut m = b.new_multi_writer();
+        m.add_check_version(&format!("{base}/private"), 9).unwrap();
+        match m.commit().await {
+            Ok(r) => format!("ok {}", r.len()),
+            Err(e) => format!("error {e:?}"),
+        }
+    });
+    log(
+        "set-acl-bad-version",
+        err(a.set_acl(&format!("{base}/private"), &zk::Acls::anyone_all(), Some(9)).await.map(|_| ())),
+    );
+
+    // Sync, and a chroot client.
+    log("sync", err(a.sync(&base).await));
+    let chrooted = zk::Client::connector().connect(&format!("{addr}{base}")).await.unwrap();
+    chrooted.create("/in-chroot", b"", &open()).await.unwrap();
+    log("chroot", err(a.check_stat(&format!("{base}/in-chroot")).await.map(|s| s.is_some())));
+
+    // Clean up what is ours (the ephemeral goes with A's session).
+    drop(chrooted);
+    out
+}
+
+#[tokio::test]
+async fn the_embedded_server_answers_as_apache_zookeeper_does() {
+    if std::env::var_os("DISTLOCK_TEST_ZK_DIR").is_none() {
+        eprintln!(
+            "differential test: needs Apache ZooKeeper (the zookeeper pass of scripts/test.sh); nothing compared"
+        );
+        return;
+    }
+    let apache = std::env::var("DISTLOCK_TEST_ZK").unwrap();
+    let embedded = EmbeddedServer::start_with(Config::default()).await.unwrap();
+    let theirs = script(&apache).await;
+    let ours = script(&embedded.addr().to_string()).await;
+    assert_eq!(theirs.len(), ours.len());
+    let mut unexpected = Vec::new();
+    for ((step, t), (_, o)) in theirs.iter().zip(&ours) {
+        let known = KNOWN.iter().any(|(s, _)| s == step);
+        if std::env::var_os("DISTLOCK_DIFF_ALL").is_some() {
+            println!("{step}: {t} / {o}");
+        }
+        if t != o {
+            println!(
+                "{step}:\n  Apache ZooKeeper: {t}\n  distlock serve:   {o}{}",
+                if known { "  (known)" } else { "" }
+            );
+            if !known {
+                unexpected.push(step.clone());
+            }
+        }
+    }
+    assert!(unexpected.is_empty(), "differences not listed in KNOWN: {unexpected:?}");
+}
