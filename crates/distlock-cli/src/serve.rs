@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// Most watches per session.
     #[arg(long, default_value_t = 100_000)]
     max_watches: usize,
+    /// With --data-dir: transactions between snapshots (ZooKeeper's snapCount).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every: u64,
     /// Write the bound address to this file once listening (for scripts using port 0).
     #[arg(long, value_name = "FILE")]
     addr_file: Option<PathBuf>,
@@ -148,6 +151,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         max_frame: args.max_frame,
         max_connections: args.max_connections,
         max_watches_per_session: args.max_watches,
+        snapshot_every: args.snapshot_every,
         data_dir: args.data_dir.clone(),
         fsync: args.fsync.parse().map_err(anyhow::Error::msg)?,
         ..Default::default()

@@ -441,3 +441,87 @@ fn a_paused_server_expires_no_session_for_its_own_pause() {
     let found = read_framed(&mut sock).unwrap();
     assert_eq!(i32::from_be_bytes(found[12..16].try_into().unwrap()), 0, "the ephemeral node survived");
 }
+
+/// `distlock serve --data-dir` killed with SIGKILL at random moments while a client writes (and
+/// snapshots taken every 7 transactions, so kills land on both sides of snapshot boundaries):
+/// after each restart every acknowledged write is there, and the ephemeral nodes of the killed
+/// clients' sessions expire once those sessions time out.
+#[test]
+fn killed_at_random_the_server_keeps_every_acknowledged_write() {
+    let scratch = Scratch::new();
+    let data = scratch.0.join("data");
+    let data = data.to_str().unwrap();
+    let args = ["--listen", "127.0.0.1:0", "--tick", "200ms", "--data-dir", data, "--snapshot-every", "7"];
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("kill timing seed {seed}");
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let open = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let eph = zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let connect = |addr: SocketAddr| async move {
+        zookeeper_client::Client::connector()
+            .with_session_timeout(Duration::from_millis(1000))
+            .connect(&addr.to_string())
+            .await
+            .unwrap()
+    };
+    for cycle in 0..6 {
+        let mut s = serve(&args, &scratch);
+        let c = rt.block_on(async {
+            let c = connect(s.addr).await;
+            let written = acked.lock().unwrap().clone();
+            for path in &written {
+                assert!(c.check_stat(path).await.unwrap().is_some(), "cycle {cycle}: acknowledged {path} is gone");
+            }
+            if cycle == 0 {
+                c.create("/crash", b"", &open).await.unwrap();
+            }
+            c.create(&format!("/crash/eph-{cycle}"), b"", &eph).await.unwrap();
+            c
+        });
+        let acked_by_writer = acked.clone();
+        let writer = rt.spawn(async move {
+            let open = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+            for i in 0.. {
+                let path = format!("/crash/c{cycle}-{i}");
+                if c.create(&path, format!("{i}").as_bytes(), &open).await.is_err() {
+                    return;
+                }
+                acked_by_writer.lock().unwrap().push(path);
+            }
+        });
+        // The fault: SIGKILL after 50 to 450 ms of writing.
+        std::thread::sleep(Duration::from_millis(50 + next() % 400));
+        s.child.kill().unwrap();
+        s.child.wait().unwrap();
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), writer).await.unwrap().unwrap() });
+    }
+    let s = serve(&args, &scratch);
+    rt.block_on(async {
+        let c = connect(s.addr).await;
+        let acked = acked.lock().unwrap().clone();
+        assert!(acked.len() > 6, "writes were acknowledged ({})", acked.len());
+        for path in &acked {
+            assert!(c.check_stat(path).await.unwrap().is_some(), "acknowledged {path} is gone");
+        }
+        // The killed clients never come back: their sessions expire and take their ephemerals.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left: Vec<String> =
+                c.list_children("/crash").await.unwrap().into_iter().filter(|n| n.starts_with("eph-")).collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "ephemerals of dead sessions never expired: {left:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await; // polling the server: no event to wait on
+        }
+        println!("{} acknowledged writes survived 6 SIGKILLs", acked.len());
+    });
+}
