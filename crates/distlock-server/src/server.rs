@@ -95,7 +95,7 @@ async fn timers(state: Shared, tick: Duration) {
 }
 
 const FOUR_LETTER_WORDS: &[&[u8; 4]] =
-    &[b"ruok", b"srvr", b"stat", b"mntr", b"conf", b"envi", b"isro", b"wchs", b"dump"];
+    &[b"ruok", b"srvr", b"stat", b"mntr", b"conf", b"envi", b"isro", b"wchs", b"dump", b"cons"];
 
 async fn read_frame(
     socket: &mut (impl AsyncReadExt + Unpin),
@@ -199,7 +199,9 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
                 return Err("session ended or moved to another connection".to_string());
             }
             s.touch(sid);
+            let started = std::time::Instant::now();
             let reply = s.handle(sid, &frame).map_err(|e| format!("malformed request: {e}"))?;
+            s.counters.record_latency(started.elapsed().as_micros() as u64);
             if let Some(f) = reply.frame {
                 s.counters.sent += 1;
                 let _ = tx.send(Outgoing::Frame(f));
@@ -238,21 +240,32 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
     let version = format!("{ZK_PROTOCOL_VERSION}-distlock-{}, built on distlock-server", env!("CARGO_PKG_VERSION"));
     let nodes = s.tree.nodes.len();
     let conns = s.sessions.values().filter(|x| x.conn.is_some()).count();
+    let (lat_min, lat_avg, lat_max) = s.counters.latency_ms();
+    // One line per connected session, in `cons`'s shape.
+    let clients: String = s
+        .sessions
+        .values()
+        .filter(|x| x.conn.is_some())
+        .map(|x| {
+            let ip = x.addr.map(|a| a.to_string()).unwrap_or_else(|| "?".into());
+            format!(" /{ip}[1](queued=0,sid={:#x},to={})\n", x.id, x.timeout_ms)
+        })
+        .collect();
     match word {
         b"ruok" => "imok".to_string(),
         b"isro" => "rw".to_string(),
         b"srvr" | b"stat" => {
             let mut out = format!(
-                "Zookeeper version: {version}\nLatency min/avg/max: 0/0.0/0\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
+                "Zookeeper version: {version}\nLatency min/avg/max: {lat_min}/{lat_avg:.4}/{lat_max}\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
                 s.counters.received, s.counters.sent, s.zxid
             );
             if word == b"stat" {
-                out = out.replacen("Latency", "Clients:\n\nLatency", 1);
+                out = out.replacen("Latency", &format!("Clients:\n{clients}\nLatency"), 1);
             }
             out
         }
         b"mntr" => format!(
-            "zk_version\t{version}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t0\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\n",
+            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t0\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\n",
             s.counters.received,
             s.counters.sent,
             s.watch_count(),
@@ -269,6 +282,7 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
         b"envi" => format!("Environment:\nzookeeper.version={version}\n"),
         b"wchs" => format!("{} connections watching {} paths\nTotal watches:{}\n", conns, s.watch_count(), s.watch_count()),
         b"dump" => format!("SessionTracker dump:\nSession count: {}\n", s.sessions.len()),
+        b"cons" => format!("{clients}\n"),
         _ => String::new(),
     }
 }

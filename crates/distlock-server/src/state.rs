@@ -172,6 +172,26 @@ type NodeFields = (Vec<u8>, Vec<Acl>, Stat);
 pub struct Counters {
     pub received: u64,
     pub sent: u64,
+    /// Request latencies (time under the state, in microseconds): count, sum, min, max.
+    pub latency_count: u64,
+    pub latency_sum_us: u64,
+    pub latency_min_us: u64,
+    pub latency_max_us: u64,
+}
+
+impl Counters {
+    pub fn record_latency(&mut self, us: u64) {
+        self.latency_min_us = if self.latency_count == 0 { us } else { self.latency_min_us.min(us) };
+        self.latency_max_us = self.latency_max_us.max(us);
+        self.latency_sum_us += us;
+        self.latency_count += 1;
+    }
+
+    /// (min, avg, max) in milliseconds, as ZooKeeper prints them.
+    pub fn latency_ms(&self) -> (f64, f64, f64) {
+        let avg = if self.latency_count == 0 { 0.0 } else { self.latency_sum_us as f64 / self.latency_count as f64 };
+        (self.latency_min_us as f64 / 1000.0, avg / 1000.0, self.latency_max_us as f64 / 1000.0)
+    }
 }
 
 pub struct State {

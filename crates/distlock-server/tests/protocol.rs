@@ -326,6 +326,16 @@ async fn four_letter_words() {
     let digits: Vec<u32> = version.split(['-', ',']).next().unwrap().split('.').map(|d| d.parse().unwrap()).collect();
     assert!(digits.len() == 3 && digits[0] == 3, "{version}");
     assert!(srvr.contains(&format!("Zookeeper version: {version}")), "{srvr}");
+    // Real counters: the requests above were counted and timed; cons lists the connection.
+    let c = client(&s).await;
+    c.create("/counted", b"", &open()).await.unwrap();
+    let srvr = String::from_utf8(raw(s.addr(), b"srvr").await).unwrap();
+    let received: u64 = srvr.lines().find_map(|l| l.strip_prefix("Received: ")).unwrap().parse().unwrap();
+    assert!(received >= 1, "{srvr}");
+    let latency = srvr.lines().find_map(|l| l.strip_prefix("Latency min/avg/max: ")).unwrap();
+    assert_eq!(latency.split('/').filter(|x| x.parse::<f64>().is_ok()).count(), 3, "{srvr}");
+    let cons = String::from_utf8(raw(s.addr(), b"cons").await).unwrap();
+    assert!(cons.contains(&format!("sid={:#x}", c.session_id().0)), "{cons}");
 }
 
 /// In a multi, a container (or TTL, or create2) create is answered as a create2 result, as
