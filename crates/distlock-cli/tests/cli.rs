@@ -29,11 +29,23 @@ fn hold(lock: &str, session: &str, script: &str) -> (Child, BufReader<std::proce
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "held");
+    let out = first_line_is(&mut child, "held");
     (child, out)
+}
+
+/// Reads the child's first line of output (bounded: 30 s) and checks it; returns the rest.
+fn first_line_is(child: &mut Child, expected: &str) -> BufReader<std::process::ChildStdout> {
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = out.read_line(&mut line);
+        let _ = tx.send((line, out));
+    });
+    let (line, out) =
+        rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("no {expected:?} within 30 s"));
+    assert_eq!(line.trim(), expected);
+    out
 }
 
 /// Waits (bounded) for a child to exit.
@@ -215,15 +227,11 @@ fn signals_are_forwarded_to_the_command() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "held");
+    let lines = Lines::of(&mut child);
+    assert_eq!(lines.next(Duration::from_secs(30), "held"), "held");
     unsafe { libc_kill(child.id() as i32, 15) };
     let status = wait_exit(&mut child, Duration::from_secs(20));
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "got-term");
+    assert_eq!(lines.next(Duration::from_secs(20), "got-term"), "got-term");
     assert_eq!(status.code(), Some(5), "exit status of the command");
 }
 
@@ -241,9 +249,7 @@ fn shared_locks_share_and_write_excludes() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(reader.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    let _out = first_line_is(&mut reader, "held");
     let view = distlock(&["inspect", "--json", &l]).output().unwrap();
     let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
     assert_eq!(view["kind"], "rwlock", "{view}");
@@ -377,10 +383,7 @@ fn hold_with(flags: &[&str], lock: &str, script: &str) -> (Child, BufReader<std:
     args.extend_from_slice(&[lock, "--", "sh", "-c", &cmd]);
     let mut child =
         Command::new(BIN).env("DISTLOCK_BACKEND", backend("2s")).args(&args).stdout(Stdio::piped()).spawn().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "held");
+    let out = first_line_is(&mut child, "held");
     (child, out)
 }
 
@@ -915,6 +918,7 @@ fn the_status_line_fits_the_terminal() {
     let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("waiting"), "{text:?}");
+    assert!(!text.contains("\x1b[K"), "nothing to clear when no status was shown: {text:?}");
 }
 
 /// A waiter whose session expires (cut off from the server for longer than its session) says so,
