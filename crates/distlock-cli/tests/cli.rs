@@ -95,8 +95,7 @@ fn nonblock_and_wait_give_up_with_conflict_code() {
     assert_eq!(out.status.code(), Some(42));
     assert!(started.elapsed() >= Duration::from_millis(400));
     // Nothing left behind by the two failed attempts: only the holder is queued.
-    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = inspect_json(&l);
     let contenders = view["contenders"].as_array().unwrap();
     assert_eq!(contenders.len(), 1, "{view}");
     assert_eq!(contenders[0]["holds"], true);
@@ -123,8 +122,7 @@ fn inspect_shows_holder_and_waiters_in_order() {
     // Wait (bounded) until the waiter is queued.
     let deadline = Instant::now() + Duration::from_secs(20);
     let view = loop {
-        let out = distlock(&["inspect", "--json", &l]).output().unwrap();
-        let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let view = inspect_json(&l);
         if view["contenders"].as_array().unwrap().len() == 2 {
             break view;
         }
@@ -166,8 +164,7 @@ fn killed_holder_passes_the_lock_on_after_its_session_times_out() {
 
 /// Deletes the node of `lock`'s holder, as an operator would: the holder loses the lock.
 fn delete_holder_node(lock: &str) {
-    let out = distlock(&["inspect", "--json", lock]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = inspect_json(lock);
     let node = format!("{lock}/{}", view["contenders"][0]["node"].as_str().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -250,8 +247,7 @@ fn shared_locks_share_and_write_excludes() {
         .spawn()
         .unwrap();
     let _out = first_line_is(&mut reader, "held");
-    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&l);
     assert_eq!(view["kind"], "rwlock", "{view}");
     assert_eq!(
         (view["contenders"][0]["mode"].as_str(), view["contenders"][0]["holds"].as_bool()),
@@ -296,15 +292,13 @@ fn plain_exclusive_and_shared_holders_form_one_queue() {
     wait_queue_len(&l, 2);
     let mut waiter = distlock(&["exec", &l, "--", "echo", "plain"]).stdout(Stdio::piped()).spawn().unwrap();
     wait_queue_len(&l, 3);
-    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&l);
     let modes: Vec<&str> = view["contenders"].as_array().unwrap().iter().map(|c| c["mode"].as_str().unwrap()).collect();
     assert_eq!(modes, ["lock", "read", "lock"], "{view}");
     plain.kill().unwrap();
     plain.wait().unwrap();
     assert_eq!(reader_lines.next(Duration::from_secs(20), "the reader's turn"), "reader");
-    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&l);
     let holds: Vec<(&str, bool)> = view["contenders"]
         .as_array()
         .unwrap()
@@ -317,12 +311,17 @@ fn plain_exclusive_and_shared_holders_form_one_queue() {
     assert!(wait_exit(&mut waiter, Duration::from_secs(20)).success());
 }
 
+/// `distlock inspect --json LOCK`, parsed.
+fn inspect_json(lock: &str) -> serde_json::Value {
+    let out = distlock(&["inspect", "--json", lock]).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("inspect {lock}: {e}: {out:?}"))
+}
+
 /// Waits (bounded) until `lock` has `n` nodes queued.
 fn wait_queue_len(lock: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = distlock(&["inspect", "--json", lock]).output().unwrap();
-        let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let view = inspect_json(lock);
         if view["contenders"].as_array().map_or(0, |c| c.len()) == n {
             return;
         }
@@ -338,8 +337,7 @@ fn permits_admit_n_holders() {
     let (mut b, _ob) = hold_with(&["--permits", "2"], &l, "sleep 30");
     let c = distlock(&["exec", "-n", "--permits", "2", &l, "--", "true"]).output().unwrap();
     assert_eq!(c.status.code(), Some(1), "a third holder of 2 permits");
-    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&l);
     assert_eq!(view["kind"], "semaphore", "{view}");
     let holders: Vec<_> = view["contenders"].as_array().unwrap().iter().filter(|c| c["holds"] == true).collect();
     assert_eq!(holders.len(), 2, "{view}");
@@ -369,8 +367,7 @@ fn several_locks_are_taken_together() {
     let out = distlock(&["exec", "-w", "300ms", &a, &b, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
-    let view = distlock(&["inspect", "--json", &a]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&a);
     assert!(view["contenders"].as_array().unwrap().is_empty(), "the free member was given back: {view}");
     holder.kill().unwrap();
     holder.wait().unwrap();
@@ -578,8 +575,7 @@ fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
     // Wait (bounded) until the waiter is queued.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-        let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+        let view = inspect_json(&l);
         if view["contenders"].as_array().map_or(0, |c| c.len()) >= 2 {
             break;
         }
@@ -803,8 +799,7 @@ fn non_lock_children_are_ignored() {
         c.zookeeper().mkdir(&format!("{l}/config"), &opts).await.unwrap();
     });
     let (mut holder, _out) = hold(&l, "4s", "sleep 30");
-    let out = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = inspect_json(&l);
     let contenders = view["contenders"].as_array().unwrap();
     assert_eq!(contenders.len(), 1, "{view}");
     assert_eq!(contenders[0]["owner"]["pid"], holder.id());
@@ -830,8 +825,7 @@ fn a_different_permit_count_is_refused() {
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("2 permits") && err.contains('5'), "{err}");
-    let view = distlock(&["inspect", "--json", &l]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    let view = inspect_json(&l);
     assert_eq!(view["permits"], 2, "{view}");
     assert_eq!(view["contenders"].as_array().unwrap().len(), 1, "the refused acquire left nothing: {view}");
     let table = distlock(&["inspect", &l]).output().unwrap();

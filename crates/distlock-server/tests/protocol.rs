@@ -89,14 +89,19 @@ fn create_frame(path: &str, flags: i32) -> Vec<u8> {
     let mut create = Vec::new();
     create.extend_from_slice(&1i32.to_be_bytes()); // xid
     create.extend_from_slice(&1i32.to_be_bytes()); // create
-    jute_string(&mut create, path);
-    create.extend_from_slice(&0i32.to_be_bytes()); // empty data
-    create.extend_from_slice(&1i32.to_be_bytes()); // one ACL
-    create.extend_from_slice(&31i32.to_be_bytes());
-    jute_string(&mut create, "world");
-    jute_string(&mut create, "anyone");
-    create.extend_from_slice(&flags.to_be_bytes());
+    create_record(&mut create, path, flags);
     frame(&create)
+}
+
+/// A create request's record (path, empty data, open ACL, `flags`), alone or inside a multi.
+fn create_record(out: &mut Vec<u8>, path: &str, flags: i32) {
+    jute_string(out, path);
+    out.extend_from_slice(&0i32.to_be_bytes()); // empty data
+    out.extend_from_slice(&1i32.to_be_bytes()); // one ACL
+    out.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(out, "world");
+    jute_string(out, "anyone");
+    out.extend_from_slice(&flags.to_be_bytes());
 }
 
 #[tokio::test]
@@ -350,13 +355,7 @@ async fn a_multi_answers_container_creates_as_create2() {
     multi.extend_from_slice(&19i32.to_be_bytes()); // op header: createContainer
     multi.push(0); // not done
     multi.extend_from_slice(&(-1i32).to_be_bytes());
-    jute_string(&mut multi, "/container-in-a-multi");
-    multi.extend_from_slice(&0i32.to_be_bytes()); // empty data
-    multi.extend_from_slice(&1i32.to_be_bytes()); // one ACL
-    multi.extend_from_slice(&31i32.to_be_bytes());
-    jute_string(&mut multi, "world");
-    jute_string(&mut multi, "anyone");
-    multi.extend_from_slice(&4i32.to_be_bytes()); // container flags
+    create_record(&mut multi, "/container-in-a-multi", 4); // container flags
     multi.extend_from_slice(&(-1i32).to_be_bytes()); // end header
     multi.push(1);
     multi.extend_from_slice(&(-1i32).to_be_bytes());

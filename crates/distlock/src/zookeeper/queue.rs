@@ -419,22 +419,20 @@ impl Queue {
         let (mut acquired, mut children) = Box::pin(self.create_and_list(pending)).await?;
         let mut own_name = acquired.path[self.dir.len() + 1..].to_string();
         let mut recreated = 0;
-        let mut semaphore_idle = false;
+        // Checked once per acquire: whether a semaphore's directories here are in use.
+        let mut semaphore_checked = false;
         loop {
+            // Only a semaphore's `locks`/`leases` can belong to another recipe here (mutex and
+            // read/write nodes share one queue). The directories outlive their users for a while
+            // (containers are reaped late): only a semaphore in use makes the path its own.
             if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers())) {
-                // A semaphore's directories outlive its users for a while (containers are reaped
-                // late): only leases in use make the path a semaphore's.
-                let directories_only = children.iter().any(|c| c == "leases" || c == "locks")
-                    && !children
-                        .iter()
-                        .any(|c| c != "leases" && c != "locks" && other_recipe(c, self.markers()).is_some());
-                if !(directories_only && (semaphore_idle || self.semaphore_idle().await?)) {
+                if !semaphore_checked && !self.semaphore_idle().await? {
                     return Err(Error::InvalidLockPath {
                         path: self.dir.clone(),
                         reason: format!("already in use as {other}; one path holds one kind of lock"),
                     });
                 }
-                semaphore_idle = true;
+                semaphore_checked = true;
             }
             // Children that are not lock nodes (a stray znode) take no part in the queue.
             children.retain(|c| self.markers().iter().any(|m| c.contains(m)));
