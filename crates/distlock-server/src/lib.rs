@@ -24,6 +24,7 @@
 //! - `persist`: the transaction log and snapshots for `--data-dir`;
 //! - `server`: connections, framing, four-letter words, session and container timers.
 
+mod outbox;
 pub mod persist;
 pub mod proto;
 mod server;
@@ -241,7 +242,7 @@ impl Drop for EmbeddedServer {
 pub fn decode_for_fuzzing(data: &[u8]) {
     let _ = proto::ConnectRequest::decode(data);
     let mut state = state::State::new(Config::default(), tree::Tree::default(), 0, Vec::new(), None);
-    let (tx, _rx) = state::Outbox::new(usize::MAX);
+    let (tx, _rx) = outbox::Outbox::new(usize::MAX);
     let hello = proto::ConnectRequest {
         protocol_version: 0,
         last_zxid_seen: 0,

@@ -1,7 +1,8 @@
 //! Connections: framing, the handshake, four-letter words, and the timers.
 
+use crate::outbox::{Outbox, Outgoing};
 use crate::proto::ConnectRequest;
-use crate::state::{Outbox, Outgoing, State};
+use crate::state::State;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub type Shared = Arc<Mutex<State>>;
+
+/// Frames are gathered into one socket write up to this many bytes.
+const WRITE_BATCH: usize = 64 << 10;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -91,6 +95,10 @@ async fn timers(state: Shared, tick: Duration) {
             s.reap();
             reap_at = tokio::time::Instant::now() + s.config.container_check;
         }
+        drop(s);
+        // Expiries and reaping wrote transactions; and nothing waits for the disk longer than a
+        // round of this loop, whatever path wrote last.
+        State::sync(&state);
     }
 }
 
@@ -150,7 +158,10 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
             return Err(why);
         }
     };
-    let (mut reader, mut writer) = socket.into_split();
+    // The new session is on disk before its client learns its id.
+    State::sync(&state);
+    let (reader, mut writer) = socket.into_split();
+    let mut reader = tokio::io::BufReader::with_capacity(64 << 10, reader);
     writer.write_all(&response).await.map_err(|e| format!("write: {e}"))?;
     let Some(sid) = sid else {
         let _ = writer.shutdown().await;
@@ -161,35 +172,60 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     let (writer_done, mut closed) = tokio::sync::watch::channel(false);
     let writer_task = tokio::spawn(async move {
         let _done = DropSignal(writer_done);
+        // Frames queued together leave in one write (a burst of replies released by one fsync, a
+        // pipelining client's replies).
+        let mut batch: Vec<u8> = Vec::new();
         loop {
-            let out = tokio::select! {
+            let mut next = tokio::select! {
                 out = outbox.rx.recv() => match out {
-                    Some(out) => out,
+                    Some(out) => Some(out),
                     None => return,
                 },
                 _ = outbox.overflow.notified() => return,
             };
-            match out {
-                Outgoing::Frame(f) => {
-                    let written = tokio::select! {
-                        r = writer.write_all(&f) => r.is_ok(),
-                        _ = outbox.overflow.notified() => false,
-                    };
-                    if !written {
-                        return;
+            let mut close = None;
+            batch.clear();
+            while let Some(out) = next.take() {
+                match out {
+                    Outgoing::Frame(f) if batch.is_empty() && f.len() >= WRITE_BATCH => batch = f,
+                    Outgoing::Frame(f) => batch.extend_from_slice(&f),
+                    Outgoing::Close(why) => {
+                        close = Some(why);
+                        break;
                     }
-                    outbox.written(f.len());
                 }
-                Outgoing::Close(why) => {
-                    tracing::debug!(why, "closing connection");
-                    let _ = writer.shutdown().await;
+                if batch.len() < WRITE_BATCH {
+                    next = outbox.rx.try_recv().ok();
+                }
+            }
+            if !batch.is_empty() {
+                let written = tokio::select! {
+                    r = writer.write_all(&batch) => r.is_ok(),
+                    _ = outbox.overflow.notified() => false,
+                };
+                if !written {
                     return;
                 }
+                outbox.written(batch.len());
+                if batch.capacity() > 4 * WRITE_BATCH {
+                    batch = Vec::new();
+                }
+            }
+            if let Some(why) = close {
+                tracing::debug!(why, "closing connection");
+                let _ = writer.shutdown().await;
+                return;
             }
         }
     });
     let result = async {
         loop {
+            // Before waiting on the client, what it wrote goes to disk (and its replies out).
+            // Requests already here are handled first: a pipelining client's writes share one
+            // fsync.
+            if reader.buffer().is_empty() {
+                State::sync(&state);
+            }
             let frame = tokio::select! {
                 frame = read_frame(&mut reader, max_frame, None) => frame?,
                 _ = closed.wait_for(|c| *c) => return Err("closed by the server".to_string()),
@@ -204,15 +240,16 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
             s.counters.record_latency(started.elapsed().as_micros() as u64);
             if let Some(f) = reply.frame {
                 s.counters.sent += 1;
-                let _ = tx.send(Outgoing::Frame(f));
+                s.send(&tx, Outgoing::Frame(f));
             }
             if reply.close {
-                let _ = tx.send(Outgoing::Close("session closed".into()));
+                s.send(&tx, Outgoing::Close("session closed".into()));
                 return Ok(());
             }
         }
     }
     .await;
+    State::sync(&state);
     state.lock().unwrap().disconnect(sid, conn_id);
     if result.is_err() {
         let _ = tx.send(Outgoing::Close("connection error".into()));
@@ -256,8 +293,8 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
         b"isro" => "rw".to_string(),
         b"srvr" | b"stat" => {
             let mut out = format!(
-                "Zookeeper version: {version}\nLatency min/avg/max: {lat_min}/{lat_avg:.4}/{lat_max}\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
-                s.counters.received, s.counters.sent, s.zxid
+                "Zookeeper version: {version}\nLatency min/avg/max: {lat_min}/{lat_avg:.4}/{lat_max}\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: {}\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
+                s.counters.received, s.counters.sent, s.gate.held(), s.zxid
             );
             if word == b"stat" {
                 out = out.replacen("Latency", &format!("Clients:\n{clients}\nLatency"), 1);
@@ -265,12 +302,16 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             out
         }
         b"mntr" => format!(
-            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t0\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\n",
+            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\n",
             s.counters.received,
             s.counters.sent,
+            s.gate.held(),
             s.watch_count(),
             s.ephemeral_count(),
-            s.tree.nodes.values().map(|n| n.data.len()).sum::<usize>()
+            s.tree.nodes.values().map(|n| n.data.len()).sum::<usize>(),
+            s.counters.fsyncs,
+            s.counters.fsync_sum_us / 1000,
+            s.counters.fsync_max_us / 1000,
         ),
         b"conf" => format!(
             "clientPort=?\ntickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\nmaxClientCnxns={}\n",

@@ -5,6 +5,7 @@
 //! the lock is held, so a client always receives an event before the reply to any later request
 //! that could show the change (ZooKeeper's ordering guarantee).
 
+use crate::outbox::{Gate, Outbox, Outgoing};
 use crate::persist::Persist;
 use crate::proto::{self, err, event, op, perms, Acl, DResult, DecodeError, Reader, Stat, Writer};
 use crate::tree::{parent_of, valid_path, Mutation, Node, Tree, CONTAINER_OWNER, TTL_MASK};
@@ -13,71 +14,8 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
-
-/// What a connection task sends to its socket.
-#[derive(Debug)]
-pub enum Outgoing {
-    Frame(Vec<u8>),
-    Close(String),
-}
-
-/// What a connection has to send: frames and a close, with a bound on the bytes not yet written.
-/// Past the bound the connection is closed (at once, not after the queue drains): a client that
-/// does not read its replies cannot grow the server's memory.
-#[derive(Clone)]
-pub struct Outbox {
-    tx: mpsc::UnboundedSender<Outgoing>,
-    queued: Arc<AtomicUsize>,
-    limit: usize,
-    /// Woken when the bound is passed; the writer stops at once.
-    overflow: Arc<tokio::sync::Notify>,
-}
-
-/// The writer's side of an [`Outbox`].
-pub struct OutboxReader {
-    pub rx: mpsc::UnboundedReceiver<Outgoing>,
-    queued: Arc<AtomicUsize>,
-    pub overflow: Arc<tokio::sync::Notify>,
-}
-
-impl Outbox {
-    pub fn new(limit: usize) -> (Outbox, OutboxReader) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let overflow = Arc::new(tokio::sync::Notify::new());
-        let reader = OutboxReader { rx, queued: queued.clone(), overflow: overflow.clone() };
-        (Outbox { tx, queued, limit, overflow }, reader)
-    }
-
-    /// Queues `out`; false if the connection is gone or has just been cut for not reading.
-    pub fn send(&self, out: Outgoing) -> bool {
-        if let Outgoing::Frame(f) = &out {
-            let before = self.queued.fetch_add(f.len(), Ordering::SeqCst);
-            if before + f.len() > self.limit {
-                self.queued.fetch_sub(f.len(), Ordering::SeqCst);
-                tracing::warn!(
-                    queued = before,
-                    limit = self.limit,
-                    "the client does not read its replies; disconnecting it"
-                );
-                self.overflow.notify_one();
-                return false;
-            }
-        }
-        self.tx.send(out).is_ok()
-    }
-}
-
-impl OutboxReader {
-    /// `n` bytes of a frame were written to the socket.
-    pub fn written(&self, n: usize) {
-        self.queued.fetch_sub(n, Ordering::SeqCst);
-    }
-}
 
 pub struct Session {
     pub id: i64,
@@ -177,6 +115,10 @@ pub struct Counters {
     pub latency_sum_us: u64,
     pub latency_min_us: u64,
     pub latency_max_us: u64,
+    /// fsyncs of the transaction log: count, total and longest time (microseconds).
+    pub fsyncs: u64,
+    pub fsync_sum_us: u64,
+    pub fsync_max_us: u64,
 }
 
 impl Counters {
@@ -203,6 +145,10 @@ pub struct State {
     pub config: Config,
     next_session: i64,
     pub counters: Counters,
+    /// Replies and events waiting for their transactions to reach the disk.
+    pub gate: Gate,
+    /// Someone is fsyncing the log (see [`State::sync`]).
+    syncing: bool,
 }
 
 pub fn now_ms() -> i64 {
@@ -255,7 +201,47 @@ impl State {
             config,
             next_session,
             counters: Counters::default(),
+            gate: Gate::default(),
+            syncing: false,
         }
+    }
+
+    /// Group commit: makes every transaction written so far durable and releases what waited
+    /// for it (see [`Gate`]). Called by whoever wrote a transaction, after letting go of the state.
+    ///
+    /// One caller at a time fsyncs (the leader), for everything written by the time it starts;
+    /// transactions written meanwhile by others, who find an fsync under way and return, are
+    /// covered by the leader's next round. So a lone client pays one fsync per write, as before,
+    /// and many clients share each fsync.
+    pub fn sync(state: &Mutex<State>) {
+        loop {
+            let (upto, file) = {
+                let mut s = state.lock().unwrap();
+                if s.syncing || s.gate.is_durable() {
+                    return;
+                }
+                let Some(file) = s.persist.as_ref().map(|p| p.sync_handle()) else { return };
+                s.syncing = true;
+                (s.gate.appended_count(), file)
+            };
+            let started = Instant::now();
+            if let Err(e) = file.and_then(|f| f.sync_data()) {
+                tracing::error!(error = %e, "cannot fsync the transaction log; stopping");
+                std::process::abort();
+            }
+            let took = started.elapsed().as_micros() as u64;
+            let mut s = state.lock().unwrap();
+            s.counters.fsyncs += 1;
+            s.counters.fsync_sum_us += took;
+            s.counters.fsync_max_us = s.counters.fsync_max_us.max(took);
+            s.syncing = false;
+            s.gate.durable_up_to(upto);
+        }
+    }
+
+    /// Queues `out` on `conn` behind whatever waits for the disk.
+    pub fn send(&mut self, conn: &Outbox, out: Outgoing) {
+        self.gate.send(conn, out);
     }
 
     fn negotiate_timeout(&self, requested: i32) -> i32 {
@@ -273,6 +259,8 @@ impl State {
                 tracing::error!(error = %e, "cannot write the transaction log; stopping");
                 std::process::abort();
             }
+            // With `always`, the writer calls `State::sync` once it lets go of the state.
+            self.gate.appended(p.fsync() == crate::persist::Fsync::Never);
         }
         let sessions: Vec<(i64, Vec<u8>, i32)> =
             self.sessions.values().map(|s| (s.id, s.password.clone(), s.timeout_ms)).collect();
@@ -335,7 +323,7 @@ impl State {
         match self.sessions.get_mut(&req.session_id) {
             Some(s) if s.password == req.password => {
                 if let Some((_, old)) = s.conn.take() {
-                    let _ = old.send(Outgoing::Close("session moved to a new connection".into()));
+                    self.gate.send(&old, Outgoing::Close("session moved to a new connection".into()));
                 }
                 s.conn = Some(conn);
                 s.addr = addr;
@@ -412,7 +400,7 @@ impl State {
         let expired: Vec<i64> = self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect();
         for sid in expired {
             if let Some((_, conn)) = self.sessions.get_mut(&sid).and_then(|s| s.conn.take()) {
-                let _ = conn.send(Outgoing::Close("session expired".into()));
+                self.gate.send(&conn, Outgoing::Close("session expired".into()));
             }
             self.close_session(sid, "expired");
         }
@@ -503,7 +491,7 @@ impl State {
             let mut w = Writer::framed();
             header(&mut w, proto::xid::NOTIFICATION, -1, 0);
             w.i32(typ).i32(event::SYNC_CONNECTED).string(path);
-            let _ = conn.send(Outgoing::Frame(w.frame()));
+            self.gate.send(conn, Outgoing::Frame(w.frame()));
             self.counters.sent += 1;
         }
     }
@@ -606,8 +594,8 @@ impl State {
                     header(&mut ev, proto::xid::NOTIFICATION, -1, 0);
                     ev.i32(-1).i32(4).string("");
                     if let Some((_, conn)) = self.sessions.get(&sid).and_then(|s| s.conn.as_ref()) {
-                        let _ = conn.send(Outgoing::Frame(w.frame()));
-                        let _ = conn.send(Outgoing::Frame(ev.frame()));
+                        self.gate.send(conn, Outgoing::Frame(w.frame()));
+                        self.gate.send(conn, Outgoing::Frame(ev.frame()));
                     }
                     Ok(Reply { frame: None, close: true })
                 }

@@ -6,7 +6,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zookeeper_client as zk;
 
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::{create_frame, raw, BOUND};
 
 fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
     Config {
@@ -133,4 +134,46 @@ async fn a_torn_last_record_is_dropped() {
         let after = std::fs::read(&log_path).unwrap();
         assert!(after.starts_with(&good) && !after.ends_with(tail), "the torn tail was cut: {tail:?}");
     }
+}
+
+/// The value of `key` in `mntr`'s output.
+async fn mntr(addr: std::net::SocketAddr, key: &str) -> u64 {
+    let out = String::from_utf8(raw(addr, b"mntr").await).unwrap();
+    let line =
+        out.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('\t')).unwrap_or_else(|| panic!("{key} in {out}"));
+    line.trim().parse().unwrap()
+}
+
+/// Group commit: writes that arrive together share an fsync, every one is answered (only after
+/// the fsync covering it: the gate's unit test), and every acknowledged one is there after a
+/// restart.
+#[tokio::test]
+async fn pipelined_writes_share_fsyncs_and_all_survive() {
+    const N: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
+    let (_, id, password) = handshake(s.addr(), 0, &[0; 16]).await;
+    let mut sock = TcpStream::connect(s.addr()).await.unwrap();
+    sock.write_all(&hello(id, &password)).await.unwrap();
+    let mut resp = vec![0u8; 4 + 37];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
+    let before = mntr(s.addr(), "zk_cnt_fsynctime").await;
+    let burst: Vec<u8> = (0..N).flat_map(|i| create_frame(&format!("/p{i}"), 0)).collect();
+    sock.write_all(&burst).await.unwrap();
+    for i in 0..N {
+        let mut len = [0u8; 4];
+        tokio::time::timeout(BOUND, sock.read_exact(&mut len)).await.expect("every write is answered").unwrap();
+        let mut reply = vec![0u8; i32::from_be_bytes(len) as usize];
+        sock.read_exact(&mut reply).await.unwrap();
+        let err = i32::from_be_bytes(reply[12..16].try_into().unwrap());
+        assert_eq!(err, 0, "create {i}");
+    }
+    let fsyncs = mntr(s.addr(), "zk_cnt_fsynctime").await - before;
+    assert!(fsyncs * 4 <= N as u64, "{N} pipelined writes took {fsyncs} fsyncs");
+    drop(sock);
+    s.stop().await;
+    let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
+    let c = zk::Client::connector().connect(&s.addr().to_string()).await.unwrap();
+    let children = c.list_children("/").await.unwrap();
+    assert_eq!(children.iter().filter(|c| c.starts_with('p')).count(), N);
 }

@@ -6,7 +6,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zookeeper_client as zk;
 
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::{create_frame, create_record, frame, jute_string, raw, BOUND};
 
 async fn server() -> EmbeddedServer {
     EmbeddedServer::start_with(Config { tick: Duration::from_millis(500), ..Default::default() }).await.unwrap()
@@ -72,38 +73,6 @@ async fn ephemerals_go_when_the_session_closes_and_watches_fire() {
 }
 
 /// A frame: length prefix and body.
-fn frame(body: &[u8]) -> Vec<u8> {
-    let mut f = (body.len() as i32).to_be_bytes().to_vec();
-    f.extend_from_slice(body);
-    f
-}
-
-fn jute_string(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as i32).to_be_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-/// A create request frame (xid 1, empty data, open ACL) with ZooKeeper's create `flags`
-/// (0 persistent, 1 ephemeral).
-fn create_frame(path: &str, flags: i32) -> Vec<u8> {
-    let mut create = Vec::new();
-    create.extend_from_slice(&1i32.to_be_bytes()); // xid
-    create.extend_from_slice(&1i32.to_be_bytes()); // create
-    create_record(&mut create, path, flags);
-    frame(&create)
-}
-
-/// A create request's record (path, empty data, open ACL, `flags`), alone or inside a multi.
-fn create_record(out: &mut Vec<u8>, path: &str, flags: i32) {
-    jute_string(out, path);
-    out.extend_from_slice(&0i32.to_be_bytes()); // empty data
-    out.extend_from_slice(&1i32.to_be_bytes()); // one ACL
-    out.extend_from_slice(&31i32.to_be_bytes());
-    jute_string(out, "world");
-    jute_string(out, "anyone");
-    out.extend_from_slice(&flags.to_be_bytes());
-}
-
 #[tokio::test]
 async fn silent_sessions_expire() {
     let s = server().await;
@@ -262,15 +231,6 @@ async fn digest_acls_are_enforced_and_whoami_reports() {
 }
 
 /// Sends raw bytes as a client would; returns what the server sent back before closing.
-async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<u8> {
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    sock.write_all(bytes).await.unwrap();
-    sock.shutdown().await.unwrap(); // our side is done; the server sees EOF after the bytes
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(BOUND, sock.read_to_end(&mut out)).await.expect("server closes the connection");
-    out
-}
-
 fn connect_frame() -> Vec<u8> {
     let mut body = Vec::new();
     body.extend_from_slice(&0i32.to_be_bytes());
