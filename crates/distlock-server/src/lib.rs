@@ -249,7 +249,7 @@ pub fn decode_for_fuzzing(data: &[u8]) {
         timeout_ms: 10_000,
         session_id: 0,
         password: vec![0; 16],
-        read_only: false,
+        read_only: Some(false),
     };
     let Ok((_, sid)) = state.connect(&hello, (1, tx), None) else { return };
     if let Some(sid) = sid {

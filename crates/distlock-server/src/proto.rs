@@ -83,6 +83,18 @@ impl<'a> Reader<'a> {
         Ok(self.take(len as usize, what)?.to_vec())
     }
 
+    /// A buffer that may be null (length -1).
+    pub fn data(&mut self, what: &'static str) -> DResult<crate::tree::Data> {
+        let len = self.i32(what)?;
+        if len == -1 {
+            return Ok(None);
+        }
+        if len < 0 || len as usize > self.buf.len() {
+            return Err(DecodeError::BadLength { what, len });
+        }
+        Ok(Some(self.take(len as usize, what)?.into()))
+    }
+
     /// A string; null reads as empty.
     pub fn string(&mut self, what: &'static str) -> DResult<String> {
         String::from_utf8(self.buffer(what)?).map_err(|_| DecodeError::Utf8)
@@ -161,6 +173,14 @@ impl Writer {
         self
     }
 
+    /// A buffer that may be null (written as length -1).
+    pub fn data(&mut self, v: &crate::tree::Data) -> &mut Self {
+        match v {
+            Some(d) => self.buffer(d),
+            None => self.i32(-1),
+        }
+    }
+
     pub fn string(&mut self, v: &str) -> &mut Self {
         self.buffer(v.as_bytes())
     }
@@ -173,14 +193,15 @@ impl Writer {
         self
     }
 
-    /// A stat as clients see it (container and TTL markers hidden, as ZooKeeper does).
+    /// A stat as clients see it (container and TTL markers hidden, the child version counting
+    /// deletes too, as ZooKeeper does).
     pub fn stat(&mut self, s: &Stat) -> &mut Self {
         self.i64(s.czxid)
             .i64(s.mzxid)
             .i64(s.ctime)
             .i64(s.mtime)
             .i32(s.version)
-            .i32(s.cversion)
+            .i32(client_cversion(s))
             .i32(s.aversion)
             .i64(client_ephemeral_owner(s.ephemeral_owner))
             .i32(s.data_length)
@@ -311,7 +332,8 @@ pub struct ConnectRequest {
     pub timeout_ms: i32,
     pub session_id: i64,
     pub password: Vec<u8>,
-    pub read_only: bool,
+    /// Absent in requests of clients older than 3.4 (then the reply leaves it out too).
+    pub read_only: Option<bool>,
 }
 
 impl ConnectRequest {
@@ -323,7 +345,7 @@ impl ConnectRequest {
             timeout_ms: r.i32("timeout")?,
             session_id: r.i64("session id")?,
             password: r.buffer("password")?,
-            read_only: if r.remaining() > 0 { r.bool("read only")? } else { false },
+            read_only: if r.remaining() > 0 { Some(r.bool("read only")?) } else { None },
         };
         r.finish()?;
         Ok(req)
@@ -346,6 +368,14 @@ pub fn client_ephemeral_owner(owner: i64) -> i64 {
     } else {
         owner
     }
+}
+
+/// The `cversion` clients see. Internally it counts the children ever created (what sequential
+/// names are numbered by); clients are shown every change, creates and deletes: each child not
+/// still present was deleted once. (ZooKeeper's own arithmetic, so the root, created with one
+/// child and no create, shows -1.)
+pub fn client_cversion(s: &Stat) -> i32 {
+    s.cversion.wrapping_mul(2).wrapping_sub(s.num_children)
 }
 
 #[cfg(test)]

@@ -268,6 +268,17 @@ impl Drop for DropSignal {
     }
 }
 
+/// The process's limit on open files (its soft limit), as `mntr` reports it.
+fn max_open_files() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The Apache ZooKeeper release whose client protocol the server speaks, as version strings show it.
 const ZK_PROTOCOL_VERSION: &str = "3.8.4";
 
@@ -302,16 +313,18 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             out
         }
         b"mntr" => format!(
-            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\n",
+            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\nzk_open_file_descriptor_count\t{}\nzk_max_file_descriptor_count\t{}\n",
             s.counters.received,
             s.counters.sent,
             s.gate.held(),
             s.watch_count(),
             s.ephemeral_count(),
-            s.tree.nodes.values().map(|n| n.data.len()).sum::<usize>(),
+            s.tree.nodes.values().map(|n| crate::tree::data_len(&n.data) as usize).sum::<usize>(),
             s.counters.fsyncs,
             s.counters.fsync_sum_us / 1000,
             s.counters.fsync_max_us / 1000,
+            std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0),
+            max_open_files(),
         ),
         b"conf" => format!(
             "clientPort=?\ntickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\nmaxClientCnxns={}\n",

@@ -8,7 +8,7 @@
 use crate::outbox::{Gate, Outbox, Outgoing};
 use crate::persist::Persist;
 use crate::proto::{self, err, event, op, perms, Acl, DResult, DecodeError, Reader, Stat, Writer};
-use crate::tree::{parent_of, valid_path, Mutation, Node, Tree, CONTAINER_OWNER, TTL_MASK};
+use crate::tree::{data_len, parent_of, valid_path, Data, Mutation, Node, Tree, CONTAINER_OWNER, TTL_MASK};
 use crate::Config;
 use base64::Engine;
 use sha1::{Digest, Sha1};
@@ -103,7 +103,7 @@ impl Watches {
 }
 
 /// A node without its children: what a multi saves to undo an op.
-type NodeFields = (Vec<u8>, Vec<Acl>, Stat);
+type NodeFields = (Data, Vec<Acl>, Stat);
 
 /// Counters for the four-letter words.
 #[derive(Default, Clone, Copy)]
@@ -316,7 +316,10 @@ impl State {
             self.zxid += 1;
             self.commit(vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }], now_ms());
             w.i32(0).i32(timeout).i64(id).buffer(&password);
-            w.bool(false); // readOnly: always sent, as ZooKeeper 3.4+ does
+            // readOnly: answered when asked (3.4+ clients), left out for older ones, as ZooKeeper does.
+            if req.read_only.is_some() {
+                w.bool(false);
+            }
             tracing::debug!(session = format!("{id:#x}"), timeout, "session opened");
             return Ok((w.frame(), Some(id)));
         }
@@ -332,14 +335,18 @@ impl State {
                 let id = s.id;
                 self.watches.remove_session(id);
                 w.i32(0).i32(timeout).i64(id).buffer(&s.password.clone());
-                w.bool(false); // readOnly
+                if req.read_only.is_some() {
+                    w.bool(false);
+                }
                 tracing::debug!(session = format!("{id:#x}"), "session re-attached");
                 Ok((w.frame(), Some(id)))
             }
             _ => {
                 // Unknown or expired session (or a wrong password): timeout 0 tells the client.
                 w.i32(0).i32(0).i64(0).buffer(&[0u8; 16]);
-                w.bool(false); // readOnly
+                if req.read_only.is_some() {
+                    w.bool(false);
+                }
                 Ok((w.frame(), None))
             }
         }
@@ -701,8 +708,10 @@ impl State {
         }
     }
 
+    /// The node at `path`. Reads look paths up as given, unvalidated, as ZooKeeper does: a
+    /// malformed path is simply not there (NoNode), and "" is the root.
     fn node(&self, path: &str) -> OpResult<&Node> {
-        self.tree.get(path).ok_or(err::NO_NODE)
+        self.tree.get(if path.is_empty() { "/" } else { path }).ok_or(err::NO_NODE)
     }
 
     fn check_path(path: &str) -> OpResult<()> {
@@ -723,7 +732,6 @@ impl State {
                 let watch = r.bool("watch")?;
                 r.finish()?;
                 (|| {
-                    Self::check_path(&path)?;
                     if watch && !self.watch_limit_ok(sid) {
                         return Err(err::THROTTLED);
                     }
@@ -751,12 +759,26 @@ impl State {
                 let path = r.string("path")?;
                 r.finish()?;
                 (|| {
-                    Self::check_path(&path)?;
                     let n = self.node(&path)?;
                     if !self.allowed(sid, &n.acl, perms::READ | perms::ADMIN) {
                         return Err(err::NO_AUTH);
                     }
-                    w.acls(&n.acl).stat(&n.stat);
+                    if self.allowed(sid, &n.acl, perms::ADMIN) {
+                        w.acls(&n.acl);
+                    } else {
+                        // Without ADMIN, digest ids are shown without their password hash, as
+                        // ZooKeeper does: `user:x`.
+                        let shown: Vec<Acl> = n
+                            .acl
+                            .iter()
+                            .map(|a| match (a.scheme.as_str(), a.id.split_once(':')) {
+                                ("digest", Some((user, _))) => Acl { id: format!("{user}:x"), ..a.clone() },
+                                _ => a.clone(),
+                            })
+                            .collect();
+                        w.acls(&shown);
+                    }
+                    w.stat(&n.stat);
                     Ok(())
                 })()
             }
@@ -821,7 +843,8 @@ impl State {
                     3 => &[CHILD, DATA, PERSISTENT, RECURSIVE],
                     4 => &[PERSISTENT],
                     5 => &[RECURSIVE],
-                    _ => return Ok(Err(err::BAD_ARGUMENTS)),
+                    // ZooKeeper fails to decode an unknown type.
+                    _ => return Ok(Err(err::MARSHALLING_ERROR)),
                 };
                 let mut found = false;
                 for &kind in kinds {
@@ -860,12 +883,11 @@ impl State {
     }
 
     fn get_data(&mut self, sid: i64, path: &str, watch: bool, w: &mut Writer) -> OpResult<()> {
-        Self::check_path(path)?;
         let n = self.node(path)?;
         if !self.allowed(sid, &n.acl, perms::READ) {
             return Err(err::NO_AUTH);
         }
-        w.buffer(&n.data).stat(&n.stat);
+        w.data(&n.data).stat(&n.stat);
         if watch {
             if !self.watch_limit_ok(sid) {
                 return Err(err::THROTTLED);
@@ -876,7 +898,6 @@ impl State {
     }
 
     fn get_children(&mut self, sid: i64, path: &str, watch: bool, with_stat: bool, w: &mut Writer) -> OpResult<()> {
-        Self::check_path(path)?;
         let n = self.node(path)?;
         if !self.allowed(sid, &n.acl, perms::READ) {
             return Err(err::NO_AUTH);
@@ -907,28 +928,35 @@ impl State {
     ) -> OpResult<WriteResult> {
         match req {
             WriteOp::Create { opcode, path, data, acl, flags, ttl } => {
+                // ZooKeeper's order: the mode (the flags decide it; the opcode only what the
+                // reply carries), the TTL, a path with a parent, the ACL, the parent, the
+                // permission, then the whole path, existence and an ephemeral parent.
+                if !(0..=6).contains(flags) {
+                    return Err(err::BAD_ARGUMENTS);
+                }
                 let sequential = matches!(flags, 2 | 3 | 6);
-                if !valid_path(path, sequential) || path == "/" {
-                    return Err(err::BAD_ARGUMENTS);
-                }
                 let ttl_mode = matches!(flags, 5 | 6);
-                if !(0..=6).contains(flags) || ttl_mode != (*opcode == op::CREATE_TTL) {
+                let ttl_ok =
+                    if ttl_mode { (1..=0x00FF_FFFF_FFFF).contains(ttl) } else { *ttl < 0 || *opcode != op::CREATE_TTL };
+                if !ttl_ok {
                     return Err(err::BAD_ARGUMENTS);
                 }
-                if (*opcode == op::CREATE_CONTAINER) != (*flags == 4) {
+                if !path.contains('/') || path.contains('\0') {
                     return Err(err::BAD_ARGUMENTS);
                 }
-                if ttl_mode && !(1..=0x00FF_FFFF_FFFF).contains(ttl) {
-                    return Err(err::BAD_ARGUMENTS);
-                }
-                // ZooKeeper's order: the ACL, the parent, the permission, the rest.
                 let acl = self.fix_acl(sid, acl.clone())?;
-                let parent_path = parent_of(path).to_string();
-                let parent = self.tree.get(&parent_path).ok_or(err::NO_NODE)?;
+                let parent_path = if path == "/" { "/".to_string() } else { parent_of(path).to_string() };
+                let parent = self.node(&parent_path)?;
                 if !self.allowed(sid, &parent.acl, perms::CREATE) {
                     return Err(err::NO_AUTH);
                 }
+                if path == "/" {
+                    return Err(err::NODE_EXISTS);
+                }
                 let actual = if sequential { format!("{path}{:010}", parent.stat.cversion) } else { path.clone() };
+                if !valid_path(&actual, false) {
+                    return Err(err::BAD_ARGUMENTS);
+                }
                 if self.tree.get(&actual).is_some() {
                     return Err(err::NODE_EXISTS);
                 }
@@ -948,7 +976,7 @@ impl State {
                     ctime: time,
                     mtime: time,
                     ephemeral_owner: owner,
-                    data_length: data.len() as i32,
+                    data_length: data_len(data),
                     ..Stat::default()
                 };
                 let m = Mutation::Create { path: actual.clone(), data: data.clone(), acl, stat };
@@ -959,11 +987,12 @@ impl State {
                 Ok(WriteResult::Create { opcode: *opcode, path: actual, stat })
             }
             WriteOp::Delete { path, version } => {
-                Self::check_path(path)?;
-                if path == "/" {
+                // ZooKeeper's order: a path with a parent that is not one of the server's own
+                // nodes, the parent and its DELETE permission, then the node. (No other check of
+                // the path: a malformed one is not there.)
+                if !path.contains('/') || path.contains('\0') || crate::tree::is_system_path(path) {
                     return Err(err::BAD_ARGUMENTS);
                 }
-                // ZooKeeper's order: the parent and its DELETE permission, then the node.
                 let parent_path = parent_of(path).to_string();
                 if !self.allowed(sid, &self.node(&parent_path)?.acl, perms::DELETE) {
                     return Err(err::NO_AUTH);
@@ -1188,9 +1217,9 @@ fn ip_matches(spec: &str, ip: IpAddr) -> bool {
 /// A decoded write operation (also the members of a multi).
 #[derive(Debug)]
 enum WriteOp {
-    Create { opcode: i32, path: String, data: Vec<u8>, acl: Vec<Acl>, flags: i32, ttl: i64 },
+    Create { opcode: i32, path: String, data: Data, acl: Vec<Acl>, flags: i32, ttl: i64 },
     Delete { path: String, version: i32 },
-    SetData { path: String, data: Vec<u8>, version: i32 },
+    SetData { path: String, data: Data, version: i32 },
     SetAcl { path: String, acl: Vec<Acl>, version: i32 },
     Check { path: String, version: i32 },
 }
@@ -1200,7 +1229,7 @@ impl WriteOp {
         Ok(match opcode {
             op::CREATE | op::CREATE2 | op::CREATE_CONTAINER | op::CREATE_TTL => {
                 let path = r.string("path")?;
-                let data = r.buffer("data")?;
+                let data = r.data("data")?;
                 let acl = r.acls()?;
                 let flags = r.i32("flags")?;
                 let ttl = if opcode == op::CREATE_TTL { r.i64("ttl")? } else { 0 };
@@ -1208,7 +1237,7 @@ impl WriteOp {
             }
             op::DELETE => WriteOp::Delete { path: r.string("path")?, version: r.i32("version")? },
             op::SET_DATA => {
-                WriteOp::SetData { path: r.string("path")?, data: r.buffer("data")?, version: r.i32("version")? }
+                WriteOp::SetData { path: r.string("path")?, data: r.data("data")?, version: r.i32("version")? }
             }
             op::SET_ACL => WriteOp::SetAcl { path: r.string("path")?, acl: r.acls()?, version: r.i32("version")? },
             op::CHECK => WriteOp::Check { path: r.string("path")?, version: r.i32("version")? },

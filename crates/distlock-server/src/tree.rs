@@ -3,6 +3,16 @@
 use crate::proto::{Acl, Stat};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// A node's data: null and empty differ, as in ZooKeeper (`create(path, null)` reads back
+/// null). Shared, so copies of the tree (a snapshot, a multi's undo) do not copy the bytes.
+pub type Data = Option<Arc<[u8]>>;
+
+/// The length a stat reports for `data` (0 for null).
+pub fn data_len(data: &Data) -> i32 {
+    data.as_ref().map_or(0, |d| d.len() as i32)
+}
 
 /// `ephemeralOwner` of container nodes (ZooKeeper's EphemeralType.CONTAINER).
 pub const CONTAINER_OWNER: i64 = i64::MIN;
@@ -11,7 +21,7 @@ pub const TTL_MASK: i64 = 0xFF00_0000_0000_0000u64 as i64;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Node {
-    pub data: Vec<u8>,
+    pub data: Data,
     pub acl: Vec<Acl>,
     pub stat: Stat,
     pub children: BTreeSet<String>,
@@ -42,9 +52,9 @@ impl Node {
 /// these, applied together under one zxid and logged as one transaction.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Mutation {
-    Create { path: String, data: Vec<u8>, acl: Vec<Acl>, stat: Stat },
+    Create { path: String, data: Data, acl: Vec<Acl>, stat: Stat },
     Delete { path: String, zxid: i64 },
-    SetData { path: String, data: Vec<u8>, zxid: i64, time: i64 },
+    SetData { path: String, data: Data, zxid: i64, time: i64 },
     SetAcl { path: String, acl: Vec<Acl> },
     OpenSession { id: i64, password: Vec<u8>, timeout_ms: i32 },
     CloseSession { id: i64 },
@@ -98,20 +108,28 @@ pub struct Tree {
     pub nodes: HashMap<String, Node>,
 }
 
+/// The nodes every server starts with, which no client may delete (ZooKeeper's special paths).
+pub fn is_system_path(path: &str) -> bool {
+    matches!(path, "/" | "/zookeeper" | "/zookeeper/config" | "/zookeeper/quota")
+}
+
 impl Default for Tree {
+    /// The tree ZooKeeper starts with, stat for stat: `/zookeeper` with `quota` and `config`, the
+    /// latter read-only to everyone.
     fn default() -> Self {
         let open = vec![Acl { perms: crate::proto::perms::ALL, scheme: "world".into(), id: "anyone".into() }];
+        let read_only = vec![Acl { perms: crate::proto::perms::READ, scheme: "world".into(), id: "anyone".into() }];
         let mut nodes = HashMap::new();
-        let mk = |children: &[&str]| Node {
-            data: Vec::new(),
-            acl: open.clone(),
-            stat: Stat { num_children: children.len() as i32, ..Stat::default() },
+        let mk = |children: &[&str], acl: &Vec<Acl>, creates: i32, aversion: i32| Node {
+            data: Some(Arc::from(&[][..])),
+            acl: acl.clone(),
+            stat: Stat { num_children: children.len() as i32, cversion: creates, aversion, ..Stat::default() },
             children: children.iter().map(|c| c.to_string()).collect(),
         };
-        nodes.insert("/".to_string(), mk(&["zookeeper"]));
-        nodes.insert("/zookeeper".to_string(), mk(&["config", "quota"]));
-        nodes.insert("/zookeeper/config".to_string(), mk(&[]));
-        nodes.insert("/zookeeper/quota".to_string(), mk(&[]));
+        nodes.insert("/".to_string(), mk(&["zookeeper"], &open, 0, 0));
+        nodes.insert("/zookeeper".to_string(), mk(&["config", "quota"], &open, 0, 0));
+        nodes.insert("/zookeeper/config".to_string(), mk(&[], &read_only, 0, -1));
+        nodes.insert("/zookeeper/quota".to_string(), mk(&[], &open, 0, 0));
         Tree { nodes }
     }
 }
@@ -141,7 +159,9 @@ impl Tree {
                 self.nodes.remove(path);
                 if let Some(p) = self.nodes.get_mut(parent_of(path)) {
                     p.children.remove(name_of(path));
-                    p.stat.cversion = p.stat.cversion.wrapping_add(1);
+                    // `cversion` counts creates only, as ZooKeeper stores it: clients are shown
+                    // creates + deletes (see `proto::Writer::stat`), and a sequential create is
+                    // numbered by the creates alone.
                     p.stat.pzxid = *zxid;
                     p.stat.num_children = p.children.len() as i32;
                 }
@@ -152,7 +172,7 @@ impl Tree {
                     n.stat.version = n.stat.version.wrapping_add(1);
                     n.stat.mzxid = *zxid;
                     n.stat.mtime = *time;
-                    n.stat.data_length = data.len() as i32;
+                    n.stat.data_length = data_len(data);
                 }
             }
             Mutation::SetAcl { path, acl } => {
@@ -201,11 +221,11 @@ mod tests {
     fn create_and_delete_update_the_parent() {
         let mut t = Tree::default();
         let stat = Stat { czxid: 5, mzxid: 5, pzxid: 5, ..Stat::default() };
-        t.apply(&Mutation::Create { path: "/x".into(), data: b"d".to_vec(), acl: vec![], stat });
+        t.apply(&Mutation::Create { path: "/x".into(), data: Some(Arc::from(&b"d"[..])), acl: vec![], stat });
         let root = t.get("/").unwrap();
         assert_eq!((root.stat.cversion, root.stat.pzxid, root.stat.num_children), (1, 5, 2));
         t.apply(&Mutation::Delete { path: "/x".into(), zxid: 6 });
         let root = t.get("/").unwrap();
-        assert_eq!((root.stat.cversion, root.stat.pzxid, root.stat.num_children), (2, 6, 1));
+        assert_eq!((root.stat.cversion, root.stat.pzxid, root.stat.num_children), (1, 6, 1));
     }
 }

@@ -13,15 +13,11 @@ use distlock_server::{Config, EmbeddedServer};
 use std::time::Duration;
 use zookeeper_client as zk;
 
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::{attach, jute_string, request, BOUND};
 
 /// Differences allowed, by step name, each with why.
-const KNOWN: &[(&str, &str)] = &[(
-    "sequence-numbers",
-    "not fixed yet: after a child is deleted, ZooKeeper's next sequence number does not count the \
-     delete (0, 1, 2, delete, 3) while ours is the parent's cversion, which does (0, 1, 2, delete, 4); \
-     both are unique and rising, which is what lock queues need",
-)];
+const KNOWN: &[(&str, &str)] = &[];
 
 fn open() -> zk::CreateOptions<'static> {
     zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
@@ -207,8 +203,180 @@ async fn script(addr: &str) -> Vec<(String, String)> {
     chrooted.create("/in-chroot", b"", &open()).await.unwrap();
     log("chroot", err(a.check_stat(&format!("{base}/in-chroot")).await.map(|s| s.is_some())));
 
+    // The nodes every server starts with, and what they allow.
+    for p in ["/zookeeper", "/zookeeper/config", "/zookeeper/quota"] {
+        log(
+            "system-node",
+            format!("{p} {}", err(a.get_data(p).await.map(|(d, s)| format!("{d:?} {}", stat(&s, sa, sb))))),
+        );
+        log("system-acl", format!("{p} {}", err(a.get_acl(p).await.map(|(acl, _)| acl_text(&acl)))));
+    }
+    log("root-acl", err(a.get_acl("/").await.map(|(acl, _)| acl_text(&acl))));
+    log("write-config", err(b.set_data("/zookeeper/config", b"x", None).await.map(|_| ())));
+    // (A wrong version: the permission is checked first, and nothing is changed.)
+    log("write-quota", err(b.set_data("/zookeeper/quota", b"x", Some(999)).await.map(|_| ())));
+    log("delete-quota", err(b.delete("/zookeeper/quota", None).await));
+    log("delete-config", err(b.delete("/zookeeper/config", None).await));
+    log("delete-zookeeper", err(b.delete("/zookeeper", None).await));
+    // Whether a client may create under /zookeeper, without changing it: a multi whose second op
+    // fails, so a permitted create is rolled back (and an forbidden one fails first).
+    let mut m = b.new_multi_writer();
+    m.add_create("/zookeeper/distlock-diff", b"", &open()).unwrap();
+    m.add_check_version("/zookeeper", 999).unwrap();
+    log(
+        "create-under-zookeeper",
+        m.commit().await.map(|r| format!("ok {}", r.len())).unwrap_or_else(|e| format!("{e:?}")),
+    );
+
+    // getACL without ADMIN: digest ids are shown as `user:x`.
+    let mixed = [
+        zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("auth", "")),
+        zk::Acl::new(zk::Permission::READ, zk::AuthId::new("world", "anyone")),
+    ];
+    a.create(&format!("{base}/mixed"), b"", &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&mixed)))
+        .await
+        .unwrap();
+    log("get-acl-admin", err(a.get_acl(&format!("{base}/mixed")).await.map(|(acl, _)| acl_text(&acl))));
+    log("get-acl-no-admin", err(b.get_acl(&format!("{base}/mixed")).await.map(|(acl, _)| acl_text(&acl))));
+
+    // On raw frames: what clients cannot send through zookeeper-client.
+    let (mut raw, _, _, _) = attach(addr.parse().unwrap(), 0, &[0; 16], 10_000).await;
+    for (name, data) in [("null", None), ("empty", Some(&b""[..])), ("one", Some(&b"1"[..]))] {
+        let path = format!("{base}/data-{name}");
+        let (e, _) = request(&mut raw, 1, 1, &create_body(&path, data, 0)).await;
+        let (_, got) = request(&mut raw, 2, 4, &path_watch(&path, false)).await;
+        log("data-create", format!("{name}: err {e}, data length field {}", be32(&got, 0)));
+        let mut set = jute(&path);
+        set.extend_from_slice(&(-1i32).to_be_bytes()); // null data
+        set.extend_from_slice(&(-1i32).to_be_bytes()); // any version
+        let (e, st) = request(&mut raw, 3, 5, &set).await;
+        let (_, got) = request(&mut raw, 4, 4, &path_watch(&path, false)).await;
+        log(
+            "data-set-null",
+            format!("{name}: err {e}, data length field {}, stat dataLength {}", be32(&got, 0), be32(&st, 36)),
+        );
+    }
+    for path in ["noslash", "/trailing/", "/double//slash", "/dot/./x", "/dotdot/../x", "", "/nul\0x"] {
+        let (e, _) = request(&mut raw, 5, 1, &create_body(path, Some(b""), 0)).await;
+        let (g, _) = request(&mut raw, 6, 4, &path_watch(path, false)).await;
+        let (d, _) = request(&mut raw, 7, 2, &[jute(path), (-1i32).to_be_bytes().to_vec()].concat()).await;
+        log("malformed-path", format!("{path:?}: create {e}, getData {g}, delete {d}"));
+    }
+    for (opcode, flags) in [(1, 4), (15, 4), (19, 0), (1, 7), (1, -1)] {
+        let path = format!("{base}/flags-{opcode}-{flags}");
+        let (e, _) = request(&mut raw, 8, opcode, &create_body(&path, Some(b""), flags)).await;
+        log("create-flags", format!("opcode {opcode} flags {flags}: {e}"));
+    }
+    // checkWatches (17) and removeWatches (18): 1 children, 2 data, 3 any.
+    let (e, _) = request(&mut raw, 9, 4, &path_watch(&base, true)).await;
+    let watch = |typ: i32| [jute(&base), typ.to_be_bytes().to_vec()].concat();
+    let mut seen = vec![e];
+    for (opcode, typ) in [(17, 2), (17, 1), (17, 3), (18, 1), (18, 2), (17, 2), (18, 2), (17, 9)] {
+        seen.push(request(&mut raw, 10, opcode, &watch(typ)).await.0);
+    }
+    log("check-remove-watches", format!("{seen:?}"));
+    drop(raw);
+
+    // A client that has seen a later zxid than the server's is refused without a reply.
+    let mut future = common::connect_frame();
+    future[4 + 4..4 + 12].copy_from_slice(&(1i64 << 40).to_be_bytes());
+    log(
+        "last-zxid-from-the-future",
+        format!("{} reply bytes", common::raw(addr.parse().unwrap(), &future).await.len()),
+    );
+
+    // Four-letter words: the same lines and keys (values differ).
+    let words =
+        |w: &'static [u8; 4]| async move { String::from_utf8(common::raw(addr.parse().unwrap(), w).await).unwrap() };
+    let labels = |text: &str, sep: char| {
+        text.lines().filter_map(|l| l.split_once(sep).map(|(k, _)| k.trim().to_string())).collect::<Vec<_>>()
+    };
+    log("srvr", format!("{:?}", labels(&words(b"srvr").await, ':')));
+    log("ruok", words(b"ruok").await);
+    log("isro", words(b"isro").await);
+    let envi = words(b"envi").await;
+    log(
+        "envi",
+        format!(
+            "{:?}",
+            envi.lines().take(2).map(|l| l.split('=').next().unwrap_or("").to_string()).collect::<Vec<_>>()
+        ),
+    );
+    let mntr = labels(&words(b"mntr").await, '\t');
+    let classic = CLASSIC_MNTR.iter().filter(|k| !mntr.iter().any(|m| m == *k)).collect::<Vec<_>>();
+    log("mntr-classic-keys-missing", format!("{classic:?}"));
+    MNTR_KEYS.with(|keys| keys.borrow_mut().push(mntr));
+    let conf = labels(&words(b"conf").await, '=');
+    CONF_KEYS.with(|keys| keys.borrow_mut().push(conf));
+
     // Clean up what is ours (the ephemeral goes with A's session).
     drop(chrooted);
+    out
+}
+
+/// mntr's keys monitoring tools read (those of ZooKeeper 3.4, still printed by 3.8).
+const CLASSIC_MNTR: &[&str] = &[
+    "zk_version",
+    "zk_avg_latency",
+    "zk_max_latency",
+    "zk_min_latency",
+    "zk_packets_received",
+    "zk_packets_sent",
+    "zk_num_alive_connections",
+    "zk_outstanding_requests",
+    "zk_server_state",
+    "zk_znode_count",
+    "zk_watch_count",
+    "zk_ephemerals_count",
+    "zk_approximate_data_size",
+    "zk_open_file_descriptor_count",
+    "zk_max_file_descriptor_count",
+];
+
+thread_local! {
+    /// mntr's and conf's keys per server, compared after both runs: every key of ours is one of
+    /// ZooKeeper's (no invented names).
+    static MNTR_KEYS: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static CONF_KEYS: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn acl_text(acl: &[zk::Acl]) -> String {
+    let mut v: Vec<String> = acl.iter().map(|x| format!("{}:{}={:?}", x.scheme(), x.id(), x.permission())).collect();
+    v.sort();
+    v.join(",")
+}
+
+fn be32(b: &[u8], at: usize) -> i32 {
+    b.get(at..at + 4).map_or(i32::MIN, |w| i32::from_be_bytes(w.try_into().unwrap()))
+}
+
+fn jute(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    jute_string(&mut out, s);
+    out
+}
+
+fn path_watch(path: &str, watch: bool) -> Vec<u8> {
+    let mut out = jute(path);
+    out.push(watch as u8);
+    out
+}
+
+/// A create record with `data` (None: null) and an open ACL.
+fn create_body(path: &str, data: Option<&[u8]>, flags: i32) -> Vec<u8> {
+    let mut out = jute(path);
+    match data {
+        Some(d) => {
+            out.extend_from_slice(&(d.len() as i32).to_be_bytes());
+            out.extend_from_slice(d);
+        }
+        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+    }
+    out.extend_from_slice(&1i32.to_be_bytes());
+    out.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut out, "world");
+    jute_string(&mut out, "anyone");
+    out.extend_from_slice(&flags.to_be_bytes());
     out
 }
 
@@ -240,6 +408,18 @@ async fn the_embedded_server_answers_as_apache_zookeeper_does() {
                 unexpected.push(step.clone());
             }
         }
+    }
+    let (theirs_mntr, ours_mntr) = MNTR_KEYS.with(|k| (k.borrow()[0].clone(), k.borrow()[1].clone()));
+    let invented: Vec<&String> = ours_mntr.iter().filter(|k| !theirs_mntr.contains(k)).collect();
+    if !invented.is_empty() {
+        println!("mntr keys ZooKeeper does not have: {invented:?}");
+        unexpected.push("mntr-keys".into());
+    }
+    let (theirs_conf, ours_conf) = CONF_KEYS.with(|k| (k.borrow()[0].clone(), k.borrow()[1].clone()));
+    let invented: Vec<&String> = ours_conf.iter().filter(|k| !theirs_conf.contains(k)).collect();
+    if !invented.is_empty() {
+        println!("conf keys ZooKeeper does not have: {invented:?}");
+        unexpected.push("conf-keys".into());
     }
     assert!(unexpected.is_empty(), "differences not listed in KNOWN: {unexpected:?}");
 }

@@ -2,12 +2,11 @@
 
 use distlock_server::{Config, EmbeddedServer, Fsync};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use zookeeper_client as zk;
 
 mod common;
-use common::{create_frame, raw, BOUND};
+use common::{attach, create_frame, raw, read_reply};
 
 fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
     Config {
@@ -19,42 +18,17 @@ fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
     }
 }
 
-/// A connect request frame for `session` (0: a new one) with `password`.
-fn hello(session: i64, password: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    body.extend_from_slice(&0i32.to_be_bytes()); // protocol version
-    body.extend_from_slice(&0i64.to_be_bytes()); // last zxid seen
-    body.extend_from_slice(&4000i32.to_be_bytes()); // timeout
-    body.extend_from_slice(&session.to_be_bytes());
-    body.extend_from_slice(&(password.len() as i32).to_be_bytes());
-    body.extend_from_slice(password);
-    let mut f = (body.len() as i32).to_be_bytes().to_vec();
-    f.extend_from_slice(&body);
-    f
-}
-
-/// Handshakes on a raw socket; returns (negotiated timeout, session id, password).
-async fn handshake(addr: std::net::SocketAddr, session: i64, password: &[u8]) -> (i32, i64, Vec<u8>) {
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    sock.write_all(&hello(session, password)).await.unwrap();
-    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
-    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
-    let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
-    let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
-    (timeout, id, resp[24..40].to_vec())
-}
-
 /// The session opened by the very transaction that triggers a snapshot is in that snapshot: after
 /// a crash it can be resumed (its ephemerals used to stay for ever, the session unknown).
 #[tokio::test]
 async fn a_session_opened_at_a_snapshot_boundary_survives_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let s = EmbeddedServer::start_with(durable(dir.path(), 1)).await.unwrap();
-    let (timeout, id, password) = handshake(s.addr(), 0, &[0; 16]).await;
+    let (_, timeout, id, password) = attach(s.addr(), 0, &[0; 16], 4000).await;
     assert!(timeout > 0);
     s.stop().await; // no close of the session: as after SIGKILL
     let s2 = EmbeddedServer::start_with(durable(dir.path(), 1)).await.unwrap();
-    let (timeout, resumed, _) = handshake(s2.addr(), id, &password).await;
+    let (_, timeout, resumed, _) = attach(s2.addr(), id, &password, 4000).await;
     assert_eq!((resumed, timeout > 0), (id, true), "the session is known after the restart");
 }
 
@@ -152,21 +126,12 @@ async fn pipelined_writes_share_fsyncs_and_all_survive() {
     const N: usize = 300;
     let dir = tempfile::tempdir().unwrap();
     let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
-    let (_, id, password) = handshake(s.addr(), 0, &[0; 16]).await;
-    let mut sock = TcpStream::connect(s.addr()).await.unwrap();
-    sock.write_all(&hello(id, &password)).await.unwrap();
-    let mut resp = vec![0u8; 4 + 37];
-    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
+    let (mut sock, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
     let before = mntr(s.addr(), "zk_cnt_fsynctime").await;
     let burst: Vec<u8> = (0..N).flat_map(|i| create_frame(&format!("/p{i}"), 0)).collect();
     sock.write_all(&burst).await.unwrap();
     for i in 0..N {
-        let mut len = [0u8; 4];
-        tokio::time::timeout(BOUND, sock.read_exact(&mut len)).await.expect("every write is answered").unwrap();
-        let mut reply = vec![0u8; i32::from_be_bytes(len) as usize];
-        sock.read_exact(&mut reply).await.unwrap();
-        let err = i32::from_be_bytes(reply[12..16].try_into().unwrap());
-        assert_eq!(err, 0, "create {i}");
+        assert_eq!(read_reply(&mut sock).await.1, 0, "create {i}");
     }
     let fsyncs = mntr(s.addr(), "zk_cnt_fsynctime").await - before;
     assert!(fsyncs * 4 <= N as u64, "{N} pipelined writes took {fsyncs} fsyncs");

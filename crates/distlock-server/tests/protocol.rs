@@ -7,7 +7,7 @@ use tokio::net::TcpStream;
 use zookeeper_client as zk;
 
 mod common;
-use common::{create_frame, create_record, frame, jute_string, raw, BOUND};
+use common::{attach, connect_frame, create_frame, create_record, frame, jute_string, raw, BOUND};
 
 async fn server() -> EmbeddedServer {
     EmbeddedServer::start_with(Config { tick: Duration::from_millis(500), ..Default::default() }).await.unwrap()
@@ -72,18 +72,12 @@ async fn ephemerals_go_when_the_session_closes_and_watches_fire() {
     assert!(b.check_stat("/e").await.unwrap().is_none());
 }
 
-/// A frame: length prefix and body.
 #[tokio::test]
 async fn silent_sessions_expire() {
     let s = server().await;
     let b = client(&s).await;
     // A raw client: handshake asking for 1 s, one ephemeral create, then silence (no pings).
-    let mut sock = TcpStream::connect(s.addr()).await.unwrap();
-    let mut hello = connect_frame();
-    hello[4 + 12..4 + 16].copy_from_slice(&1000i32.to_be_bytes());
-    sock.write_all(&hello).await.unwrap();
-    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
-    sock.read_exact(&mut resp).await.unwrap();
+    let (mut sock, _, _, _) = attach(s.addr(), 0, &[0; 16], 1000).await;
     sock.write_all(&create_frame("/silent", 1)).await.unwrap();
     let (stat, w) = b.check_and_watch_stat("/silent").await.unwrap();
     let w = match stat {
@@ -231,19 +225,6 @@ async fn digest_acls_are_enforced_and_whoami_reports() {
 }
 
 /// Sends raw bytes as a client would; returns what the server sent back before closing.
-fn connect_frame() -> Vec<u8> {
-    let mut body = Vec::new();
-    body.extend_from_slice(&0i32.to_be_bytes());
-    body.extend_from_slice(&0i64.to_be_bytes());
-    body.extend_from_slice(&4000i32.to_be_bytes());
-    body.extend_from_slice(&0i64.to_be_bytes());
-    body.extend_from_slice(&16i32.to_be_bytes());
-    body.extend_from_slice(&[0u8; 16]);
-    let mut f = (body.len() as i32).to_be_bytes().to_vec();
-    f.extend_from_slice(&body);
-    f
-}
-
 #[tokio::test]
 async fn malformed_frames_close_only_that_connection() {
     let s = server().await;
@@ -467,25 +448,6 @@ async fn stopping_the_server_closes_its_connections() {
 
 /// Handshakes on a raw socket with `session`/`password` (0: a new session); returns the socket,
 /// the negotiated timeout (0: refused as expired), the session id and the password.
-async fn attach(
-    addr: std::net::SocketAddr,
-    session: i64,
-    password: &[u8],
-    timeout_ms: i32,
-) -> (TcpStream, i32, i64, Vec<u8>) {
-    let mut hello = connect_frame();
-    hello[4 + 12..4 + 16].copy_from_slice(&timeout_ms.to_be_bytes());
-    hello[4 + 16..4 + 24].copy_from_slice(&session.to_be_bytes());
-    hello[4 + 28..4 + 44].copy_from_slice(password);
-    let mut sock = TcpStream::connect(addr).await.unwrap();
-    sock.write_all(&hello).await.unwrap();
-    let mut resp = vec![0u8; 4 + 37]; // ends with the readOnly byte
-    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
-    let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
-    let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
-    (sock, timeout, id, resp[24..40].to_vec())
-}
-
 /// Sessions that expire have their sockets closed for good: silent clients cannot hold every
 /// connection slot (20 of them used to lock out even four-letter words).
 #[tokio::test]
@@ -540,11 +502,13 @@ async fn a_client_from_the_future_is_refused() {
     let mut hello = connect_frame();
     hello[4 + 4..4 + 12].copy_from_slice(&(1i64 << 40).to_be_bytes());
     assert!(raw(s.addr(), &hello).await.is_empty(), "no session for a client that saw zxid 2^40");
-    assert_eq!(
-        raw(s.addr(), &connect_frame()).await.len(),
-        4 + 37,
-        "an ordinary client is answered (readOnly byte included)"
-    );
+    assert_eq!(raw(s.addr(), &connect_frame()).await.len(), 4 + 36, "an ordinary client is answered");
+    // The readOnly byte is answered when asked (3.4+ clients), as ZooKeeper does.
+    let mut asks = connect_frame();
+    asks.push(0);
+    let len = asks.len() as i32 - 4;
+    asks[..4].copy_from_slice(&len.to_be_bytes());
+    assert_eq!(raw(s.addr(), &asks).await.len(), 4 + 37, "readOnly answered");
 }
 
 /// A failing multi under a parent with many children puts every node, child set and stat back as
@@ -622,4 +586,21 @@ async fn a_client_that_does_not_read_is_disconnected() {
         tokio::time::timeout(BOUND, sock.read_to_end(&mut received)).await.expect("the server closed the connection");
     assert!(received.len() < 200 * (512 << 10), "all {sent} replies were queued and delivered");
     assert_eq!(healthy.get_data("/big").await.unwrap().0.len(), 512 << 10);
+}
+
+/// The tree starts as ZooKeeper's does: the root's child version is -1 (one child, /zookeeper,
+/// that no create made), and deletes count in a child version but not in sequence numbers.
+#[tokio::test]
+async fn child_versions_and_sequence_numbers_count_as_zookeeper_does() {
+    let s = server().await;
+    let c = client(&s).await;
+    assert_eq!(c.check_stat("/").await.unwrap().unwrap().cversion, -1);
+    let seq = zk::CreateMode::PersistentSequential.with_acls(zk::Acls::anyone_all());
+    c.create("/q", b"", &open()).await.unwrap();
+    let first = c.create("/q/n-", b"", &seq).await.unwrap().1;
+    c.delete(&format!("/q/n-{first}"), None).await.unwrap();
+    let second = c.create("/q/n-", b"", &seq).await.unwrap().1;
+    assert_eq!((first.into_i64(), second.into_i64()), (0, 1), "a delete does not advance the sequence");
+    let st = c.check_stat("/q").await.unwrap().unwrap();
+    assert_eq!((st.cversion, st.num_children), (3, 1), "two creates and a delete are three changes");
 }

@@ -47,3 +47,64 @@ pub async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let _ = tokio::time::timeout(BOUND, sock.read_to_end(&mut out)).await.expect("server closes the connection");
     out
 }
+
+/// A connect request for a new session (timeout 4 s).
+pub fn connect_frame() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&0i32.to_be_bytes());
+    body.extend_from_slice(&0i64.to_be_bytes());
+    body.extend_from_slice(&4000i32.to_be_bytes());
+    body.extend_from_slice(&0i64.to_be_bytes());
+    body.extend_from_slice(&16i32.to_be_bytes());
+    body.extend_from_slice(&[0u8; 16]);
+    let mut f = (body.len() as i32).to_be_bytes().to_vec();
+    f.extend_from_slice(&body);
+    f
+}
+
+/// Attaches to `session` (0: a new one) on a raw socket; returns it with the negotiated timeout,
+/// the session id and its password.
+pub async fn attach(
+    addr: std::net::SocketAddr,
+    session: i64,
+    password: &[u8],
+    timeout_ms: i32,
+) -> (TcpStream, i32, i64, Vec<u8>) {
+    let mut hello = connect_frame();
+    hello[4 + 12..4 + 16].copy_from_slice(&timeout_ms.to_be_bytes());
+    hello[4 + 16..4 + 24].copy_from_slice(&session.to_be_bytes());
+    hello[4 + 28..4 + 44].copy_from_slice(password);
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    sock.write_all(&hello).await.unwrap();
+    // No readOnly byte in the request, none in the reply (ZooKeeper's answer to pre-3.4 clients).
+    let mut resp = vec![0u8; 4 + 36];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut resp)).await.unwrap().unwrap();
+    let timeout = i32::from_be_bytes(resp[8..12].try_into().unwrap());
+    let id = i64::from_be_bytes(resp[12..20].try_into().unwrap());
+    (sock, timeout, id, resp[24..40].to_vec())
+}
+
+/// Sends one request (`opcode` and its record `body`) on an attached socket; returns the reply's
+/// error code and body. Watch notifications that arrive first are skipped.
+pub async fn request(sock: &mut TcpStream, xid: i32, opcode: i32, body: &[u8]) -> (i32, Vec<u8>) {
+    let mut req = xid.to_be_bytes().to_vec();
+    req.extend_from_slice(&opcode.to_be_bytes());
+    req.extend_from_slice(body);
+    sock.write_all(&frame(&req)).await.unwrap();
+    loop {
+        let (got, err, body) = read_reply(sock).await;
+        if got == xid {
+            return (err, body);
+        }
+    }
+}
+
+/// Reads one reply or notification: (xid, error code, body).
+pub async fn read_reply(sock: &mut TcpStream) -> (i32, i32, Vec<u8>) {
+    let mut len = [0u8; 4];
+    tokio::time::timeout(BOUND, sock.read_exact(&mut len)).await.expect("a reply within the bound").unwrap();
+    let mut reply = vec![0u8; i32::from_be_bytes(len) as usize];
+    sock.read_exact(&mut reply).await.unwrap();
+    let word = |at: usize| i32::from_be_bytes(reply[at..at + 4].try_into().unwrap());
+    (word(0), word(12), reply[16..].to_vec())
+}
