@@ -364,7 +364,7 @@ fn serve_names_an_unusable_data_dir() {
     let fresh = scratch.0.join("new/data");
     let s = serve(&["--listen", "127.0.0.1:0", "--data-dir", fresh.to_str().unwrap()], &scratch);
     assert!(answers(s.addr));
-    assert!(fresh.join("log.jsonl").is_file());
+    assert!(fresh.join(format!("log.{:016x}.jsonl", 1)).is_file(), "the first log segment");
 }
 
 /// A frame: the body with its length in front (ZooKeeper's framing).

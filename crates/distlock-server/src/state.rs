@@ -103,7 +103,7 @@ impl Watches {
 }
 
 /// A node without its children: what a multi saves to undo an op.
-type NodeFields = (Data, Vec<Acl>, Stat);
+type NodeFields = (Data, std::sync::Arc<Vec<Acl>>, Stat);
 
 /// Counters for the four-letter words.
 #[derive(Default, Clone, Copy)]
@@ -262,12 +262,11 @@ impl State {
             // With `always`, the writer calls `State::sync` once it lets go of the state.
             self.gate.appended(p.fsync() == crate::persist::Fsync::Never);
         }
-        let sessions: Vec<(i64, Vec<u8>, i32)> =
-            self.sessions.values().map(|s| (s.id, s.password.clone(), s.timeout_ms)).collect();
         if let Some(p) = self.persist.as_mut() {
             if p.wants_snapshot() {
-                if let Err(e) = p.snapshot(self.zxid, &self.tree, &sessions) {
-                    tracing::warn!(error = %e, "snapshot failed; the log keeps growing");
+                let sessions = self.sessions.values().map(|s| (s.id, s.password.clone(), s.timeout_ms)).collect();
+                if let Err(e) = p.start_snapshot(self.zxid, &self.tree, sessions) {
+                    tracing::warn!(error = %e, "cannot start a snapshot; the log keeps growing");
                 }
             }
         }

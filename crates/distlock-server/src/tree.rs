@@ -22,7 +22,8 @@ pub const TTL_MASK: i64 = 0xFF00_0000_0000_0000u64 as i64;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Node {
     pub data: Data,
-    pub acl: Vec<Acl>,
+    /// Shared, like the data: a copy of the tree shares every node's ACL.
+    pub acl: Arc<Vec<Acl>>,
     pub stat: Stat,
     pub children: BTreeSet<String>,
 }
@@ -52,12 +53,68 @@ impl Node {
 /// these, applied together under one zxid and logged as one transaction.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Mutation {
-    Create { path: String, data: Data, acl: Vec<Acl>, stat: Stat },
-    Delete { path: String, zxid: i64 },
-    SetData { path: String, data: Data, zxid: i64, time: i64 },
-    SetAcl { path: String, acl: Vec<Acl> },
-    OpenSession { id: i64, password: Vec<u8>, timeout_ms: i32 },
-    CloseSession { id: i64 },
+    Create {
+        path: String,
+        #[serde(with = "data_text")]
+        data: Data,
+        acl: Vec<Acl>,
+        stat: Stat,
+    },
+    Delete {
+        path: String,
+        zxid: i64,
+    },
+    SetData {
+        path: String,
+        #[serde(with = "data_text")]
+        data: Data,
+        zxid: i64,
+        time: i64,
+    },
+    SetAcl {
+        path: String,
+        acl: Vec<Acl>,
+    },
+    OpenSession {
+        id: i64,
+        password: Vec<u8>,
+        timeout_ms: i32,
+    },
+    CloseSession {
+        id: i64,
+    },
+}
+
+/// How node data is written in the log: base64 text (null stays null). Logs of earlier versions
+/// wrote arrays of numbers, four times longer; they are still read.
+mod data_text {
+    use super::Data;
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(data: &Data, s: S) -> Result<S::Ok, S::Error> {
+        match data {
+            Some(d) => s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Text(String),
+        Numbers(Vec<u8>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Data, D::Error> {
+        Ok(match Option::<Form>::deserialize(d)? {
+            None => None,
+            Some(Form::Numbers(v)) => Some(v.into()),
+            Some(Form::Text(t)) => {
+                Some(base64::engine::general_purpose::STANDARD.decode(t).map_err(serde::de::Error::custom)?.into())
+            }
+        })
+    }
 }
 
 pub fn parent_of(path: &str) -> &str {
@@ -122,7 +179,7 @@ impl Default for Tree {
         let mut nodes = HashMap::new();
         let mk = |children: &[&str], acl: &Vec<Acl>, creates: i32, aversion: i32| Node {
             data: Some(Arc::from(&[][..])),
-            acl: acl.clone(),
+            acl: Arc::new(acl.clone()),
             stat: Stat { num_children: children.len() as i32, cversion: creates, aversion, ..Stat::default() },
             children: children.iter().map(|c| c.to_string()).collect(),
         };
@@ -152,7 +209,7 @@ impl Tree {
                 }
                 self.nodes.insert(
                     path.clone(),
-                    Node { data: data.clone(), acl: acl.clone(), stat: *stat, children: BTreeSet::new() },
+                    Node { data: data.clone(), acl: Arc::new(acl.clone()), stat: *stat, children: BTreeSet::new() },
                 );
             }
             Mutation::Delete { path, zxid } => {
@@ -177,7 +234,7 @@ impl Tree {
             }
             Mutation::SetAcl { path, acl } => {
                 if let Some(n) = self.nodes.get_mut(path) {
-                    n.acl = acl.clone();
+                    n.acl = Arc::new(acl.clone());
                     n.stat.aversion = n.stat.aversion.wrapping_add(1);
                 }
             }
@@ -203,6 +260,21 @@ impl Tree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_data_is_text_and_old_number_arrays_still_read() {
+        let m = Mutation::SetData { path: "/a".into(), data: Some(Arc::from(&b"hi"[..])), zxid: 1, time: 2 };
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(json.contains(r#""data":"aGk=""#), "{json}");
+        let old = r#"{"SetData":{"path":"/a","data":[104,105],"zxid":1,"time":2}}"#;
+        let null = r#"{"SetData":{"path":"/a","data":null,"zxid":1,"time":2}}"#;
+        for (text, want) in [(json.as_str(), Some(&b"hi"[..])), (old, Some(&b"hi"[..])), (null, None)] {
+            match serde_json::from_str::<Mutation>(text).unwrap() {
+                Mutation::SetData { data, .. } => assert_eq!(data.as_deref(), want, "{text}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn paths() {

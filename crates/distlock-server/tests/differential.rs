@@ -14,7 +14,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 mod common;
-use common::{attach, jute_string, request, BOUND};
+use common::{attach, create_body, jute, request, BOUND};
 
 /// Differences allowed, by step name, each with why.
 const KNOWN: &[(&str, &str)] = &[];
@@ -350,33 +350,9 @@ fn be32(b: &[u8], at: usize) -> i32 {
     b.get(at..at + 4).map_or(i32::MIN, |w| i32::from_be_bytes(w.try_into().unwrap()))
 }
 
-fn jute(s: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    jute_string(&mut out, s);
-    out
-}
-
 fn path_watch(path: &str, watch: bool) -> Vec<u8> {
     let mut out = jute(path);
     out.push(watch as u8);
-    out
-}
-
-/// A create record with `data` (None: null) and an open ACL.
-fn create_body(path: &str, data: Option<&[u8]>, flags: i32) -> Vec<u8> {
-    let mut out = jute(path);
-    match data {
-        Some(d) => {
-            out.extend_from_slice(&(d.len() as i32).to_be_bytes());
-            out.extend_from_slice(d);
-        }
-        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
-    }
-    out.extend_from_slice(&1i32.to_be_bytes());
-    out.extend_from_slice(&31i32.to_be_bytes());
-    jute_string(&mut out, "world");
-    jute_string(&mut out, "anyone");
-    out.extend_from_slice(&flags.to_be_bytes());
     out
 }
 

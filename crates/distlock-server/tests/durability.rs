@@ -6,7 +6,7 @@ use tokio::io::AsyncWriteExt;
 use zookeeper_client as zk;
 
 mod common;
-use common::{attach, create_frame, raw, read_reply};
+use common::{attach, create_frame, raw, read_reply, BOUND};
 
 fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
     Config {
@@ -32,20 +32,47 @@ async fn a_session_opened_at_a_snapshot_boundary_survives_a_crash() {
     assert_eq!((resumed, timeout > 0), (id, true), "the session is known after the restart");
 }
 
+/// A real client of `s`.
+async fn client(s: &EmbeddedServer) -> zk::Client {
+    zk::Client::connector().with_session_timeout(Duration::from_secs(4)).connect(&s.addr().to_string()).await.unwrap()
+}
+
+/// Waits (bounded) until `done` holds of the data directory.
+async fn wait_for(dir: &std::path::Path, what: &str, done: impl Fn(&std::path::Path) -> bool) {
+    let deadline = std::time::Instant::now() + BOUND;
+    while !done(dir) {
+        assert!(std::time::Instant::now() < deadline, "{what}: {:?}", segments(dir));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Writes `n` persistent nodes through a real client, then stops the server.
 async fn write_nodes(dir: &std::path::Path, n: usize) {
     let s = EmbeddedServer::start_with(durable(dir, 10_000)).await.unwrap();
-    let c = zk::Client::connector()
-        .with_session_timeout(Duration::from_secs(4))
-        .connect(&s.addr().to_string())
-        .await
-        .unwrap();
+    let c = client(&s).await;
     let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
     for i in 0..n {
         c.create(&format!("/n{i}"), format!("value {i}").as_bytes(), &open).await.unwrap();
     }
     drop(c);
     s.stop().await;
+}
+
+/// The data directory's one log segment.
+fn the_log(dir: &std::path::Path) -> std::path::PathBuf {
+    let logs = segments(dir);
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    logs[0].clone()
+}
+
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut logs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("log."))
+        .collect();
+    logs.sort();
+    logs
 }
 
 /// Byte offsets where each line of the log starts.
@@ -63,7 +90,7 @@ fn line_starts(log: &[u8]) -> Vec<usize> {
 async fn a_damaged_record_mid_log_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     write_nodes(dir.path(), 6).await;
-    let log_path = dir.path().join("log.jsonl");
+    let log_path = the_log(dir.path());
     let mut log = std::fs::read(&log_path).unwrap();
     let starts = line_starts(&log);
     assert!(starts.len() >= 6, "one record per transaction");
@@ -74,7 +101,7 @@ async fn a_damaged_record_mid_log_refuses_to_start() {
     std::fs::write(&log_path, &log).unwrap();
     let err = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.err().expect("refuses to start");
     let msg = err.to_string();
-    assert!(msg.contains("log.jsonl") && msg.contains(&format!("offset {victim}")), "{msg}");
+    assert!(msg.contains(&log_path.display().to_string()) && msg.contains(&format!("offset {victim}")), "{msg}");
     assert_eq!(std::fs::read(&log_path).unwrap(), log, "the log is left as it was for a person to look at");
 }
 
@@ -89,17 +116,13 @@ async fn a_torn_last_record_is_dropped() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         write_nodes(dir.path(), 4).await;
-        let log_path = dir.path().join("log.jsonl");
+        let log_path = the_log(dir.path());
         let good = std::fs::read(&log_path).unwrap();
         let mut torn = good.clone();
         torn.extend_from_slice(tail);
         std::fs::write(&log_path, &torn).unwrap();
         let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
-        let c = zk::Client::connector()
-            .with_session_timeout(Duration::from_secs(4))
-            .connect(&s.addr().to_string())
-            .await
-            .unwrap();
+        let c = client(&s).await;
         for i in 0..4 {
             assert_eq!(c.get_data(&format!("/n{i}")).await.unwrap().0, format!("value {i}").as_bytes(), "{tail:?}");
         }
@@ -138,7 +161,69 @@ async fn pipelined_writes_share_fsyncs_and_all_survive() {
     drop(sock);
     s.stop().await;
     let s = EmbeddedServer::start_with(durable(dir.path(), 10_000)).await.unwrap();
-    let c = zk::Client::connector().connect(&s.addr().to_string()).await.unwrap();
+    let c = client(&s).await;
     let children = c.list_children("/").await.unwrap();
     assert_eq!(children.iter().filter(|c| c.starts_with('p')).count(), N);
+}
+
+/// Snapshots are written in the background in a compact form, replace the log segments they
+/// cover, and restore every node: data (null and empty kept apart), ACLs, stats and sessions.
+#[tokio::test]
+async fn snapshots_replace_the_segments_they_cover() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = EmbeddedServer::start_with(durable(dir.path(), 40)).await.unwrap();
+    let c = client(&s).await;
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let (mut raw, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let null_create = common::create_body("/null", None, 0);
+    assert_eq!(common::request(&mut raw, 1, 1, &null_create).await.0, 0);
+    for i in 0..130 {
+        c.create(&format!("/n{i}"), format!("value {i}").repeat(i % 7).as_bytes(), &open).await.unwrap();
+    }
+    let stats: Vec<zk::Stat> = {
+        let mut v = Vec::new();
+        for i in 0..130 {
+            v.push(c.check_stat(&format!("/n{i}")).await.unwrap().unwrap());
+        }
+        v
+    };
+    // The last snapshot is done when one segment is left beside it.
+    wait_for(dir.path(), "no snapshot", |d| d.join("snapshot.bin").exists() && segments(d).len() == 1).await;
+    drop(c);
+    drop(raw);
+    s.stop().await;
+    let s = EmbeddedServer::start_with(durable(dir.path(), 40)).await.unwrap();
+    let c = client(&s).await;
+    for (i, before) in stats.iter().enumerate() {
+        let (data, stat) = c.get_data(&format!("/n{i}")).await.unwrap();
+        assert_eq!(data, format!("value {i}").repeat(i % 7).as_bytes());
+        assert_eq!(&stat, before, "/n{i}");
+    }
+    let (mut raw, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let mut get = Vec::new();
+    common::jute_string(&mut get, "/null");
+    get.push(0);
+    let (e, body) = common::request(&mut raw, 1, 4, &get).await;
+    assert_eq!((e, &body[..4]), (0, &(-1i32).to_be_bytes()[..]), "null data stays null");
+}
+
+/// A damaged snapshot refuses to start, naming the file.
+#[tokio::test]
+async fn a_damaged_snapshot_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = EmbeddedServer::start_with(durable(dir.path(), 5)).await.unwrap();
+    let c = client(&s).await;
+    for i in 0..6 {
+        c.create(&format!("/d{i}"), b"x", &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    }
+    let snap = dir.path().join("snapshot.bin");
+    wait_for(dir.path(), "no snapshot", |d| d.join("snapshot.bin").exists()).await;
+    drop(c);
+    s.stop().await;
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&snap, &bytes).unwrap();
+    let err = EmbeddedServer::start_with(durable(dir.path(), 5)).await.err().expect("refuses to start");
+    assert!(err.to_string().contains("snapshot.bin") && err.to_string().contains("checksum"), "{err}");
 }

@@ -108,3 +108,28 @@ pub async fn read_reply(sock: &mut TcpStream) -> (i32, i32, Vec<u8>) {
     let word = |at: usize| i32::from_be_bytes(reply[at..at + 4].try_into().unwrap());
     (word(0), word(12), reply[16..].to_vec())
 }
+
+/// A create record with `data` (None: null) and an open ACL.
+pub fn create_body(path: &str, data: Option<&[u8]>, flags: i32) -> Vec<u8> {
+    let mut out = jute(path);
+    match data {
+        Some(d) => {
+            out.extend_from_slice(&(d.len() as i32).to_be_bytes());
+            out.extend_from_slice(d);
+        }
+        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+    }
+    out.extend_from_slice(&1i32.to_be_bytes());
+    out.extend_from_slice(&31i32.to_be_bytes());
+    jute_string(&mut out, "world");
+    jute_string(&mut out, "anyone");
+    out.extend_from_slice(&flags.to_be_bytes());
+    out
+}
+
+/// A jute string on its own.
+pub fn jute(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    jute_string(&mut out, s);
+    out
+}
