@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs from Debian's packages, only if missing:
-# ZooKeeper (server and jars) and Apache Curator (for the Java interoperability tests).
+# ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests) and Redis.
 set -euo pipefail
 need=()
 [[ -f /usr/share/java/zookeeper.jar ]] || need+=(zookeeper)
 [[ -f /usr/share/java/curator-recipes.jar ]] || need+=(libcurator-recipes-java libcurator-framework-java libcurator-client-java)
 command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "deps.sh: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
@@ -16,4 +18,9 @@ fi
 if ! python3 -c 'import kazoo' 2>/dev/null; then
     echo "deps.sh: installing kazoo from PyPI" >&2
     python3 -m pip install --quiet kazoo >&2
+fi
+# redis-py, whose Lock shares keys with distlock's simple Redis lock (interoperability test).
+if ! python3 -c 'import redis' 2>/dev/null; then
+    echo "deps.sh: installing redis (redis-py) from PyPI" >&2
+    python3 -m pip install --quiet 'redis>=5' >&2
 fi

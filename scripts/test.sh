@@ -3,7 +3,8 @@
 # ports (and stops again, whatever happens).
 #
 #   scripts/test.sh                       every server: Apache ZooKeeper, distlock's own, then a
-#                                         3-node Apache ZooKeeper ensemble
+#                                         3-node Apache ZooKeeper ensemble; one redis-server
+#                                         (scripts/redis.sh) serves the Redis tests throughout
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
@@ -27,6 +28,7 @@ cargo build --workspace --all-targets --examples
 
 started=()
 cleanup() {
+    scripts/redis.sh stop .tmp/test-redis
     for s in "${started[@]}"; do
         case "$s" in
             zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
@@ -38,6 +40,9 @@ cleanup() {
 trap cleanup EXIT
 
 export DISTLOCK_MATRIX_OUT="$PWD/.tmp/fault-matrix"
+rm -rf .tmp/test-redis; mkdir -p .tmp/test-redis
+DISTLOCK_TEST_REDIS=$(scripts/redis.sh start .tmp/test-redis)
+export DISTLOCK_TEST_REDIS DISTLOCK_TEST_REDIS_DIR="$PWD/.tmp/test-redis"
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"

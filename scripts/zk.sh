@@ -25,6 +25,8 @@ log() { echo "zk.sh: $*" >&2; }
 
 # shellcheck source=lib/zookeeper.sh
 source "$(dirname "$0")/lib/zookeeper.sh"
+# shellcheck source=lib/process.sh
+source "$(dirname "$0")/lib/process.sh"
 ruok() { four "$1" ruok; }
 
 start() {
@@ -81,25 +83,8 @@ launch() {
     exit 1
 }
 
-stop() {
-    [[ -f "$dir/zk.pid" ]] || { log "nothing recorded in $dir/zk.pid"; return; }
-    local pid
-    pid=$(cat "$dir/zk.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-        kill "$pid"
-        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
-        log "stopped ZooKeeper pid $pid"
-    fi
-    rm -f "$dir/zk.pid"
-}
-
-crash() {
-    [[ -f "$dir/zk.pid" ]] || { log "nothing recorded in $dir/zk.pid"; exit 1; }
-    kill -9 "$(cat "$dir/zk.pid")" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$(cat "$dir/zk.pid")" 2>/dev/null || break; sleep 0.1; done
-    log "killed ZooKeeper pid $(cat "$dir/zk.pid")"
-}
+stop() { stop_recorded "$dir/zk.pid" ZooKeeper; }
+crash() { crash_recorded "$dir/zk.pid" ZooKeeper; }
 
 case "$cmd" in
     start) start ;;

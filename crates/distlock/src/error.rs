@@ -28,6 +28,9 @@ pub enum LostReason {
     /// counted from the last request it answered): it may have expired the session and handed
     /// the lock on. Reported before that can happen.
     LeaseExpired,
+    /// The lock key was gone (or held by someone else) when the lease was renewed: it expired
+    /// while renewals failed, was deleted by someone else, or the server restarted without it.
+    KeyDeleted,
 }
 
 impl std::fmt::Display for LostReason {
@@ -38,6 +41,7 @@ impl std::fmt::Display for LostReason {
             LostReason::NodeDeleted => "the lock node was deleted by someone else",
             LostReason::AuthFailed => "authentication with ZooKeeper failed",
             LostReason::LeaseExpired => "no answer from the server within the lease; the lock may be handed on",
+            LostReason::KeyDeleted => "the lock key expired or was deleted on the server",
         })
     }
 }
@@ -137,6 +141,14 @@ pub enum Error {
         path: String,
         /// How many attempts were made.
         attempts: u32,
+    },
+    /// The backend cannot do this (a recipe it does not offer, or a scheme compiled out).
+    #[error("{backend} does not support {what}")]
+    Unsupported {
+        /// The backend (`zookeeper`, `redis`, ...).
+        backend: &'static str,
+        /// What was asked for, and what to do instead.
+        what: String,
     },
     /// The backend refused an operation.
     #[error("{op} on {path} failed: {source}")]

@@ -48,6 +48,9 @@ pub mod blocking;
 mod duration;
 mod error;
 mod owner;
+#[cfg(feature = "redis")]
+pub mod redis;
+mod state;
 mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
@@ -55,6 +58,7 @@ pub mod zookeeper;
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
 pub use owner::Owner;
+pub use state::LockState;
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
 /// The README's examples, compiled as doc tests so they cannot rot.

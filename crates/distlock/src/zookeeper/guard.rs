@@ -8,7 +8,7 @@
 
 use super::session::{delete_own, is_connection_loss, Deleted, Failure};
 use super::{backend, Client};
-use crate::{Error, LostReason, Result};
+use crate::{Error, LockState, LostReason, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -18,40 +18,6 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
-
-/// What a guard knows about its lock right now.
-///
-/// # Examples
-///
-/// ```
-/// use distlock::{zookeeper::LockState, LostReason};
-/// assert!(LockState::Held.is_held());
-/// assert!(!LockState::Suspended.is_held());
-/// assert!(LockState::Lost(LostReason::SessionExpired).is_lost());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockState {
-    /// The lock node exists and the session is connected.
-    Held,
-    /// The connection to the server is lost. The session (and the lock) may still be alive, but
-    /// until the connection returns nobody can tell: treat the lock as uncertain. If the session
-    /// expires, or the lease deadline passes, meanwhile, the state becomes `Lost`.
-    Suspended,
-    /// The lock is gone; another contender may hold it. Final.
-    Lost(LostReason),
-}
-
-impl LockState {
-    /// True only in `Held`.
-    pub fn is_held(self) -> bool {
-        self == LockState::Held
-    }
-
-    /// True in `Lost`.
-    pub fn is_lost(self) -> bool {
-        matches!(self, LockState::Lost(_))
-    }
-}
 
 /// The state every recipe's guard shares.
 #[derive(Debug)]

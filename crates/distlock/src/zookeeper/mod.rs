@@ -21,7 +21,7 @@ mod semaphore;
 mod session;
 mod url;
 
-pub use guard::LockState;
+pub use crate::LockState;
 pub use inspect::{Contender, LockView};
 pub use multi::{AnyGuard, LockSpec, MultiGuard, MultiLock};
 pub use mutex::{Mutex, MutexGuard};

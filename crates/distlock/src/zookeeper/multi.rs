@@ -1,8 +1,8 @@
 //! Several locks of any kind, taken all or nothing.
 
-use super::guard::LockState;
 use super::queue::QueueStatus;
 use super::{Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, WriteGuard};
+use crate::LockState;
 use crate::{Error, LostReason, Result};
 use std::time::Duration;
 use tokio::sync::watch;

@@ -1,7 +1,7 @@
 //! The reentrant mutex (Curator's InterProcessMutex semantics).
 
-use super::guard::LockState;
 use super::mutex::{Mutex, MutexGuard};
+use crate::LockState;
 use crate::{LostReason, Result};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;

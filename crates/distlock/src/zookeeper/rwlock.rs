@@ -1,9 +1,10 @@
 //! The shared (read/write) lock.
 
-use super::guard::{HeldNode, LockState};
+use super::guard::HeldNode;
 use super::queue::{Exclusive, Policy, Queue, QueueStatus, Wait};
 use super::session::{await_connected, delete_own, Failure};
 use super::{backend, url, Client};
+use crate::LockState;
 use crate::{Error, LostReason, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,10 +1,11 @@
 //! The counting semaphore (Curator's InterProcessSemaphoreV2 layout).
 
-use super::guard::{HeldNode, LockState};
+use super::guard::HeldNode;
 use super::mutex::Mutex;
 use super::queue::{is_no_node, list_dir, other_recipe, Acquired, Pending, Queue};
 use super::session::{await_connected, is_connection_loss, session_error, Failure};
 use super::{backend, url, Client};
+use crate::LockState;
 use crate::{Error, LostReason, Result};
 use std::time::Duration;
 use tokio::time::Instant;

@@ -1,0 +1,325 @@
+//! A held Redis lock: fencing token, lease deadline, watchdog, state, release.
+//!
+//! The lease deadline is the send time of the last acquire or renewal the server confirmed, plus
+//! the lease, less a drift margin: the server set its TTL after we sent, so it cannot expire the
+//! key before then (clock rates aside, which the margin covers). A watchdog renews every third of
+//! the lease. A failed renewal makes the guard `Suspended` and is retried until the deadline; at
+//! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
+//! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
+
+use super::{scripts, Client};
+use crate::{Error, LockState, LostReason, Result};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// How a hold is recorded on the server.
+#[derive(Debug, Clone)]
+pub(crate) enum Holder {
+    /// Redisson's hash: our field and the lock's release channel.
+    Redisson { field: String, channel: String },
+    /// A string key holding our random value.
+    Simple { value: String, channel: String },
+}
+
+/// The safety margin taken off every lease: 1% of it plus 2 ms (timer and clock-rate error).
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    tx: watch::Sender<LockState>,
+    deadline: StdMutex<Instant>,
+}
+
+impl Shared {
+    fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, state: LockState, key: &str) {
+        self.tx.send_if_modified(|s| {
+            if s.is_lost() || *s == state {
+                return false;
+            }
+            match state {
+                LockState::Lost(reason) => tracing::warn!(key, %reason, "lock lost"),
+                LockState::Suspended => tracing::info!(key, "renewal failed; lock suspended until the server answers"),
+                LockState::Held => tracing::info!(key, "renewed again; lock held"),
+            }
+            *s = state;
+            true
+        });
+    }
+}
+
+/// The state every Redis guard shares.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    pub(crate) client: Client,
+    pub(crate) key: String,
+    pub(crate) holder: Holder,
+    pub(crate) token: u64,
+    shared: Arc<Shared>,
+    watchdog: AbortHandle,
+    released: bool,
+}
+
+impl Hold {
+    /// A hold acquired by a request sent at `sent`.
+    pub(crate) fn new(client: Client, key: String, holder: Holder, token: u64, sent: Instant) -> Hold {
+        let lease = client.lease();
+        let (tx, _) = watch::channel(LockState::Held);
+        let shared = Arc::new(Shared { tx, deadline: StdMutex::new(sent + lease - drift(lease)) });
+        let watchdog =
+            tokio::spawn(renew_loop(client.clone(), key.clone(), holder.clone(), shared.clone())).abort_handle();
+        Hold { client, key, holder, token, shared, watchdog, released: false }
+    }
+
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        self.shared.deadline().into_std()
+    }
+
+    pub(crate) fn holder_id(&self) -> &str {
+        match &self.holder {
+            Holder::Redisson { field, .. } => field,
+            Holder::Simple { value, .. } => value,
+        }
+    }
+
+    /// The state now: what the watchdog published, and `Lost` once the deadline has passed
+    /// (however late the watchdog runs).
+    pub(crate) fn state(&self) -> LockState {
+        let published = *self.shared.tx.borrow();
+        if !published.is_lost() && Instant::now() >= self.shared.deadline() {
+            self.shared.publish(LockState::Lost(LostReason::LeaseExpired), &self.key);
+            return LockState::Lost(LostReason::LeaseExpired);
+        }
+        published
+    }
+
+    pub(crate) fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.shared.tx.subscribe()
+    }
+
+    pub(crate) fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let mut rx = self.shared.tx.subscribe();
+        let shared = self.shared.clone();
+        let key = self.key.clone();
+        async move {
+            loop {
+                if let LockState::Lost(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                let deadline = shared.deadline();
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() {
+                        // The guard is gone: released, so no longer ours either.
+                        return LostReason::SessionClosed;
+                    },
+                    _ = tokio::time::sleep_until(deadline) => {
+                        if Instant::now() >= shared.deadline() {
+                            shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases on the server (retried on connection errors within the lease). Reports
+    /// [`Error::LockLost`] if the lock was lost before, or was no longer ours on the server.
+    pub(crate) async fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.watchdog.abort();
+        let before = self.state();
+        let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
+        let deadline = self.shared.deadline();
+        // In a task of its own: a caller that stops waiting does not stop the release.
+        let outcome = tokio::spawn(async move { release_on_server(&client, &key, &holder, deadline).await })
+            .await
+            .unwrap_or_else(|e| Err(Error::Backend { op: "release", path: self.key.clone(), source: Box::new(e) }))?;
+        let lost = |reason| Err(Error::LockLost { lock: self.key.clone(), reason });
+        match (before, outcome) {
+            (LockState::Lost(reason), _) => lost(reason),
+            (_, true) => Ok(()),
+            (_, false) => lost(LostReason::KeyDeleted),
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.shared.publish(LockState::Lost(LostReason::SessionClosed), &self.key);
+        if self.released {
+            return;
+        }
+        self.watchdog.abort();
+        let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
+        let deadline = self.shared.deadline();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = release_on_server(&client, &key, &holder, deadline).await {
+                    tracing::warn!(key, error = %e, "release on drop failed; the lease frees the lock");
+                }
+            });
+        }
+    }
+}
+
+/// One release; true if it was ours. Connection errors are retried until the lease deadline
+/// (after which the server frees the lock anyway).
+async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline: Instant) -> Result<bool> {
+    let request_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let r = match holder {
+            Holder::Redisson { field, channel } => {
+                let latch = super::latch_key(key, &request_id);
+                let r: Result<Option<i64>> = client
+                    .eval(
+                        &scripts::REDISSON_UNLOCK,
+                        &[key, channel, &latch],
+                        &["0".into(), client.lease_ms().to_string(), field.clone(), LATCH_TTL_MS.to_string()],
+                        "release",
+                        key,
+                    )
+                    .await;
+                if r.is_ok() {
+                    client.forget(&latch);
+                }
+                r.map(|v| v.is_some())
+            }
+            Holder::Simple { value, channel } => {
+                let r: Result<i64> = client
+                    .eval(&scripts::SIMPLE_RELEASE, &[key, channel], std::slice::from_ref(value), "release", key)
+                    .await;
+                r.map(|v| v == 1)
+            }
+        };
+        match r {
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tracing::debug!(key, attempt, error = %e, "release failed; retrying");
+                tokio::time::sleep(RETRY.min(deadline.saturating_duration_since(Instant::now()))).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long a retried unlock's outcome is remembered on the server (Redisson's latch).
+const LATCH_TTL_MS: u64 = 30_000;
+/// Pause between retries of a failed request.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// Renews every third of the lease until aborted or lost.
+async fn renew_loop(client: Client, key: String, holder: Holder, shared: Arc<Shared>) {
+    let lease = client.lease();
+    let mut next = Instant::now() + lease / 3;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let deadline = shared.deadline();
+        if Instant::now() >= deadline {
+            shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
+            return;
+        }
+        let sent = Instant::now();
+        let renewal = renew(&client, &key, &holder);
+        let outcome = tokio::select! {
+            r = renewal => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
+                return;
+            }
+        };
+        match outcome {
+            Ok(true) => {
+                let new_deadline = sent + lease - drift(lease);
+                {
+                    let mut d = shared.deadline.lock().unwrap_or_else(|e| e.into_inner());
+                    if new_deadline > *d {
+                        *d = new_deadline;
+                    }
+                }
+                shared.publish(LockState::Held, &key);
+                // Wake `lost()` futures so they sleep until the new deadline.
+                shared.tx.send_modify(|_| {});
+                next = sent + lease / 3;
+            }
+            Ok(false) => {
+                shared.publish(LockState::Lost(LostReason::KeyDeleted), &key);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(key, error = %e, "renewal failed");
+                shared.publish(LockState::Suspended, &key);
+                next = Instant::now() + RETRY.min(lease / 10);
+            }
+        }
+    }
+}
+
+/// One renewal: true if the key is still ours (and its TTL was reset to the lease).
+async fn renew(client: &Client, key: &str, holder: &Holder) -> Result<bool> {
+    let lease = client.lease_ms().to_string();
+    let r: i64 = match holder {
+        Holder::Redisson { field, .. } => {
+            client.eval(&scripts::REDISSON_RENEW, &[key], &[lease, field.clone()], "renew", key).await?
+        }
+        Holder::Simple { value, .. } => {
+            client.eval(&scripts::SIMPLE_RENEW, &[key], &[value.clone(), lease], "renew", key).await?
+        }
+    };
+    Ok(r == 1)
+}
+
+/// The accessors every Redis guard offers, over its `Hold`.
+macro_rules! hold_methods {
+    ($m:ident) => {
+        /// The fencing token: larger than every token any earlier holder of this lock got
+        /// (see the [module docs](crate::redis#fencing-tokens)). Pass it to the resource you
+        /// protect, which must refuse tokens lower than the highest it has seen.
+        pub fn fencing_token(&self) -> u64 {
+            self.$m().token
+        }
+
+        /// The lock's key.
+        pub fn key(&self) -> &str {
+            &self.$m().key
+        }
+
+        /// Our identity on the server: the hash field (Redisson layout) or the key's value
+        /// (simple layout).
+        pub fn holder_id(&self) -> &str {
+            self.$m().holder_id()
+        }
+
+        /// The instant after which the server may expire the key and give the lock to someone
+        /// else, unless a renewal succeeds first: the send time of the last confirmed acquire or
+        /// renewal, plus the lease, less a drift margin. Stop work that needs the lock before it.
+        pub fn lease_deadline(&self) -> std::time::Instant {
+            self.$m().lease_deadline()
+        }
+
+        /// The state now (`Lost` once the lease deadline has passed without a renewal).
+        pub fn state(&self) -> crate::LockState {
+            self.$m().state()
+        }
+
+        /// Every change of state, as a watch receiver.
+        pub fn state_changes(&self) -> tokio::sync::watch::Receiver<crate::LockState> {
+            self.$m().state_changes()
+        }
+
+        /// Resolves when the lock can no longer be trusted: the lease deadline passed without a
+        /// confirmed renewal, or the key was found gone or someone else's.
+        pub fn lost(&self) -> impl std::future::Future<Output = crate::LostReason> + Send + 'static {
+            self.$m().lost()
+        }
+    };
+}
+pub(crate) use hold_methods;

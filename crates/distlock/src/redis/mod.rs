@@ -1,0 +1,429 @@
+//! The Redis backend: Redisson's reentrant lock layout and the seeds' `SET NX PX` lock, both
+//! fenced, renewed by a watchdog and honest about loss.
+//!
+//! # Layouts
+//!
+//! | Recipe | Constructor | Keys (lock name `K`) | Shares the lock with |
+//! |---|---|---|---|
+//! | Reentrant mutex | [`Client::mutex`] (default layout) | hash `K` {`<client uuid>:<handle id>`: hold count}, PEXPIRE lease; channel `redisson_lock__channel:{K}` | Redisson `getLock(K)` |
+//! | Simple lock | [`Client::simple_lock`] | string `K` = random value, `SET NX PX`; channel `distlock_lock__channel:{K}` | redis-py `Lock(K)` |
+//! | Fencing counter | (both) | string `redisson_lock_token:{K}`, never deleted | Redisson `getFencedLock(K)` |
+//!
+//! # Fencing tokens
+//!
+//! Every acquire runs one script that takes the lock and the next token of the lock's counter
+//! together. The token is one more than the last one, and never less than the server's clock
+//! in microseconds: tokens keep rising when a server without persistence restarts empty, or a
+//! replica that missed the latest increments is promoted, as long as the server clock does not
+//! step back. The counter is never deleted (Redisson's `RFencedLock` deletes it with the lock).
+//!
+//! # Leases and loss
+//!
+//! A held lock expires on the server one lease (default 30 s, `?lease=`) after the last
+//! acquire or renewal; a watchdog renews it every third of the lease. The guard's
+//! [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last confirmed
+//! renewal plus the lease less a drift margin, and [`lost`](MutexGuard::lost) resolves at that
+//! deadline if no renewal was confirmed by then: before the server can expire the key and give
+//! the lock to anyone else. A renewal that finds the key gone resolves it at once.
+//!
+//! # Waiting
+//!
+//! Waiters subscribe to the lock's channel and try again when a release is published, or when
+//! the holder's TTL (returned by the failed attempt) runs out: no polling. A holder that releases
+//! without publishing (redis-py) is seen when its TTL runs out, or, for the simple layout, at the
+//! next re-check (every 100 ms, redis-py's own interval).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! use distlock::redis::Client;
+//! let redis = Client::connect("redis://127.0.0.1:6379?lease=10s").await?;
+//! let lock = redis.mutex("orders")?;
+//! let guard = lock.lock().await?;
+//! println!("token {}, lease until {:?}", guard.fencing_token(), guard.lease_deadline());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod guard;
+mod mutex;
+mod scripts;
+mod simple;
+mod url;
+mod wake;
+
+pub use mutex::{Mutex, MutexGuard};
+pub use simple::{SimpleGuard, SimpleLock};
+pub use url::{Layout, RedisUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE};
+
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One connection to a Redis server (multiplexed, reconnecting), shared by every lock made
+/// from it; cheap to clone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let redis = distlock::redis::Client::connect("redis://127.0.0.1:6379").await?;
+/// let a = redis.mutex("jobs/a")?;       // Redisson layout
+/// let b = redis.simple_lock("jobs/b")?; // SET NX PX layout (redis-py)
+/// # let _ = (a, b); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: RedisUrl,
+    conn: redis::aio::ConnectionManager,
+    wake: Arc<wake::Wakeups>,
+    /// `clientId` of Redisson's fields: one per client.
+    id: String,
+    next_handle: AtomicU64,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("redis::Client").field("url", &self.inner.url).field("id", &self.inner.id).finish()
+    }
+}
+
+impl Client {
+    /// Connects to the server named by a `redis://` URL (see [`RedisUrl`]).
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_url(RedisUrl::parse(url)?).await
+    }
+
+    /// Connects with a parsed URL.
+    pub async fn connect_url(url: RedisUrl) -> Result<Client> {
+        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        let client = redis::Client::open(url.connection_string()).map_err(|e| failed(e.to_string()))?;
+        // Requests time out well inside the lease, so that a silent server is retried (or the
+        // lock reported lost) before the lease can run out.
+        let response_timeout = (url.lease / 6).min(url.connect_timeout);
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(url.connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(url.connect_timeout, client.get_connection_manager_with_config(config))
+            .await
+            .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(e.to_string()))?;
+        let mut probe = conn.clone();
+        let _: String = tokio::time::timeout(url.connect_timeout, redis::cmd("PING").query_async(&mut probe))
+            .await
+            .map_err(|_| failed(format!("no answer to PING within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(e.to_string()))?;
+        let wake = Arc::new(wake::Wakeups::new(client, url.connect_timeout));
+        Ok(Client {
+            inner: Arc::new(Inner {
+                url,
+                conn,
+                wake,
+                id: uuid::Uuid::new_v4().to_string(),
+                next_handle: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// A reentrant mutex on key `name` in the URL's layout (Redisson's unless `?layout=simple`;
+    /// with `simple`, use [`Client::simple_lock`] for the typed handle). The name is the key,
+    /// exactly as given.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        validate_key(name)?;
+        Ok(Mutex::new(self.clone(), name.to_string()))
+    }
+
+    /// The seeds' lock on key `name`: `SET name value NX PX lease`, as redis-py's `Lock(name)`.
+    pub fn simple_lock(&self, name: &str) -> Result<SimpleLock> {
+        validate_key(name)?;
+        Ok(SimpleLock::new(self.clone(), name.to_string()))
+    }
+
+    /// The URL this client connected with.
+    pub fn url(&self) -> &RedisUrl {
+        &self.inner.url
+    }
+
+    /// The lease every lock of this client gets (renewed every third of it).
+    pub fn lease(&self) -> Duration {
+        self.inner.url.lease
+    }
+
+    /// The client id in every Redisson-layout field (`<id>:<handle>`).
+    pub fn client_id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The redis crate's connection, for anything distlock does not wrap.
+    pub fn connection(&self) -> redis::aio::ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Who holds `name` now, read from the server (either layout).
+    pub async fn inspect(&self, name: &str) -> Result<LockView> {
+        validate_key(name)?;
+        let mut conn = self.inner.conn.clone();
+        let fail = |op| move |e: redis::RedisError| backend(op, name, e);
+        let kind: String = redis::cmd("TYPE").arg(name).query_async(&mut conn).await.map_err(fail("TYPE"))?;
+        let pttl: i64 = redis::cmd("PTTL").arg(name).query_async(&mut conn).await.map_err(fail("PTTL"))?;
+        let counter: Option<String> =
+            redis::cmd("GET").arg(token_key(name)).query_async(&mut conn).await.map_err(fail("GET"))?;
+        let holders = match kind.as_str() {
+            "hash" => {
+                let h: Vec<(String, String)> =
+                    redis::cmd("HGETALL").arg(name).query_async(&mut conn).await.map_err(fail("HGETALL"))?;
+                h.into_iter().map(|(id, count)| Holder { id, count: count.parse().unwrap_or(0) }).collect()
+            }
+            "string" => {
+                let v: Option<String> =
+                    redis::cmd("GET").arg(name).query_async(&mut conn).await.map_err(fail("GET"))?;
+                v.into_iter().map(|id| Holder { id, count: 1 }).collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok(LockView {
+            key: name.to_string(),
+            layout: match kind.as_str() {
+                "hash" => "redisson",
+                "string" => "simple",
+                "none" => "free",
+                _ => "other",
+            }
+            .to_string(),
+            holders,
+            ttl_ms: (pttl >= 0).then_some(pttl as u64),
+            last_token: counter.and_then(|c| c.parse().ok()),
+        })
+    }
+
+    /// Drops this handle (the connection closes when the last clone and lock are gone).
+    pub async fn close(self, _bound: Duration) {}
+
+    fn next_handle_id(&self) -> u64 {
+        self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn lease_ms(&self) -> u64 {
+        self.inner.url.lease.as_millis() as u64
+    }
+
+    /// Runs `script` with the given keys and arguments (EVALSHA, loading it if the server lacks it).
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[String],
+        op: &'static str,
+        key: &str,
+    ) -> Result<T> {
+        let mut invocation = script.prepare_invoke();
+        for k in keys {
+            invocation.key(*k);
+        }
+        for a in args {
+            invocation.arg(a);
+        }
+        let mut conn = self.inner.conn.clone();
+        invocation.invoke_async(&mut conn).await.map_err(|e| backend(op, key, e))
+    }
+
+    /// Deletes `key` in the background (a retried unlock's latch).
+    fn forget(&self, key: &str) {
+        let mut conn = self.inner.conn.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
+        });
+    }
+}
+
+/// A lock as seen on the server by [`Client::inspect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> distlock::Result<()> {
+/// let view = redis.inspect("orders").await?;
+/// for h in &view.holders {
+///     println!("{} holds {} time(s); expires in {:?} ms", h.id, h.count, view.ttl_ms);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LockView {
+    /// The key.
+    pub key: String,
+    /// `redisson` (a hash), `simple` (a string), `free` (no key) or `other`.
+    pub layout: String,
+    /// Who holds it: hash fields with their hold counts, or the string's value.
+    pub holders: Vec<Holder>,
+    /// Milliseconds until the key expires, if it has a TTL.
+    pub ttl_ms: Option<u64>,
+    /// The last fencing token handed out for this name.
+    pub last_token: Option<u64>,
+}
+
+/// One holder in a [`LockView`].
+///
+/// # Examples
+///
+/// ```
+/// let h = distlock::redis::Holder { id: "6f1c…:1".into(), count: 2 };
+/// assert_eq!(h.count, 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Holder {
+    /// The hash field (`<client uuid>:<thread or handle id>`) or the string value.
+    pub id: String,
+    /// Hold count (1 for the simple layout).
+    pub count: u64,
+}
+
+/// Redisson's `prefixName`: `prefix:{K}`, or `prefix:K` when K already has a hash tag.
+fn prefix_name(prefix: &str, key: &str) -> String {
+    if key.contains('{') {
+        format!("{prefix}:{key}")
+    } else {
+        format!("{prefix}:{{{key}}}")
+    }
+}
+
+/// The fencing counter of lock `key` (Redisson's RFencedLock counter name; never deleted).
+pub(crate) fn token_key(key: &str) -> String {
+    prefix_name("redisson_lock_token", key)
+}
+
+/// Redisson's release channel of lock `key`.
+pub(crate) fn redisson_channel(key: &str) -> String {
+    prefix_name("redisson_lock__channel", key)
+}
+
+/// The release channel of a simple lock `key` (distlock's own; redis-py publishes nothing).
+pub(crate) fn simple_channel(key: &str) -> String {
+    prefix_name("distlock_lock__channel", key)
+}
+
+/// Redisson's unlock latch key for one release request.
+pub(crate) fn latch_key(key: &str, request_id: &str) -> String {
+    format!("{}:{request_id}", prefix_name("redisson_unlock_latch", key))
+}
+
+fn validate_key(name: &str) -> Result<()> {
+    let bad = |reason: &str| Err(Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() });
+    if name.is_empty() {
+        return bad("the lock name is empty");
+    }
+    if name.len() > 4096 {
+        return bad("longer than 4096 bytes");
+    }
+    if name.chars().any(|c| c.is_control()) {
+        return bad("contains a control character");
+    }
+    Ok(())
+}
+
+fn backend(op: &'static str, key: &str, e: redis::RedisError) -> Error {
+    Error::Backend { op, path: key.to_string(), source: Box::new(e) }
+}
+
+/// True for errors worth retrying: the connection failed or the server did not answer in time.
+pub(crate) fn is_transient(e: &Error) -> bool {
+    match e {
+        Error::Backend { source, .. } => source.downcast_ref::<redis::RedisError>().is_some_and(|r| {
+            r.is_io_error() || r.is_timeout() || r.is_connection_dropped() || r.is_connection_refusal()
+        }),
+        _ => false,
+    }
+}
+
+impl Error {
+    pub(crate) fn is_transient(&self) -> bool {
+        is_transient(self)
+    }
+}
+
+/// What one acquire attempt found.
+pub(crate) enum Attempt<G> {
+    /// Ours (the guard is built inside the attempt's task, so a dropped acquire releases it).
+    Acquired(G),
+    /// Someone else holds it; their TTL in ms (negative: none, or just gone).
+    Held(i64),
+}
+
+/// The wait loop every Redis recipe shares: subscribe to `channel`, try, and on a refusal wait
+/// for a release message or the holder's TTL, until `deadline` (`None`: forever).
+///
+/// Each attempt runs in a task of its own and builds the guard there: if this future is
+/// dropped while an attempt is in flight, the guard is dropped with the task's result and
+/// releases the lock, so a cancelled acquire leaves nothing behind.
+pub(crate) async fn acquire_loop<G, F, Fut>(
+    client: &Client,
+    channel: &str,
+    deadline: Option<Instant>,
+    recheck: Option<Duration>,
+    attempt: F,
+) -> Result<Option<G>>
+where
+    G: Send + 'static,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Attempt<G>>> + Send + 'static,
+{
+    let try_once = || async {
+        let task = tokio::spawn(attempt());
+        task.await.map_err(|e| Error::Backend { op: "acquire", path: channel.to_string(), source: Box::new(e) })?
+    };
+    // First a plain attempt: an uncontended acquire costs one round trip and no subscription.
+    if let Attempt::Acquired(g) = try_once().await? {
+        return Ok(Some(g));
+    }
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Ok(None);
+    }
+    let registration = client.inner.wake.register(channel);
+    loop {
+        let subscribed = client.inner.wake.ensure(channel).await;
+        let notified = registration.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // After subscribing, try again (a release may have come before the subscription).
+        let pttl = match try_once().await {
+            Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
+            Ok(Attempt::Held(pttl)) => pttl,
+            Err(e) if e.is_transient() => {
+                tracing::debug!(channel, error = %e, "acquire attempt failed; retrying");
+                -1
+            }
+            Err(e) => return Err(e),
+        };
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            return Ok(None);
+        }
+        // Wait for a release message, or until the holder's TTL runs out. Without a confirmed
+        // subscription, or with no TTL to go by, re-check sooner.
+        let mut wait = if pttl > 0 { Duration::from_millis(pttl as u64 + 1) } else { Duration::from_millis(100) };
+        if !subscribed {
+            wait = wait.min(Duration::from_millis(100));
+        }
+        if let Some(r) = recheck {
+            wait = wait.min(r);
+        }
+        let until = match deadline {
+            Some(d) => d.min(now + wait),
+            None => now + wait,
+        };
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The seeds' lock: `SET K value NX PX lease`, compatible with redis-py's `Lock`.
+
+use super::guard::{hold_methods, Hold, Holder};
+use super::{acquire_loop, scripts, Attempt, Client};
+use crate::Result;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a waiter re-checks a simple lock: a redis-py holder releases without a message.
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// The seeds' lock: a string key set with `SET K value NX PX lease` to a random value, released
+/// by compare-and-delete and renewed by compare-and-pexpire. redis-py's `Lock(K)` uses the same
+/// key and compare scripts, so the two exclude each other.
+///
+/// Not reentrant: a second `lock()` through any handle waits (as redis-py's does).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> distlock::Result<()> {
+/// let lock = redis.simple_lock("reports")?;
+/// match lock.try_lock().await? {
+///     Some(g) => g.release().await?,
+///     None => println!("someone else is writing reports"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SimpleLock {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    key: String,
+    channel: String,
+    token_key: String,
+}
+
+impl SimpleLock {
+    pub(crate) fn new(client: Client, key: String) -> SimpleLock {
+        SimpleLock {
+            inner: Arc::new(Inner {
+                channel: super::simple_channel(&key),
+                token_key: super::token_key(&key),
+                client,
+                key,
+            }),
+        }
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Waits as long as it takes.
+    pub async fn lock(&self) -> Result<SimpleGuard> {
+        Ok(self.acquire(None).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// Takes the lock only if it is free; never waits.
+    pub async fn try_lock(&self) -> Result<Option<SimpleGuard>> {
+        self.acquire(Some(Instant::now())).await
+    }
+
+    /// Waits at most `timeout`; `None` if the lock was not had in time.
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<SimpleGuard>> {
+        self.acquire(Some(Instant::now() + timeout)).await
+    }
+
+    async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<SimpleGuard>> {
+        let inner = &self.inner;
+        acquire_loop(&inner.client, &inner.channel, deadline, Some(RECHECK), || {
+            let inner = inner.clone();
+            async move {
+                let value = uuid::Uuid::new_v4().simple().to_string();
+                let sent = Instant::now();
+                let client = &inner.client;
+                let (code, token): (i64, u64) = client
+                    .eval(
+                        &scripts::SIMPLE_LOCK,
+                        &[&inner.key, &inner.token_key],
+                        &[value.clone(), client.lease_ms().to_string()],
+                        "acquire",
+                        &inner.key,
+                    )
+                    .await?;
+                if code != -1 {
+                    return Ok(Attempt::Held(code));
+                }
+                let holder = Holder::Simple { value, channel: inner.channel.clone() };
+                Ok(Attempt::Acquired(SimpleGuard {
+                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
+                }))
+            }
+        })
+        .await
+    }
+}
+
+/// Proof of holding a [`SimpleLock`]; released by [`release`](SimpleGuard::release) or, in the
+/// background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::redis::SimpleLock) -> distlock::Result<()> {
+/// let g = lock.lock().await?;
+/// println!("value {} token {}", g.holder_id(), g.fencing_token());
+/// g.release().await
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SimpleGuard {
+    hold: Option<Hold>,
+}
+
+impl SimpleGuard {
+    hold_methods!(hold_ref);
+
+    fn hold_ref(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// Deletes the key if it is still ours and waits for the answer;
+    /// [`Error::LockLost`](crate::Error::LockLost) if it was lost before or no longer ours.
+    pub async fn release(mut self) -> Result<()> {
+        self.hold.take().expect("a guard holds until released").release().await
+    }
+}

@@ -1,0 +1,273 @@
+//! `redis://` URLs.
+
+use crate::{parse_duration, Error, Result};
+use std::time::Duration;
+
+/// Default lease: Redisson's `lockWatchdogTimeout`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default bound on establishing a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which key layout a lock uses on Redis.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::redis::Layout;
+/// assert_eq!("simple".parse::<Layout>().unwrap(), Layout::Simple);
+/// assert!("fair".parse::<Layout>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Redisson's RLock: a hash `K` with field `<client uuid>:<handle id>` holding the hold
+    /// count, a PEXPIRE lease renewed by a watchdog, and `0` published on
+    /// `redisson_lock__channel:{K}` at the final release. Java services using Redisson's
+    /// `getLock(K)` share the lock.
+    #[default]
+    Redisson,
+    /// The seeds' lock: a string `K` set with `SET K token NX PX lease`, released and renewed by
+    /// compare-and-delete / compare-and-pexpire scripts. redis-py's `Lock(K)` shares it.
+    Simple,
+}
+
+impl std::str::FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Layout> {
+        match s {
+            "redisson" => Ok(Layout::Redisson),
+            "simple" => Ok(Layout::Simple),
+            _ => Err(Error::InvalidArgument {
+                what: "Redis lock layout",
+                reason: format!("{s:?} is not a layout (redisson or simple)"),
+            }),
+        }
+    }
+}
+
+/// A parsed `redis://[user:password@]host:port[/db][?lease=30s&connect_timeout=10s&layout=redisson]`
+/// (`rediss://` for TLS is not compiled in yet).
+///
+/// Query keys:
+/// - `lease`: how long the server keeps a lock whose holder stopped renewing (default 30 s,
+///   Redisson's watchdog timeout); renewed every third of it;
+/// - `connect_timeout`: bound on connecting and on each request (default 10 s);
+/// - `layout`: `redisson` (default) or `simple` for [`Client::mutex`](super::Client::mutex).
+///
+/// An unknown key is an error naming it.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::redis::{Layout, RedisUrl};
+/// use std::time::Duration;
+/// let url = RedisUrl::parse("redis://127.0.0.1:6379/2?lease=5s&layout=simple").unwrap();
+/// assert_eq!(url.host, "127.0.0.1");
+/// assert_eq!(url.port, 6379);
+/// assert_eq!(url.db, 2);
+/// assert_eq!(url.lease, Duration::from_secs(5));
+/// assert_eq!(url.layout, Layout::Simple);
+/// assert!(RedisUrl::parse("redis://127.0.0.1:6379?leese=5s").unwrap_err().to_string().contains("leese"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    /// Host name or address.
+    pub host: String,
+    /// Port (default 6379).
+    pub port: u16,
+    /// Database number (default 0).
+    pub db: i64,
+    /// ACL user name, if any.
+    pub username: Option<String>,
+    /// Password, if any (never shown by `Display` or `Debug`).
+    pub password: Option<String>,
+    /// Lock lease; renewed every third of it while held.
+    pub lease: Duration,
+    /// Bound on connecting, and on every request.
+    pub connect_timeout: Duration,
+    /// Default layout of [`Client::mutex`](super::Client::mutex).
+    pub layout: Layout,
+}
+
+impl RedisUrl {
+    /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
+    pub fn parse(url: &str) -> Result<RedisUrl> {
+        let bad = |reason: String| Error::InvalidUrl { url: redact(url), reason };
+        let rest = if let Some(rest) = url.strip_prefix("redis://") {
+            rest
+        } else if url.starts_with("rediss://") {
+            return Err(bad("TLS (rediss://) is not supported yet; use redis:// on a trusted network".into()));
+        } else {
+            return Err(bad("must start with redis:// (e.g. redis://127.0.0.1:6379)".into()));
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, db) = match rest.split_once('/') {
+            Some((a, d)) => (a, Some(d)),
+            None => (rest, None),
+        };
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once(':') {
+                Some(("", p)) => (None, Some(p.to_string())),
+                Some((n, p)) => (Some(n.to_string()), Some(p.to_string())),
+                None => (Some(u.to_string()), None),
+            },
+        };
+        if hostport.contains(',') {
+            return Err(bad("several hosts: Sentinel and Cluster URLs are not supported yet".into()));
+        }
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => {
+                let port: u16 = p.parse().map_err(|_| bad(format!("invalid port {p:?}")))?;
+                (h, port)
+            }
+            None => (hostport, 6379),
+        };
+        if host.is_empty() || host.contains(|c: char| c.is_whitespace()) {
+            return Err(bad(format!("invalid host {host:?}")));
+        }
+        if port == 0 {
+            return Err(bad("port 0 is not a server port".into()));
+        }
+        let db = match db {
+            None | Some("") => 0,
+            Some(d) => {
+                d.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| bad(format!("invalid database {d:?}")))?
+            }
+        };
+        let mut parsed = RedisUrl {
+            host: host.to_string(),
+            port,
+            db,
+            username,
+            password,
+            lease: DEFAULT_LEASE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            layout: Layout::default(),
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
+            let duration = || parse_duration(value).map_err(|e| bad(format!("{key}: {e}")));
+            match key {
+                "lease" => {
+                    parsed.lease = duration()?;
+                    if parsed.lease < Duration::from_millis(100) {
+                        return Err(bad(format!("lease {value} is too short (at least 100ms)")));
+                    }
+                }
+                "connect_timeout" => {
+                    parsed.connect_timeout = duration()?;
+                    if parsed.connect_timeout.is_zero() {
+                        return Err(bad("connect_timeout must be greater than zero".into()));
+                    }
+                }
+                "layout" => parsed.layout = value.parse().map_err(|e: Error| bad(e.to_string()))?,
+                _ => return Err(bad(format!("unknown key {key:?} (known: lease, connect_timeout, layout)"))),
+            }
+        }
+        Ok(parsed)
+    }
+
+    /// The connection URL for the redis crate (credentials included).
+    pub(crate) fn connection_string(&self) -> String {
+        let auth = match (&self.username, &self.password) {
+            (None, None) => String::new(),
+            (Some(u), None) => format!("{}@", enc(u)),
+            (None, Some(p)) => format!(":{}@", enc(p)),
+            (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
+        };
+        format!("redis://{auth}{}:{}/{}", self.host, self.port, self.db)
+    }
+}
+
+/// Percent-encodes what a URL's user info cannot carry as is.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The URL with any password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((u, _)) => format!("{}{u}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user = match (&self.username, &self.password) {
+            (Some(u), _) => format!("{u}@"),
+            (None, Some(_)) => ":***@".to_string(),
+            (None, None) => String::new(),
+        };
+        write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db)
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisUrl")
+            .field("url", &self.to_string())
+            .field("lease", &self.lease)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_credentials() {
+        let u = RedisUrl::parse("redis://:s3cret@localhost").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.db), ("localhost", 6379, 0));
+        assert_eq!(u.password.as_deref(), Some("s3cret"));
+        assert_eq!(u.lease, DEFAULT_LEASE);
+        assert!(!u.to_string().contains("s3cret"));
+        assert!(!format!("{u:?}").contains("s3cret"));
+        assert_eq!(u.connection_string(), "redis://:s3cret@localhost:6379/0");
+        let u = RedisUrl::parse("redis://app:p@ss@10.0.0.1:7000/3").unwrap();
+        assert_eq!(u.username.as_deref(), Some("app"));
+        assert_eq!(u.password.as_deref(), Some("p@ss"));
+        assert_eq!(u.connection_string(), "redis://app:p%40ss@10.0.0.1:7000/3");
+    }
+
+    #[test]
+    fn bad_urls_name_the_problem() {
+        for (url, says) in [
+            ("zk://h:1", "redis://"),
+            ("rediss://h:1", "TLS"),
+            ("redis://h:99999", "port"),
+            ("redis://h:1/x", "database"),
+            ("redis://a:1,b:2", "Sentinel"),
+            ("redis://h:1?lease=1ms", "too short"),
+            ("redis://h:1?lease=soon", "lease"),
+            ("redis://h:1?layout=fair", "fair"),
+            ("redis://h:1?x", "key=value"),
+            ("redis://u:secret@h:1?nope=1", "nope"),
+        ] {
+            let e = RedisUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("secret"), "{url}: {e}");
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Wake-ups for waiters: one pub/sub connection per client, subscribed to the release channel of
+//! every lock someone in this process waits for.
+//!
+//! A waiter registers its channel ([`Wakeups::register`]), makes sure the server confirmed the
+//! subscription ([`Wakeups::ensure`]), arms its [`Notify`] and only then tries the lock, so a
+//! release published between the attempt and the wait still wakes it. A message wakes every
+//! waiter of that channel in this process (they race for the lock; losers wait again). When the
+//! pub/sub connection fails, every waiter is woken and the next `ensure` reconnects; until then
+//! waiters re-check at short intervals instead of trusting a silent channel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::sync::{Mutex, Notify};
+
+#[derive(Debug)]
+struct Channel {
+    users: usize,
+    notify: Arc<Notify>,
+    /// The connection generation the server confirmed our SUBSCRIBE on (0: none).
+    subscribed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    channels: StdMutex<HashMap<String, Channel>>,
+}
+
+/// The pub/sub side of a client.
+pub(crate) struct Wakeups {
+    client: redis::Client,
+    timeout: Duration,
+    shared: Arc<Shared>,
+    /// The live connection's sink and its generation; `None` before the first use or after a
+    /// failure. Held across SUBSCRIBE so that subscriptions and unsubscriptions are ordered.
+    sink: Mutex<Option<(redis::aio::PubSubSink, u64)>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Wakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wakeups").finish_non_exhaustive()
+    }
+}
+
+/// A waiter's interest in one channel; unsubscribes when the last one is dropped.
+pub(crate) struct Registration {
+    wakeups: Arc<Wakeups>,
+    channel: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Wakeups {
+    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Wakeups {
+        Wakeups {
+            client,
+            timeout,
+            shared: Arc::default(),
+            sink: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
+        let mut map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map.entry(channel.to_string()).or_insert_with(|| Channel {
+            users: 0,
+            notify: Arc::new(Notify::new()),
+            subscribed: 0,
+        });
+        entry.users += 1;
+        Registration { wakeups: self.clone(), channel: channel.to_string(), notify: entry.notify.clone() }
+    }
+
+    /// True once the server has confirmed our subscription to `channel` on the live connection
+    /// (connecting first if needed); false if that failed (waiters then re-check often).
+    pub(crate) async fn ensure(&self, channel: &str) -> bool {
+        let mut sink = self.sink.lock().await;
+        if sink.is_none() {
+            match tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await {
+                Ok(Ok(pubsub)) => {
+                    let (s, stream) = pubsub.split();
+                    let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    tokio::spawn(read_messages(stream, self.shared.clone()));
+                    *sink = Some((s, generation));
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot open the pub/sub connection");
+                    return false;
+                }
+                Err(_) => return false,
+            }
+        }
+        let Some((s, generation)) = sink.as_mut() else { return false };
+        let generation = *generation;
+        let confirmed = {
+            let map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+            map.get(channel).map(|c| c.subscribed == generation)
+        };
+        match confirmed {
+            None => return false, // nobody waits any more
+            Some(true) => return true,
+            Some(false) => {}
+        }
+        match tokio::time::timeout(self.timeout, s.subscribe(channel)).await {
+            Ok(Ok(())) => {
+                let mut map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(c) = map.get_mut(channel) {
+                    c.subscribed = generation;
+                }
+                true
+            }
+            failed => {
+                tracing::debug!(channel, ?failed, "SUBSCRIBE failed; the pub/sub connection is reopened");
+                *sink = None;
+                false
+            }
+        }
+    }
+}
+
+/// Delivers messages until the connection ends; then wakes everyone (they may have missed one).
+async fn read_messages(mut stream: redis::aio::PubSubStream, shared: Arc<Shared>) {
+    use futures::StreamExt;
+    while let Some(msg) = stream.next().await {
+        let channel = msg.get_channel_name().to_string();
+        let map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(&channel) {
+            c.notify.notify_waiters();
+        }
+    }
+    tracing::debug!("pub/sub connection ended; waiters re-check");
+    let mut map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+    for c in map.values_mut() {
+        c.subscribed = 0;
+        c.notify.notify_waiters();
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let last = {
+            let mut map = self.wakeups.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(c) = map.get_mut(&self.channel) else { return };
+            c.users -= 1;
+            c.users == 0
+        };
+        if !last {
+            return;
+        }
+        let (wakeups, channel) = (self.wakeups.clone(), self.channel.clone());
+        let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
+        handle.spawn(async move {
+            let mut sink = wakeups.sink.lock().await;
+            // Under the sink lock: a new waiter may have come meanwhile, and keeps the channel.
+            let subscribed = {
+                let mut map = wakeups.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+                match map.get(&channel) {
+                    Some(c) if c.users == 0 => map.remove(&channel).map(|c| c.subscribed),
+                    _ => None,
+                }
+            };
+            if let (Some(g), Some((s, generation))) = (subscribed, sink.as_mut()) {
+                if g == *generation && g != 0 {
+                    let _ = tokio::time::timeout(wakeups.timeout, s.unsubscribe(&channel)).await;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Start or stop a standalone Redis server for distlock's tests and demos.
+#
+#   scripts/redis.sh start DIR    install Debian's redis-server if missing, start one on a free
+#                                 127.0.0.1 port with its files under DIR, wait until it answers
+#                                 PING, and print its address (host:port) on stdout.
+#   scripts/redis.sh stop DIR     stop the server recorded in DIR/redis.pid (and only that one).
+#   scripts/redis.sh kill DIR     SIGKILL that server (a crash; nothing is persisted).
+#   scripts/redis.sh restart DIR  start it again on the same port (after a kill or stop): an
+#                                 empty server, as Redis without persistence comes back.
+#
+# No persistence (no RDB, no AOF): a restart loses every lock, the worst case the tests cover.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-}
+if [[ -z "$cmd" || -z "$dir" ]]; then
+    echo "usage: $0 start|stop|kill|restart DIR" >&2
+    exit 2
+fi
+log() { echo "redis.sh: $*" >&2; }
+
+# shellcheck source=lib/zookeeper.sh
+source "$(dirname "$0")/lib/zookeeper.sh"
+# shellcheck source=lib/process.sh
+source "$(dirname "$0")/lib/process.sh"
+
+install_redis() {
+    command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
+    log "installing redis-server and redis-tools (Debian)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq redis-server redis-tools >&2
+}
+
+launch() {
+    local port pid
+    port=$(cat "$dir/redis.port")
+    nohup redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
+        --daemonize no --logfile "$dir/redis.log" --protected-mode no \
+        > "$dir/redis.out" 2>&1 < /dev/null &
+    pid=$!
+    echo "$pid" > "$dir/redis.pid"
+    # Wait (bounded: 30 s) for PING.
+    for _ in $(seq 1 300); do
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]]; then
+            log "redis-server pid $pid serving on 127.0.0.1:$port"
+            echo "127.0.0.1:$port"
+            return
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "redis-server exited; its log:"; cat "$dir/redis.log" "$dir/redis.out" >&2 || true
+            exit 1
+        fi
+        sleep 0.1
+    done
+    log "redis-server did not answer within 30 s"; kill "$pid" || true
+    exit 1
+}
+
+start() {
+    install_redis
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    if [[ -f "$dir/redis.pid" ]] && kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then
+        log "already running (pid $(cat "$dir/redis.pid"))"
+        echo "127.0.0.1:$(cat "$dir/redis.port")"
+        return
+    fi
+    free_ports 1 > "$dir/redis.port"
+    launch
+}
+
+stop() { stop_recorded "$dir/redis.pid" redis-server; }
+crash() { crash_recorded "$dir/redis.pid" redis-server; }
+
+case "$cmd" in
+    start) start ;;
+    stop) stop ;;
+    kill) dir=$(cd "$dir" && pwd); crash ;;
+    restart) dir=$(cd "$dir" && pwd); stop; launch ;;
+    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
+esac
