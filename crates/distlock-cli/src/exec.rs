@@ -2,7 +2,7 @@
 //! with `distlock hold`.
 
 use crate::{BackendArg, EXIT_LOST, EXIT_NOT_ACQUIRED};
-use distlock::zookeeper::{Client, LockSpec, MultiGuard, MultiLock, QueueStatus};
+use distlock::{Client, MultiGuard, MultiLock, QueueStatus};
 use std::io::IsTerminal;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -55,8 +55,13 @@ pub struct LockArgs {
     /// Every user of the path must give the same N; a different N is refused.
     #[arg(long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
-    /// The locks: znode paths (/locks/orders) or bare names (orders = /distlock/orders). Several
-    /// locks are taken all or nothing, in a fixed global order.
+    /// Redis: the seeds' `SET key value NX PX` lock, shared with redis-py's `Lock`, instead of
+    /// Redisson's reentrant lock layout (the default, shared with Redisson's `getLock`).
+    #[arg(long = "simple", conflicts_with_all = ["shared", "exclusive", "permits"])]
+    simple: bool,
+    /// The locks: on ZooKeeper znode paths (/locks/orders) or bare names (orders =
+    /// /distlock/orders); on Redis keys, as given. Several locks are taken all or nothing, in a
+    /// fixed global order.
     #[arg(value_name = "LOCK", required = true, num_args = 1..)]
     locks: Vec<String>,
 }
@@ -156,12 +161,11 @@ impl Held {
     /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order.
     pub fn env(&self) -> [(&'static str, String); 3] {
         let parts = self.guard.parts();
-        let join =
-            |f: &dyn Fn(&distlock::zookeeper::AnyGuard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
+        let join = |f: &dyn Fn(&distlock::Guard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
         [
-            ("DISTLOCK_KEY", join(&|p| p.lock_path())),
+            ("DISTLOCK_KEY", join(&|p| p.lock_name())),
             ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
-            ("DISTLOCK_NODE", join(&|p| p.node_path())),
+            ("DISTLOCK_NODE", join(&|p| p.holder_id())),
         ]
     }
 
@@ -175,9 +179,6 @@ impl Held {
 
 /// Acquires the locks, or says why not: `Err(status)` is the exit status to end with.
 pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<Result<Held, u8>> {
-    let paths =
-        args.locks.iter().map(|l| crate::lock_path(l)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-    let shown = paths.join(",");
     let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
     let client = tokio::select! {
         client = args.backend.connect() => client?,
@@ -186,20 +187,37 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             return Ok(Err(interrupted(sig)));
         }
     };
-    let specs = paths
+    let specs = args
+        .locks
         .iter()
-        .map(|p| {
-            Ok(if let Some(n) = args.permits {
-                LockSpec::Permits(client.semaphore(p, n)?, 1)
+        .map(|name| {
+            if let Some(n) = args.permits {
+                client.semaphore_permit(name, n)
             } else if args.shared {
-                LockSpec::Read(client.rwlock(p)?)
+                client.read_lock(name)
             } else if args.exclusive {
-                LockSpec::Write(client.rwlock(p)?)
+                client.write_lock(name)
+            } else if args.simple {
+                match client.redis() {
+                    Some(redis) => Ok(redis.simple_lock(name)?.into()),
+                    None => Err(distlock::Error::Unsupported {
+                        backend: client.backend(),
+                        what: "--simple (it chooses the Redis lock layout)".into(),
+                    }),
+                }
             } else {
-                LockSpec::Exclusive(client.mutex(p)?)
-            })
+                client.mutex(name)
+            }
         })
-        .collect::<distlock::Result<Vec<_>>>()?;
+        .collect::<distlock::Result<Vec<_>>>();
+    let specs = match specs {
+        Ok(specs) => specs,
+        Err(e) => {
+            client.close(Duration::from_secs(2)).await;
+            return Err(e.into());
+        }
+    };
+    let shown = specs.iter().map(|l| l.name()).collect::<Vec<_>>().join(",");
     let multi = MultiLock::new(specs)?;
 
     // A status line on a terminal, once the wait lasts long enough to be worth one.
@@ -208,7 +226,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
     let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
         .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, Instant::now(), shown_status.clone())));
     let acquired = tokio::select! {
-        r = multi.lock_observed(timeout, Some(&progress_tx)) => Ok(r),
+        r = multi.acquire(timeout, Some(&progress_tx)) => Ok(r),
         sig = signals.ending() => Err(sig),
     };
     if let Some(task) = status_line {
@@ -333,7 +351,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
 
     // The lock's lease bounds how long the command may run once the server stops answering:
     // SIGTERM early enough that SIGKILL lands before the lease deadline, whatever --grace says.
-    let session = held.client.session_timeout();
+    let session = held.client.lease();
     let grace = args.grace.min(session / 4);
     let kill_margin = (session / 20).min(Duration::from_millis(500));
     if grace < args.grace {
@@ -447,7 +465,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             _ = tokio::time::sleep_until(term_at.into()) => {
                 let left = held.guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
                 if left <= grace + kill_margin {
-                    break Some(format!("no answer from ZooKeeper; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))));
+                    break Some(format!("no answer from the server; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))));
                 }
             }
         }

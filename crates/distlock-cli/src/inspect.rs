@@ -10,15 +10,39 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The lock: a znode path or a bare name.
+    /// The lock: a znode path or a bare name (ZooKeeper), or a key (Redis).
     #[arg(value_name = "LOCK")]
     lock: String,
 }
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
-    let path = crate::lock_path(&args.lock).map_err(anyhow::Error::msg)?;
     let client = args.backend.connect().await?;
-    let view = client.inspect(&path).await?;
+    if let Some(redis) = client.redis() {
+        let view = redis.inspect(&args.lock).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&view)?);
+        } else if view.holders.is_empty() {
+            println!("{}: free (no holder; last fencing token {})", view.key, token_text(view.last_token));
+        } else {
+            let ttl = view.ttl_ms.map(|t| format!("{t} ms")).unwrap_or_else(|| "no TTL".into());
+            println!(
+                "{} ({} layout): expires in {ttl}; fencing token {}",
+                view.key,
+                view.layout,
+                token_text(view.last_token)
+            );
+            println!("{:<6} {:>5}  HOLDER", "ROLE", "COUNT");
+            for h in &view.holders {
+                println!("{:<6} {:>5}  {}", "holder", h.count, h.id);
+            }
+        }
+        return Ok(0);
+    }
+    let Some(zk) = client.zookeeper() else {
+        anyhow::bail!("inspect does not support {} yet", client.backend());
+    };
+    let path = client.lock_name(&args.lock)?;
+    let view = zk.inspect(&path).await?;
     if args.json {
         println!("{}", serde_json::to_string(&view)?);
     } else if view.contenders.is_empty() {
@@ -53,4 +77,8 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     }
     client.close(Duration::from_secs(2)).await;
     Ok(0)
+}
+
+fn token_text(token: Option<u64>) -> String {
+    token.map(|t| t.to_string()).unwrap_or_else(|| "none yet".into())
 }

@@ -41,17 +41,19 @@ macro_rules! exec_help {
   other  exec: the command's own exit status
 
 ENVIRONMENT:
-  DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181)
+  DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181);
+                    zk://host:port[,host:port][/chroot] or redis://host:port[/db]
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
-  The command gets DISTLOCK_KEY (lock paths), DISTLOCK_TOKEN (fencing tokens) and DISTLOCK_NODE
-  (our lock nodes), each comma-separated in lock order; hold prints the same as KEY=value lines."
+  The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
+  DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
+  lock order; hold prints the same as KEY=value lines."
     };
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "distlock", version, about = "Run commands under distributed locks (ZooKeeper)")]
+#[command(name = "distlock", version, about = "Run commands under distributed locks (ZooKeeper, Redis)")]
 #[command(
-    after_help = "LOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders).\n\nSee `distlock exec --help` for exit statuses and environment variables."
+    after_help = "LOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders) on ZooKeeper;\non Redis it is the key, as given (Redisson's lock layout; ?layout=simple for redis-py's).\n\nSee `distlock exec --help` for exit statuses and environment variables."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -100,33 +102,16 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     distlock::parse_duration(s).map_err(|e| e.to_string())
 }
 
-/// Turns a LOCK argument into a znode path.
-pub fn lock_path(lock: &str) -> Result<String, String> {
-    if lock.is_empty() {
-        return Err("the lock name is empty".into());
-    }
-    if lock.starts_with('/') {
-        Ok(lock.to_string())
-    } else if lock.contains('/') {
-        let segments: Vec<&str> = lock.split('/').filter(|s| !s.is_empty() && *s != "." && *s != "..").collect();
-        let suggestion = match segments.as_slice() {
-            [one] => format!("{one} (which means /distlock/{one}) or /{one}"),
-            _ => format!("/{}", segments.join("/")),
-        };
-        Err(format!("invalid lock {lock:?}: give a bare name without '/' or an absolute znode path, e.g. {suggestion}"))
-    } else {
-        Ok(format!("/distlock/{lock}"))
-    }
-}
-
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
-    /// Backend URL, e.g. zk://host:2181,host2:2181/chroot?session_timeout=10s
+    /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s, or
+    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held
-    /// by a process that dies is passed on after about this long.
+    /// by a process that dies is passed on after about this long. On redis:// the same role is
+    /// played by the lease (`?lease=30s`).
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub session_timeout: Option<Duration>,
     /// Give up connecting after this long (overrides the URL's connect_timeout; default 10s).
@@ -136,7 +121,7 @@ pub struct BackendArg {
 }
 
 impl BackendArg {
-    /// The URL with the flags applied.
+    /// The ZooKeeper URL with the flags applied.
     pub fn url(&self) -> anyhow::Result<distlock::zookeeper::ZkUrl> {
         let mut url = distlock::zookeeper::ZkUrl::parse(backend_or_default(&self.backend))?;
         if let Some(t) = self.session_timeout {
@@ -157,9 +142,35 @@ impl BackendArg {
         Ok(url)
     }
 
-    /// Connects with [`BackendArg::url`]; a server that is not there at all (every address
-    /// refuses) is reported at once rather than after the connect timeout.
-    pub async fn connect(&self) -> anyhow::Result<distlock::zookeeper::Client> {
+    /// Connects to the backend the URL names, with the flags applied. A ZooKeeper that is not
+    /// there at all (every address refuses) is reported at once rather than after the connect
+    /// timeout.
+    pub async fn connect(&self) -> anyhow::Result<distlock::Client> {
+        let backend = backend_or_default(&self.backend);
+        if backend.starts_with("redis://") || backend.starts_with("rediss://") {
+            let mut url = distlock::redis::RedisUrl::parse(backend)?;
+            if self.session_timeout.is_some() {
+                anyhow::bail!(
+                    "--session-timeout is for zk:// backends; on redis:// set the lease in the URL (?lease=30s)"
+                );
+            }
+            if let Some(t) = self.connect_timeout {
+                if t.is_zero() {
+                    anyhow::bail!("invalid --connect-timeout: must be greater than zero");
+                }
+                url.connect_timeout = t;
+            }
+            return Ok(distlock::redis::Client::connect_url(url).await?.into());
+        }
+        if !backend.starts_with("zk://") {
+            // Unknown or compiled-out schemes: the library's error names them.
+            return Ok(distlock::connect(backend).await?);
+        }
+        Ok(self.connect_zookeeper().await?.into())
+    }
+
+    /// Connects to ZooKeeper (for the commands that only it serves).
+    pub async fn connect_zookeeper(&self) -> anyhow::Result<distlock::zookeeper::Client> {
         let url = self.url()?;
         tokio::select! {
             client = distlock::zookeeper::Client::connect_url(url.clone()) => Ok(client?),

@@ -43,6 +43,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(any(feature = "zookeeper", feature = "redis"))]
+pub(crate) mod any;
 #[cfg(feature = "zookeeper")]
 pub mod blocking;
 mod duration;
@@ -55,10 +57,12 @@ mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+#[cfg(any(feature = "zookeeper", feature = "redis"))]
+pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
 pub use owner::Owner;
-pub use state::LockState;
+pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
 /// The README's examples, compiled as doc tests so they cannot rot.

@@ -36,3 +36,20 @@ impl LockState {
         matches!(self, LockState::Lost(_))
     }
 }
+
+/// Where a waiting contender stands, published while it waits (backends with a queue:
+/// ZooKeeper; others leave it at the default).
+///
+/// # Examples
+///
+/// ```
+/// let s = distlock::QueueStatus { ahead: 2, queue_len: 3 };
+/// assert_eq!(s.ahead, 2);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStatus {
+    /// Contenders ahead of us (0 once we hold).
+    pub ahead: usize,
+    /// Contenders in the queue, ourselves included.
+    pub queue_len: usize,
+}

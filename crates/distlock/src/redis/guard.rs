@@ -141,19 +141,28 @@ impl Hold {
         // In a task of its own: a caller that stops waiting does not stop the release.
         let outcome = tokio::spawn(async move { release_on_server(&client, &key, &holder, deadline).await })
             .await
-            .unwrap_or_else(|e| Err(Error::Backend { op: "release", path: self.key.clone(), source: Box::new(e) }))?;
+            .unwrap_or_else(|e| Err(Error::Backend { op: "release", path: self.key.clone(), source: Box::new(e) }));
         let lost = |reason| Err(Error::LockLost { lock: self.key.clone(), reason });
         match (before, outcome) {
+            // Lost before: that is the news, whatever the release found.
             (LockState::Lost(reason), _) => lost(reason),
-            (_, true) => Ok(()),
-            (_, false) => lost(LostReason::KeyDeleted),
+            (_, Err(e)) => Err(e),
+            (_, Ok(true)) => Ok(()),
+            (_, Ok(false)) => lost(LostReason::KeyDeleted),
         }
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.shared.publish(LockState::Lost(LostReason::SessionClosed), &self.key);
+        // No longer ours to trust (quietly: this is the end of a hold, not a loss).
+        self.shared.tx.send_if_modified(|s| {
+            if s.is_lost() {
+                return false;
+            }
+            *s = LockState::Lost(LostReason::SessionClosed);
+            true
+        });
         if self.released {
             return;
         }

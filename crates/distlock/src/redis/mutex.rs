@@ -81,9 +81,10 @@ impl Mutex {
         self.acquire(Some(Instant::now())).await
     }
 
-    /// Waits at most `timeout`; `None` if the lock was not had in time.
+    /// Waits at most `timeout` (one too large to count is forever); `None` if the lock was not
+    /// had in time.
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Some(Instant::now() + timeout)).await
+        self.acquire(Instant::now().checked_add(timeout)).await
     }
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {

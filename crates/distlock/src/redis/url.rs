@@ -5,6 +5,8 @@ use std::time::Duration;
 
 /// Default lease: Redisson's `lockWatchdogTimeout`.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The longest lease a URL may ask for.
+const MAX_LEASE: Duration = Duration::from_secs(30 * 86_400);
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -160,6 +162,9 @@ impl RedisUrl {
                     if parsed.lease < Duration::from_millis(100) {
                         return Err(bad(format!("lease {value} is too short (at least 100ms)")));
                     }
+                    if parsed.lease > MAX_LEASE {
+                        return Err(bad(format!("lease {value} is too long (at most 30 days)")));
+                    }
                 }
                 "connect_timeout" => {
                     parsed.connect_timeout = duration()?;
@@ -260,6 +265,7 @@ mod tests {
             ("redis://h:1/x", "database"),
             ("redis://a:1,b:2", "Sentinel"),
             ("redis://h:1?lease=1ms", "too short"),
+            ("redis://h:1?lease=100000h", "too long"),
             ("redis://h:1?lease=soon", "lease"),
             ("redis://h:1?layout=fair", "fair"),
             ("redis://h:1?x", "key=value"),

@@ -6,7 +6,6 @@ use crate::LockState;
 use crate::{Error, LostReason, Result};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// One member of a [`MultiLock`].
 ///
@@ -44,7 +43,7 @@ impl LockSpec {
         }
     }
 
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
@@ -186,21 +185,7 @@ pub struct MultiLock {
 impl MultiLock {
     /// Orders the members; a path named twice is refused (it would wait for itself).
     pub fn new(mut specs: Vec<LockSpec>) -> Result<MultiLock> {
-        if specs.is_empty() {
-            return Err(Error::InvalidArgument {
-                what: "lock list",
-                reason: "a multi-lock needs at least one lock".into(),
-            });
-        }
-        specs.sort_by(|a, b| a.path().cmp(b.path()));
-        for pair in specs.windows(2) {
-            if pair[0].path() == pair[1].path() {
-                return Err(Error::InvalidLockPath {
-                    path: pair[0].path().to_string(),
-                    reason: "named twice in one multi-lock (it would wait for itself)".into(),
-                });
-            }
-        }
+        crate::any::order_members(&mut specs, LockSpec::path)?;
         Ok(MultiLock { specs })
     }
 
@@ -236,42 +221,18 @@ impl MultiLock {
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<MultiGuard>> {
-        let deadline = timeout.and_then(super::queue::deadline_after);
-        let mut taken: Vec<AnyGuard> = Vec::with_capacity(self.specs.len());
-        for spec in &self.specs {
-            let remaining = match (timeout, deadline) {
-                (Some(t), _) if t.is_zero() => Some(Duration::ZERO),
-                (_, Some(d)) => Some(d.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))),
-                _ => None,
-            };
-            let result = spec.acquire(remaining, progress).await;
-            match result {
-                Ok(Some(g)) => taken.push(g),
-                Ok(None) | Err(_) => {
-                    tracing::debug!(
-                        lock = spec.path(),
-                        taken = taken.len(),
-                        "multi-lock member not acquired; rolling back"
-                    );
-                    // Bounded by the deadline (plus a grace): the deletes go on in the background.
-                    let rollback = MultiGuard { parts: taken }.release();
-                    let rollback = match deadline {
-                        Some(d) => {
-                            tokio::time::timeout_at(d.max(Instant::now()) + Duration::from_millis(200), rollback)
-                                .await
-                                .unwrap_or(Ok(()))
-                        }
-                        None => rollback.await,
-                    };
-                    return match (result, rollback) {
-                        (Err(e), _) => Err(e),
-                        (Ok(_), Err(e)) => Err(e),
-                        (Ok(_), Ok(())) => Ok(None),
-                    };
-                }
-            }
-        }
-        Ok(Some(MultiGuard { parts: taken }))
+        let locks: Vec<crate::Lock> = self.specs.iter().cloned().map(crate::Lock::from).collect();
+        let Some(parts) = crate::any::acquire_all(&locks, timeout, progress).await? else { return Ok(None) };
+        let parts = parts
+            .into_iter()
+            .map(|g| {
+                g.into_zookeeper().ok_or_else(|| Error::Unsupported {
+                    backend: "zookeeper",
+                    what: "guards of other backends in a ZooKeeper multi-lock".into(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(MultiGuard { parts }))
     }
 }
 
@@ -318,14 +279,6 @@ impl MultiGuard {
 
     /// Releases every member in reverse order; reports the first error after trying all.
     pub async fn release(self) -> Result<()> {
-        let mut first = Ok(());
-        for part in self.parts.into_iter().rev() {
-            if let Err(e) = part.release().await {
-                if first.is_ok() {
-                    first = Err(e);
-                }
-            }
-        }
-        first
+        crate::any::release_all(self.parts, AnyGuard::release).await
     }
 }

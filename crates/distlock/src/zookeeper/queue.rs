@@ -28,21 +28,7 @@ const MAX_ATTEMPTS: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Where a waiting contender stands, published while it waits.
-///
-/// # Examples
-///
-/// ```
-/// let s = distlock::zookeeper::QueueStatus { ahead: 2, queue_len: 3 };
-/// assert_eq!(s.ahead, 2);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QueueStatus {
-    /// Contenders ahead of us (0 once we hold).
-    pub ahead: usize,
-    /// Contenders in the queue, ourselves included.
-    pub queue_len: usize,
-}
+pub use crate::QueueStatus;
 
 /// How long an acquire may wait.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,220 @@
+//! `distlock exec`, `hold` and `inspect` on Redis, against the redis-server from scripts/test.sh
+//! (`DISTLOCK_TEST_REDIS=host:port`).
+
+use distlock_faults::{FencedResource, Mode};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn addr() -> String {
+    std::env::var("DISTLOCK_TEST_REDIS").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_REDIS unset)")
+}
+
+fn backend(query: &str) -> String {
+    format!("redis://{}{query}", addr())
+}
+
+fn key() -> String {
+    format!("distlock-cli-test:{}", uuid::Uuid::new_v4().simple())
+}
+
+fn distlock(backend: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_BACKEND", backend).args(args);
+    c
+}
+
+/// Reads lines of a child's stdout on a thread; `next` waits (bounded) for the next one.
+struct Lines(std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    fn of(child: &mut std::process::Child) -> Lines {
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    fn next(&self, bound: Duration, what: &str) -> String {
+        self.0.recv_timeout(bound).unwrap_or_else(|_| panic!("no {what} within {bound:?}"))
+    }
+}
+
+fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
+        std::thread::sleep(Duration::from_millis(20)); // a process exit has no event to wait on
+    }
+}
+
+fn redis_cli(args: &[&str]) -> String {
+    let (host, port) = addr().rsplit_once(':').map(|(h, p)| (h.to_string(), p.to_string())).unwrap();
+    let out = Command::new("redis-cli").args(["-h", &host, "-p", &port]).args(args).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn exec_on_redis_passes_env_excludes_and_leaves_nothing() {
+    let k = key();
+    let b = backend("");
+    let out = distlock(&b, &["exec", &k, "--", "sh", "-c", "echo $DISTLOCK_KEY $DISTLOCK_TOKEN $DISTLOCK_NODE"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8(out.stdout).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[0], k, "the key is the name as given");
+    let token: u64 = fields[1].parse().unwrap();
+    assert!(fields[2].contains(':'), "Redisson field <uuid>:<id>: {}", fields[2]);
+    assert_eq!(redis_cli(&["EXISTS", &k]), "0", "released");
+    assert_eq!(redis_cli(&["GET", &format!("redisson_lock_token:{{{k}}}")]), token.to_string());
+
+    // A holder; -n gives up with 1, -E changes it; the simple layout is another key type.
+    let mut holder =
+        distlock(&b, &["exec", &k, "--", "sh", "-c", "echo held; sleep 30"]).stdout(Stdio::piped()).spawn().unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    assert_eq!(distlock(&b, &["exec", "-n", &k, "--", "true"]).status().unwrap().code(), Some(1));
+    assert_eq!(distlock(&b, &["exec", "-n", "-E", "9", &k, "--", "true"]).status().unwrap().code(), Some(9));
+    let view = distlock(&b, &["inspect", "--json", &k]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["layout"], "redisson");
+    assert_eq!(view["holders"].as_array().unwrap().len(), 1);
+    unsafe {
+        libc::kill(holder.id() as i32, libc::SIGTERM);
+    }
+    wait_exit(&mut holder, Duration::from_secs(10));
+    assert_eq!(redis_cli(&["EXISTS", &k]), "0", "released on TERM");
+
+    // --simple: redis-py's layout, a string with a random value.
+    let out = distlock(&b, &["exec", "--simple", &k, "--", "sh", "-c", "echo $DISTLOCK_NODE"]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim().len(), 32);
+    // Recipes Redis does not have yet are named, before anything is taken.
+    let out = distlock(&b, &["exec", "-s", &k, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redis does not support read/write locks"));
+    let out = distlock(&b, &["exec", "--session-timeout", "3s", &k, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("?lease="));
+    let out = distlock(&backend("?lease=1h&bogus=1"), &["exec", &k, "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus"));
+}
+
+#[test]
+fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
+    let k = key();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt.block_on(distlock_faults::FaultProxy::start(addr().parse().unwrap())).unwrap();
+    let holder_backend = format!("redis://{}?lease=3s", proxy.addr());
+    let script = "trap '' TERM; echo held; while :; do date +%s%N; sleep 0.02; done";
+    let mut holder = distlock(&holder_backend, &["exec", "--grace", "10s", &k, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    let waiter = distlock(&backend("?lease=3s"), &["exec", "-w", "60s", &k, "--", "sh", "-c", "date +%s%N"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    proxy.set(distlock_faults::Fault::Blackhole);
+    let status = wait_exit(&mut holder, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3), "exec reports the lock lost");
+    let mut last = 0u128;
+    while let Ok(line) = lines.0.recv_timeout(Duration::from_secs(5)) {
+        if let Ok(t) = line.parse() {
+            last = t;
+        }
+    }
+    assert!(last > 0, "the command ran");
+    let waited = waiter.wait_with_output().unwrap();
+    assert!(waited.status.success());
+    let waiter_started: u128 = String::from_utf8(waited.stdout).unwrap().trim().parse().unwrap();
+    assert!(
+        last < waiter_started,
+        "the command still ran {} ms after the next holder started",
+        (last - waiter_started) / 1_000_000
+    );
+    println!(
+        "the command's last sign of life was {} ms before the next holder started",
+        (waiter_started - last) / 1_000_000
+    );
+    drop(proxy);
+}
+
+/// A holder whose `distlock exec` is paused (SIGSTOP) past its lease: nothing renews, the server
+/// expires the key and the next holder starts while the paused holder's command still writes.
+/// Fencing tokens are what keeps the resource safe: the fenced checker rejects every write of the
+/// old holder once the new one has written, while the same history unfenced shows the overlap.
+#[test]
+fn a_paused_holder_is_kept_out_by_its_fencing_token() {
+    let k = key();
+    let b = backend("?lease=1s");
+    let dir = std::env::temp_dir().join(format!("distlock-pause-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let writes = |name: &str| dir.join(name).to_string_lossy().to_string();
+    // Each command writes "token time" every 10 ms until killed (the old one) or 40 times.
+    let script = |file: &str, n: &str| {
+        format!("echo held; i=0; while [ $i -lt {n} ]; do echo \"$DISTLOCK_TOKEN $(date +%s%N)\" >> {file}; i=$((i+1)); sleep 0.01; done")
+    };
+    let mut old = distlock(&b, &["exec", &k, "--", "sh", "-c", &script(&writes("old"), "100000")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let old_lines = Lines::of(&mut old);
+    assert_eq!(old_lines.next(Duration::from_secs(20), "held"), "held");
+    let mut new = distlock(&b, &["exec", "-w", "30s", &k, "--", "sh", "-c", &script(&writes("new"), "40")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Pause distlock itself (not its command, which runs in a group of its own and keeps writing).
+    distlock_faults::process::pause(old.id()).unwrap();
+    let new_lines = Lines::of(&mut new);
+    assert_eq!(new_lines.next(Duration::from_secs(20), "held"), "held", "the next holder starts after the lease");
+    let status = wait_exit(&mut new, Duration::from_secs(30));
+    assert!(status.success());
+    distlock_faults::process::resume(old.id()).unwrap();
+    assert_eq!(wait_exit(&mut old, Duration::from_secs(30)).code(), Some(3), "the old holder learns it lost the lock");
+
+    let mut all: Vec<(u128, usize, u64)> = Vec::new();
+    for (who, name) in [(0, "old"), (1, "new")] {
+        for line in std::fs::read_to_string(writes(name)).unwrap().lines() {
+            let (token, at) = line.split_once(' ').unwrap();
+            all.push((at.parse().unwrap(), who, token.parse().unwrap()));
+        }
+    }
+    all.sort();
+    let (mut fenced_report, mut unfenced_report) = (None, None);
+    for fenced in [true, false] {
+        let resource = FencedResource::new(fenced, 1);
+        for (seq, (_, who, token)) in all.iter().enumerate() {
+            resource.write(*who, *token, seq as u64);
+        }
+        let _ = Mode::Exclusive;
+        if fenced {
+            fenced_report = Some(resource.report());
+        } else {
+            unfenced_report = Some(resource.report());
+        }
+    }
+    let (fenced, unfenced) = (fenced_report.unwrap(), unfenced_report.unwrap());
+    println!("fenced: {fenced}\nunfenced: {unfenced}");
+    assert_eq!(fenced.stale_accepted, 0, "fenced: no stale write accepted");
+    assert!(fenced.stale_rejected > 0, "the paused holder's command did write after the new holder: {fenced}");
+    assert!(unfenced.stale_accepted > 0, "unfenced, the same history has stale writes: {unfenced}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
