@@ -88,22 +88,22 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
+pub(crate) fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
     samples.sort_unstable();
     (percentile(&samples, 0.5), percentile(&samples, 0.99), percentile(&samples, 0.999))
 }
 
-struct Progress {
+pub(crate) struct Progress {
     on: bool,
 }
 
 impl Progress {
-    fn show(&self, what: &str, done: u64, elapsed: Duration) {
+    pub(crate) fn show(&self, what: &str, done: u64, elapsed: Duration) {
         if self.on {
             eprint!("\r\x1b[Kbench: {what}: {done} ops in {:.1}s", elapsed.as_secs_f64());
         }
     }
-    fn clear(&self) {
+    pub(crate) fn clear(&self) {
         if self.on {
             eprint!("\r\x1b[K");
         }
@@ -121,6 +121,31 @@ const PLOTTED: [&str; 2] = ["uncontended", "contended"];
 const BENCH_ROOT: &str = "/distlock-bench";
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    let backend = crate::backend_or_default(&args.backend);
+    if backend.starts_with("redis://") {
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+            );
+        }
+        let mut workloads = args.workloads.clone();
+        if workloads.is_empty() {
+            workloads = crate::bench_redis::WORKLOADS.map(String::from).to_vec();
+        }
+        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+        let settings = crate::bench_redis::Settings {
+            duration: args.duration,
+            clients: args.clients,
+            locks: args.locks,
+            tasks: args.tasks,
+            json: args.json,
+        };
+        let reports = crate::bench_redis::run(backend, &workloads, &settings, &progress).await?;
+        if !args.json {
+            print_table(&reports);
+        }
+        return Ok(0);
+    }
     let mut workloads = args.workloads.clone();
     if workloads.is_empty() {
         workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
@@ -147,7 +172,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
     }
     let _embedded;
-    let backend = crate::backend_or_default(&args.backend);
     let url = if backend == "embedded" {
         let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
         let s = distlock_server::EmbeddedServer::start_with(cfg).await?;

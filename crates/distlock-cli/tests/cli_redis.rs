@@ -103,9 +103,11 @@ fn exec_on_redis_passes_env_excludes_and_leaves_nothing() {
     assert!(out.status.success());
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim().len(), 32);
     // Recipes Redis does not have yet are named, before anything is taken.
-    let out = distlock(&b, &["exec", "-s", &k, "--", "true"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("redis does not support read/write locks"));
+    let out = distlock(&b, &["exec", "--permits", "3", &format!("{k}:pool"), "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Read/write: Redisson's layout.
+    let out = distlock(&b, &["exec", "-s", &k, "--", "sh", "-c", "echo $DISTLOCK_NODE"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = distlock(&b, &["exec", "--session-timeout", "3s", &k, "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("?lease="));

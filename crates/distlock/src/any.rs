@@ -198,8 +198,9 @@ impl Client {
                     crate::redis::Layout::Redisson => LockKind::Redis(c.mutex(&name)?),
                     crate::redis::Layout::Simple => LockKind::RedisSimple(c.simple_lock(&name)?),
                 },
-                Kind::Read | Kind::Write => return Err(unsupported("redis", "read/write locks yet (use a mutex)")),
-                Kind::Permits(_) => return Err(unsupported("redis", "semaphores yet (use a mutex)")),
+                Kind::Read => LockKind::RedisRead(c.rwlock(&name)?),
+                Kind::Write => LockKind::RedisWrite(c.rwlock(&name)?),
+                Kind::Permits(n) => LockKind::RedisPermit(c.semaphore(&name, n)?),
             },
         };
         Ok(Lock { kind })
@@ -215,10 +216,6 @@ impl Client {
             ClientKind::Redis(c) => c.close(bound).await,
         }
     }
-}
-
-fn unsupported(backend: &'static str, what: &str) -> Error {
-    Error::Unsupported { backend, what: what.to_string() }
 }
 
 /// A bare name is `/distlock/NAME`; an absolute path is used as is; anything else is refused
@@ -269,6 +266,12 @@ enum LockKind {
     Redis(crate::redis::Mutex),
     #[cfg(feature = "redis")]
     RedisSimple(crate::redis::SimpleLock),
+    #[cfg(feature = "redis")]
+    RedisRead(crate::redis::RwLock),
+    #[cfg(feature = "redis")]
+    RedisWrite(crate::redis::RwLock),
+    #[cfg(feature = "redis")]
+    RedisPermit(crate::redis::Semaphore),
 }
 
 #[cfg(feature = "redis")]
@@ -302,6 +305,10 @@ impl Lock {
             LockKind::Redis(m) => m.key(),
             #[cfg(feature = "redis")]
             LockKind::RedisSimple(m) => m.key(),
+            #[cfg(feature = "redis")]
+            LockKind::RedisRead(l) | LockKind::RedisWrite(l) => l.key(),
+            #[cfg(feature = "redis")]
+            LockKind::RedisPermit(s) => s.key(),
         }
     }
 
@@ -345,6 +352,27 @@ impl Lock {
                 Some(t) => m.lock_timeout(t).await?,
             }
             .map(GuardKind::RedisSimple),
+            #[cfg(feature = "redis")]
+            LockKind::RedisRead(l) => match timeout {
+                None => Some(l.read().await?),
+                Some(t) if t.is_zero() => l.try_read().await?,
+                Some(t) => l.read_timeout(t).await?,
+            }
+            .map(GuardKind::RedisRead),
+            #[cfg(feature = "redis")]
+            LockKind::RedisWrite(l) => match timeout {
+                None => Some(l.write().await?),
+                Some(t) if t.is_zero() => l.try_write().await?,
+                Some(t) => l.write_timeout(t).await?,
+            }
+            .map(GuardKind::RedisWrite),
+            #[cfg(feature = "redis")]
+            LockKind::RedisPermit(s) => match timeout {
+                None => Some(s.acquire().await?),
+                Some(t) if t.is_zero() => s.try_acquire().await?,
+                Some(t) => s.acquire_timeout(t).await?,
+            }
+            .map(GuardKind::RedisPermit),
         };
         Ok(kind.map(|kind| Guard { kind }))
     }
@@ -376,6 +404,12 @@ enum GuardKind {
     Redis(crate::redis::MutexGuard),
     #[cfg(feature = "redis")]
     RedisSimple(crate::redis::SimpleGuard),
+    #[cfg(feature = "redis")]
+    RedisRead(crate::redis::ReadGuard),
+    #[cfg(feature = "redis")]
+    RedisWrite(crate::redis::WriteGuard),
+    #[cfg(feature = "redis")]
+    RedisPermit(crate::redis::SemaphorePermit),
 }
 
 macro_rules! each {
@@ -387,6 +421,12 @@ macro_rules! each {
             GuardKind::Redis($g) => $e,
             #[cfg(feature = "redis")]
             GuardKind::RedisSimple($g) => $e,
+            #[cfg(feature = "redis")]
+            GuardKind::RedisRead($g) => $e,
+            #[cfg(feature = "redis")]
+            GuardKind::RedisWrite($g) => $e,
+            #[cfg(feature = "redis")]
+            GuardKind::RedisPermit($g) => $e,
         }
     };
 }
@@ -411,6 +451,12 @@ impl Guard {
             GuardKind::Redis(g) => g.key().to_string(),
             #[cfg(feature = "redis")]
             GuardKind::RedisSimple(g) => g.key().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisRead(g) => g.key().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisWrite(g) => g.key().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisPermit(g) => g.key().to_string(),
         }
     }
 
@@ -424,6 +470,12 @@ impl Guard {
             GuardKind::Redis(g) => g.holder_id().to_string(),
             #[cfg(feature = "redis")]
             GuardKind::RedisSimple(g) => g.holder_id().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisRead(g) => g.holder_id().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisWrite(g) => g.holder_id().to_string(),
+            #[cfg(feature = "redis")]
+            GuardKind::RedisPermit(g) => g.holder_id().to_string(),
         }
     }
 

@@ -66,6 +66,6 @@ pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
 /// The README's examples, compiled as doc tests so they cannot rot.
-#[cfg(all(doctest, feature = "zookeeper"))]
+#[cfg(all(doctest, feature = "zookeeper", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

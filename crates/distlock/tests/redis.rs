@@ -368,3 +368,266 @@ async fn bad_names_and_urls_are_clear_errors() {
     let e = Client::connect(&url("?lease=forever")).await.unwrap_err();
     assert!(e.to_string().contains("lease"), "{e}");
 }
+
+#[tokio::test]
+async fn rwlock_in_redisson_layout_shares_reads_and_excludes_writes() {
+    let redis = connect("?lease=20s").await;
+    let key = unique("rw");
+    let mut conn = raw().await;
+    let (a, b) = (redis.rwlock(&key).unwrap(), redis.rwlock(&key).unwrap());
+    let ra = a.read().await.unwrap();
+    let rb = b.try_read().await.unwrap().expect("readers share");
+    let mode: String = cmd(&mut conn, &["HGET", &key, "mode"]).await;
+    assert_eq!(mode, "read");
+    let fields: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &key]).await;
+    assert_eq!(fields.len(), 3, "mode and one field per reading handle: {fields:?}");
+    let (field_a, _) = fields
+        .iter()
+        .find(|(f, v)| f != "mode" && v == "1" && f.ends_with(":1"))
+        .cloned()
+        .unwrap_or_else(|| fields.iter().find(|(f, _)| f != "mode").cloned().unwrap());
+    let timeout_key = format!("{{{key}}}:{field_a}:rwlock_timeout:1");
+    let pttl: i64 = cmd(&mut conn, &["PTTL", &timeout_key]).await;
+    assert!(pttl > 19_000, "per-hold timeout key {timeout_key} with the lease (PTTL {pttl})");
+    assert!(ra.fencing_token() != rb.fencing_token());
+    let read_token = ra.fencing_token().max(rb.fencing_token());
+    assert!(a.try_write().await.is_err(), "upgrade refused with WouldDeadlock");
+    let c = redis.rwlock(&key).unwrap();
+    assert!(c.try_write().await.unwrap().is_none(), "readers exclude a writer");
+    ra.release().await.unwrap();
+    rb.release().await.unwrap();
+    let exists: i64 = cmd(&mut conn, &["EXISTS", &key]).await;
+    assert_eq!(exists, 0);
+
+    let w = c.write().await.unwrap();
+    assert!(w.fencing_token() > read_token);
+    let fields: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &key]).await;
+    assert!(fields.contains(&("mode".into(), "write".into())));
+    assert!(fields.iter().any(|(f, v)| f.ends_with(":write") && v == "1"), "{fields:?}");
+    assert!(a.try_read().await.unwrap().is_none(), "a writer excludes other readers");
+    // Downgrade: the writer reads, releases the write, keeps reading.
+    let r = c.read().await.unwrap();
+    w.release().await.unwrap();
+    let mode: String = cmd(&mut conn, &["HGET", &key, "mode"]).await;
+    assert_eq!(mode, "read");
+    let shared = a.try_read().await.unwrap().expect("after the downgrade others read too");
+    shared.release().await.unwrap();
+    r.release().await.unwrap();
+    let exists: i64 = cmd(&mut conn, &["EXISTS", &key]).await;
+    assert_eq!(exists, 0, "nothing left");
+}
+
+#[tokio::test]
+async fn a_reader_wakes_when_a_redisson_writer_publishes() {
+    let redis = connect("").await;
+    let key = unique("rw-peer");
+    let mut conn = raw().await;
+    let writer = format!("{}:7:write", uuid::Uuid::new_v4());
+    let _: i64 = cmd(&mut conn, &["HSET", &key, "mode", "write", &writer, "1"]).await;
+    let _: i64 = cmd(&mut conn, &["PEXPIRE", &key, "30000"]).await;
+    let lock = redis.rwlock(&key).unwrap();
+    assert!(lock.try_read().await.unwrap().is_none());
+    let waiter = tokio::spawn(async move { lock.read_timeout(Duration::from_secs(10)).await.unwrap() });
+    let channel = format!("redisson_rwlock:{{{key}}}");
+    eventually(Duration::from_secs(5), "the reader to subscribe", || subscribers(&channel).map_positive()).await;
+    let _: i64 = cmd(&mut conn, &["DEL", &key]).await;
+    let _: i64 = cmd(&mut conn, &["PUBLISH", &channel, "1"]).await;
+    let g = waiter.await.unwrap().expect("woken by Redisson's write-unlock message");
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn readers_and_writers_never_overlap_wrongly() {
+    const CYCLES: u64 = 20;
+    let key = unique("rw-exclusion");
+    let resource = FencedResource::new(false, 1);
+    let mut tasks = Vec::new();
+    for who in 0..4usize {
+        let (key, resource) = (key.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let redis = connect("?lease=5s").await;
+            let lock = redis.rwlock(&key).unwrap();
+            for _ in 0..CYCLES {
+                if who < 2 {
+                    let g = tokio::time::timeout(Duration::from_secs(30), lock.write()).await.unwrap().unwrap();
+                    let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                    tokio::task::yield_now().await;
+                    resource.end(id);
+                    g.release().await.unwrap();
+                } else {
+                    let g = tokio::time::timeout(Duration::from_secs(30), lock.read()).await.unwrap().unwrap();
+                    let id = resource.begin(who, Mode::Shared, g.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    resource.end(id);
+                    g.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.overlaps.is_empty(), "{report}");
+    let mut conn = raw().await;
+    let keys: Vec<String> = cmd(&mut conn, &["KEYS", &format!("*{key}*")]).await;
+    assert_eq!(keys, vec![format!("redisson_lock_token:{{{key}}}")], "only the fencing counter is left");
+}
+
+#[tokio::test]
+async fn a_semaphore_admits_n_and_refuses_another_count() {
+    let redis = connect("?lease=20s").await;
+    let key = unique("sem");
+    let pool = redis.semaphore(&key, 3).unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(pool.try_acquire().await.unwrap().expect("3 permits"));
+    }
+    assert!(pool.try_acquire().await.unwrap().is_none(), "the 4th waits");
+    let tokens: std::collections::BTreeSet<u64> = held.iter().map(|p| p.fencing_token()).collect();
+    assert_eq!(tokens.len(), 3, "each permit has its own token");
+    let e = redis.semaphore(&key, 5).unwrap().try_acquire().await.unwrap_err().to_string();
+    assert!(e.contains("3 permits") && e.contains("not 5"), "{e}");
+    assert!(matches!(redis.semaphore(&key, 0), Err(Error::InvalidArgument { .. })));
+    let mut conn = raw().await;
+    let members: Vec<String> = cmd(&mut conn, &["ZRANGE", &key, "0", "-1"]).await;
+    assert_eq!(members.len(), 3);
+    // A waiter wakes when one is released.
+    let waiter = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.acquire_timeout(Duration::from_secs(10)).await.unwrap() })
+    };
+    let channel = format!("distlock_semaphore__channel:{{{key}}}");
+    eventually(Duration::from_secs(5), "the waiter to subscribe", || subscribers(&channel).map_positive()).await;
+    held.pop().unwrap().release().await.unwrap();
+    held.push(waiter.await.unwrap().expect("woken by the release"));
+    for p in held {
+        p.release().await.unwrap();
+    }
+    let keys: Vec<String> = cmd(&mut conn, &["KEYS", &format!("*{key}*")]).await;
+    assert_eq!(keys, vec![format!("redisson_lock_token:{{{key}}}")], "only the fencing counter is left");
+}
+
+#[tokio::test]
+async fn a_dead_holders_permit_comes_back_after_its_lease() {
+    let key = unique("sem-dead");
+    // The holder is cut off (its renewals and its release never arrive), as if it had died.
+    let proxy = FaultProxy::start(redis_addr().parse().unwrap()).await.unwrap();
+    let dead = Client::connect(&format!("redis://{}?lease=1s&connect_timeout=2s", proxy.addr())).await.unwrap();
+    let permit = dead.semaphore(&key, 1).unwrap().acquire().await.unwrap();
+    proxy.set(Fault::Blackhole);
+    let redis = connect("?lease=10s").await;
+    let started = Instant::now();
+    let next = redis.semaphore(&key, 1).unwrap().acquire_timeout(Duration::from_secs(10)).await.unwrap();
+    let next = next.expect("the dead holder's permit came back");
+    println!("permit came back after {:?}", started.elapsed());
+    assert!(next.fencing_token() > permit.fencing_token());
+    assert!(permit.state().is_lost(), "the cut-off holder knows by now");
+    next.release().await.unwrap();
+    drop(permit);
+}
+
+#[tokio::test]
+async fn two_permits_never_three_holders() {
+    let key = unique("sem-exclusion");
+    let resource = FencedResource::new(false, 2);
+    let mut tasks = Vec::new();
+    for who in 0..5usize {
+        let (key, resource) = (key.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let redis = connect("?lease=5s").await;
+            let pool = redis.semaphore(&key, 2).unwrap();
+            for _ in 0..15 {
+                let p = tokio::time::timeout(Duration::from_secs(30), pool.acquire()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, p.fencing_token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                resource.end(id);
+                p.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.overlaps.is_empty(), "{report}");
+}
+
+async fn queue_len(key: &str) -> i64 {
+    let mut conn = raw().await;
+    cmd(&mut conn, &["LLEN", &format!("distlock_fair_queue:{{{key}}}")]).await
+}
+
+#[tokio::test]
+async fn the_fair_lock_grants_in_arrival_order() {
+    const WAITERS: usize = 6;
+    let key = unique("fair");
+    let redis = connect("?lease=10s").await;
+    let holder = redis.fair_lock(&key).unwrap().lock().await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        // Each waiter on a client of its own, queued only after the one before it.
+        let client = connect("?lease=10s").await;
+        let (key2, order) = (key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = client.fair_lock(&key2).unwrap().lock_timeout(Duration::from_secs(20)).await.unwrap().unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await.unwrap();
+        }));
+        let want = i as i64 + 1;
+        let k = key.clone();
+        eventually(Duration::from_secs(5), "the waiter to queue", move || {
+            let k = k.clone();
+            async move { queue_len(&k).await == want }
+        })
+        .await;
+    }
+    // Nobody jumps the queue, not even with the lock free for an instant.
+    assert!(redis.fair_lock(&key).unwrap().try_lock().await.unwrap().is_none());
+    holder.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>(), "granted in arrival order");
+    assert_eq!(queue_len(&key).await, 0);
+}
+
+#[tokio::test]
+async fn a_dead_waiter_loses_its_place_and_a_timed_out_one_leaves() {
+    let key = unique("fair-dead");
+    let redis = connect("?lease=1s").await;
+    let holder = redis.fair_lock(&key).unwrap().lock().await.unwrap();
+    // A waiter that gives up leaves the queue at once.
+    assert!(redis.fair_lock(&key).unwrap().lock_timeout(Duration::from_millis(200)).await.unwrap().is_none());
+    assert_eq!(queue_len(&key).await, 0, "a timed-out waiter leaves the queue");
+    // A waiter cut off from the server (as if dead) stays queued until its place runs out.
+    let proxy = FaultProxy::start(redis_addr().parse().unwrap()).await.unwrap();
+    let dead = Client::connect(&format!("redis://{}?lease=1s&connect_timeout=2s", proxy.addr())).await.unwrap();
+    let dead_lock = dead.fair_lock(&key).unwrap();
+    let dead_waiter = tokio::spawn(async move { dead_lock.lock_timeout(Duration::from_secs(30)).await });
+    let k = key.clone();
+    eventually(Duration::from_secs(5), "the doomed waiter to queue", move || {
+        let k = k.clone();
+        async move { queue_len(&k).await == 1 }
+    })
+    .await;
+    proxy.set(Fault::Blackhole);
+    let live = connect("?lease=1s").await;
+    let live_lock = live.fair_lock(&key).unwrap();
+    let live_waiter = tokio::spawn(async move { live_lock.lock_timeout(Duration::from_secs(10)).await.unwrap() });
+    let k = key.clone();
+    eventually(Duration::from_secs(5), "the live waiter to queue behind it", move || {
+        let k = k.clone();
+        async move { queue_len(&k).await == 2 }
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let g = live_waiter.await.unwrap().expect("the live waiter gets the lock once the dead one's place lapses");
+    println!("granted {:?} after the release, past a dead waiter", released.elapsed());
+    g.release().await.unwrap();
+    dead_waiter.abort();
+    drop(proxy);
+}

@@ -22,6 +22,15 @@ pub(crate) enum Holder {
     Redisson { field: String, channel: String },
     /// A string key holding our random value.
     Simple { value: String, channel: String },
+    /// A read hold of Redisson's read/write lock: our field `F`, the prefix of our per-hold
+    /// timeout keys (`{K}:F:rwlock_timeout`) and of every reader's (`{K}`).
+    Read { field: String, channel: String, timeouts: String, key_prefix: String },
+    /// A write hold of Redisson's read/write lock: field `F:write`.
+    Write { field: String, channel: String },
+    /// A fair lock's hold: Redisson's hash field, plus the queue to wake the next waiter from.
+    Fair { field: String, queue: String, alive: String, channel_prefix: String },
+    /// A semaphore permit: our member of the permit set.
+    Permit { id: String, permits_key: String, channel: String },
 }
 
 /// The safety margin taken off every lease: 1% of it plus 2 ms (timer and clock-rate error).
@@ -85,7 +94,11 @@ impl Hold {
 
     pub(crate) fn holder_id(&self) -> &str {
         match &self.holder {
-            Holder::Redisson { field, .. } => field,
+            Holder::Redisson { field, .. }
+            | Holder::Read { field, .. }
+            | Holder::Write { field, .. }
+            | Holder::Fair { field, .. } => field,
+            Holder::Permit { id, .. } => id,
             Holder::Simple { value, .. } => value,
         }
     }
@@ -209,6 +222,58 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
                     .await;
                 r.map(|v| v == 1)
             }
+            Holder::Read { field, channel, timeouts, key_prefix } => {
+                let r: Result<Option<i64>> = client
+                    .eval(
+                        &scripts::READ_UNLOCK,
+                        &[key, channel, timeouts, key_prefix],
+                        &["0".into(), field.clone()],
+                        "release",
+                        key,
+                    )
+                    .await;
+                r.map(|v| v.is_some())
+            }
+            Holder::Fair { field, queue, alive, channel_prefix } => {
+                let latch = super::latch_key(key, &request_id);
+                let r: Result<Option<i64>> = client
+                    .eval(
+                        &scripts::FAIR_UNLOCK,
+                        &[key, queue, alive, &latch, channel_prefix],
+                        &[client.lease_ms().to_string(), field.clone(), LATCH_TTL_MS.to_string()],
+                        "release",
+                        key,
+                    )
+                    .await;
+                if r.is_ok() {
+                    client.forget(&latch);
+                }
+                r.map(|v| v.is_some())
+            }
+            Holder::Permit { id, permits_key, channel } => {
+                let r: Result<i64> = client
+                    .eval(
+                        &scripts::SEMAPHORE_RELEASE,
+                        &[key, permits_key, channel],
+                        std::slice::from_ref(id),
+                        "release",
+                        key,
+                    )
+                    .await;
+                r.map(|v| v == 1)
+            }
+            Holder::Write { field, channel } => {
+                let r: Result<Option<i64>> = client
+                    .eval(
+                        &scripts::WRITE_UNLOCK,
+                        &[key, channel],
+                        &["1".into(), client.lease_ms().to_string(), field.clone()],
+                        "release",
+                        key,
+                    )
+                    .await;
+                r.map(|v| v.is_some())
+            }
         };
         match r {
             Err(e) if e.is_transient() && Instant::now() < deadline => {
@@ -276,14 +341,42 @@ async fn renew_loop(client: Client, key: String, holder: Holder, shared: Arc<Sha
 async fn renew(client: &Client, key: &str, holder: &Holder) -> Result<bool> {
     let lease = client.lease_ms().to_string();
     let r: i64 = match holder {
-        Holder::Redisson { field, .. } => {
+        Holder::Redisson { field, .. } | Holder::Write { field, .. } | Holder::Fair { field, .. } => {
             client.eval(&scripts::REDISSON_RENEW, &[key], &[lease, field.clone()], "renew", key).await?
+        }
+        Holder::Read { field, timeouts, .. } => {
+            client.eval(&scripts::READ_RENEW, &[key, timeouts], &[lease, field.clone()], "renew", key).await?
+        }
+        Holder::Permit { id, permits_key, .. } => {
+            client.eval(&scripts::SEMAPHORE_RENEW, &[key, permits_key], &[id.clone(), lease], "renew", key).await?
         }
         Holder::Simple { value, .. } => {
             client.eval(&scripts::SIMPLE_RENEW, &[key], &[value.clone(), lease], "renew", key).await?
         }
     };
     Ok(r == 1)
+}
+
+/// Records one more hold in a handle's re-entry count; the token of the hold in progress for a re-entry.
+pub(crate) fn enter(count: &StdMutex<Option<(u64, usize)>>, code: i64, token: u64) -> u64 {
+    let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
+    match (*c, code) {
+        (Some((t, n)), -2) => {
+            *c = Some((t, n + 1));
+            t
+        }
+        _ => {
+            *c = Some((token, 1));
+            token
+        }
+    }
+}
+
+pub(crate) fn leave(count: &StdMutex<Option<(u64, usize)>>) {
+    let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((t, n)) = *c {
+        *c = (n > 1).then_some((t, n - 1));
+    }
 }
 
 /// The accessors every Redis guard offers, over its `Hold`.

@@ -6,6 +6,9 @@
 //! | Recipe | Constructor | Keys (lock name `K`) | Shares the lock with |
 //! |---|---|---|---|
 //! | Reentrant mutex | [`Client::mutex`] (default layout) | hash `K` {`<client uuid>:<handle id>`: hold count}, PEXPIRE lease; channel `redisson_lock__channel:{K}` | Redisson `getLock(K)` |
+//! | Read/write lock | [`Client::rwlock`] | hash `K` {`mode`: read/write, `<field>`: read count, `<field>:write`: write count}, a key `{K}:<field>:rwlock_timeout:<n>` per read hold; channel `redisson_rwlock:{K}` | Redisson `getReadWriteLock(K)` |
+//! | Fair lock | [`Client::fair_lock`] | the RLock hash `K`, list `distlock_fair_queue:{K}`, zset `distlock_fair_alive:{K}` {waiter: place kept until (server ms)}; channel `distlock_fair__channel:{K}:<waiter>` | Redisson `getLock(K)` holders (the queue is distlock's own) |
+//! | Semaphore | [`Client::semaphore`] | zset `K` {permit id: expiry in server ms}, string `{K}:permits`; channel `distlock_semaphore__channel:{K}` | (distlock's own: expiry by the server clock) |
 //! | Simple lock | [`Client::simple_lock`] | string `K` = random value, `SET NX PX`; channel `distlock_lock__channel:{K}` | redis-py `Lock(K)` |
 //! | Fencing counter | (both) | string `redisson_lock_token:{K}`, never deleted | Redisson `getFencedLock(K)` |
 //!
@@ -46,14 +49,20 @@
 //! # Ok(()) }
 //! ```
 
+mod fair;
 mod guard;
 mod mutex;
+mod rwlock;
 mod scripts;
+mod semaphore;
 mod simple;
 mod url;
 mod wake;
 
+pub use fair::{FairGuard, FairLock};
 pub use mutex::{Mutex, MutexGuard};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 pub use simple::{SimpleGuard, SimpleLock};
 pub use url::{Layout, RedisUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE};
 
@@ -140,6 +149,25 @@ impl Client {
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         validate_key(name)?;
         Ok(Mutex::new(self.clone(), name.to_string()))
+    }
+
+    /// A read/write lock on key `name` in Redisson's RReadWriteLock layout.
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        validate_key(name)?;
+        Ok(RwLock::new(self.clone(), name.to_string()))
+    }
+
+    /// A fair (FIFO) reentrant lock on key `name`: Redisson's RLock hash, granted in arrival
+    /// order by a queue the server keeps (see [`FairLock`]).
+    pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
+        validate_key(name)?;
+        Ok(FairLock::new(self.clone(), name.to_string()))
+    }
+
+    /// A semaphore of `permits` permits on key `name`; permits expire with their holder.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        validate_key(name)?;
+        Semaphore::new(self.clone(), name.to_string(), permits)
     }
 
     /// The seeds' lock on key `name`: `SET name value NX PX lease`, as redis-py's `Lock(name)`.
@@ -289,11 +317,22 @@ pub struct Holder {
 }
 
 /// Redisson's `prefixName`: `prefix:{K}`, or `prefix:K` when K already has a hash tag.
-fn prefix_name(prefix: &str, key: &str) -> String {
+pub(crate) fn prefix_name(prefix: &str, key: &str) -> String {
     if key.contains('{') {
         format!("{prefix}:{key}")
     } else {
         format!("{prefix}:{{{key}}}")
+    }
+}
+
+/// Redisson's `suffixName`: `{K}:suffix`, or `K:suffix` when K already has a hash tag (`{K}`
+/// alone for an empty suffix).
+pub(crate) fn suffix_name(key: &str, suffix: &str) -> String {
+    let base = if key.contains('{') { key.to_string() } else { format!("{{{key}}}") };
+    if suffix.is_empty() {
+        base
+    } else {
+        format!("{base}:{suffix}")
     }
 }
 

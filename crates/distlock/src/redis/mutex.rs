@@ -1,6 +1,6 @@
 //! Redisson's reentrant lock (RLock layout), fenced.
 
-use super::guard::{hold_methods, Hold, Holder};
+use super::guard::{enter, hold_methods, leave, Hold, Holder};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::Result;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -106,19 +106,7 @@ impl Mutex {
                 if !(-2..0).contains(&code) {
                     return Ok(Attempt::Held(code));
                 }
-                let token = {
-                    let mut r = inner.reentry.lock().unwrap_or_else(|e| e.into_inner());
-                    match (*r, code) {
-                        (Some((t, n)), -2) => {
-                            *r = Some((t, n + 1));
-                            t
-                        }
-                        _ => {
-                            *r = Some((token, 1));
-                            token
-                        }
-                    }
-                };
+                let token = enter(&inner.reentry, code, token);
                 let holder = Holder::Redisson { field: inner.field.clone(), channel: inner.channel.clone() };
                 Ok(Attempt::Acquired(MutexGuard {
                     hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
@@ -161,23 +149,16 @@ impl MutexGuard {
     /// for the server's answer. [`Error::LockLost`](crate::Error::LockLost) if the lock had been
     /// lost before, or was no longer ours on the server.
     pub async fn release(mut self) -> Result<()> {
-        self.leave();
+        leave(&self.reentry);
         let hold = self.hold.take().expect("a guard holds until released");
         hold.release().await
-    }
-
-    fn leave(&self) {
-        let mut r = self.reentry.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((t, n)) = *r {
-            *r = (n > 1).then_some((t, n - 1));
-        }
     }
 }
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
         if self.hold.is_some() {
-            self.leave();
+            leave(&self.reentry);
         }
     }
 }

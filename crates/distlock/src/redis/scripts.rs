@@ -124,3 +124,305 @@ return 0
 "#,
     )
 });
+
+/// Redisson RReadWriteLock read acquire plus a fencing token. KEYS: lock, this handle's timeout
+/// key prefix (`{K}:F:rwlock_timeout`), token counter. ARGV: lease ms, F, F's write field.
+/// Returns `{-1, token}` for a new read hold, `{-2, token}` for a re-entered one, `{pttl, 0}`
+/// when a writer (someone else) holds it.
+pub(crate) static READ_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        next_token!(),
+        r#"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call('hset', KEYS[1], 'mode', 'read')
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('set', KEYS[2] .. ':1', 1, 'px', ARGV[1])
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, next_token(KEYS[3])}
+end
+if mode == 'read' or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
+  local again = redis.call('hexists', KEYS[1], ARGV[2])
+  local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('set', KEYS[2] .. ':' .. n, 1, 'px', ARGV[1])
+  local left = redis.call('pttl', KEYS[1])
+  redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
+  if again == 1 then
+    return {-2, tonumber(redis.call('get', KEYS[3]) or '0')}
+  end
+  return {-1, next_token(KEYS[3])}
+end
+return {redis.call('pttl', KEYS[1]), 0}
+"#
+    ))
+});
+
+/// Redisson RReadWriteLock read unlock. KEYS: lock, channel, this handle's timeout key prefix,
+/// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours, 0 when the lock remains
+/// (other holds), 1 when it was deleted (and the message published).
+pub(crate) static READ_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call('publish', KEYS[2], ARGV[1])
+  return nil
+end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then return nil end
+local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
+if left == 0 then redis.call('hdel', KEYS[1], ARGV[2]) end
+redis.call('del', KEYS[3] .. ':' .. (left + 1))
+if redis.call('hlen', KEYS[1]) > 1 then
+  local longest = -3
+  for _, field in ipairs(redis.call('hkeys', KEYS[1])) do
+    local n = tonumber(redis.call('hget', KEYS[1], field))
+    if type(n) == 'number' then
+      for i = n, 1, -1 do
+        longest = math.max(longest, redis.call('pttl', KEYS[4] .. ':' .. field .. ':rwlock_timeout:' .. i))
+      end
+    end
+  end
+  if longest > 0 then
+    redis.call('pexpire', KEYS[1], longest)
+    return 0
+  end
+  if mode == 'write' then return 0 end
+end
+redis.call('del', KEYS[1])
+redis.call('publish', KEYS[2], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// Read renewal (Redisson's ReadLockTask). KEYS: lock, this handle's timeout key prefix.
+/// ARGV: lease ms, F. 1 if renewed, 0 if not ours.
+pub(crate) static READ_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local n = redis.call('hget', KEYS[1], ARGV[2])
+if n == false then return 0 end
+redis.call('pexpire', KEYS[1], ARGV[1])
+for i = tonumber(n), 1, -1 do
+  redis.call('pexpire', KEYS[2] .. ':' .. i, ARGV[1])
+end
+return 1
+"#,
+    )
+});
+
+/// Redisson RReadWriteLock write acquire plus a fencing token. KEYS: lock, token counter.
+/// ARGV: lease ms, F's write field. Codes as [`REDISSON_LOCK`].
+pub(crate) static WRITE_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        next_token!(),
+        r#"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call('hset', KEYS[1], 'mode', 'write')
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, next_token(KEYS[2])}
+end
+if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  local left = redis.call('pttl', KEYS[1])
+  redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
+  return {-2, tonumber(redis.call('get', KEYS[2]) or '0')}
+end
+return {redis.call('pttl', KEYS[1]), 0}
+"#
+    ))
+});
+
+/// Redisson RReadWriteLock write unlock. KEYS: lock, channel. ARGV: message (`1`: wake every
+/// waiter), lease ms, F's write field. nil when not ours, 0 when a re-entrant hold remains, 1
+/// when released (the lock deleted, or left to this handle's own read holds).
+pub(crate) static WRITE_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false then
+  redis.call('publish', KEYS[2], ARGV[1])
+  return nil
+end
+if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then return nil end
+local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 0
+end
+redis.call('hdel', KEYS[1], ARGV[3])
+if redis.call('hlen', KEYS[1]) == 1 then
+  redis.call('del', KEYS[1])
+else
+  redis.call('hset', KEYS[1], 'mode', 'read')
+end
+redis.call('publish', KEYS[2], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// Semaphore acquire plus a fencing token. KEYS: permit set, permit count key, token counter.
+/// ARGV: permits, permit id, lease ms. Expired permits (scored by the server clock) are dropped
+/// first. Returns `{-1, token}` when acquired, `{ms until the first permit expires, 0}` when all
+/// are taken, `{-3, permits}` when the semaphore has another permit count.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        next_token!(),
+        r#"
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local permits = redis.call('get', KEYS[2])
+if permits ~= false and permits ~= ARGV[1] then return {-3, tonumber(permits)} end
+redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+  redis.call('pexpire', KEYS[1], ARGV[3])
+  redis.call('set', KEYS[2], ARGV[1], 'px', ARGV[3])
+  return {-1, next_token(KEYS[3])}
+end
+local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
+return {math.max(1, tonumber(first[2]) - now), 0}
+"#
+    ))
+});
+
+/// Semaphore renewal. KEYS: permit set, permit count key. ARGV: permit id, lease ms. 1 if our
+/// permit was still valid (and now runs for another lease), 0 if it expired or was removed.
+pub(crate) static SEMAPHORE_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = redis.call('zscore', KEYS[1], ARGV[1])
+if expiry == false or tonumber(expiry) <= now then return 0 end
+redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('pexpire', KEYS[1], ARGV[2])
+redis.call('pexpire', KEYS[2], ARGV[2])
+return 1
+"#,
+    )
+});
+
+/// Semaphore release. KEYS: permit set, permit count key, channel. ARGV: permit id. 1 if it was
+/// ours; the last permit out deletes both keys.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local removed = redis.call('zrem', KEYS[1], ARGV[1])
+if redis.call('zcard', KEYS[1]) == 0 then
+  redis.call('del', KEYS[1], KEYS[2])
+end
+redis.call('publish', KEYS[3], '1')
+return removed
+"#,
+    )
+});
+
+/// Drops queue heads whose waiter stopped refreshing its place (judged by the server clock).
+/// Needs `now` (server ms) and KEYS[2] (queue), KEYS[3] (liveness zset).
+macro_rules! prune_dead_heads {
+    () => {
+        r#"
+local function server_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function prune(now)
+  while true do
+    local head = redis.call('lindex', KEYS[2], 0)
+    if not head then return false end
+    local alive = redis.call('zscore', KEYS[3], head)
+    if alive and tonumber(alive) > now then return head end
+    redis.call('lpop', KEYS[2])
+    redis.call('zrem', KEYS[3], head)
+  end
+end
+"#
+    };
+}
+
+/// Fair lock acquire. KEYS: lock, queue, liveness zset, token counter. ARGV: lease ms, F,
+/// enqueue (`1`: join the queue if not granted; `0`: try only). Returns `{-1, token, 0}` when
+/// granted, `{-2, token, 0}` when re-entered, `{pttl, position, queue length}` otherwise (pttl 0
+/// when the lock is free but others are ahead). A waiter's place lasts one lease from its last
+/// attempt, by the server's clock; a waiter that stops trying loses it.
+pub(crate) static FAIR_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        next_token!(),
+        prune_dead_heads!(),
+        r#"
+local now = server_ms()
+local head = prune(now)
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-2, tonumber(redis.call('get', KEYS[4]) or '0'), 0}
+end
+if redis.call('exists', KEYS[1]) == 0 and (head == false or head == ARGV[2]) then
+  if head == ARGV[2] then
+    redis.call('lpop', KEYS[2])
+    redis.call('zrem', KEYS[3], ARGV[2])
+  end
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {-1, next_token(KEYS[4]), 0}
+end
+if ARGV[3] == '1' then
+  if redis.call('zadd', KEYS[3], now + tonumber(ARGV[1]), ARGV[2]) == 1 then
+    redis.call('rpush', KEYS[2], ARGV[2])
+  end
+  redis.call('pexpire', KEYS[2], ARGV[1])
+  redis.call('pexpire', KEYS[3], ARGV[1])
+end
+local pos = redis.call('lpos', KEYS[2], ARGV[2])
+local ttl = redis.call('pttl', KEYS[1])
+if ttl < 0 then ttl = 0 end
+return {ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
+"#
+    ))
+});
+
+/// Fair lock release. KEYS: lock, queue, liveness zset, latch, channel prefix. ARGV: lease ms,
+/// F, latch ms. Codes as [`REDISSON_UNLOCK`]; the final release wakes the first live waiter
+/// only (on `<channel prefix>:<its id>`).
+pub(crate) static FAIR_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        prune_dead_heads!(),
+        r#"
+local done = redis.call('get', KEYS[4])
+if done then return tonumber(done) end
+if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then return nil end
+local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
+if left > 0 then
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  redis.call('set', KEYS[4], 0, 'px', ARGV[3])
+  return 0
+end
+redis.call('del', KEYS[1])
+local head = prune(server_ms())
+if head then redis.call('publish', KEYS[5] .. ':' .. head, '0') end
+redis.call('set', KEYS[4], 1, 'px', ARGV[3])
+return 1
+"#
+    ))
+});
+
+/// A waiter leaves the fair queue (gave up, or was cancelled). KEYS: lock, queue, liveness zset,
+/// channel prefix. ARGV: F. If the lock is free, the new first waiter is woken.
+pub(crate) static FAIR_LEAVE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        prune_dead_heads!(),
+        r#"
+redis.call('lrem', KEYS[2], 0, ARGV[1])
+redis.call('zrem', KEYS[3], ARGV[1])
+if redis.call('exists', KEYS[1]) == 0 then
+  local head = prune(server_ms())
+  if head then redis.call('publish', KEYS[4] .. ':' .. head, '0') end
+end
+return 1
+"#
+    ))
+});

@@ -1,0 +1,267 @@
+//! A fair (FIFO) reentrant lock whose order and timeouts depend only on the server.
+
+use super::guard::{enter, hold_methods, leave, Hold, Holder};
+use super::{scripts, Client};
+use crate::{Error, QueueStatus, Result};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A reentrant lock granted in arrival order.
+///
+/// Layout (lock name `K`): the lock itself is Redisson's RLock hash `K` (so Redisson's `getLock`
+/// holders and ours exclude each other); waiters line up in the list
+/// `distlock_fair_queue:{K}`, and `distlock_fair_alive:{K}` scores each waiter with the server
+/// time until which its place is kept. A waiter refreshes its place every third of the lease
+/// while it waits; one that dies or stops trying is dropped from the head of the queue once that
+/// time passes, by the server's clock. No client clock takes part (Redisson's fair lock compares
+/// deadlines computed on client clocks, which is how its queues drift and hang). The final
+/// release wakes only the first live waiter, on `distlock_fair__channel:{K}:<its field>`.
+///
+/// A waiter that gives up (timeout, cancellation) leaves the queue at once, and wakes the next
+/// one if the lock is free. `try_lock` never takes the lock past waiters in the queue.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> distlock::Result<()> {
+/// let lock = redis.fair_lock("tickets")?;
+/// let g = lock.lock().await?;        // granted in arrival order
+/// g.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FairLock {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    key: String,
+    field: String,
+    queue: String,
+    alive: String,
+    channel_prefix: String,
+    channel: String,
+    token_key: String,
+    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
+}
+
+/// What one attempt found.
+enum Outcome {
+    Granted(FairGuard),
+    Waiting { ttl_ms: i64, status: QueueStatus },
+}
+
+impl FairLock {
+    pub(crate) fn new(client: Client, key: String) -> FairLock {
+        let field = format!("{}:{}", client.client_id(), client.next_handle_id());
+        let channel_prefix = super::prefix_name("distlock_fair__channel", &key);
+        FairLock {
+            inner: Arc::new(Inner {
+                channel: format!("{channel_prefix}:{field}"),
+                channel_prefix,
+                queue: super::prefix_name("distlock_fair_queue", &key),
+                alive: super::prefix_name("distlock_fair_alive", &key),
+                token_key: super::token_key(&key),
+                client,
+                key,
+                field,
+                reentry: Arc::default(),
+            }),
+        }
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Waits, in arrival order, as long as it takes.
+    pub async fn lock(&self) -> Result<FairGuard> {
+        Ok(self.lock_with(None, None).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// Takes the lock only if it is free and nobody waits for it (or it is this handle's).
+    pub async fn try_lock(&self) -> Result<Option<FairGuard>> {
+        self.lock_with(Some(Duration::ZERO), None).await
+    }
+
+    /// Waits at most `timeout`; leaves the queue if not granted by then.
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<FairGuard>> {
+        self.lock_with(Some(timeout), None).await
+    }
+
+    /// `timeout` `None` waits forever, `Some(ZERO)` never waits; `progress` receives the place in
+    /// the queue while waiting.
+    pub async fn lock_with(
+        &self,
+        timeout: Option<Duration>,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<FairGuard>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        if timeout == Some(Duration::ZERO) {
+            return Ok(match self.attempt(false).await? {
+                Outcome::Granted(g) => Some(g),
+                Outcome::Waiting { .. } => None,
+            });
+        }
+        let inner = &self.inner;
+        let registration = inner.client.inner.wake.register(&inner.channel);
+        // From here on we may be queued: leave the queue however this ends, unless granted.
+        let mut queued = Queued { inner: Some(inner.clone()) };
+        let heartbeat = inner.client.lease() / 3;
+        loop {
+            let subscribed = inner.client.inner.wake.ensure(&inner.channel).await;
+            let notified = registration.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let ttl = match self.attempt(true).await {
+                Ok(Outcome::Granted(g)) => {
+                    queued.inner = None;
+                    return Ok(Some(g));
+                }
+                Ok(Outcome::Waiting { ttl_ms, status }) => {
+                    if let Some(p) = progress {
+                        p.send_replace(status);
+                    }
+                    ttl_ms
+                }
+                Err(e) if e.is_transient() => 0,
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                queued.leave().await;
+                return Ok(None);
+            }
+            // Wake on our message, when the holder's lease runs out, or in time to keep our
+            // place in the queue.
+            let mut wait = heartbeat;
+            if ttl > 0 {
+                wait = wait.min(Duration::from_millis(ttl as u64 + 1));
+            }
+            if !subscribed {
+                wait = wait.min(Duration::from_millis(100));
+            }
+            let until = deadline.map_or(now + wait, |d| d.min(now + wait));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    /// One attempt, in a task of its own (a grant made for a dropped acquire is released).
+    async fn attempt(&self, enqueue: bool) -> Result<Outcome> {
+        let inner = self.inner.clone();
+        let task = tokio::spawn(async move {
+            let sent = Instant::now();
+            let client = &inner.client;
+            let (code, token, len): (i64, u64, u64) = client
+                .eval(
+                    &scripts::FAIR_LOCK,
+                    &[&inner.key, &inner.queue, &inner.alive, &inner.token_key],
+                    &[client.lease_ms().to_string(), inner.field.clone(), if enqueue { "1" } else { "0" }.into()],
+                    "acquire",
+                    &inner.key,
+                )
+                .await?;
+            if !(-2..0).contains(&code) {
+                let status = QueueStatus { ahead: (token as usize).saturating_sub(1), queue_len: len as usize };
+                return Ok(Outcome::Waiting { ttl_ms: code, status });
+            }
+            let token = enter(&inner.reentry, code, token);
+            let holder = Holder::Fair {
+                field: inner.field.clone(),
+                queue: inner.queue.clone(),
+                alive: inner.alive.clone(),
+                channel_prefix: inner.channel_prefix.clone(),
+            };
+            Ok(Outcome::Granted(FairGuard {
+                hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
+                reentry: inner.reentry.clone(),
+            }))
+        });
+        task.await.map_err(|e| Error::Backend { op: "acquire", path: self.inner.key.clone(), source: Box::new(e) })?
+    }
+}
+
+/// Our place in the queue: removed when the acquire ends without the lock, however it ends.
+struct Queued {
+    inner: Option<Arc<Inner>>,
+}
+
+impl Queued {
+    async fn leave(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let _ = leave_queue(&inner).await;
+        }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let (Some(inner), Ok(handle)) = (self.inner.take(), tokio::runtime::Handle::try_current()) {
+            handle.spawn(async move {
+                let _ = leave_queue(&inner).await;
+            });
+        }
+    }
+}
+
+async fn leave_queue(inner: &Inner) -> Result<()> {
+    let _: i64 = inner
+        .client
+        .eval(
+            &scripts::FAIR_LEAVE,
+            &[&inner.key, &inner.queue, &inner.alive, &inner.channel_prefix],
+            std::slice::from_ref(&inner.field),
+            "leave queue",
+            &inner.key,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Proof of holding a [`FairLock`]; released by [`release`](FairGuard::release) or, in the
+/// background, on drop (waking the next waiter).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::redis::FairLock) -> distlock::Result<()> {
+/// let g = lock.lock().await?;
+/// println!("token {}", g.fencing_token());
+/// g.release().await
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct FairGuard {
+    hold: Option<Hold>,
+    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
+}
+
+impl FairGuard {
+    hold_methods!(hold_ref);
+
+    fn hold_ref(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// Releases this hold (the lock, and a wake-up for the next waiter, at the last one).
+    pub async fn release(mut self) -> Result<()> {
+        leave(&self.reentry);
+        self.hold.take().expect("a guard holds until released").release().await
+    }
+}
+
+impl Drop for FairGuard {
+    fn drop(&mut self) {
+        if self.hold.is_some() {
+            leave(&self.reentry);
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Redisson's read/write lock (RReadWriteLock layout), fenced.
+
+use super::guard::{enter, hold_methods, leave, Hold, Holder};
+use super::{acquire_loop, scripts, Attempt, Client};
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A read/write lock in Redisson's RReadWriteLock layout: a hash at the lock's key with field
+/// `mode` (`read` or `write`), one field per reading handle (`<client uuid>:<handle id>`, its
+/// hold count) with a key per read hold (`{K}:<field>:rwlock_timeout:<n>`, each with the lease),
+/// and `<field>:write` for the writer. Releases publish on `redisson_rwlock:{K}`.
+///
+/// Readers share; a writer excludes everyone else. The owner is the handle (clones included):
+/// it re-enters both sides, and its writer may also take read holds (a downgrade: release the
+/// write guard and the reads stay). Taking the write lock while holding only reads is refused
+/// with [`Error::WouldDeadlock`]. As in Redisson, readers that keep coming can hold a waiting
+/// writer off: this lock is not FIFO.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> distlock::Result<()> {
+/// let config = redis.rwlock("config")?;
+/// let w = config.write().await?;
+/// let r = config.read().await?;     // downgrade: the writer may read
+/// w.release().await?;               // still read-locked
+/// r.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RwLock {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    key: String,
+    field: String,
+    write_field: String,
+    channel: String,
+    token_key: String,
+    timeouts: String,
+    key_prefix: String,
+    /// Token and count of this handle's read holds, and of its write holds.
+    reads: Arc<StdMutex<Option<(u64, usize)>>>,
+    writes: Arc<StdMutex<Option<(u64, usize)>>>,
+}
+
+impl RwLock {
+    pub(crate) fn new(client: Client, key: String) -> RwLock {
+        let field = format!("{}:{}", client.client_id(), client.next_handle_id());
+        RwLock {
+            inner: Arc::new(Inner {
+                write_field: format!("{field}:write"),
+                channel: super::prefix_name("redisson_rwlock", &key),
+                token_key: super::token_key(&key),
+                timeouts: super::suffix_name(&key, &format!("{field}:rwlock_timeout")),
+                key_prefix: super::suffix_name(&key, ""),
+                client,
+                key,
+                field,
+                reads: Arc::default(),
+                writes: Arc::default(),
+            }),
+        }
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Waits for a read hold as long as it takes.
+    pub async fn read(&self) -> Result<ReadGuard> {
+        Ok(self.read_until(None).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// A read hold only if no one else writes; never waits.
+    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
+        self.read_until(Some(Instant::now())).await
+    }
+
+    /// Waits at most `timeout` for a read hold.
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
+        self.read_until(Instant::now().checked_add(timeout)).await
+    }
+
+    /// Waits for the write hold as long as it takes; [`Error::WouldDeadlock`] if this handle
+    /// holds only reads.
+    pub async fn write(&self) -> Result<WriteGuard> {
+        Ok(self.write_until(None).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// The write hold only if the lock is free (or this handle's); never waits.
+    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
+        self.write_until(Some(Instant::now())).await
+    }
+
+    /// Waits at most `timeout` for the write hold.
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
+        self.write_until(Instant::now().checked_add(timeout)).await
+    }
+
+    async fn read_until(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>> {
+        let inner = &self.inner;
+        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
+            let inner = inner.clone();
+            async move {
+                let sent = Instant::now();
+                let client = &inner.client;
+                let (code, token): (i64, u64) = client
+                    .eval(
+                        &scripts::READ_LOCK,
+                        &[&inner.key, &inner.timeouts, &inner.token_key],
+                        &[client.lease_ms().to_string(), inner.field.clone(), inner.write_field.clone()],
+                        "read-lock",
+                        &inner.key,
+                    )
+                    .await?;
+                if !(-2..0).contains(&code) {
+                    return Ok(Attempt::Held(code));
+                }
+                let token = enter(&inner.reads, code, token);
+                let holder = Holder::Read {
+                    field: inner.field.clone(),
+                    channel: inner.channel.clone(),
+                    timeouts: inner.timeouts.clone(),
+                    key_prefix: inner.key_prefix.clone(),
+                };
+                Ok(Attempt::Acquired(ReadGuard {
+                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
+                    count: inner.reads.clone(),
+                }))
+            }
+        })
+        .await
+    }
+
+    async fn write_until(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>> {
+        let inner = &self.inner;
+        let reading = inner.reads.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let writing = inner.writes.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if reading && !writing {
+            return Err(Error::WouldDeadlock {
+                lock: inner.key.clone(),
+                reason: "this handle holds a read lock; a write lock would wait for it forever (upgrade is refused)",
+            });
+        }
+        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
+            let inner = inner.clone();
+            async move {
+                let sent = Instant::now();
+                let client = &inner.client;
+                let (code, token): (i64, u64) = client
+                    .eval(
+                        &scripts::WRITE_LOCK,
+                        &[&inner.key, &inner.token_key],
+                        &[client.lease_ms().to_string(), inner.write_field.clone()],
+                        "write-lock",
+                        &inner.key,
+                    )
+                    .await?;
+                if !(-2..0).contains(&code) {
+                    return Ok(Attempt::Held(code));
+                }
+                let token = enter(&inner.writes, code, token);
+                let holder = Holder::Write { field: inner.write_field.clone(), channel: inner.channel.clone() };
+                Ok(Attempt::Acquired(WriteGuard {
+                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
+                    count: inner.writes.clone(),
+                }))
+            }
+        })
+        .await
+    }
+}
+
+macro_rules! rw_guard {
+    ($name:ident, $what:literal) => {
+        #[doc = concat!("A ", $what, " hold of a [`RwLock`]; released by `release()` or, in the background, on drop.")]
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # async fn demo(lock: distlock::redis::RwLock) -> distlock::Result<()> {
+        /// let r = lock.read().await?;
+        /// println!("token {}", r.fencing_token());
+        /// r.release().await
+        /// # }
+        /// ```
+        #[derive(Debug)]
+        pub struct $name {
+            hold: Option<Hold>,
+            count: Arc<StdMutex<Option<(u64, usize)>>>,
+        }
+
+        impl $name {
+            hold_methods!(hold_ref);
+
+            fn hold_ref(&self) -> &Hold {
+                self.hold.as_ref().expect("a guard holds until released")
+            }
+
+            /// Releases this hold and waits for the server;
+            /// [`Error::LockLost`](crate::Error::LockLost) if it was lost before.
+            pub async fn release(mut self) -> Result<()> {
+                leave(&self.count);
+                self.hold.take().expect("a guard holds until released").release().await
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                if self.hold.is_some() {
+                    leave(&self.count);
+                }
+            }
+        }
+    };
+}
+
+rw_guard!(ReadGuard, "read");
+rw_guard!(WriteGuard, "write");

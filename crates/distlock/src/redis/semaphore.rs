@@ -1,0 +1,159 @@
+//! A counting semaphore whose permits expire with their holder, judged by the server's clock.
+
+use super::guard::{hold_methods, Hold, Holder};
+use super::{acquire_loop, scripts, Attempt, Client};
+use crate::{Error, Result};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A semaphore of `permits` permits on key `K`: a sorted set of permit ids scored by their expiry
+/// in the server's clock (ms), the permit count in `{K}:permits`, releases published on
+/// `distlock_semaphore__channel:{K}`.
+///
+/// Each permit has the client's lease and is renewed by its guard's watchdog; a holder that dies
+/// stops renewing and its permit comes back when the lease runs out (the next acquire drops
+/// expired permits first). Expiry is decided by the server alone, never by client clocks (unlike
+/// Redisson's RPermitExpirableSemaphore). Every user of a key must give the same permit count;
+/// another count is refused with an error naming both.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> distlock::Result<()> {
+/// let pool = redis.semaphore("db-connections", 3)?;
+/// let permit = pool.acquire().await?;     // at most 3 holders at a time
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    key: String,
+    permits: u32,
+    permits_key: String,
+    channel: String,
+    token_key: String,
+}
+
+impl Semaphore {
+    pub(crate) fn new(client: Client, key: String, permits: u32) -> Result<Semaphore> {
+        if permits == 0 {
+            return Err(Error::InvalidArgument {
+                what: "permit count",
+                reason: "a semaphore needs at least 1 permit".into(),
+            });
+        }
+        Ok(Semaphore {
+            inner: Arc::new(Inner {
+                permits_key: super::suffix_name(&key, "permits"),
+                channel: super::prefix_name("distlock_semaphore__channel", &key),
+                token_key: super::token_key(&key),
+                client,
+                key,
+                permits,
+            }),
+        })
+    }
+
+    /// The semaphore's key.
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// The permit count.
+    pub fn permits(&self) -> u32 {
+        self.inner.permits
+    }
+
+    /// Waits for a permit as long as it takes.
+    pub async fn acquire(&self) -> Result<SemaphorePermit> {
+        Ok(self.acquire_until(None).await?.expect("waiting without a deadline ends only with a permit"))
+    }
+
+    /// A permit only if one is free now; never waits.
+    pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit>> {
+        self.acquire_until(Some(Instant::now())).await
+    }
+
+    /// Waits at most `timeout` for a permit.
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<SemaphorePermit>> {
+        self.acquire_until(Instant::now().checked_add(timeout)).await
+    }
+
+    async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<SemaphorePermit>> {
+        let inner = &self.inner;
+        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
+            let inner = inner.clone();
+            async move {
+                let id = format!("{}:{}", inner.client.client_id(), uuid::Uuid::new_v4().simple());
+                let sent = Instant::now();
+                let client = &inner.client;
+                let (code, value): (i64, u64) = client
+                    .eval(
+                        &scripts::SEMAPHORE_ACQUIRE,
+                        &[&inner.key, &inner.permits_key, &inner.token_key],
+                        &[inner.permits.to_string(), id.clone(), client.lease_ms().to_string()],
+                        "acquire",
+                        &inner.key,
+                    )
+                    .await?;
+                match code {
+                    -1 => {}
+                    -3 => {
+                        return Err(Error::InvalidArgument {
+                            what: "permit count",
+                            reason: format!(
+                                "semaphore {} is in use with {value} permits, not {}",
+                                inner.key, inner.permits
+                            ),
+                        })
+                    }
+                    wait => return Ok(Attempt::Held(wait)),
+                }
+                let holder =
+                    Holder::Permit { id, permits_key: inner.permits_key.clone(), channel: inner.channel.clone() };
+                Ok(Attempt::Acquired(SemaphorePermit {
+                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, value, sent)),
+                }))
+            }
+        })
+        .await
+    }
+}
+
+/// One permit of a [`Semaphore`]; released by [`release`](SemaphorePermit::release) or, in the
+/// background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(pool: distlock::redis::Semaphore) -> distlock::Result<()> {
+/// let p = pool.acquire().await?;
+/// println!("permit {} token {}", p.holder_id(), p.fencing_token());
+/// p.release().await
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SemaphorePermit {
+    hold: Option<Hold>,
+}
+
+impl SemaphorePermit {
+    hold_methods!(hold_ref);
+
+    fn hold_ref(&self) -> &Hold {
+        self.hold.as_ref().expect("a permit holds until released")
+    }
+
+    /// Gives the permit back and waits for the server;
+    /// [`Error::LockLost`](crate::Error::LockLost) if it had expired before.
+    pub async fn release(mut self) -> Result<()> {
+        self.hold.take().expect("a permit holds until released").release().await
+    }
+}
