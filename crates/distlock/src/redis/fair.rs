@@ -1,6 +1,6 @@
 //! A fair (FIFO) reentrant lock whose order and timeouts depend only on the server.
 
-use super::guard::{enter, hold_methods, leave, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Hold, Holder};
 use super::{scripts, Client};
 use crate::{Error, QueueStatus, Result};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -180,10 +180,8 @@ impl FairLock {
                 alive: inner.alive.clone(),
                 channel_prefix: inner.channel_prefix.clone(),
             };
-            Ok(Outcome::Granted(FairGuard {
-                hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
-                reentry: inner.reentry.clone(),
-            }))
+            let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
+            Ok(Outcome::Granted(FairGuard::new(hold, inner.reentry.clone())))
         });
         task.await.map_err(|e| Error::Backend { op: "acquire", path: self.inner.key.clone(), source: Box::new(e) })?
     }
@@ -226,42 +224,18 @@ async fn leave_queue(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
-/// Proof of holding a [`FairLock`]; released by [`release`](FairGuard::release) or, in the
-/// background, on drop (waking the next waiter).
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo(lock: distlock::redis::FairLock) -> distlock::Result<()> {
-/// let g = lock.lock().await?;
-/// println!("token {}", g.fencing_token());
-/// g.release().await
-/// # }
-/// ```
-#[derive(Debug)]
-pub struct FairGuard {
-    hold: Option<Hold>,
-    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
-}
-
-impl FairGuard {
-    hold_methods!(hold_ref);
-
-    fn hold_ref(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until released")
-    }
-
-    /// Releases this hold (the lock, and a wake-up for the next waiter, at the last one).
-    pub async fn release(mut self) -> Result<()> {
-        leave(&self.reentry);
-        self.hold.take().expect("a guard holds until released").release().await
-    }
-}
-
-impl Drop for FairGuard {
-    fn drop(&mut self) {
-        if self.hold.is_some() {
-            leave(&self.reentry);
-        }
-    }
+reentrant_guard! {
+    /// Proof of holding a [`FairLock`]; released by [`release`](FairGuard::release) or, in the
+    /// background, on drop (waking the next waiter).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distlock::redis::FairLock) -> distlock::Result<()> {
+    /// let g = lock.lock().await?;
+    /// println!("token {}", g.fencing_token());
+    /// g.release().await
+    /// # }
+    /// ```
+    FairGuard
 }

@@ -195,95 +195,57 @@ impl Drop for Hold {
 /// One release; true if it was ours. Connection errors are retried until the lease deadline
 /// (after which the server frees the lock anyway).
 async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline: Instant) -> Result<bool> {
-    let request_id = uuid::Uuid::new_v4().simple().to_string();
+    let lease = client.lease_ms().to_string();
+    let k = key.to_string();
+    // Redisson's unlock latch (the same for every retry of this release) where the layout has one.
+    let latch = super::latch_key(key, &uuid::Uuid::new_v4().simple().to_string());
+    let latch_ttl = LATCH_TTL_MS.to_string();
+    // Every script answers nil when the hold was not ours (any more).
+    let (script, keys, args, latched): (&redis::Script, Vec<&String>, Vec<&String>, bool) = match holder {
+        Holder::Redisson { field, channel } => {
+            (&scripts::REDISSON_UNLOCK, vec![&k, channel, &latch], vec![&ZERO, &lease, field, &latch_ttl], true)
+        }
+        Holder::Fair { field, queue, alive, channel_prefix } => (
+            &scripts::FAIR_UNLOCK,
+            vec![&k, queue, alive, &latch, channel_prefix],
+            vec![&lease, field, &latch_ttl],
+            true,
+        ),
+        Holder::Simple { value, channel } => (&scripts::SIMPLE_RELEASE, vec![&k, channel], vec![value], false),
+        Holder::Read { field, channel, timeouts, key_prefix } => {
+            (&scripts::READ_UNLOCK, vec![&k, channel, timeouts, key_prefix], vec![&ZERO, field], false)
+        }
+        Holder::Write { field, channel } => {
+            (&scripts::WRITE_UNLOCK, vec![&k, channel], vec![&ONE, &lease, field], false)
+        }
+        Holder::Permit { id, permits_key, channel } => {
+            (&scripts::SEMAPHORE_RELEASE, vec![&k, permits_key, channel], vec![id], false)
+        }
+    };
+    let keys: Vec<&str> = keys.into_iter().map(String::as_str).collect();
+    let args: Vec<String> = args.into_iter().cloned().collect();
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        let r = match holder {
-            Holder::Redisson { field, channel } => {
-                let latch = super::latch_key(key, &request_id);
-                let r: Result<Option<i64>> = client
-                    .eval(
-                        &scripts::REDISSON_UNLOCK,
-                        &[key, channel, &latch],
-                        &["0".into(), client.lease_ms().to_string(), field.clone(), LATCH_TTL_MS.to_string()],
-                        "release",
-                        key,
-                    )
-                    .await;
-                if r.is_ok() {
-                    client.forget(&latch);
-                }
-                r.map(|v| v.is_some())
-            }
-            Holder::Simple { value, channel } => {
-                let r: Result<i64> = client
-                    .eval(&scripts::SIMPLE_RELEASE, &[key, channel], std::slice::from_ref(value), "release", key)
-                    .await;
-                r.map(|v| v == 1)
-            }
-            Holder::Read { field, channel, timeouts, key_prefix } => {
-                let r: Result<Option<i64>> = client
-                    .eval(
-                        &scripts::READ_UNLOCK,
-                        &[key, channel, timeouts, key_prefix],
-                        &["0".into(), field.clone()],
-                        "release",
-                        key,
-                    )
-                    .await;
-                r.map(|v| v.is_some())
-            }
-            Holder::Fair { field, queue, alive, channel_prefix } => {
-                let latch = super::latch_key(key, &request_id);
-                let r: Result<Option<i64>> = client
-                    .eval(
-                        &scripts::FAIR_UNLOCK,
-                        &[key, queue, alive, &latch, channel_prefix],
-                        &[client.lease_ms().to_string(), field.clone(), LATCH_TTL_MS.to_string()],
-                        "release",
-                        key,
-                    )
-                    .await;
-                if r.is_ok() {
-                    client.forget(&latch);
-                }
-                r.map(|v| v.is_some())
-            }
-            Holder::Permit { id, permits_key, channel } => {
-                let r: Result<i64> = client
-                    .eval(
-                        &scripts::SEMAPHORE_RELEASE,
-                        &[key, permits_key, channel],
-                        std::slice::from_ref(id),
-                        "release",
-                        key,
-                    )
-                    .await;
-                r.map(|v| v == 1)
-            }
-            Holder::Write { field, channel } => {
-                let r: Result<Option<i64>> = client
-                    .eval(
-                        &scripts::WRITE_UNLOCK,
-                        &[key, channel],
-                        &["1".into(), client.lease_ms().to_string(), field.clone()],
-                        "release",
-                        key,
-                    )
-                    .await;
-                r.map(|v| v.is_some())
-            }
-        };
+        let r: Result<Option<i64>> = client.eval(script, &keys, &args, "release", key).await;
         match r {
             Err(e) if e.is_transient() && Instant::now() < deadline => {
                 tracing::debug!(key, attempt, error = %e, "release failed; retrying");
                 tokio::time::sleep(RETRY.min(deadline.saturating_duration_since(Instant::now()))).await;
             }
-            r => return r,
+            r => {
+                if latched && r.is_ok() {
+                    client.forget(&latch);
+                }
+                return r.map(|v| v.is_some());
+            }
         }
     }
 }
+
+/// Unlock messages: `0` wakes one waiter per Redisson client, `1` wakes all.
+static ZERO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "0".to_string());
+static ONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "1".to_string());
 
 /// How long a retried unlock's outcome is remembered on the server (Redisson's latch).
 const LATCH_TTL_MS: u64 = 30_000;
@@ -425,3 +387,48 @@ macro_rules! hold_methods {
     };
 }
 pub(crate) use hold_methods;
+
+/// A guard type of a reentrant recipe: a [`Hold`] plus the handle's re-entry count, released by
+/// `release()` or, in the background, on drop.
+macro_rules! reentrant_guard {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Debug)]
+        pub struct $name {
+            hold: Option<$crate::redis::guard::Hold>,
+            count: std::sync::Arc<std::sync::Mutex<Option<(u64, usize)>>>,
+        }
+
+        impl $name {
+            pub(crate) fn new(
+                hold: $crate::redis::guard::Hold,
+                count: std::sync::Arc<std::sync::Mutex<Option<(u64, usize)>>>,
+            ) -> $name {
+                $name { hold: Some(hold), count }
+            }
+
+            $crate::redis::guard::hold_methods!(hold_ref);
+
+            fn hold_ref(&self) -> &$crate::redis::guard::Hold {
+                self.hold.as_ref().expect("a guard holds until released")
+            }
+
+            /// Releases this hold (the lock itself at the last re-entrant hold) and waits for the
+            /// server's answer; [`Error::LockLost`](crate::Error::LockLost) if the lock had been
+            /// lost before, or was no longer ours on the server.
+            pub async fn release(mut self) -> $crate::Result<()> {
+                $crate::redis::guard::leave(&self.count);
+                self.hold.take().expect("a guard holds until released").release().await
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                if self.hold.is_some() {
+                    $crate::redis::guard::leave(&self.count);
+                }
+            }
+        }
+    };
+}
+pub(crate) use reentrant_guard;

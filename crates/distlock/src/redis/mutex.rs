@@ -1,6 +1,6 @@
 //! Redisson's reentrant lock (RLock layout), fenced.
 
-use super::guard::{enter, hold_methods, leave, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Hold, Holder};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::Result;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -108,57 +108,28 @@ impl Mutex {
                 }
                 let token = enter(&inner.reentry, code, token);
                 let holder = Holder::Redisson { field: inner.field.clone(), channel: inner.channel.clone() };
-                Ok(Attempt::Acquired(MutexGuard {
-                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
-                    reentry: inner.reentry.clone(),
-                }))
+                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
+                Ok(Attempt::Acquired(MutexGuard::new(hold, inner.reentry.clone())))
             }
         })
         .await
     }
 }
 
-/// Proof of holding a [`Mutex`]; released by [`release`](MutexGuard::release) or, in the
-/// background, on drop.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo(lock: distlock::redis::Mutex) -> distlock::Result<()> {
-/// let guard = lock.lock().await?;
-/// tokio::select! {
-///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
-///     reason = guard.lost() => eprintln!("lost: {reason}"),
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-pub struct MutexGuard {
-    hold: Option<Hold>,
-    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
-}
-
-impl MutexGuard {
-    hold_methods!(hold_ref);
-
-    fn hold_ref(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until released")
-    }
-
-    /// Releases this hold (the lock itself once the last re-entrant hold is released) and waits
-    /// for the server's answer. [`Error::LockLost`](crate::Error::LockLost) if the lock had been
-    /// lost before, or was no longer ours on the server.
-    pub async fn release(mut self) -> Result<()> {
-        leave(&self.reentry);
-        let hold = self.hold.take().expect("a guard holds until released");
-        hold.release().await
-    }
-}
-
-impl Drop for MutexGuard {
-    fn drop(&mut self) {
-        if self.hold.is_some() {
-            leave(&self.reentry);
-        }
-    }
+reentrant_guard! {
+    /// Proof of holding a [`Mutex`]; released by [`release`](MutexGuard::release) or, in the
+    /// background, on drop.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distlock::redis::Mutex) -> distlock::Result<()> {
+    /// let guard = lock.lock().await?;
+    /// tokio::select! {
+    ///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
+    ///     reason = guard.lost() => eprintln!("lost: {reason}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    MutexGuard
 }

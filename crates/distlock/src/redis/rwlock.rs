@@ -1,6 +1,6 @@
 //! Redisson's read/write lock (RReadWriteLock layout), fenced.
 
-use super::guard::{enter, hold_methods, leave, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Hold, Holder};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -130,10 +130,8 @@ impl RwLock {
                     timeouts: inner.timeouts.clone(),
                     key_prefix: inner.key_prefix.clone(),
                 };
-                Ok(Attempt::Acquired(ReadGuard {
-                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
-                    count: inner.reads.clone(),
-                }))
+                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
+                Ok(Attempt::Acquired(ReadGuard::new(hold, inner.reads.clone())))
             }
         })
         .await
@@ -168,59 +166,40 @@ impl RwLock {
                 }
                 let token = enter(&inner.writes, code, token);
                 let holder = Holder::Write { field: inner.write_field.clone(), channel: inner.channel.clone() };
-                Ok(Attempt::Acquired(WriteGuard {
-                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
-                    count: inner.writes.clone(),
-                }))
+                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
+                Ok(Attempt::Acquired(WriteGuard::new(hold, inner.writes.clone())))
             }
         })
         .await
     }
 }
 
-macro_rules! rw_guard {
-    ($name:ident, $what:literal) => {
-        #[doc = concat!("A ", $what, " hold of a [`RwLock`]; released by `release()` or, in the background, on drop.")]
-        ///
-        /// # Examples
-        ///
-        /// ```no_run
-        /// # async fn demo(lock: distlock::redis::RwLock) -> distlock::Result<()> {
-        /// let r = lock.read().await?;
-        /// println!("token {}", r.fencing_token());
-        /// r.release().await
-        /// # }
-        /// ```
-        #[derive(Debug)]
-        pub struct $name {
-            hold: Option<Hold>,
-            count: Arc<StdMutex<Option<(u64, usize)>>>,
-        }
-
-        impl $name {
-            hold_methods!(hold_ref);
-
-            fn hold_ref(&self) -> &Hold {
-                self.hold.as_ref().expect("a guard holds until released")
-            }
-
-            /// Releases this hold and waits for the server;
-            /// [`Error::LockLost`](crate::Error::LockLost) if it was lost before.
-            pub async fn release(mut self) -> Result<()> {
-                leave(&self.count);
-                self.hold.take().expect("a guard holds until released").release().await
-            }
-        }
-
-        impl Drop for $name {
-            fn drop(&mut self) {
-                if self.hold.is_some() {
-                    leave(&self.count);
-                }
-            }
-        }
-    };
+reentrant_guard! {
+    /// A read hold of a [`RwLock`]; released by `release()` or, in the background, on drop.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distlock::redis::RwLock) -> distlock::Result<()> {
+    /// let r = lock.read().await?;
+    /// println!("token {}", r.fencing_token());
+    /// r.release().await
+    /// # }
+    /// ```
+    ReadGuard
 }
 
-rw_guard!(ReadGuard, "read");
-rw_guard!(WriteGuard, "write");
+reentrant_guard! {
+    /// The write hold of a [`RwLock`]; released by `release()` or, in the background, on drop.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: distlock::redis::RwLock) -> distlock::Result<()> {
+    /// let w = lock.write().await?;
+    /// println!("token {}", w.fencing_token());
+    /// w.release().await
+    /// # }
+    /// ```
+    WriteGuard
+}

@@ -99,6 +99,7 @@ return {redis.call('pttl', KEYS[1]), 0}
 });
 
 /// Compare-and-delete, then a wake-up for our waiters. KEYS: lock, channel. ARGV: value.
+/// 1 if it was ours, nil if not.
 pub(crate) static SIMPLE_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
@@ -107,7 +108,7 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('publish', KEYS[2], '0')
   return 1
 end
-return 0
+return nil
 "#,
     )
 });
@@ -307,7 +308,7 @@ return 1
 });
 
 /// Semaphore release. KEYS: permit set, permit count key, channel. ARGV: permit id. 1 if it was
-/// ours; the last permit out deletes both keys.
+/// ours, nil if not; the last permit out deletes both keys.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
@@ -316,7 +317,8 @@ if redis.call('zcard', KEYS[1]) == 0 then
   redis.call('del', KEYS[1], KEYS[2])
 end
 redis.call('publish', KEYS[3], '1')
-return removed
+if removed == 0 then return nil end
+return 1
 "#,
     )
 });
