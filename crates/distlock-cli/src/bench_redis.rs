@@ -186,32 +186,46 @@ async fn contended(
     limits: &Limits,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    let key = format!("{prefix}:contended");
-    let mut handles = Vec::new();
-    let start = Instant::now();
-    let until = start + duration;
-    for _ in 0..clients {
-        let (url, key) = (url.to_string(), key.clone());
-        handles.push(tokio::spawn(async move {
-            let client = Client::connect(&url).await?;
-            let lock = client.mutex(&key)?;
-            let mut n = 0u64;
-            while Instant::now() < until {
-                lock.lock().await?.release().await?;
-                n += 1;
-            }
-            Ok::<u64, anyhow::Error>(n)
-        }));
+    let mut reports = Vec::new();
+    for (name, fair) in [("contended", false), ("contended-fair", true)] {
+        let key = format!("{prefix}:{name}");
+        let mut handles = Vec::new();
+        let start = Instant::now();
+        let until = start + duration;
+        for _ in 0..clients {
+            let (url, key) = (url.to_string(), key.clone());
+            handles.push(tokio::spawn(async move {
+                let client = Client::connect(&url).await?;
+                let (mutex, fair_lock) = (client.mutex(&key)?, client.fair_lock(&key)?);
+                let mut n = 0u64;
+                while Instant::now() < until {
+                    if fair {
+                        fair_lock.lock().await?.release().await?;
+                    } else {
+                        mutex.lock().await?.release().await?;
+                    }
+                    n += 1;
+                }
+                Ok::<u64, anyhow::Error>(n)
+            }));
+        }
+        let mut total = 0u64;
+        for h in handles {
+            total += h.await??;
+            progress.show(name, total, start.elapsed());
+        }
+        let ops = total as f64 / start.elapsed().as_secs_f64();
+        reports.push(report(name, ops, limits.sequential, vec![("clients".into(), clients.to_string())]));
     }
-    let mut total = 0u64;
-    for h in handles {
-        total += h.await??;
-        progress.show("contended", total, start.elapsed());
-    }
-    let ops = total as f64 / start.elapsed().as_secs_f64();
-    let peer =
-        peer_redis_py(url, &format!("{prefix}:redis-py-contended"), clients, duration, limits, "contended-redis-py")?;
-    Ok(vec![report("contended", ops, limits.sequential, vec![("clients".into(), clients.to_string())]), peer])
+    reports.push(peer_redis_py(
+        url,
+        &format!("{prefix}:redis-py-contended"),
+        clients,
+        duration,
+        limits,
+        "contended-redis-py",
+    )?);
+    Ok(reports)
 }
 
 async fn many_locks(
