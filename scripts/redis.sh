@@ -8,6 +8,8 @@
 #   scripts/redis.sh kill DIR     SIGKILL that server (a crash; nothing is persisted).
 #   scripts/redis.sh restart DIR  start it again on the same port (after a kill or stop): an
 #                                 empty server, as Redis without persistence comes back.
+#   scripts/redis.sh replica DIR MASTER   start a replica of MASTER (host:port) the same way, and
+#                                 wait until its link to the master is up.
 #
 # No persistence (no RDB, no AOF): a restart loses every lock, the worst case the tests cover.
 set -euo pipefail
@@ -33,17 +35,30 @@ install_redis() {
     apt-get install -y -qq redis-server redis-tools >&2
 }
 
+# A replica counts as up once its link to the master is up and the master counts it online
+# and has heard its first acknowledgement (only then does WAIT count it); a master at once.
+linked() {
+    [[ -f "$dir/master.addr" ]] || return 0
+    local master
+    master=$(cat "$dir/master.addr")
+    redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null | grep -q '^master_link_status:up' &&
+        redis-cli -h "${master%:*}" -p "${master#*:}" info replication 2>/dev/null | grep -Eq "port=$1,state=online,offset=[1-9]"
+}
+
 launch() {
-    local port pid
+    local port pid extra=()
     port=$(cat "$dir/redis.port")
+    if [[ -f "$dir/master.addr" ]]; then
+        extra=(--replicaof "$(cut -d: -f1 "$dir/master.addr")" "$(cut -d: -f2 "$dir/master.addr")" --repl-diskless-sync-delay 0)
+    fi
     nohup redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
-        --daemonize no --logfile "$dir/redis.log" --protected-mode no \
+        --daemonize no --logfile "$dir/redis.log" --protected-mode no --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 "${extra[@]}" \
         > "$dir/redis.out" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$dir/redis.pid"
     # Wait (bounded: 30 s) for PING.
     for _ in $(seq 1 300); do
-        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]]; then
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && linked "$port"; then
             log "redis-server pid $pid serving on 127.0.0.1:$port"
             echo "127.0.0.1:$port"
             return
@@ -76,6 +91,9 @@ crash() { crash_recorded "$dir/redis.pid" redis-server; }
 
 case "$cmd" in
     start) start ;;
+    replica)
+        [[ -n "${3:-}" ]] || { echo "usage: $0 replica DIR MASTER_HOST:PORT" >&2; exit 2; }
+        mkdir -p "$dir"; echo "$3" > "$dir/master.addr"; start ;;
     stop) stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;
     restart) dir=$(cd "$dir" && pwd); stop; launch ;;

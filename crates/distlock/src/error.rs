@@ -142,6 +142,16 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
+    /// Fewer replicas than required confirmed an acquire in time; nothing was taken.
+    #[error("lock {lock}: only {acked} of {wanted} replicas confirmed the acquire in time; released it")]
+    NotReplicated {
+        /// The lock.
+        lock: String,
+        /// Replicas required (`?replicas=`).
+        wanted: u32,
+        /// Replicas that confirmed.
+        acked: u32,
+    },
     /// The backend cannot do this (a recipe it does not offer, or a scheme compiled out).
     #[error("{backend} does not support {what}")]
     Unsupported {

@@ -160,12 +160,11 @@ impl FairLock {
         let task = tokio::spawn(async move {
             let sent = Instant::now();
             let client = &inner.client;
-            let (code, token, len): (i64, u64, u64) = client
-                .eval(
+            let ((code, token, len), replication): ((i64, u64, u64), _) = client
+                .eval_acquire(
                     &scripts::FAIR_LOCK,
                     &[&inner.key, &inner.queue, &inner.alive, &inner.token_key],
                     &[client.lease_ms().to_string(), inner.field.clone(), if enqueue { "1" } else { "0" }.into()],
-                    "acquire",
                     &inner.key,
                 )
                 .await?;
@@ -181,7 +180,9 @@ impl FairLock {
                 channel_prefix: inner.channel_prefix.clone(),
             };
             let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-            Ok(Outcome::Granted(FairGuard::new(hold, inner.reentry.clone())))
+            let guard = FairGuard::new(hold, inner.reentry.clone());
+            replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+            Ok(Outcome::Granted(guard))
         });
         task.await.map_err(|e| Error::Backend { op: "acquire", path: self.inner.key.clone(), source: Box::new(e) })?
     }

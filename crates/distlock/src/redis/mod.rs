@@ -264,6 +264,43 @@ impl Client {
         invocation.invoke_async(&mut conn).await.map_err(|e| backend(op, key, e))
     }
 
+    /// Runs an acquire script; with `?replicas=N` in the URL, pipelines `WAIT N timeout` after it
+    /// on the same connection, and reports how many replicas confirmed (check it with
+    /// [`Replication::check`] once the guard exists, so that a refusal releases the grant).
+    async fn eval_acquire<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[String],
+        key: &str,
+    ) -> Result<(T, Replication)> {
+        let wanted = self.inner.url.replicas;
+        if wanted == 0 {
+            return Ok((self.eval(script, keys, args, "acquire", key).await?, Replication { wanted, acked: 0 }));
+        }
+        let timeout_ms = self.inner.url.replica_timeout.as_millis() as u64;
+        for loaded in [false, true] {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args)
+                .cmd("WAIT")
+                .arg(wanted)
+                .arg(timeout_ms);
+            let mut conn = self.inner.conn.clone();
+            match pipe.query_async::<(T, i64)>(&mut conn).await {
+                Ok((value, acked)) => return Ok((value, Replication { wanted, acked })),
+                Err(e) if e.code() == Some("NOSCRIPT") && !loaded => {
+                    script.load_async(&mut conn).await.map_err(|e| backend("SCRIPT LOAD", key, e))?;
+                }
+                Err(e) => return Err(backend("acquire", key, e)),
+            }
+        }
+        Err(Error::Unsupported { backend: "redis", what: format!("running a script it has just loaded (on {key})") })
+    }
+
     /// Deletes `key` in the background (a retried unlock's latch).
     fn forget(&self, key: &str) {
         let mut conn = self.inner.conn.clone();
@@ -271,6 +308,24 @@ impl Client {
         tokio::spawn(async move {
             let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
         });
+    }
+}
+
+/// How many replicas confirmed an acquire (with `?replicas=N`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replication {
+    wanted: u32,
+    acked: i64,
+}
+
+impl Replication {
+    /// An error (the caller then drops, and so releases, what it acquired) when fewer replicas
+    /// than asked confirmed the acquire within the timeout.
+    pub(crate) fn check(self, key: &str) -> Result<()> {
+        if self.wanted == 0 || self.acked >= self.wanted as i64 {
+            return Ok(());
+        }
+        Err(Error::NotReplicated { lock: key.to_string(), wanted: self.wanted, acked: self.acked.max(0) as u32 })
     }
 }
 
@@ -390,6 +445,19 @@ impl Error {
     }
 }
 
+/// `Ok(-1)` (try again) for a connection error, unless connection errors have lasted
+/// `give_up_after`; the error otherwise.
+fn retryable(e: Error, failing_since: &mut Option<Instant>, give_up_after: Duration) -> Result<i64> {
+    if !e.is_transient() {
+        return Err(e);
+    }
+    if failing_since.get_or_insert_with(Instant::now).elapsed() >= give_up_after {
+        return Err(e);
+    }
+    tracing::debug!(error = %e, "acquire attempt failed; retrying");
+    Ok(-1)
+}
+
 /// What one acquire attempt found.
 pub(crate) enum Attempt<G> {
     /// Ours (the guard is built inside the attempt's task, so a dropped acquire releases it).
@@ -420,9 +488,21 @@ where
         let task = tokio::spawn(attempt());
         task.await.map_err(|e| Error::Backend { op: "acquire", path: channel.to_string(), source: Box::new(e) })?
     };
-    // First a plain attempt: an uncontended acquire costs one round trip and no subscription.
-    if let Attempt::Acquired(g) = try_once().await? {
-        return Ok(Some(g));
+    // A connection that keeps failing this long ends the acquire with its error.
+    let give_up_after = client.inner.url.connect_timeout;
+    let mut failing_since: Option<Instant> = None;
+    // First a plain attempt: an uncontended acquire costs one round trip and no subscription. A
+    // connection error is tried again at once (the connection is re-established), then as below.
+    let mut first = try_once().await;
+    if matches!(&first, Err(e) if e.is_transient()) {
+        first = try_once().await;
+    }
+    match first {
+        Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
+        Ok(Attempt::Held(_)) => {}
+        Err(e) => {
+            retryable(e, &mut failing_since, give_up_after)?;
+        }
     }
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return Ok(None);
@@ -436,12 +516,11 @@ where
         // After subscribing, try again (a release may have come before the subscription).
         let pttl = match try_once().await {
             Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
-            Ok(Attempt::Held(pttl)) => pttl,
-            Err(e) if e.is_transient() => {
-                tracing::debug!(channel, error = %e, "acquire attempt failed; retrying");
-                -1
+            Ok(Attempt::Held(pttl)) => {
+                failing_since = None;
+                pttl
             }
-            Err(e) => return Err(e),
+            Err(e) => retryable(e, &mut failing_since, give_up_after)?,
         };
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {

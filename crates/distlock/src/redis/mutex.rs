@@ -94,12 +94,11 @@ impl Mutex {
             async move {
                 let sent = Instant::now();
                 let client = &inner.client;
-                let (code, token): (i64, u64) = client
-                    .eval(
+                let ((code, token), replication): ((i64, u64), _) = client
+                    .eval_acquire(
                         &scripts::REDISSON_LOCK,
                         &[&inner.key, &inner.token_key],
                         &[client.lease_ms().to_string(), inner.field.clone()],
-                        "acquire",
                         &inner.key,
                     )
                     .await?;
@@ -109,7 +108,9 @@ impl Mutex {
                 let token = enter(&inner.reentry, code, token);
                 let holder = Holder::Redisson { field: inner.field.clone(), channel: inner.channel.clone() };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-                Ok(Attempt::Acquired(MutexGuard::new(hold, inner.reentry.clone())))
+                let guard = MutexGuard::new(hold, inner.reentry.clone());
+                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+                Ok(Attempt::Acquired(guard))
             }
         })
         .await

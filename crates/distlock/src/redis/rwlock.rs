@@ -111,12 +111,11 @@ impl RwLock {
             async move {
                 let sent = Instant::now();
                 let client = &inner.client;
-                let (code, token): (i64, u64) = client
-                    .eval(
+                let ((code, token), replication): ((i64, u64), _) = client
+                    .eval_acquire(
                         &scripts::READ_LOCK,
                         &[&inner.key, &inner.timeouts, &inner.token_key],
                         &[client.lease_ms().to_string(), inner.field.clone(), inner.write_field.clone()],
-                        "read-lock",
                         &inner.key,
                     )
                     .await?;
@@ -131,7 +130,9 @@ impl RwLock {
                     key_prefix: inner.key_prefix.clone(),
                 };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-                Ok(Attempt::Acquired(ReadGuard::new(hold, inner.reads.clone())))
+                let guard = ReadGuard::new(hold, inner.reads.clone());
+                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+                Ok(Attempt::Acquired(guard))
             }
         })
         .await
@@ -152,12 +153,11 @@ impl RwLock {
             async move {
                 let sent = Instant::now();
                 let client = &inner.client;
-                let (code, token): (i64, u64) = client
-                    .eval(
+                let ((code, token), replication): ((i64, u64), _) = client
+                    .eval_acquire(
                         &scripts::WRITE_LOCK,
                         &[&inner.key, &inner.token_key],
                         &[client.lease_ms().to_string(), inner.write_field.clone()],
-                        "write-lock",
                         &inner.key,
                     )
                     .await?;
@@ -167,7 +167,9 @@ impl RwLock {
                 let token = enter(&inner.writes, code, token);
                 let holder = Holder::Write { field: inner.write_field.clone(), channel: inner.channel.clone() };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-                Ok(Attempt::Acquired(WriteGuard::new(hold, inner.writes.clone())))
+                let guard = WriteGuard::new(hold, inner.writes.clone());
+                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+                Ok(Attempt::Acquired(guard))
             }
         })
         .await

@@ -94,12 +94,11 @@ impl Semaphore {
                 let id = format!("{}:{}", inner.client.client_id(), uuid::Uuid::new_v4().simple());
                 let sent = Instant::now();
                 let client = &inner.client;
-                let (code, value): (i64, u64) = client
-                    .eval(
+                let ((code, value), replication): ((i64, u64), _) = client
+                    .eval_acquire(
                         &scripts::SEMAPHORE_ACQUIRE,
                         &[&inner.key, &inner.permits_key, &inner.token_key],
                         &[inner.permits.to_string(), id.clone(), client.lease_ms().to_string()],
-                        "acquire",
                         &inner.key,
                     )
                     .await?;
@@ -118,9 +117,10 @@ impl Semaphore {
                 }
                 let holder =
                     Holder::Permit { id, permits_key: inner.permits_key.clone(), channel: inner.channel.clone() };
-                Ok(Attempt::Acquired(SemaphorePermit {
-                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, value, sent)),
-                }))
+                let permit =
+                    SemaphorePermit { hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, value, sent)) };
+                replication.check(&inner.key)?; // not confirmed: the permit drops and is given back
+                Ok(Attempt::Acquired(permit))
             }
         })
         .await

@@ -81,12 +81,11 @@ impl SimpleLock {
                 let value = uuid::Uuid::new_v4().simple().to_string();
                 let sent = Instant::now();
                 let client = &inner.client;
-                let (code, token): (i64, u64) = client
-                    .eval(
+                let ((code, token), replication): ((i64, u64), _) = client
+                    .eval_acquire(
                         &scripts::SIMPLE_LOCK,
                         &[&inner.key, &inner.token_key],
                         &[value.clone(), client.lease_ms().to_string()],
-                        "acquire",
                         &inner.key,
                     )
                     .await?;
@@ -94,9 +93,10 @@ impl SimpleLock {
                     return Ok(Attempt::Held(code));
                 }
                 let holder = Holder::Simple { value, channel: inner.channel.clone() };
-                Ok(Attempt::Acquired(SimpleGuard {
-                    hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)),
-                }))
+                let guard =
+                    SimpleGuard { hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)) };
+                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+                Ok(Attempt::Acquired(guard))
             }
         })
         .await

@@ -53,7 +53,10 @@ impl std::str::FromStr for Layout {
 /// - `lease`: how long the server keeps a lock whose holder stopped renewing (default 30 s,
 ///   Redisson's watchdog timeout); renewed every third of it;
 /// - `connect_timeout`: bound on connecting and on each request (default 10 s);
-/// - `layout`: `redisson` (default) or `simple` for [`Client::mutex`](super::Client::mutex).
+/// - `layout`: `redisson` (default) or `simple` for [`Client::mutex`](super::Client::mutex);
+/// - `replicas`: that many replicas must confirm each acquire (`WAIT`, pipelined with it) within
+///   `replica_timeout` (default 1 s), or the acquire fails with
+///   [`Error::NotReplicated`](crate::Error::NotReplicated) and takes nothing (default 0: no wait).
 ///
 /// An unknown key is an error naming it.
 ///
@@ -88,6 +91,11 @@ pub struct RedisUrl {
     pub connect_timeout: Duration,
     /// Default layout of [`Client::mutex`](super::Client::mutex).
     pub layout: Layout,
+    /// Replicas that must confirm every acquire (`WAIT`), or it fails and takes nothing; 0 does
+    /// not wait.
+    pub replicas: u32,
+    /// How long an acquire waits for those confirmations.
+    pub replica_timeout: Duration,
 }
 
 impl RedisUrl {
@@ -152,6 +160,8 @@ impl RedisUrl {
             lease: DEFAULT_LEASE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             layout: Layout::default(),
+            replicas: 0,
+            replica_timeout: Duration::from_secs(1),
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
@@ -173,7 +183,21 @@ impl RedisUrl {
                     }
                 }
                 "layout" => parsed.layout = value.parse().map_err(|e: Error| bad(e.to_string()))?,
-                _ => return Err(bad(format!("unknown key {key:?} (known: lease, connect_timeout, layout)"))),
+                "replicas" => {
+                    parsed.replicas =
+                        value.parse().map_err(|_| bad(format!("replicas: {value:?} is not a number of replicas")))?
+                }
+                "replica_timeout" => {
+                    parsed.replica_timeout = duration()?;
+                    if parsed.replica_timeout.is_zero() {
+                        return Err(bad("replica_timeout must be greater than zero (WAIT 0 waits forever)".into()));
+                    }
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout)"
+                    )))
+                }
             }
         }
         Ok(parsed)
@@ -233,6 +257,7 @@ impl std::fmt::Debug for RedisUrl {
             .field("lease", &self.lease)
             .field("connect_timeout", &self.connect_timeout)
             .field("layout", &self.layout)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }

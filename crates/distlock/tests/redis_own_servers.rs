@@ -1,0 +1,131 @@
+//! Tests that need redis-servers of their own, started with `scripts/redis.sh` (the shared test
+//! server must not be restarted or replicated): a restart without persistence under a held lock,
+//! and acquires that must be confirmed by a replica (`WAIT`).
+#![cfg(feature = "redis")]
+
+use distlock::redis::Client;
+use distlock::{Error, LostReason};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+struct Server {
+    dir: PathBuf,
+    addr: String,
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis.sh")
+}
+
+impl Server {
+    fn start() -> Server {
+        Server::launch(&["start"])
+    }
+
+    /// A replica of `master`, its link up.
+    fn replica_of(master: &Server) -> Server {
+        Server::launch(&["replica", "", &master.addr])
+    }
+
+    fn launch(args: &[&str]) -> Server {
+        let dir = std::env::temp_dir().join(format!("distlock-redis-own-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut command = Command::new(script());
+        command.arg(args[0]).arg(&dir).args(&args[2.min(args.len())..]);
+        let out = command.output().expect("scripts/redis.sh");
+        assert!(out.status.success(), "redis.sh start: {}", String::from_utf8_lossy(&out.stderr));
+        let addr = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        Server { dir, addr }
+    }
+
+    fn pid(&self) -> u32 {
+        std::fs::read_to_string(self.dir.join("redis.pid")).unwrap().trim().parse().unwrap()
+    }
+
+    fn restart(&self) {
+        let out = Command::new(script()).arg("restart").arg(&self.dir).output().unwrap();
+        assert!(out.status.success(), "redis.sh restart: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("stop").arg(&self.dir).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn a_restart_without_persistence_is_a_loss_and_tokens_keep_rising() {
+    let server = Server::start();
+    let redis = Client::connect(&format!("redis://{}?lease=2s", server.addr)).await.unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let g = redis.mutex("restart").unwrap().lock().await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+    }
+    let held = redis.mutex("restart").unwrap().lock().await.unwrap();
+    tokens.push(held.fencing_token());
+    server.restart(); // empty: the lock and the fencing counter are gone
+    let reason =
+        tokio::time::timeout(Duration::from_secs(10), held.lost()).await.expect("the holder learns of the loss");
+    assert!(matches!(reason, LostReason::KeyDeleted | LostReason::LeaseExpired), "{reason:?}");
+    // The counter restarted from nothing, yet the next token is larger than every earlier one.
+    let next = tokio::time::timeout(Duration::from_secs(10), redis.mutex("restart").unwrap().lock())
+        .await
+        .expect("the restarted server grants the lock")
+        .unwrap();
+    assert!(
+        tokens.iter().all(|t| next.fencing_token() > *t),
+        "token {} after the restart, {tokens:?} before",
+        next.fencing_token()
+    );
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    next.release().await.unwrap();
+    drop(held);
+}
+
+#[tokio::test]
+async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let url = format!("redis://{}?lease=5s&replicas=1&replica_timeout=300ms", master.addr);
+    let redis = Client::connect(&url).await.unwrap();
+    let g = redis.mutex("replicated").unwrap().lock().await.expect("the replica confirms");
+    g.release().await.unwrap();
+
+    distlock_faults::pause(replica.pid()).unwrap();
+    for result in [
+        redis.mutex("replicated").unwrap().try_lock().await.map(|g| g.is_some()),
+        redis.simple_lock("replicated-simple").unwrap().try_lock().await.map(|g| g.is_some()),
+        redis.semaphore("replicated-pool", 2).unwrap().try_acquire().await.map(|g| g.is_some()),
+    ] {
+        match result {
+            Err(Error::NotReplicated { wanted: 1, acked: 0, .. }) => {}
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+    }
+    // The grants were released again (in the background).
+    let raw = redis::Client::open(format!("redis://{}", master.addr)).unwrap();
+    let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg("replicated")
+            .arg("replicated-simple")
+            .arg("replicated-pool")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{n} unconfirmed grants left on the master");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    distlock_faults::resume(replica.pid()).unwrap();
+    let g = redis.mutex("replicated").unwrap().lock_timeout(Duration::from_secs(5)).await.unwrap();
+    g.expect("confirmed again once the replica is back").release().await.unwrap();
+}
