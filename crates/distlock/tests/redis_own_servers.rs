@@ -1,6 +1,6 @@
 //! Tests that need redis-servers of their own, started with `scripts/redis.sh` (the shared test
 //! server must not be restarted or replicated): a restart without persistence under a held lock,
-//! and acquires that must be confirmed by a replica (`WAIT`).
+//! acquires that must be confirmed by a replica (`WAIT`), and Redlock over three masters.
 #![cfg(feature = "redis")]
 
 use distlock::redis::Client;
@@ -128,4 +128,36 @@ async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
     distlock_faults::resume(replica.pid()).unwrap();
     let g = redis.mutex("replicated").unwrap().lock_timeout(Duration::from_secs(5)).await.unwrap();
     g.expect("confirmed again once the replica is back").release().await.unwrap();
+}
+
+#[tokio::test]
+async fn redlock_holds_with_a_majority_and_not_without() {
+    let masters = [Server::start(), Server::start(), Server::start()];
+    let urls: Vec<String> = masters.iter().map(|m| format!("redis://{}?lease=3s", m.addr)).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let a = distlock::redis::Redlock::connect(&urls).await.unwrap();
+    let b = distlock::redis::Redlock::connect(&urls).await.unwrap();
+    assert_eq!(a.quorum(), 2);
+    assert!(matches!(distlock::redis::Redlock::connect(&urls[..2]).await, Err(Error::InvalidArgument { .. })));
+
+    let g = a.lock("report").await.unwrap();
+    assert!(g.validity_deadline() > std::time::Instant::now() + Duration::from_millis(2500));
+    assert!(b.try_lock("report").await.unwrap().is_none(), "a majority holds it");
+    let extended = g.extend().await.unwrap();
+    assert!(extended >= g.validity_deadline() - Duration::from_millis(1));
+    g.release().await.unwrap();
+
+    // One master paused: two of three still agree.
+    distlock_faults::pause(masters[2].pid()).unwrap();
+    let g = b.lock_timeout("report", Duration::from_secs(5)).await.unwrap().expect("2 of 3 is a majority");
+    g.release().await.unwrap();
+    // Two paused: no majority, nothing taken (the live master keeps nothing).
+    distlock_faults::pause(masters[1].pid()).unwrap();
+    assert!(a.lock_timeout("report", Duration::from_millis(600)).await.unwrap().is_none());
+    let raw = redis::Client::open(format!("redis://{}", masters[0].addr)).unwrap();
+    let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
+    let n: i64 = redis::cmd("EXISTS").arg("report").query_async(&mut conn).await.unwrap();
+    assert_eq!(n, 0, "a failed round leaves nothing on the masters that said yes");
+    distlock_faults::resume(masters[1].pid()).unwrap();
+    distlock_faults::resume(masters[2].pid()).unwrap();
 }

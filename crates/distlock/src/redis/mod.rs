@@ -10,6 +10,7 @@
 //! | Fair lock | [`Client::fair_lock`] | the RLock hash `K`, list `distlock_fair_queue:{K}`, zset `distlock_fair_alive:{K}` {waiter: place kept until (server ms)}; channel `distlock_fair__channel:{K}:<waiter>` | Redisson `getLock(K)` holders (the queue is distlock's own) |
 //! | Semaphore | [`Client::semaphore`] | zset `K` {permit id: expiry in server ms}, string `{K}:permits`; channel `distlock_semaphore__channel:{K}` | (distlock's own: expiry by the server clock) |
 //! | Simple lock | [`Client::simple_lock`] | string `K` = random value, `SET NX PX`; channel `distlock_lock__channel:{K}` | redis-py `Lock(K)` |
+//! | Redlock (opt-in, **no fencing token**) | [`Redlock::connect`] | string `K` = random value on each of N masters | Redlock clients (redsync, node-redlock) on the same masters |
 //! | Fencing counter | (both) | string `redisson_lock_token:{K}`, never deleted | Redisson `getFencedLock(K)` |
 //!
 //! # Fencing tokens
@@ -52,6 +53,7 @@
 mod fair;
 mod guard;
 mod mutex;
+mod redlock;
 mod rwlock;
 mod scripts;
 mod semaphore;
@@ -61,6 +63,7 @@ mod wake;
 
 pub use fair::{FairGuard, FairLock};
 pub use mutex::{Mutex, MutexGuard};
+pub use redlock::{Redlock, RedlockGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use simple::{SimpleGuard, SimpleLock};
@@ -411,7 +414,7 @@ pub(crate) fn latch_key(key: &str, request_id: &str) -> String {
     format!("{}:{request_id}", prefix_name("redisson_unlock_latch", key))
 }
 
-fn validate_key(name: &str) -> Result<()> {
+pub(crate) fn validate_key(name: &str) -> Result<()> {
     let bad = |reason: &str| Err(Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() });
     if name.is_empty() {
         return bad("the lock name is empty");
