@@ -10,6 +10,9 @@
 #                                 empty server, as Redis without persistence comes back.
 #   scripts/redis.sh replica DIR MASTER   start a replica of MASTER (host:port) the same way, and
 #                                 wait until its link to the master is up.
+#   scripts/redis.sh sentinel DIR MASTER NAME   start a Sentinel monitoring MASTER as NAME (quorum
+#                                 2, down after 1 s, failover timeout 5 s), and wait until it
+#                                 answers for NAME.
 #
 # No persistence (no RDB, no AOF): a restart loses every lock, the worst case the tests cover.
 set -euo pipefail
@@ -35,6 +38,12 @@ install_redis() {
     apt-get install -y -qq redis-server redis-tools >&2
 }
 
+# A Sentinel counts as up once it names the master it monitors.
+watching() {
+    [[ -f "$dir/sentinel.conf" ]] || return 0
+    redis-cli -h 127.0.0.1 -p "$1" sentinel get-master-addr-by-name "$(cat "$dir/sentinel.name")" 2>/dev/null | grep -q .
+}
+
 # A replica counts as up once its link to the master is up and the master counts it online
 # and has heard its first acknowledgement (only then does WAIT count it); a master at once.
 linked() {
@@ -46,19 +55,22 @@ linked() {
 }
 
 launch() {
-    local port pid extra=()
+    local port pid extra=() conf=()
     port=$(cat "$dir/redis.port")
+    if [[ -f "$dir/sentinel.conf" ]]; then
+        conf=("$dir/sentinel.conf" --sentinel)
+    fi
     if [[ -f "$dir/master.addr" ]]; then
         extra=(--replicaof "$(cut -d: -f1 "$dir/master.addr")" "$(cut -d: -f2 "$dir/master.addr")" --repl-diskless-sync-delay 0)
     fi
-    nohup redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
+    nohup redis-server "${conf[@]}" --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
         --daemonize no --logfile "$dir/redis.log" --protected-mode no --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 "${extra[@]}" \
         > "$dir/redis.out" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$dir/redis.pid"
     # Wait (bounded: 30 s) for PING.
     for _ in $(seq 1 300); do
-        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && linked "$port"; then
+        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && linked "$port" && watching "$port"; then
             log "redis-server pid $pid serving on 127.0.0.1:$port"
             echo "127.0.0.1:$port"
             return
@@ -94,6 +106,18 @@ case "$cmd" in
     replica)
         [[ -n "${3:-}" ]] || { echo "usage: $0 replica DIR MASTER_HOST:PORT" >&2; exit 2; }
         mkdir -p "$dir"; echo "$3" > "$dir/master.addr"; start ;;
+    sentinel)
+        [[ -n "${3:-}" && -n "${4:-}" ]] || { echo "usage: $0 sentinel DIR MASTER_HOST:PORT NAME" >&2; exit 2; }
+        mkdir -p "$dir"
+        echo "$4" > "$dir/sentinel.name"
+        # Sentinel rewrites its configuration file: it lives in DIR.
+        cat > "$dir/sentinel.conf" <<CONF
+sentinel monitor $4 ${3%:*} ${3#*:} 2
+sentinel down-after-milliseconds $4 1000
+sentinel failover-timeout $4 5000
+sentinel parallel-syncs $4 1
+CONF
+        start ;;
     stop) stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;
     restart) dir=$(cd "$dir" && pwd); stop; launch ;;

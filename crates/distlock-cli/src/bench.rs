@@ -122,7 +122,7 @@ const BENCH_ROOT: &str = "/distlock-bench";
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let backend = crate::backend_or_default(&args.backend);
-    if backend.starts_with("redis://") {
+    if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
         if cfg!(debug_assertions) {
             eprintln!(
                 "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"

@@ -281,6 +281,9 @@ fn peer_redis_py(
     workload: &str,
 ) -> anyhow::Result<Report> {
     let parsed = distlock::redis::RedisUrl::parse(url)?;
+    if parsed.sentinel.is_some() {
+        return Ok(report(workload, 0.0, limits.sequential, vec![("skipped".into(), "Sentinel URL".into())]));
+    }
     let script = r#"
 import sys, threading, time
 try:

@@ -106,8 +106,9 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
-    /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s, or
-    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple
+    /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s,
+    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple, or
+    /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held
@@ -148,7 +149,7 @@ impl BackendArg {
     /// timeout.
     pub async fn connect(&self) -> anyhow::Result<distlock::Client> {
         let backend = backend_or_default(&self.backend);
-        if backend.starts_with("redis://") || backend.starts_with("rediss://") {
+        if ["redis://", "rediss://", "redis+sentinel://", "redis+cluster://"].iter().any(|s| backend.starts_with(s)) {
             let mut url = distlock::redis::RedisUrl::parse(backend)?;
             if self.session_timeout.is_some() {
                 anyhow::bail!(

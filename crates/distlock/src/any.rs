@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The URL schemes distlock knows, and the cargo feature each needs.
-pub const SCHEMES: &[(&str, &str)] = &[("zk", "zookeeper"), ("redis", "redis")];
+pub const SCHEMES: &[(&str, &str)] = &[("zk", "zookeeper"), ("redis", "redis"), ("redis+sentinel", "redis")];
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
 /// [`ZkUrl`](crate::zookeeper::ZkUrl)) or `redis://host:port/db?…` (see
@@ -44,7 +44,9 @@ pub async fn connect(url: &str) -> Result<Client> {
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(Client { kind: ClientKind::ZooKeeper(crate::zookeeper::Client::connect(url).await?) }),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Client { kind: ClientKind::Redis(crate::redis::Client::connect(url).await?) }),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            Ok(Client { kind: ClientKind::Redis(crate::redis::Client::connect(url).await?) })
+        }
         _ => match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
             Some((_, feature)) => {
                 Err(bad(format!("the {scheme}:// backend is not compiled in (enable distlock's {feature:?} feature)")))

@@ -1,6 +1,7 @@
 //! Tests that need redis-servers of their own, started with `scripts/redis.sh` (the shared test
 //! server must not be restarted or replicated): a restart without persistence under a held lock,
-//! acquires that must be confirmed by a replica (`WAIT`), and Redlock over three masters.
+//! acquires that must be confirmed by a replica (`WAIT`), Redlock over three masters, and a
+//! Sentinel failover.
 #![cfg(feature = "redis")]
 
 use distlock::redis::Client;
@@ -26,6 +27,11 @@ impl Server {
     /// A replica of `master`, its link up.
     fn replica_of(master: &Server) -> Server {
         Server::launch(&["replica", "", &master.addr])
+    }
+
+    /// A Sentinel monitoring `master` as `name`.
+    fn sentinel(master: &Server, name: &str) -> Server {
+        Server::launch(&["sentinel", "", &master.addr, name])
     }
 
     fn launch(args: &[&str]) -> Server {
@@ -160,4 +166,84 @@ async fn redlock_holds_with_a_majority_and_not_without() {
     assert_eq!(n, 0, "a failed round leaves nothing on the masters that said yes");
     distlock_faults::resume(masters[1].pid()).unwrap();
     distlock_faults::resume(masters[2].pid()).unwrap();
+}
+
+async fn raw_conn(addr: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://{addr}")).unwrap().get_multiplexed_async_connection().await.unwrap()
+}
+
+/// Waits (bounded) until `cond` holds, re-checking every 50 ms.
+async fn eventually<F, Fut>(bound: Duration, what: &str, cond: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    while !cond().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let sentinels = [
+        Server::sentinel(&master, "mymaster"),
+        Server::sentinel(&master, "mymaster"),
+        Server::sentinel(&master, "mymaster"),
+    ];
+    // Every Sentinel knows the replica and the two other Sentinels (else no failover can be agreed).
+    for s in &sentinels {
+        eventually(Duration::from_secs(20), "the Sentinels to find each other and the replica", || async {
+            let mut conn = raw_conn(&s.addr).await;
+            let info: Vec<String> =
+                redis::cmd("SENTINEL").arg("master").arg("mymaster").query_async(&mut conn).await.unwrap_or_default();
+            let field = |k: &str| info.iter().position(|x| x == k).and_then(|i| info.get(i + 1)).cloned();
+            field("num-other-sentinels").as_deref() == Some("2") && field("num-slaves").as_deref() == Some("1")
+        })
+        .await;
+    }
+    let hosts: Vec<&str> = sentinels.iter().map(|s| s.addr.as_str()).collect();
+    let url = format!("redis+sentinel://{}/mymaster?lease=10s&connect_timeout=5s", hosts.join(","));
+    let redis = Client::connect(&url).await.unwrap();
+    let before = redis.mutex("orders").unwrap().lock().await.unwrap();
+    let t1 = before.fencing_token();
+    before.release().await.unwrap();
+    let held = redis.mutex("held").unwrap().lock().await.unwrap();
+    // The replica has the held lock before the master goes (a failover can lose what it has not).
+    eventually(Duration::from_secs(10), "the lock to reach the replica", || async {
+        let mut conn = raw_conn(&replica.addr).await;
+        redis::cmd("EXISTS").arg("held").query_async::<i64>(&mut conn).await.unwrap_or(0) == 1
+    })
+    .await;
+
+    distlock_faults::pause(master.pid()).unwrap();
+    eventually(Duration::from_secs(30), "the Sentinels to promote the replica", || async {
+        let mut conn = raw_conn(&sentinels[0].addr).await;
+        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("mymaster")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(None);
+        addr.is_some_and(|(h, p)| format!("{h}:{p}") == replica.addr)
+    })
+    .await;
+    let promoted = std::time::Instant::now();
+    let after = tokio::time::timeout(Duration::from_secs(20), redis.mutex("orders").unwrap().lock())
+        .await
+        .expect("the client follows the new master")
+        .unwrap();
+    assert!(after.fencing_token() > t1, "tokens keep rising across the failover");
+    // The lock held across the failover is renewed on the new master (a renewal sent after the
+    // promotion succeeded): still ours.
+    eventually(Duration::from_secs(10), "the held lock to be renewed on the new master", || async {
+        held.lease_deadline() > promoted + Duration::from_secs(9) && held.state() == distlock::LockState::Held
+    })
+    .await;
+    after.release().await.unwrap();
+    held.release().await.unwrap();
+    distlock_faults::resume(master.pid()).unwrap();
 }

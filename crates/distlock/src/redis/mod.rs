@@ -67,7 +67,7 @@ pub use redlock::{Redlock, RedlockGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use simple::{SimpleGuard, SimpleLock};
-pub use url::{Layout, RedisUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE};
+pub use url::{Layout, RedisUrl, SentinelUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE};
 
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,7 +94,10 @@ pub struct Client {
 
 struct Inner {
     url: RedisUrl,
-    conn: redis::aio::ConnectionManager,
+    /// The master's connection; replaced when Sentinel names another master.
+    conn: std::sync::RwLock<redis::aio::ConnectionManager>,
+    /// The master's `host:port` now, and when we last asked the Sentinels (at most every 200 ms).
+    master: tokio::sync::Mutex<(String, Option<Instant>)>,
     wake: Arc<wake::Wakeups>,
     /// `clientId` of Redisson's fields: one per client.
     id: String,
@@ -107,43 +110,115 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// Opens a connection to the master: the URL's server, or the one the Sentinels name (checked
+/// to be a master with ROLE).
+async fn open_master(url: &RedisUrl) -> Result<(String, redis::Client, redis::aio::ConnectionManager)> {
+    let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+    let (host, port) = match &url.sentinel {
+        None => (url.host.clone(), url.port),
+        Some(s) => ask_sentinels(url, s).await?,
+    };
+    let client = redis::Client::open(url.connection_string_for(&host, port)).map_err(|e| failed(e.to_string()))?;
+    // Requests time out well inside the lease, so that a silent server is retried (or the lock
+    // reported lost) before the lease can run out.
+    let response_timeout = (url.lease / 6).min(url.connect_timeout);
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(url.connect_timeout))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    let conn = tokio::time::timeout(url.connect_timeout, client.get_connection_manager_with_config(config))
+        .await
+        .map_err(|_| failed(format!("no answer from {host}:{port} within {:?}", url.connect_timeout)))?
+        .map_err(|e| failed(format!("{host}:{port}: {e}")))?;
+    let mut probe = conn.clone();
+    let role: redis::Value = tokio::time::timeout(url.connect_timeout, redis::cmd("ROLE").query_async(&mut probe))
+        .await
+        .map_err(|_| failed(format!("no answer to ROLE from {host}:{port} within {:?}", url.connect_timeout)))?
+        .map_err(|e| failed(format!("{host}:{port}: {e}")))?;
+    if url.sentinel.is_some() {
+        let is_master = matches!(&role, redis::Value::Array(v) if matches!(v.first(), Some(redis::Value::BulkString(b)) if b == b"master"));
+        if !is_master {
+            return Err(failed(format!("{host}:{port}, named master by the Sentinels, is not a master (yet)")));
+        }
+    }
+    Ok((format!("{host}:{port}"), client, conn))
+}
+
+/// The master's address, from the first Sentinel that knows it.
+async fn ask_sentinels(url: &RedisUrl, sentinel: &SentinelUrl) -> Result<(String, u16)> {
+    let mut why = Vec::new();
+    for hp in &sentinel.hosts {
+        let asked = async {
+            let client = redis::Client::open(format!("redis://{hp}"))?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&sentinel.master)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(url.connect_timeout.min(Duration::from_secs(2)), asked).await {
+            Ok(Ok(Some(addr))) => return Ok(addr),
+            Ok(Ok(None)) => why.push(format!("{hp} does not know master {:?}", sentinel.master)),
+            Ok(Err(e)) => why.push(format!("{hp}: {e}")),
+            Err(_) => why.push(format!("{hp}: no answer")),
+        }
+    }
+    Err(Error::Connect { url: url.to_string(), reason: format!("no Sentinel named the master ({})", why.join("; ")) })
+}
+
 impl Client {
-    /// Connects to the server named by a `redis://` URL (see [`RedisUrl`]).
+    /// Connects to the server named by a `redis://` or `redis+sentinel://` URL (see
+    /// [`RedisUrl`]). With Sentinel, the client follows the master: when a request fails, or the
+    /// server says it is a replica now, it asks the Sentinels again and moves to the new master.
     pub async fn connect(url: &str) -> Result<Client> {
         Client::connect_url(RedisUrl::parse(url)?).await
     }
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: RedisUrl) -> Result<Client> {
-        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
-        let client = redis::Client::open(url.connection_string()).map_err(|e| failed(e.to_string()))?;
-        // Requests time out well inside the lease, so that a silent server is retried (or the
-        // lock reported lost) before the lease can run out.
-        let response_timeout = (url.lease / 6).min(url.connect_timeout);
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(url.connect_timeout))
-            .set_response_timeout(Some(response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(url.connect_timeout, client.get_connection_manager_with_config(config))
-            .await
-            .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(e.to_string()))?;
-        let mut probe = conn.clone();
-        let _: String = tokio::time::timeout(url.connect_timeout, redis::cmd("PING").query_async(&mut probe))
-            .await
-            .map_err(|_| failed(format!("no answer to PING within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(e.to_string()))?;
+        let (master, client, conn) = open_master(&url).await?;
         let wake = Arc::new(wake::Wakeups::new(client, url.connect_timeout));
         Ok(Client {
             inner: Arc::new(Inner {
                 url,
-                conn,
+                conn: std::sync::RwLock::new(conn),
+                master: tokio::sync::Mutex::new((master, None)),
                 wake,
                 id: uuid::Uuid::new_v4().to_string(),
                 next_handle: AtomicU64::new(1),
             }),
         })
+    }
+
+    /// The master's connection now.
+    fn conn(&self) -> redis::aio::ConnectionManager {
+        self.inner.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// With Sentinel: asks again which server is the master (at most every 200 ms) and moves
+    /// there if it changed. Called when a request failed in a way a failover explains.
+    async fn follow_master(&self) {
+        let Some(sentinel) = &self.inner.url.sentinel else { return };
+        let mut master = self.inner.master.lock().await;
+        if master.1.is_some_and(|at| at.elapsed() < Duration::from_millis(200)) {
+            return;
+        }
+        master.1 = Some(Instant::now());
+        let Ok((host, port)) = ask_sentinels(&self.inner.url, sentinel).await else { return };
+        if format!("{host}:{port}") == master.0 {
+            return;
+        }
+        match open_master(&self.inner.url).await {
+            Ok((addr, client, conn)) => {
+                tracing::warn!(from = %master.0, to = %addr, "Sentinel named a new master; following it");
+                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = conn;
+                self.inner.wake.retarget(client).await;
+                master.0 = addr;
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot reach the new master yet"),
+        }
     }
 
     /// A reentrant mutex on key `name` in the URL's layout (Redisson's unless `?layout=simple`;
@@ -196,13 +271,13 @@ impl Client {
 
     /// The redis crate's connection, for anything distlock does not wrap.
     pub fn connection(&self) -> redis::aio::ConnectionManager {
-        self.inner.conn.clone()
+        self.conn()
     }
 
     /// Who holds `name` now, read from the server (either layout).
     pub async fn inspect(&self, name: &str) -> Result<LockView> {
         validate_key(name)?;
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.conn();
         let fail = |op| move |e: redis::RedisError| backend(op, name, e);
         let kind: String = redis::cmd("TYPE").arg(name).query_async(&mut conn).await.map_err(fail("TYPE"))?;
         let pttl: i64 = redis::cmd("PTTL").arg(name).query_async(&mut conn).await.map_err(fail("PTTL"))?;
@@ -263,8 +338,9 @@ impl Client {
         for a in args {
             invocation.arg(a);
         }
-        let mut conn = self.inner.conn.clone();
-        invocation.invoke_async(&mut conn).await.map_err(|e| backend(op, key, e))
+        let mut conn = self.conn();
+        let r = invocation.invoke_async(&mut conn).await;
+        self.after(r, op, key).await
     }
 
     /// Runs an acquire script; with `?replicas=N` in the URL, pipelines `WAIT N timeout` after it
@@ -292,21 +368,35 @@ impl Client {
                 .cmd("WAIT")
                 .arg(wanted)
                 .arg(timeout_ms);
-            let mut conn = self.inner.conn.clone();
+            let mut conn = self.conn();
             match pipe.query_async::<(T, i64)>(&mut conn).await {
                 Ok((value, acked)) => return Ok((value, Replication { wanted, acked })),
                 Err(e) if e.code() == Some("NOSCRIPT") && !loaded => {
                     script.load_async(&mut conn).await.map_err(|e| backend("SCRIPT LOAD", key, e))?;
                 }
-                Err(e) => return Err(backend("acquire", key, e)),
+                Err(e) => return self.after(Err(e), "acquire", key).await,
             }
         }
         Err(Error::Unsupported { backend: "redis", what: format!("running a script it has just loaded (on {key})") })
     }
 
+    /// Maps a reply's error, following the master first if a failover may explain it.
+    async fn after<T>(&self, r: redis::RedisResult<T>, op: &'static str, key: &str) -> Result<T> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let e = backend(op, key, e);
+                if self.inner.url.sentinel.is_some() && e.is_transient() {
+                    self.follow_master().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Deletes `key` in the background (a retried unlock's latch).
     fn forget(&self, key: &str) {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.conn();
         let key = key.to_string();
         tokio::spawn(async move {
             let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
@@ -436,7 +526,12 @@ fn backend(op: &'static str, key: &str, e: redis::RedisError) -> Error {
 pub(crate) fn is_transient(e: &Error) -> bool {
     match e {
         Error::Backend { source, .. } => source.downcast_ref::<redis::RedisError>().is_some_and(|r| {
-            r.is_io_error() || r.is_timeout() || r.is_connection_dropped() || r.is_connection_refusal()
+            r.is_io_error()
+                || r.is_timeout()
+                || r.is_connection_dropped()
+                || r.is_connection_refusal()
+                // A demoted master (after a failover) refuses writes: ask again, elsewhere.
+                || matches!(r.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
         }),
         _ => false,
     }

@@ -96,18 +96,48 @@ pub struct RedisUrl {
     pub replicas: u32,
     /// How long an acquire waits for those confirmations.
     pub replica_timeout: Duration,
+    /// With `redis+sentinel://`: the Sentinels to ask for the master (`host` and `port` are then
+    /// the first Sentinel's until the master is found).
+    pub sentinel: Option<SentinelUrl>,
+}
+
+/// The Sentinel part of a `redis+sentinel://s1:26379,s2:26379/MASTER[/db]` URL.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::redis::RedisUrl;
+/// let url = RedisUrl::parse("redis+sentinel://10.0.0.1,10.0.0.2:26380/mymaster/2").unwrap();
+/// let sentinel = url.sentinel.unwrap();
+/// assert_eq!(sentinel.hosts, vec!["10.0.0.1:26379", "10.0.0.2:26380"]);
+/// assert_eq!(sentinel.master, "mymaster");
+/// assert_eq!(url.db, 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// `host:port` of each Sentinel (port 26379 when not given).
+    pub hosts: Vec<String>,
+    /// The monitored master's name.
+    pub master: String,
 }
 
 impl RedisUrl {
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: redact(url), reason };
+        let sentinel = url.starts_with("redis+sentinel://");
         let rest = if let Some(rest) = url.strip_prefix("redis://") {
             rest
+        } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            rest
+        } else if url.starts_with("redis+cluster://") {
+            return Err(bad("Redis Cluster is not supported yet; use redis:// or redis+sentinel://".into()));
         } else if url.starts_with("rediss://") {
             return Err(bad("TLS (rediss://) is not supported yet; use redis:// on a trusted network".into()));
         } else {
-            return Err(bad("must start with redis:// (e.g. redis://127.0.0.1:6379)".into()));
+            return Err(bad(
+                "must start with redis:// (e.g. redis://127.0.0.1:6379) or redis+sentinel:// (e.g. redis+sentinel://127.0.0.1:26379/mymaster)".into(),
+            ));
         };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
@@ -129,22 +159,41 @@ impl RedisUrl {
                 None => (Some(u.to_string()), None),
             },
         };
-        if hostport.contains(',') {
-            return Err(bad("several hosts: Sentinel and Cluster URLs are not supported yet".into()));
+        if hostport.contains(',') && !sentinel {
+            return Err(bad("several hosts: for Sentinel write redis+sentinel://h1,h2/MASTER".into()));
         }
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) => {
-                let port: u16 = p.parse().map_err(|_| bad(format!("invalid port {p:?}")))?;
-                (h, port)
+        let default_port = if sentinel { 26379 } else { 6379 };
+        let mut hosts = Vec::new();
+        for hp in hostport.split(',') {
+            let (host, port) = match hp.rsplit_once(':') {
+                Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad(format!("invalid port {p:?}")))?),
+                None => (hp, default_port),
+            };
+            if host.is_empty() || host.contains(|c: char| c.is_whitespace()) {
+                return Err(bad(format!("invalid host {host:?}")));
             }
-            None => (hostport, 6379),
+            if port == 0 {
+                return Err(bad("port 0 is not a server port".into()));
+            }
+            hosts.push((host.to_string(), port));
+        }
+        let (host, port) = hosts[0].clone();
+        let (sentinel, db) = if sentinel {
+            let (master, db) = match db {
+                Some(rest) => match rest.split_once('/') {
+                    Some((m, d)) => (m, Some(d)),
+                    None => (rest, None),
+                },
+                None => ("", None),
+            };
+            if master.is_empty() {
+                return Err(bad("no master name: write redis+sentinel://HOST[:PORT][,HOST...]/MASTER".into()));
+            }
+            let hosts = hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+            (Some(SentinelUrl { hosts, master: master.to_string() }), db)
+        } else {
+            (None, db)
         };
-        if host.is_empty() || host.contains(|c: char| c.is_whitespace()) {
-            return Err(bad(format!("invalid host {host:?}")));
-        }
-        if port == 0 {
-            return Err(bad("port 0 is not a server port".into()));
-        }
         let db = match db {
             None | Some("") => 0,
             Some(d) => {
@@ -152,7 +201,7 @@ impl RedisUrl {
             }
         };
         let mut parsed = RedisUrl {
-            host: host.to_string(),
+            host,
             port,
             db,
             username,
@@ -162,6 +211,7 @@ impl RedisUrl {
             layout: Layout::default(),
             replicas: 0,
             replica_timeout: Duration::from_secs(1),
+            sentinel,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
@@ -203,15 +253,15 @@ impl RedisUrl {
         Ok(parsed)
     }
 
-    /// The connection URL for the redis crate (credentials included).
-    pub(crate) fn connection_string(&self) -> String {
+    /// The connection URL for the redis crate (credentials included), for `host:port`.
+    pub(crate) fn connection_string_for(&self, host: &str, port: u16) -> String {
         let auth = match (&self.username, &self.password) {
             (None, None) => String::new(),
             (Some(u), None) => format!("{}@", enc(u)),
             (None, Some(p)) => format!(":{}@", enc(p)),
             (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
         };
-        format!("redis://{auth}{}:{}/{}", self.host, self.port, self.db)
+        format!("redis://{auth}{host}:{port}/{}", self.db)
     }
 }
 
@@ -246,7 +296,10 @@ impl std::fmt::Display for RedisUrl {
             (None, Some(_)) => ":***@".to_string(),
             (None, None) => String::new(),
         };
-        write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db)
+        match &self.sentinel {
+            None => write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db),
+            Some(s) => write!(f, "redis+sentinel://{user}{}/{}/{}", s.hosts.join(","), s.master, self.db),
+        }
     }
 }
 
@@ -274,11 +327,11 @@ mod tests {
         assert_eq!(u.lease, DEFAULT_LEASE);
         assert!(!u.to_string().contains("s3cret"));
         assert!(!format!("{u:?}").contains("s3cret"));
-        assert_eq!(u.connection_string(), "redis://:s3cret@localhost:6379/0");
+        assert_eq!(u.connection_string_for(&u.host, u.port), "redis://:s3cret@localhost:6379/0");
         let u = RedisUrl::parse("redis://app:p@ss@10.0.0.1:7000/3").unwrap();
         assert_eq!(u.username.as_deref(), Some("app"));
         assert_eq!(u.password.as_deref(), Some("p@ss"));
-        assert_eq!(u.connection_string(), "redis://app:p%40ss@10.0.0.1:7000/3");
+        assert_eq!(u.connection_string_for(&u.host, u.port), "redis://app:p%40ss@10.0.0.1:7000/3");
     }
 
     #[test]
@@ -289,6 +342,8 @@ mod tests {
             ("redis://h:99999", "port"),
             ("redis://h:1/x", "database"),
             ("redis://a:1,b:2", "Sentinel"),
+            ("redis+sentinel://a:1,b:2", "master name"),
+            ("redis+cluster://a:1", "Cluster"),
             ("redis://h:1?lease=1ms", "too short"),
             ("redis://h:1?lease=100000h", "too long"),
             ("redis://h:1?lease=soon", "lease"),

@@ -28,7 +28,8 @@ struct Shared {
 
 /// The pub/sub side of a client.
 pub(crate) struct Wakeups {
-    client: redis::Client,
+    /// Where to open the pub/sub connection (the master; replaced when the master moves).
+    client: StdMutex<redis::Client>,
     timeout: Duration,
     shared: Arc<Shared>,
     /// The live connection's sink and its generation; `None` before the first use or after a
@@ -53,7 +54,7 @@ pub(crate) struct Registration {
 impl Wakeups {
     pub(crate) fn new(client: redis::Client, timeout: Duration) -> Wakeups {
         Wakeups {
-            client,
+            client: StdMutex::new(client),
             timeout,
             shared: Arc::default(),
             sink: Mutex::new(None),
@@ -77,7 +78,8 @@ impl Wakeups {
     pub(crate) async fn ensure(&self, channel: &str) -> bool {
         let mut sink = self.sink.lock().await;
         if sink.is_none() {
-            match tokio::time::timeout(self.timeout, self.client.get_async_pubsub()).await {
+            let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
                 Ok(Ok(pubsub)) => {
                     let (s, stream) = pubsub.split();
                     let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
@@ -115,6 +117,20 @@ impl Wakeups {
                 *sink = None;
                 false
             }
+        }
+    }
+}
+
+impl Wakeups {
+    /// The master moved: subscribe there from now on, and wake every waiter to re-check.
+    pub(crate) async fn retarget(&self, client: redis::Client) {
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+        let mut sink = self.sink.lock().await;
+        *sink = None;
+        let mut map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        for c in map.values_mut() {
+            c.subscribed = 0;
+            c.notify.notify_waiters();
         }
     }
 }
