@@ -54,6 +54,11 @@ where
     }
 }
 
+async fn exists(key: &str) -> bool {
+    let mut conn = raw().await;
+    cmd::<i64>(&mut conn, &["EXISTS", key]).await == 1
+}
+
 async fn subscribers(channel: &str) -> i64 {
     let mut conn = raw().await;
     let (_, n): (String, i64) = redis::cmd("PUBSUB").arg("NUMSUB").arg(channel).query_async(&mut conn).await.unwrap();
@@ -73,28 +78,30 @@ async fn redisson_layout_exactly() {
     let mut pubsub = listener.get_async_pubsub().await.unwrap();
     pubsub.subscribe(&channel).await.unwrap();
 
+    assert_eq!(lock.field(), None, "no hold in progress");
     let outer = lock.lock().await.unwrap();
-    let field = format!("{}:", redis.client_id());
-    assert!(lock.field().starts_with(&field), "field {} is <client uuid>:<handle id>", lock.field());
+    let field = lock.field().expect("the hold in progress");
+    assert!(field.starts_with(&format!("{}:", redis.client_id())), "field {field} is <client uuid>:<n>");
+    assert!(field.rsplit_once(':').unwrap().1.parse::<u64>().is_ok(), "<n> is a number as Redisson's thread id");
     assert!(uuid::Uuid::parse_str(redis.client_id()).is_ok(), "client id is a UUID as Redisson's");
     let hash: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &key]).await;
-    assert_eq!(hash, vec![(lock.field().to_string(), "1".to_string())]);
+    assert_eq!(hash, vec![(field.clone(), "1".to_string())]);
     let pttl: i64 = cmd(&mut conn, &["PTTL", &key]).await;
     assert!((19_000..=20_000).contains(&pttl), "PTTL {pttl} is the lease");
     let counter: u64 = cmd(&mut conn, &["GET", &format!("redisson_lock_token:{{{key}}}")]).await;
     assert_eq!(counter, outer.fencing_token(), "the token is the counter's value");
-    assert_eq!(outer.holder_id(), lock.field());
+    assert_eq!(outer.holder_id(), field);
 
     // Re-entry through the same handle: count 2, same token.
     let inner = lock.lock().await.unwrap();
     assert_eq!(inner.fencing_token(), outer.fencing_token());
-    let count: String = cmd(&mut conn, &["HGET", &key, lock.field()]).await;
+    let count: String = cmd(&mut conn, &["HGET", &key, &field]).await;
     assert_eq!(count, "2");
     // Another handle is another owner.
     assert!(redis.mutex(&key).unwrap().try_lock().await.unwrap().is_none());
 
     inner.release().await.unwrap();
-    let count: String = cmd(&mut conn, &["HGET", &key, lock.field()]).await;
+    let count: String = cmd(&mut conn, &["HGET", &key, &field]).await;
     assert_eq!(count, "1");
     outer.release().await.unwrap();
     let exists: i64 = cmd(&mut conn, &["EXISTS", &key]).await;
@@ -354,7 +361,8 @@ async fn a_waiter_wakes_on_release_not_on_the_lease() {
     let released = Instant::now();
     holder.release().await.unwrap();
     let g = waiter.await.unwrap().expect("woken by the release, not the 30 s lease");
-    assert!(released.elapsed() < Duration::from_secs(10));
+    // Without the message the waiter would sleep out the holder's 30 s TTL.
+    assert!(released.elapsed() < Duration::from_secs(1), "woken {:?} after the release", released.elapsed());
     g.release().await.unwrap();
 }
 
@@ -630,4 +638,97 @@ async fn a_dead_waiter_loses_its_place_and_a_timed_out_one_leaves() {
     g.release().await.unwrap();
     dead_waiter.abort();
     drop(proxy);
+}
+
+#[tokio::test]
+async fn a_holder_without_ttl_is_waited_for_not_mistaken_for_a_grant() {
+    // redis-py's `r.lock(name)` without a timeout, and a hand-made Redisson hash without
+    // PEXPIRE, leave keys whose PTTL is -1: those are held, however long.
+    let redis = connect("?lease=10s").await;
+    let mut conn = raw().await;
+    let simple_key = unique("no-ttl-simple");
+    let _: String = cmd(&mut conn, &["SET", &simple_key, "someone-else"]).await;
+    let simple = redis.simple_lock(&simple_key).unwrap();
+    assert!(simple.try_lock().await.unwrap().is_none());
+    assert!(simple.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    let hash_key = unique("no-ttl-hash");
+    let _: i64 = cmd(&mut conn, &["HSET", &hash_key, "11111111-1111-1111-1111-111111111111:1", "1"]).await;
+    let mutex = redis.mutex(&hash_key).unwrap();
+    assert!(mutex.try_lock().await.unwrap().is_none());
+    assert!(mutex.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    let fair = redis.fair_lock(&hash_key).unwrap();
+    assert!(fair.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    let rw = redis.rwlock(&hash_key).unwrap();
+    assert!(rw.try_write().await.unwrap().is_none());
+    // The holders are untouched.
+    let value: String = cmd(&mut conn, &["GET", &simple_key]).await;
+    assert_eq!(value, "someone-else");
+    let hash: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &hash_key]).await;
+    assert_eq!(hash.len(), 1, "{hash:?}");
+    let _: i64 = cmd(&mut conn, &["DEL", &simple_key, &hash_key]).await;
+}
+
+#[tokio::test]
+async fn an_ended_holds_late_release_cannot_touch_the_next_hold() {
+    let redis = connect("?lease=10s").await;
+    let key = unique("stale-guard");
+    let lock = redis.mutex(&key).unwrap();
+    let old = lock.lock().await.unwrap();
+    // The hold ends on the server (as when its lease runs out) while the guard lives on.
+    let mut conn = raw().await;
+    let _: i64 = cmd(&mut conn, &["DEL", &key]).await;
+    // The same handle locks again: not a re-entry of the ended hold, a new hold of its own.
+    let new = lock.lock().await.unwrap();
+    assert_ne!(new.holder_id(), old.holder_id(), "a new hold gets a new field");
+    assert!(new.fencing_token() > old.fencing_token());
+    // The old guard's release (and its drop, and its watchdog) find nothing of theirs.
+    assert!(matches!(old.release().await, Err(Error::LockLost { .. })));
+    let count: Option<String> = cmd(&mut conn, &["HGET", &key, new.holder_id()]).await;
+    assert_eq!(count.as_deref(), Some("1"), "the new hold is intact");
+    assert_eq!(new.state(), LockState::Held);
+    new.release().await.unwrap();
+    let exists: i64 = cmd(&mut conn, &["EXISTS", &key]).await;
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test]
+async fn an_acquire_whose_answer_was_lost_is_not_counted_twice() {
+    // The acquire reaches the server, its answer is held back, and the connection is cut: the
+    // client retries on a new connection and must find its own grant, not re-enter it.
+    let proxy = FaultProxy::start(redis_addr().parse().unwrap()).await.unwrap();
+    let redis = Client::connect(&format!("redis://{}?lease=10s&connect_timeout=5s", proxy.addr())).await.unwrap();
+    let mut conn = raw().await;
+    for recipe in ["mutex", "simple"] {
+        let key = unique(&format!("lost-reply-{recipe}"));
+        proxy.set(Fault::Delay { to_client: Duration::from_secs(30), to_upstream: Duration::ZERO });
+        let acquire = {
+            let (redis, key) = (redis.clone(), key.clone());
+            tokio::spawn(async move {
+                match recipe {
+                    "mutex" => {
+                        redis.mutex(&key).unwrap().lock().await.map(|g| Box::new(g) as Box<dyn std::any::Any + Send>)
+                    }
+                    _ => redis
+                        .simple_lock(&key)
+                        .unwrap()
+                        .lock()
+                        .await
+                        .map(|g| Box::new(g) as Box<dyn std::any::Any + Send>),
+                }
+            })
+        };
+        eventually(Duration::from_secs(5), "the acquire to reach the server", || exists(&key)).await;
+        proxy.set(Fault::CutAfter { to_client_bytes: 0 });
+        let guard = tokio::time::timeout(Duration::from_secs(10), acquire).await.expect("retried").unwrap().unwrap();
+        if recipe == "mutex" {
+            let hash: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &key]).await;
+            assert_eq!(hash.len(), 1);
+            assert_eq!(hash[0].1, "1", "one hold, counted once: {hash:?}");
+        }
+        drop(guard);
+        eventually(Duration::from_secs(5), "the only hold's release to free the lock", || async {
+            !exists(&key).await
+        })
+        .await;
+    }
 }

@@ -1,9 +1,9 @@
 //! A fair (FIFO) reentrant lock whose order and timeouts depend only on the server.
 
-use super::guard::{enter, reentrant_guard, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{scripts, Client};
 use crate::{Error, QueueStatus, Result};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -17,7 +17,8 @@ use tokio::time::Instant;
 /// while it waits; one that dies or stops trying is dropped from the head of the queue once that
 /// time passes, by the server's clock. No client clock takes part (Redisson's fair lock compares
 /// deadlines computed on client clocks, which is how its queues drift and hang). The final
-/// release wakes only the first live waiter, on `distlock_fair__channel:{K}:<its field>`.
+/// release wakes only the first live waiter, on `distlock_fair__channel:{K}:<its field>`. Each
+/// acquire waits (and, granted, holds) under a field of its own, `<client uuid>:<n>`.
 ///
 /// A waiter that gives up (timeout, cancellation) leaves the queue at once, and wakes the next
 /// one if the lock is free. `try_lock` never takes the lock past waiters in the queue.
@@ -40,13 +41,11 @@ pub struct FairLock {
 struct Inner {
     client: Client,
     key: String,
-    field: String,
     queue: String,
     alive: String,
     channel_prefix: String,
-    channel: String,
     token_key: String,
-    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
+    reentry: Arc<Reentry>,
 }
 
 /// What one attempt found.
@@ -57,18 +56,14 @@ enum Outcome {
 
 impl FairLock {
     pub(crate) fn new(client: Client, key: String) -> FairLock {
-        let field = format!("{}:{}", client.client_id(), client.next_handle_id());
-        let channel_prefix = super::prefix_name("distlock_fair__channel", &key);
         FairLock {
             inner: Arc::new(Inner {
-                channel: format!("{channel_prefix}:{field}"),
-                channel_prefix,
+                channel_prefix: super::prefix_name("distlock_fair__channel", &key),
                 queue: super::prefix_name("distlock_fair_queue", &key),
                 alive: super::prefix_name("distlock_fair_alive", &key),
                 token_key: super::token_key(&key),
                 client,
                 key,
-                field,
                 reentry: Arc::default(),
             }),
         }
@@ -102,23 +97,29 @@ impl FairLock {
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<FairGuard>> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let fresh = self.inner.client.fresh_field();
         if timeout == Some(Duration::ZERO) {
-            return Ok(match self.attempt(false).await? {
+            return Ok(match self.attempt(&fresh, false).await? {
                 Outcome::Granted(g) => Some(g),
                 Outcome::Waiting { .. } => None,
             });
         }
         let inner = &self.inner;
-        let registration = inner.client.inner.wake.register(&inner.channel);
+        let channel = format!("{}:{fresh}", inner.channel_prefix);
+        let registration = inner.client.inner.wake.register(&channel);
         // From here on we may be queued: leave the queue however this ends, unless granted.
-        let mut queued = Queued { inner: Some(inner.clone()) };
+        let mut queued = Queued { inner: Some((inner.clone(), fresh.clone())) };
         let heartbeat = inner.client.lease() / 3;
         loop {
-            let subscribed = inner.client.inner.wake.ensure(&inner.channel).await;
+            let ensure = inner.client.inner.wake.ensure(&channel);
+            let subscribed = match deadline {
+                Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
+                None => ensure.await,
+            };
             let notified = registration.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let ttl = match self.attempt(true).await {
+            let ttl = match self.attempt(&fresh, true).await {
                 Ok(Outcome::Granted(g)) => {
                     queued.inner = None;
                     return Ok(Some(g));
@@ -154,27 +155,37 @@ impl FairLock {
         }
     }
 
-    /// One attempt, in a task of its own (a grant made for a dropped acquire is released).
-    async fn attempt(&self, enqueue: bool) -> Result<Outcome> {
-        let inner = self.inner.clone();
+    /// One attempt, in a task of its own (a grant made for a dropped acquire is released):
+    /// re-enter the hold in progress, or ask for a new one under `fresh`.
+    async fn attempt(&self, fresh: &str, enqueue: bool) -> Result<Outcome> {
+        let (inner, fresh) = (self.inner.clone(), fresh.to_string());
         let task = tokio::spawn(async move {
-            let sent = Instant::now();
+            let inner: &Inner = &inner;
             let client = &inner.client;
-            let ((code, token, len), replication): ((i64, u64, u64), _) = client
-                .eval_acquire(
-                    &scripts::FAIR_LOCK,
-                    &[&inner.key, &inner.queue, &inner.alive, &inner.token_key],
-                    &[client.lease_ms().to_string(), inner.field.clone(), if enqueue { "1" } else { "0" }.into()],
-                    &inner.key,
-                )
-                .await?;
-            if !(-2..0).contains(&code) {
-                let status = QueueStatus { ahead: (token as usize).saturating_sub(1), queue_len: len as usize };
-                return Ok(Outcome::Waiting { ttl_ms: code, status });
-            }
-            let token = enter(&inner.reentry, code, token);
+            let eval = |plan: Plan| async move {
+                let sent = Instant::now();
+                let args =
+                    [client.lease_ms().to_string(), plan.field.clone(), (enqueue as u8).to_string(), plan.mode()];
+                let (reply, replication) = client
+                    .eval_acquire(
+                        &scripts::FAIR_LOCK,
+                        &[&inner.key, &inner.queue, &inner.alive, &inner.token_key],
+                        &args,
+                        &inner.key,
+                    )
+                    .await?;
+                Ok((reply, replication, sent))
+            };
+            let (field, token, sent, replication) = match enter(&inner.reentry, &fresh, &inner.key, eval).await? {
+                Entry::Held(reply) => {
+                    let at = |i: usize| reply.get(i).copied().unwrap_or(0).max(0) as usize;
+                    let status = QueueStatus { ahead: at(2).saturating_sub(1), queue_len: at(3) };
+                    return Ok(Outcome::Waiting { ttl_ms: reply[1], status });
+                }
+                Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
+            };
             let holder = Holder::Fair {
-                field: inner.field.clone(),
+                field,
                 queue: inner.queue.clone(),
                 alive: inner.alive.clone(),
                 channel_prefix: inner.channel_prefix.clone(),
@@ -190,34 +201,34 @@ impl FairLock {
 
 /// Our place in the queue: removed when the acquire ends without the lock, however it ends.
 struct Queued {
-    inner: Option<Arc<Inner>>,
+    inner: Option<(Arc<Inner>, String)>,
 }
 
 impl Queued {
     async fn leave(&mut self) {
-        if let Some(inner) = self.inner.take() {
-            let _ = leave_queue(&inner).await;
+        if let Some((inner, field)) = self.inner.take() {
+            let _ = leave_queue(&inner, &field).await;
         }
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
-        if let (Some(inner), Ok(handle)) = (self.inner.take(), tokio::runtime::Handle::try_current()) {
+        if let (Some((inner, field)), Ok(handle)) = (self.inner.take(), tokio::runtime::Handle::try_current()) {
             handle.spawn(async move {
-                let _ = leave_queue(&inner).await;
+                let _ = leave_queue(&inner, &field).await;
             });
         }
     }
 }
 
-async fn leave_queue(inner: &Inner) -> Result<()> {
+async fn leave_queue(inner: &Inner, field: &str) -> Result<()> {
     let _: i64 = inner
         .client
         .eval(
             &scripts::FAIR_LEAVE,
             &[&inner.key, &inner.queue, &inner.alive, &inner.channel_prefix],
-            std::slice::from_ref(&inner.field),
+            &[field.to_string()],
             "leave queue",
             &inner.key,
         )

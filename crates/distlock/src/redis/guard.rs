@@ -7,7 +7,7 @@
 //! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
 //! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
 
-use super::{scripts, Client};
+use super::{scripts, Answer, Client, Replication};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -199,7 +199,8 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
     let k = key.to_string();
     // Redisson's unlock latch (the same for every retry of this release) where the layout has one.
     let latch = super::latch_key(key, &uuid::Uuid::new_v4().simple().to_string());
-    let latch_ttl = LATCH_TTL_MS.to_string();
+    // Remembered past the last retry (which comes before the lease deadline).
+    let latch_ttl = (client.lease_ms() + LATCH_MARGIN_MS).to_string();
     // Every script answers nil when the hold was not ours (any more).
     let (script, keys, args, latched): (&redis::Script, Vec<&String>, Vec<&String>, bool) = match holder {
         Holder::Redisson { field, channel } => {
@@ -237,7 +238,10 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
                 if latched && r.is_ok() {
                     client.forget(&latch);
                 }
-                return r.map(|v| v.is_some());
+                // After a failed try (whose answer may have been lost after it released), "not
+                // ours" is what that first release left: released. A hold lost before the
+                // release is reported from the guard's state, not from here.
+                return r.map(|v| v.is_some() || attempt > 1);
             }
         }
     }
@@ -247,8 +251,8 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
 static ZERO: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "0".to_string());
 static ONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "1".to_string());
 
-/// How long a retried unlock's outcome is remembered on the server (Redisson's latch).
-const LATCH_TTL_MS: u64 = 30_000;
+/// How much longer than the lease a retried unlock's outcome is remembered on the server.
+const LATCH_MARGIN_MS: u64 = 30_000;
 /// Pause between retries of a failed request.
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -319,25 +323,120 @@ async fn renew(client: &Client, key: &str, holder: &Holder) -> Result<bool> {
     Ok(r == 1)
 }
 
-/// Records one more hold in a handle's re-entry count; the token of the hold in progress for a re-entry.
-pub(crate) fn enter(count: &StdMutex<Option<(u64, usize)>>, code: i64, token: u64) -> u64 {
-    let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
-    match (*c, code) {
-        (Some((t, n)), -2) => {
-            *c = Some((t, n + 1));
-            t
+/// A handle's hold in progress on one side of a lock (all of a mutex or fair lock; the reads,
+/// or the writes, of a read/write lock): the hash field it was granted under, its fencing token
+/// and how many guards share it. Acquires through the handle re-enter it; after its last guard,
+/// the next acquire is a new hold under a fresh field.
+#[derive(Debug, Default)]
+pub(crate) struct Reentry(StdMutex<Option<Entered>>);
+
+#[derive(Debug)]
+struct Entered {
+    field: String,
+    token: u64,
+    count: usize,
+}
+
+/// Which hold an attempt asks for.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) field: String,
+    /// The token of the hold in progress when re-entering it; `None` for a new hold.
+    reenter: Option<u64>,
+}
+
+impl Plan {
+    /// The acquire scripts' mode argument: `r` re-enters only, `n` asks for a new hold.
+    pub(crate) fn mode(&self) -> String {
+        if self.reenter.is_some() { "r" } else { "n" }.to_string()
+    }
+}
+
+impl Reentry {
+    fn state(&self) -> std::sync::MutexGuard<'_, Option<Entered>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Re-enter the hold in progress, or ask for a new one under `fresh`.
+    pub(crate) fn plan(&self, fresh: &str) -> Plan {
+        match &*self.state() {
+            Some(e) => Plan { field: e.field.clone(), reenter: Some(e.token) },
+            None => Plan { field: fresh.to_string(), reenter: None },
         }
-        _ => {
-            *c = Some((token, 1));
-            token
+    }
+
+    /// The field of the hold in progress.
+    pub(crate) fn field(&self) -> Option<String> {
+        self.state().as_ref().map(|e| e.field.clone())
+    }
+
+    /// Counts a guard of the hold under `field` (granted with `token`, or re-entered); its token.
+    fn enter(&self, field: &str, token: Option<u64>) -> u64 {
+        let mut state = self.state();
+        match &mut *state {
+            Some(e) if e.field == field => {
+                e.count += 1;
+                e.token
+            }
+            Some(_) => token.unwrap_or(0), // a second hold of its own (readers run side by side)
+            None => {
+                let token = token.unwrap_or(0);
+                *state = Some(Entered { field: field.to_string(), token, count: 1 });
+                token
+            }
+        }
+    }
+
+    /// The hold under `field` is over on the server.
+    fn forget(&self, field: &str) {
+        let mut state = self.state();
+        if state.as_ref().is_some_and(|e| e.field == field) {
+            *state = None;
+        }
+    }
+
+    /// One guard of the hold under `field` is gone.
+    pub(crate) fn leave(&self, field: &str) {
+        let mut state = self.state();
+        if let Some(e) = state.as_mut().filter(|e| e.field == field) {
+            e.count -= 1;
+            if e.count == 0 {
+                *state = None;
+            }
         }
     }
 }
 
-pub(crate) fn leave(count: &StdMutex<Option<(u64, usize)>>) {
-    let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((t, n)) = *c {
-        *c = (n > 1).then_some((t, n - 1));
+/// What a reentrant attempt came to.
+pub(crate) enum Entry {
+    /// Someone else holds it: the script's answer, `{HELD, pttl, ...}`.
+    Held(Vec<i64>),
+    /// Ours: counted in the handle's [`Reentry`].
+    Entered { field: String, token: u64, sent: Instant, replication: Replication },
+}
+
+/// One attempt of a reentrant recipe: `eval` runs its acquire script for a [`Plan`] and returns
+/// the answer with the send time. A re-entry that finds the hold in progress gone on the server
+/// (its lease ran out) is not counted on it: the attempt asks for a new hold at once.
+pub(crate) async fn enter<F, Fut>(reentry: &Reentry, fresh: &str, key: &str, eval: F) -> Result<Entry>
+where
+    F: Fn(Plan) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<i64>, Replication, Instant)>>,
+{
+    loop {
+        let plan = reentry.plan(fresh);
+        let (reply, replication, sent) = eval(plan.clone()).await?;
+        let token = match Answer::parse(&reply, key)? {
+            Answer::Granted(token) => reentry.enter(&plan.field, Some(token)),
+            Answer::Reentered => reentry.enter(&plan.field, plan.reenter),
+            Answer::Held(_) => return Ok(Entry::Held(reply)),
+            Answer::Gone => {
+                reentry.forget(&plan.field);
+                continue;
+            }
+            Answer::OtherPermits(_) => return Err(Answer::unexpected(&reply, key)),
+        };
+        return Ok(Entry::Entered { field: plan.field, token, sent, replication });
     }
 }
 
@@ -396,13 +495,13 @@ macro_rules! reentrant_guard {
         #[derive(Debug)]
         pub struct $name {
             hold: Option<$crate::redis::guard::Hold>,
-            count: std::sync::Arc<std::sync::Mutex<Option<(u64, usize)>>>,
+            count: std::sync::Arc<$crate::redis::guard::Reentry>,
         }
 
         impl $name {
             pub(crate) fn new(
                 hold: $crate::redis::guard::Hold,
-                count: std::sync::Arc<std::sync::Mutex<Option<(u64, usize)>>>,
+                count: std::sync::Arc<$crate::redis::guard::Reentry>,
             ) -> $name {
                 $name { hold: Some(hold), count }
             }
@@ -417,15 +516,15 @@ macro_rules! reentrant_guard {
             /// server's answer; [`Error::LockLost`](crate::Error::LockLost) if the lock had been
             /// lost before, or was no longer ours on the server.
             pub async fn release(mut self) -> $crate::Result<()> {
-                $crate::redis::guard::leave(&self.count);
+                self.count.leave(self.hold_ref().holder_id());
                 self.hold.take().expect("a guard holds until released").release().await
             }
         }
 
         impl Drop for $name {
             fn drop(&mut self) {
-                if self.hold.is_some() {
-                    $crate::redis::guard::leave(&self.count);
+                if let Some(hold) = &self.hold {
+                    self.count.leave(hold.holder_id());
                 }
             }
         }

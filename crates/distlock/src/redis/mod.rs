@@ -314,8 +314,11 @@ impl Client {
     /// Drops this handle (the connection closes when the last clone and lock are gone).
     pub async fn close(self, _bound: Duration) {}
 
-    fn next_handle_id(&self) -> u64 {
-        self.inner.next_handle.fetch_add(1, Ordering::Relaxed)
+    /// A hash field no hold of this client has used: `<client uuid>:<n>`, Redisson's
+    /// `<uuid>:<thread id>` shape. Every new hold gets one, so that nothing done for an ended
+    /// hold (a late release, renewal or retry) can touch a later one.
+    pub(crate) fn fresh_field(&self) -> String {
+        format!("{}:{}", self.client_id(), self.inner.next_handle.fetch_add(1, Ordering::Relaxed))
     }
 
     fn lease_ms(&self) -> u64 {
@@ -556,6 +559,42 @@ fn retryable(e: Error, failing_since: &mut Option<Instant>, give_up_after: Durat
     Ok(-1)
 }
 
+/// What an acquire script answered (the codes in `scripts.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// A new hold, with its fencing token.
+    Granted(u64),
+    /// One more on the hold in progress.
+    Reentered,
+    /// Someone else's; their TTL in ms (negative: none, or none known).
+    Held(i64),
+    /// The hold in progress that a re-entry meant to count on is gone from the server.
+    Gone,
+    /// The semaphore is in use with this many permits.
+    OtherPermits(i64),
+}
+
+impl Answer {
+    pub(crate) fn parse(reply: &[i64], key: &str) -> Result<Answer> {
+        Ok(match *reply {
+            [1, token, ..] if token > 0 => Answer::Granted(token as u64),
+            [2, ..] => Answer::Reentered,
+            [0, ttl, ..] => Answer::Held(ttl),
+            [3, ..] => Answer::Gone,
+            [4, permits, ..] => Answer::OtherPermits(permits),
+            _ => return Err(Answer::unexpected(reply, key)),
+        })
+    }
+
+    pub(crate) fn unexpected(reply: &[i64], key: &str) -> Error {
+        Error::Backend {
+            op: "acquire",
+            path: key.to_string(),
+            source: format!("unexpected answer from the acquire script: {reply:?}").into(),
+        }
+    }
+}
+
 /// What one acquire attempt found.
 pub(crate) enum Attempt<G> {
     /// Ours (the guard is built inside the attempt's task, so a dropped acquire releases it).
@@ -607,12 +646,24 @@ where
     }
     let registration = client.inner.wake.register(channel);
     loop {
-        let subscribed = client.inner.wake.ensure(channel).await;
+        // Neither (re)connecting the pub/sub side nor a slow attempt may hold us past the deadline.
+        let ensure = client.inner.wake.ensure(channel);
+        let subscribed = match deadline {
+            Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
+            None => ensure.await,
+        };
         let notified = registration.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // After subscribing, try again (a release may have come before the subscription).
-        let pttl = match try_once().await {
+        let attempt = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, try_once()).await {
+                Ok(outcome) => outcome,
+                Err(_) => return Ok(None), // a grant that comes after this is dropped and released
+            },
+            None => try_once().await,
+        };
+        let pttl = match attempt {
             Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
             Ok(Attempt::Held(pttl)) => {
                 failing_since = None;

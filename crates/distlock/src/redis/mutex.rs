@@ -1,14 +1,15 @@
 //! Redisson's reentrant lock (RLock layout), fenced.
 
-use super::guard::{enter, reentrant_guard, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::Result;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// A reentrant mutex in Redisson's RLock layout: a hash at the lock's key whose field
-/// `<client uuid>:<handle id>` counts this handle's holds.
+/// `<client uuid>:<n>` counts this handle's holds (a fresh `n` for every new hold, so that a late
+/// release or renewal of an ended hold can never touch the next one).
 ///
 /// The owner is the handle (clones of it included): locking again through it re-enters and
 /// returns another guard with the same fencing token, as a Java thread re-enters a Redisson lock.
@@ -39,23 +40,20 @@ pub struct Mutex {
 struct Inner {
     client: Client,
     key: String,
-    field: String,
     channel: String,
     token_key: String,
-    /// The token of the hold in progress and how many guards share it.
-    reentry: Arc<StdMutex<Option<(u64, usize)>>>,
+    /// The hold in progress.
+    reentry: Arc<Reentry>,
 }
 
 impl Mutex {
     pub(crate) fn new(client: Client, key: String) -> Mutex {
-        let field = format!("{}:{}", client.client_id(), client.next_handle_id());
         Mutex {
             inner: Arc::new(Inner {
                 channel: super::redisson_channel(&key),
                 token_key: super::token_key(&key),
                 client,
                 key,
-                field,
                 reentry: Arc::default(),
             }),
         }
@@ -66,9 +64,9 @@ impl Mutex {
         &self.inner.key
     }
 
-    /// This handle's hash field, `<client uuid>:<handle id>`.
-    pub fn field(&self) -> &str {
-        &self.inner.field
+    /// The hash field of this handle's hold in progress (`<client uuid>:<n>`), if any.
+    pub fn field(&self) -> Option<String> {
+        self.inner.reentry.field()
     }
 
     /// Waits as long as it takes.
@@ -89,24 +87,29 @@ impl Mutex {
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {
         let inner = &self.inner;
+        let fresh = inner.client.fresh_field();
         acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let inner = inner.clone();
+            let (inner, fresh) = (inner.clone(), fresh.clone());
             async move {
-                let sent = Instant::now();
+                let inner: &Inner = &inner;
                 let client = &inner.client;
-                let ((code, token), replication): ((i64, u64), _) = client
-                    .eval_acquire(
-                        &scripts::REDISSON_LOCK,
-                        &[&inner.key, &inner.token_key],
-                        &[client.lease_ms().to_string(), inner.field.clone()],
-                        &inner.key,
-                    )
-                    .await?;
-                if !(-2..0).contains(&code) {
-                    return Ok(Attempt::Held(code));
-                }
-                let token = enter(&inner.reentry, code, token);
-                let holder = Holder::Redisson { field: inner.field.clone(), channel: inner.channel.clone() };
+                let eval = |plan: Plan| async move {
+                    let sent = Instant::now();
+                    let (reply, replication) = client
+                        .eval_acquire(
+                            &scripts::REDISSON_LOCK,
+                            &[&inner.key, &inner.token_key],
+                            &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
+                            &inner.key,
+                        )
+                        .await?;
+                    Ok((reply, replication, sent))
+                };
+                let (field, token, sent, replication) = match enter(&inner.reentry, &fresh, &inner.key, eval).await? {
+                    Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
+                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
+                };
+                let holder = Holder::Redisson { field, channel: inner.channel.clone() };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
                 let guard = MutexGuard::new(hold, inner.reentry.clone());
                 replication.check(&inner.key)?; // not confirmed: the guard drops and releases

@@ -1,16 +1,16 @@
 //! Redisson's read/write lock (RReadWriteLock layout), fenced.
 
-use super::guard::{enter, reentrant_guard, Hold, Holder};
+use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::{Error, Result};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// A read/write lock in Redisson's RReadWriteLock layout: a hash at the lock's key with field
-/// `mode` (`read` or `write`), one field per reading handle (`<client uuid>:<handle id>`, its
-/// hold count) with a key per read hold (`{K}:<field>:rwlock_timeout:<n>`, each with the lease),
-/// and `<field>:write` for the writer. Releases publish on `redisson_rwlock:{K}`.
+/// `mode` (`read` or `write`), one field per reading handle (`<client uuid>:<n>`, its hold count)
+/// with a key per read hold (`{K}:<field>:rwlock_timeout:<i>`, each with the lease), and
+/// `<client uuid>:<n>:write` for the writer. Every new hold (not a re-entry) gets a fresh `n`. Releases publish on `redisson_rwlock:{K}`.
 ///
 /// Readers share; a writer excludes everyone else. The owner is the handle (clones included):
 /// it re-enters both sides, and its writer may also take read holds (a downgrade: release the
@@ -38,30 +38,23 @@ pub struct RwLock {
 struct Inner {
     client: Client,
     key: String,
-    field: String,
-    write_field: String,
     channel: String,
     token_key: String,
-    timeouts: String,
     key_prefix: String,
-    /// Token and count of this handle's read holds, and of its write holds.
-    reads: Arc<StdMutex<Option<(u64, usize)>>>,
-    writes: Arc<StdMutex<Option<(u64, usize)>>>,
+    /// This handle's read hold in progress, and its write hold.
+    reads: Arc<Reentry>,
+    writes: Arc<Reentry>,
 }
 
 impl RwLock {
     pub(crate) fn new(client: Client, key: String) -> RwLock {
-        let field = format!("{}:{}", client.client_id(), client.next_handle_id());
         RwLock {
             inner: Arc::new(Inner {
-                write_field: format!("{field}:write"),
                 channel: super::prefix_name("redisson_rwlock", &key),
                 token_key: super::token_key(&key),
-                timeouts: super::suffix_name(&key, &format!("{field}:rwlock_timeout")),
                 key_prefix: super::suffix_name(&key, ""),
                 client,
                 key,
-                field,
                 reads: Arc::default(),
                 writes: Arc::default(),
             }),
@@ -106,27 +99,34 @@ impl RwLock {
 
     async fn read_until(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>> {
         let inner = &self.inner;
+        let fresh = inner.client.fresh_field();
         acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let inner = inner.clone();
+            let (inner, fresh) = (inner.clone(), fresh.clone());
             async move {
-                let sent = Instant::now();
+                let inner: &Inner = &inner;
                 let client = &inner.client;
-                let ((code, token), replication): ((i64, u64), _) = client
-                    .eval_acquire(
-                        &scripts::READ_LOCK,
-                        &[&inner.key, &inner.timeouts, &inner.token_key],
-                        &[client.lease_ms().to_string(), inner.field.clone(), inner.write_field.clone()],
-                        &inner.key,
-                    )
-                    .await?;
-                if !(-2..0).contains(&code) {
-                    return Ok(Attempt::Held(code));
-                }
-                let token = enter(&inner.reads, code, token);
+                let eval = |plan: Plan| async move {
+                    let sent = Instant::now();
+                    // Our own write hold lets us read (a downgrade).
+                    let writing = inner.writes.field().unwrap_or_else(|| "-".into());
+                    let (reply, replication) = client
+                        .eval_acquire(
+                            &scripts::READ_LOCK,
+                            &[&inner.key, &inner.timeouts(&plan.field), &inner.token_key],
+                            &[client.lease_ms().to_string(), plan.field.clone(), writing, plan.mode()],
+                            &inner.key,
+                        )
+                        .await?;
+                    Ok((reply, replication, sent))
+                };
+                let (field, token, sent, replication) = match enter(&inner.reads, &fresh, &inner.key, eval).await? {
+                    Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
+                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
+                };
                 let holder = Holder::Read {
-                    field: inner.field.clone(),
+                    timeouts: inner.timeouts(&field),
+                    field,
                     channel: inner.channel.clone(),
-                    timeouts: inner.timeouts.clone(),
                     key_prefix: inner.key_prefix.clone(),
                 };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
@@ -140,32 +140,37 @@ impl RwLock {
 
     async fn write_until(&self, deadline: Option<Instant>) -> Result<Option<WriteGuard>> {
         let inner = &self.inner;
-        let reading = inner.reads.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-        let writing = inner.writes.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let reading = inner.reads.field().is_some();
+        let writing = inner.writes.field().is_some();
         if reading && !writing {
             return Err(Error::WouldDeadlock {
                 lock: inner.key.clone(),
                 reason: "this handle holds a read lock; a write lock would wait for it forever (upgrade is refused)",
             });
         }
+        let fresh = format!("{}:write", inner.client.fresh_field());
         acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let inner = inner.clone();
+            let (inner, fresh) = (inner.clone(), fresh.clone());
             async move {
-                let sent = Instant::now();
+                let inner: &Inner = &inner;
                 let client = &inner.client;
-                let ((code, token), replication): ((i64, u64), _) = client
-                    .eval_acquire(
-                        &scripts::WRITE_LOCK,
-                        &[&inner.key, &inner.token_key],
-                        &[client.lease_ms().to_string(), inner.write_field.clone()],
-                        &inner.key,
-                    )
-                    .await?;
-                if !(-2..0).contains(&code) {
-                    return Ok(Attempt::Held(code));
-                }
-                let token = enter(&inner.writes, code, token);
-                let holder = Holder::Write { field: inner.write_field.clone(), channel: inner.channel.clone() };
+                let eval = |plan: Plan| async move {
+                    let sent = Instant::now();
+                    let (reply, replication) = client
+                        .eval_acquire(
+                            &scripts::WRITE_LOCK,
+                            &[&inner.key, &inner.token_key],
+                            &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
+                            &inner.key,
+                        )
+                        .await?;
+                    Ok((reply, replication, sent))
+                };
+                let (field, token, sent, replication) = match enter(&inner.writes, &fresh, &inner.key, eval).await? {
+                    Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
+                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
+                };
+                let holder = Holder::Write { field, channel: inner.channel.clone() };
                 let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
                 let guard = WriteGuard::new(hold, inner.writes.clone());
                 replication.check(&inner.key)?; // not confirmed: the guard drops and releases
@@ -173,6 +178,13 @@ impl RwLock {
             }
         })
         .await
+    }
+}
+
+impl Inner {
+    /// The prefix of the per-hold timeout keys of read field `field`: `{K}:<field>:rwlock_timeout`.
+    fn timeouts(&self, field: &str) -> String {
+        super::suffix_name(&self.key, &format!("{field}:rwlock_timeout"))
     }
 }
 

@@ -24,25 +24,41 @@ end
     };
 }
 
+/// Answers of every acquire script: `{GRANTED, token}` (a new hold), `{REENTERED, 0}` (one
+/// more on the hold in progress), `{HELD, pttl}` (someone else's; pttl may be negative: no TTL
+/// or none known), `{GONE, 0}` (a re-entry found the hold in progress gone), and the
+/// semaphore's `{OTHER_PERMITS, permits}`. Codes never collide with a TTL, however odd the key.
+macro_rules! codes {
+    () => {
+        r#"
+local GRANTED, REENTERED, HELD, GONE, OTHER_PERMITS = 1, 2, 0, 3, 4
+"#
+    };
+}
+
 /// Redisson RLock acquire plus a fencing token. KEYS: lock, token counter. ARGV: lease ms,
-/// field. Returns `{-1, token}` when acquired, `{-2, token}` when re-entered (the token of the
-/// hold in progress, as far as the counter knows), `{pttl, 0}` when someone else holds it.
+/// field, mode (`r`: re-enter the hold in progress under this field only; `n`: a new hold
+/// under a field no earlier hold used, which, when already there, is this very attempt's grant
+/// whose answer was lost, and is answered as granted again without counting twice).
 pub(crate) static REDISSON_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         r#"
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  if ARGV[3] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[2]) or '0')} end
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {REENTERED, 0}
+end
+if ARGV[3] == 'r' then return {GONE, 0} end
 if redis.call('exists', KEYS[1]) == 0 then
   local t = next_token(KEYS[2])
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-1, t}
+  return {GRANTED, t}
 end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-2, tonumber(redis.call('get', KEYS[2]) or '0')}
-end
-return {redis.call('pttl', KEYS[1]), 0}
+return {HELD, redis.call('pttl', KEYS[1])}
 "#
     ))
 });
@@ -85,15 +101,20 @@ return 0
 });
 
 /// The seeds' `SET K v NX PX lease` plus a fencing token. KEYS: lock, token counter. ARGV:
-/// value, lease ms. Returns `{-1, token}` when acquired, `{pttl, 0}` otherwise.
+/// value, lease ms. `{GRANTED, token}` or `{HELD, pttl}`; finding our own value (an earlier
+/// attempt of this acquire whose answer was lost) is granted again.
 pub(crate) static SIMPLE_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         r#"
 if redis.call('set', KEYS[1], ARGV[1], 'nx', 'px', ARGV[2]) then
-  return {-1, next_token(KEYS[2])}
+  return {GRANTED, next_token(KEYS[2])}
 end
-return {redis.call('pttl', KEYS[1]), 0}
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return {GRANTED, tonumber(redis.call('get', KEYS[2]) or '0')}
+end
+return {HELD, redis.call('pttl', KEYS[1])}
 "#
     ))
 });
@@ -126,34 +147,38 @@ return 0
     )
 });
 
-/// Redisson RReadWriteLock read acquire plus a fencing token. KEYS: lock, this handle's timeout
-/// key prefix (`{K}:F:rwlock_timeout`), token counter. ARGV: lease ms, F, F's write field.
-/// Returns `{-1, token}` for a new read hold, `{-2, token}` for a re-entered one, `{pttl, 0}`
-/// when a writer (someone else) holds it.
+/// Redisson RReadWriteLock read acquire plus a fencing token. KEYS: lock, the read field's
+/// timeout key prefix (`{K}:F:rwlock_timeout`), token counter. ARGV: lease ms, F (the read
+/// field), the handle's write field in progress (or `-`), mode as [`REDISSON_LOCK`].
 pub(crate) static READ_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         r#"
+local again = redis.call('hexists', KEYS[1], ARGV[2]) == 1
+if again and ARGV[4] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[3]) or '0')} end
+if not again and ARGV[4] == 'r' then return {GONE, 0} end
 local mode = redis.call('hget', KEYS[1], 'mode')
+if mode == false and redis.call('exists', KEYS[1]) == 1 then
+  return {HELD, redis.call('pttl', KEYS[1])} -- not a read/write lock's hash: someone else's
+end
 if mode == false then
   redis.call('hset', KEYS[1], 'mode', 'read')
   redis.call('hset', KEYS[1], ARGV[2], 1)
   redis.call('set', KEYS[2] .. ':1', 1, 'px', ARGV[1])
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-1, next_token(KEYS[3])}
+  return {GRANTED, next_token(KEYS[3])}
 end
-if mode == 'read' or (mode == 'write' and redis.call('hexists', KEYS[1], ARGV[3]) == 1) then
-  local again = redis.call('hexists', KEYS[1], ARGV[2])
+if mode == 'read' or again or redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
   local n = redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('set', KEYS[2] .. ':' .. n, 1, 'px', ARGV[1])
   local left = redis.call('pttl', KEYS[1])
   redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
-  if again == 1 then
-    return {-2, tonumber(redis.call('get', KEYS[3]) or '0')}
-  end
-  return {-1, next_token(KEYS[3])}
+  if again then return {REENTERED, 0} end
+  if mode == 'write' then return {GRANTED, tonumber(redis.call('get', KEYS[3]) or '0')} end
+  return {GRANTED, next_token(KEYS[3])}
 end
-return {redis.call('pttl', KEYS[1]), 0}
+return {HELD, redis.call('pttl', KEYS[1])}
 "#
     ))
 });
@@ -213,25 +238,27 @@ return 1
 });
 
 /// Redisson RReadWriteLock write acquire plus a fencing token. KEYS: lock, token counter.
-/// ARGV: lease ms, F's write field. Codes as [`REDISSON_LOCK`].
+/// ARGV: lease ms, the write field (`F:write`), mode. Answers as [`REDISSON_LOCK`].
 pub(crate) static WRITE_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         r#"
-local mode = redis.call('hget', KEYS[1], 'mode')
-if mode == false then
-  redis.call('hset', KEYS[1], 'mode', 'write')
-  redis.call('hset', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-1, next_token(KEYS[2])}
-end
-if mode == 'write' and redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  if ARGV[3] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[2]) or '0')} end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   local left = redis.call('pttl', KEYS[1])
   redis.call('pexpire', KEYS[1], math.max(left, tonumber(ARGV[1])))
-  return {-2, tonumber(redis.call('get', KEYS[2]) or '0')}
+  return {REENTERED, 0}
 end
-return {redis.call('pttl', KEYS[1]), 0}
+if ARGV[3] == 'r' then return {GONE, 0} end
+if redis.call('exists', KEYS[1]) == 0 then
+  redis.call('hset', KEYS[1], 'mode', 'write')
+  redis.call('hset', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {GRANTED, next_token(KEYS[2])}
+end
+return {HELD, redis.call('pttl', KEYS[1])}
 "#
     ))
 });
@@ -267,25 +294,30 @@ return 1
 
 /// Semaphore acquire plus a fencing token. KEYS: permit set, permit count key, token counter.
 /// ARGV: permits, permit id, lease ms. Expired permits (scored by the server clock) are dropped
-/// first. Returns `{-1, token}` when acquired, `{ms until the first permit expires, 0}` when all
-/// are taken, `{-3, permits}` when the semaphore has another permit count.
+/// first. `{GRANTED, token}` (also when the id is already in: this acquire's earlier attempt
+/// whose answer was lost), `{HELD, ms until the first permit expires}` when all are taken,
+/// `{OTHER_PERMITS, permits}` when the semaphore has another permit count.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         r#"
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local permits = redis.call('get', KEYS[2])
-if permits ~= false and permits ~= ARGV[1] then return {-3, tonumber(permits)} end
+if permits ~= false and permits ~= ARGV[1] then return {OTHER_PERMITS, tonumber(permits)} end
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+if redis.call('zscore', KEYS[1], ARGV[2]) then
+  return {GRANTED, tonumber(redis.call('get', KEYS[3]) or '0')}
+end
 if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('zadd', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
   redis.call('pexpire', KEYS[1], ARGV[3])
   redis.call('set', KEYS[2], ARGV[1], 'px', ARGV[3])
-  return {-1, next_token(KEYS[3])}
+  return {GRANTED, next_token(KEYS[3])}
 end
 local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
-return {math.max(1, tonumber(first[2]) - now), 0}
+return {HELD, math.max(1, tonumber(first[2]) - now)}
 "#
     ))
 });
@@ -347,22 +379,26 @@ end
 }
 
 /// Fair lock acquire. KEYS: lock, queue, liveness zset, token counter. ARGV: lease ms, F,
-/// enqueue (`1`: join the queue if not granted; `0`: try only). Returns `{-1, token, 0}` when
-/// granted, `{-2, token, 0}` when re-entered, `{pttl, position, queue length}` otherwise (pttl 0
-/// when the lock is free but others are ahead). A waiter's place lasts one lease from its last
-/// attempt, by the server's clock; a waiter that stops trying loses it.
+/// enqueue (`1`: join the queue if not granted; `0`: try only), mode as [`REDISSON_LOCK`].
+/// Answers `{GRANTED, token, 0, 0}`, `{REENTERED, 0, 0, 0}`, `{GONE, 0, 0, 0}`, or `{HELD,
+/// pttl, position, queue length}` (pttl 0 when the lock is free but others are ahead). A waiter's
+/// place lasts one lease from its last attempt, by the server's clock; a waiter that stops
+/// trying loses it.
 pub(crate) static FAIR_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(concat!(
         next_token!(),
+        codes!(),
         prune_dead_heads!(),
         r#"
 local now = server_ms()
 local head = prune(now)
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+  if ARGV[4] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[4]) or '0'), 0, 0} end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-2, tonumber(redis.call('get', KEYS[4]) or '0'), 0}
+  return {REENTERED, 0, 0, 0}
 end
+if ARGV[4] == 'r' then return {GONE, 0, 0, 0} end
 if redis.call('exists', KEYS[1]) == 0 and (head == false or head == ARGV[2]) then
   if head == ARGV[2] then
     redis.call('lpop', KEYS[2])
@@ -370,7 +406,7 @@ if redis.call('exists', KEYS[1]) == 0 and (head == false or head == ARGV[2]) the
   end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
   redis.call('pexpire', KEYS[1], ARGV[1])
-  return {-1, next_token(KEYS[4]), 0}
+  return {GRANTED, next_token(KEYS[4]), 0, 0}
 end
 if ARGV[3] == '1' then
   if redis.call('zadd', KEYS[3], now + tonumber(ARGV[1]), ARGV[2]) == 1 then
@@ -381,8 +417,8 @@ if ARGV[3] == '1' then
 end
 local pos = redis.call('lpos', KEYS[2], ARGV[2])
 local ttl = redis.call('pttl', KEYS[1])
-if ttl < 0 then ttl = 0 end
-return {ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
+if ttl == -2 then ttl = 0 end
+return {HELD, ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
 "#
     ))
 });

@@ -1,7 +1,7 @@
 //! A counting semaphore whose permits expire with their holder, judged by the server's clock.
 
 use super::guard::{hold_methods, Hold, Holder};
-use super::{acquire_loop, scripts, Attempt, Client};
+use super::{acquire_loop, scripts, Answer, Attempt, Client};
 use crate::{Error, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,13 +88,14 @@ impl Semaphore {
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<SemaphorePermit>> {
         let inner = &self.inner;
+        // One permit id for every attempt of this acquire (see `SimpleLock`).
+        let id = format!("{}:{}", inner.client.client_id(), uuid::Uuid::new_v4().simple());
         acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let inner = inner.clone();
+            let (inner, id) = (inner.clone(), id.clone());
             async move {
-                let id = format!("{}:{}", inner.client.client_id(), uuid::Uuid::new_v4().simple());
                 let sent = Instant::now();
                 let client = &inner.client;
-                let ((code, value), replication): ((i64, u64), _) = client
+                let (reply, replication): (Vec<i64>, _) = client
                     .eval_acquire(
                         &scripts::SEMAPHORE_ACQUIRE,
                         &[&inner.key, &inner.permits_key, &inner.token_key],
@@ -102,19 +103,20 @@ impl Semaphore {
                         &inner.key,
                     )
                     .await?;
-                match code {
-                    -1 => {}
-                    -3 => {
+                let value = match Answer::parse(&reply, &inner.key)? {
+                    Answer::Granted(token) => token,
+                    Answer::OtherPermits(permits) => {
                         return Err(Error::InvalidArgument {
                             what: "permit count",
                             reason: format!(
-                                "semaphore {} is in use with {value} permits, not {}",
+                                "semaphore {} is in use with {permits} permits, not {}",
                                 inner.key, inner.permits
                             ),
                         })
                     }
-                    wait => return Ok(Attempt::Held(wait)),
-                }
+                    Answer::Held(wait) => return Ok(Attempt::Held(wait)),
+                    Answer::Reentered | Answer::Gone => return Err(Answer::unexpected(&reply, &inner.key)),
+                };
                 let holder =
                     Holder::Permit { id, permits_key: inner.permits_key.clone(), channel: inner.channel.clone() };
                 let permit =

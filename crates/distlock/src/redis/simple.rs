@@ -1,7 +1,7 @@
 //! The seeds' lock: `SET K value NX PX lease`, compatible with redis-py's `Lock`.
 
 use super::guard::{hold_methods, Hold, Holder};
-use super::{acquire_loop, scripts, Attempt, Client};
+use super::{acquire_loop, scripts, Answer, Attempt, Client};
 use crate::Result;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,13 +75,15 @@ impl SimpleLock {
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<SimpleGuard>> {
         let inner = &self.inner;
+        // One value for every attempt of this acquire: an attempt whose answer was lost is
+        // found by the next one and granted to it, not left holding the key for a lease.
+        let value = uuid::Uuid::new_v4().simple().to_string();
         acquire_loop(&inner.client, &inner.channel, deadline, Some(RECHECK), || {
-            let inner = inner.clone();
+            let (inner, value) = (inner.clone(), value.clone());
             async move {
-                let value = uuid::Uuid::new_v4().simple().to_string();
                 let sent = Instant::now();
                 let client = &inner.client;
-                let ((code, token), replication): ((i64, u64), _) = client
+                let (reply, replication): (Vec<i64>, _) = client
                     .eval_acquire(
                         &scripts::SIMPLE_LOCK,
                         &[&inner.key, &inner.token_key],
@@ -89,9 +91,11 @@ impl SimpleLock {
                         &inner.key,
                     )
                     .await?;
-                if code != -1 {
-                    return Ok(Attempt::Held(code));
-                }
+                let token = match Answer::parse(&reply, &inner.key)? {
+                    Answer::Granted(token) => token,
+                    Answer::Held(ttl) => return Ok(Attempt::Held(ttl)),
+                    _ => return Err(Answer::unexpected(&reply, &inner.key)),
+                };
                 let holder = Holder::Simple { value, channel: inner.channel.clone() };
                 let guard =
                     SimpleGuard { hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, token, sent)) };

@@ -24,6 +24,8 @@ struct Channel {
 #[derive(Debug, Default)]
 struct Shared {
     channels: StdMutex<HashMap<String, Channel>>,
+    /// The latest connection generation whose message stream has ended.
+    ended: std::sync::atomic::AtomicU64,
 }
 
 /// The pub/sub side of a client.
@@ -83,7 +85,7 @@ impl Wakeups {
                 Ok(Ok(pubsub)) => {
                     let (s, stream) = pubsub.split();
                     let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    tokio::spawn(read_messages(stream, self.shared.clone()));
+                    tokio::spawn(read_messages(stream, self.shared.clone(), generation));
                     *sink = Some((s, generation));
                 }
                 Ok(Err(e)) => {
@@ -92,6 +94,10 @@ impl Wakeups {
                 }
                 Err(_) => return false,
             }
+        }
+        if sink.as_ref().is_some_and(|(_, g)| self.shared.ended.load(std::sync::atomic::Ordering::SeqCst) >= *g) {
+            *sink = None; // its connection ended: open another on the next call
+            return false;
         }
         let Some((s, generation)) = sink.as_mut() else { return false };
         let generation = *generation;
@@ -135,8 +141,9 @@ impl Wakeups {
     }
 }
 
-/// Delivers messages until the connection ends; then wakes everyone (they may have missed one).
-async fn read_messages(mut stream: redis::aio::PubSubStream, shared: Arc<Shared>) {
+/// Delivers messages until the connection ends; then wakes everyone (they may have missed one)
+/// and marks the subscriptions made on it as gone (not those of a newer connection).
+async fn read_messages(mut stream: redis::aio::PubSubStream, shared: Arc<Shared>, generation: u64) {
     use futures::StreamExt;
     while let Some(msg) = stream.next().await {
         let channel = msg.get_channel_name().to_string();
@@ -145,10 +152,13 @@ async fn read_messages(mut stream: redis::aio::PubSubStream, shared: Arc<Shared>
             c.notify.notify_waiters();
         }
     }
-    tracing::debug!("pub/sub connection ended; waiters re-check");
+    tracing::debug!(generation, "pub/sub connection ended; waiters re-check");
+    shared.ended.fetch_max(generation, std::sync::atomic::Ordering::SeqCst);
     let mut map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
     for c in map.values_mut() {
-        c.subscribed = 0;
+        if c.subscribed == generation {
+            c.subscribed = 0;
+        }
         c.notify.notify_waiters();
     }
 }
@@ -169,16 +179,18 @@ impl Drop for Registration {
         handle.spawn(async move {
             let mut sink = wakeups.sink.lock().await;
             // Under the sink lock: a new waiter may have come meanwhile, and keeps the channel.
-            let subscribed = {
+            let removed = {
                 let mut map = wakeups.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
                 match map.get(&channel) {
-                    Some(c) if c.users == 0 => map.remove(&channel).map(|c| c.subscribed),
-                    _ => None,
+                    Some(c) if c.users == 0 => map.remove(&channel).is_some(),
+                    _ => false,
                 }
             };
-            if let (Some(g), Some((s, generation))) = (subscribed, sink.as_mut()) {
-                if g == *generation && g != 0 {
-                    let _ = tokio::time::timeout(wakeups.timeout, s.unsubscribe(&channel)).await;
+            // Whether or not a SUBSCRIBE was confirmed: one cancelled in flight may still have
+            // reached the server, and UNSUBSCRIBE from a channel not subscribed is harmless.
+            if let (true, Some((s, _))) = (removed, sink.as_mut()) {
+                if tokio::time::timeout(wakeups.timeout, s.unsubscribe(&channel)).await.is_err() {
+                    *sink = None;
                 }
             }
         });
