@@ -13,6 +13,11 @@
 #   scripts/redis.sh sentinel DIR MASTER NAME   start a Sentinel monitoring MASTER as NAME (quorum
 #                                 2, down after 1 s, failover timeout 5 s), and wait until it
 #                                 answers for NAME.
+#   scripts/redis.sh cluster DIR  start a 6-node cluster (3 masters, 3 replicas; node timeout 1 s)
+#                                 in DIR/n1..n6, wait until every node reports cluster_state:ok
+#                                 and every replica is linked, and print the nodes' addresses
+#                                 (comma-separated). stop DIR stops all six; each node DIR/nI can
+#                                 be killed and restarted on its own (it rejoins as a replica).
 #
 # No persistence (no RDB, no AOF): a restart loses every lock, the worst case the tests cover.
 set -euo pipefail
@@ -60,6 +65,10 @@ launch() {
     if [[ -f "$dir/sentinel.conf" ]]; then
         conf=("$dir/sentinel.conf" --sentinel)
     fi
+    if [[ -f "$dir/cluster.enabled" ]]; then
+        extra=(--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000
+            --cluster-port "$(cat "$dir/cluster.port")")
+    fi
     if [[ -f "$dir/master.addr" ]]; then
         extra=(--replicaof "$(cut -d: -f1 "$dir/master.addr")" "$(cut -d: -f2 "$dir/master.addr")" --repl-diskless-sync-delay 0)
     fi
@@ -94,15 +103,68 @@ start() {
         echo "127.0.0.1:$(cat "$dir/redis.port")"
         return
     fi
-    free_ports 1 > "$dir/redis.port"
+    local ports
+    read -r -a ports <<< "$(free_ports 2)"
+    echo "${ports[0]}" > "$dir/redis.port"
+    echo "${ports[1]}" > "$dir/cluster.port" # the cluster bus, if this is a cluster node
     launch
 }
 
-stop() { stop_recorded "$dir/redis.pid" redis-server; }
+stop() {
+    if [[ -f "$dir/cluster.addrs" ]]; then
+        for node in "$dir"/n[1-6]; do stop_recorded "$node/redis.pid" redis-server; done
+        return
+    fi
+    stop_recorded "$dir/redis.pid" redis-server
+}
+
+# Every node agrees the cluster is ok, and every master has its replica online.
+cluster_ready() {
+    local addr masters=0
+    for addr in ${1//,/ }; do
+        redis-cli -h "${addr%:*}" -p "${addr#*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+    done
+    addr=${1%%,*}
+    masters=$(redis-cli -h "${addr%:*}" -p "${addr#*:}" cluster nodes 2>/dev/null | grep -c 'master.*connected.*[0-9]-[0-9]' || true)
+    [[ "$masters" == 3 ]] || return 1
+    for addr in ${1//,/ }; do
+        if redis-cli -h "${addr%:*}" -p "${addr#*:}" info replication 2>/dev/null | grep -q '^role:slave'; then
+            redis-cli -h "${addr%:*}" -p "${addr#*:}" info replication | grep -q '^master_link_status:up' || return 1
+        fi
+    done
+}
+
+cluster() {
+    install_redis
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    local addrs=() i
+    for i in 1 2 3 4 5 6; do
+        mkdir -p "$dir/n$i"
+        touch "$dir/n$i/cluster.enabled"
+        addrs+=("$("$0" start "$dir/n$i")")
+    done
+    local joined
+    joined=$(IFS=,; echo "${addrs[*]}")
+    echo "$joined" > "$dir/cluster.addrs"
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes > "$dir/create.log" 2>&1 ||
+        { log "cluster create failed:"; cat "$dir/create.log" >&2; exit 1; }
+    for _ in $(seq 1 300); do
+        if cluster_ready "$joined"; then
+            log "cluster of 6 nodes ready: $joined"
+            echo "$joined"
+            return
+        fi
+        sleep 0.1
+    done
+    log "the cluster did not become ready within 30 s"; cat "$dir/create.log" >&2
+    exit 1
+}
 crash() { crash_recorded "$dir/redis.pid" redis-server; }
 
 case "$cmd" in
     start) start ;;
+    cluster) cluster ;;
     replica)
         [[ -n "${3:-}" ]] || { echo "usage: $0 replica DIR MASTER_HOST:PORT" >&2; exit 2; }
         mkdir -p "$dir"; echo "$3" > "$dir/master.addr"; start ;;
@@ -118,7 +180,7 @@ sentinel failover-timeout $4 5000
 sentinel parallel-syncs $4 1
 CONF
         start ;;
-    stop) stop ;;
+    stop) dir=$(cd "$dir" && pwd); stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;
     restart) dir=$(cd "$dir" && pwd); stop; launch ;;
     *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;

@@ -122,6 +122,11 @@ const BENCH_ROOT: &str = "/distlock-bench";
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let backend = crate::backend_or_default(&args.backend);
+    if backend.starts_with("redis+cluster://") {
+        anyhow::bail!(
+            "bench does not run on a cluster yet (its floor is one server's): point it at one master with redis://"
+        );
+    }
     if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
         if cfg!(debug_assertions) {
             eprintln!(

@@ -107,8 +107,9 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
     /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s,
-    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple, or
-    /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s
+    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
+    /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
+    /// redis+cluster://node1:7000,node2:7001?lease=30s
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held

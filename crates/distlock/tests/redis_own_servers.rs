@@ -1,7 +1,8 @@
 //! Tests that need redis-servers of their own, started with `scripts/redis.sh` (the shared test
 //! server must not be restarted or replicated): a restart without persistence under a held lock,
-//! acquires that must be confirmed by a replica (`WAIT`), Redlock over three masters, and a
-//! Sentinel failover.
+//! acquires that must be confirmed by a replica (`WAIT`), Redlock over three masters, a
+//! Sentinel failover, and a 6-node cluster (locks over its slots, a master failover, and a
+//! failover before replication caught up, through the fenced checker).
 #![cfg(feature = "redis")]
 
 use distlock::redis::Client;
@@ -231,19 +232,250 @@ async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() 
         addr.is_some_and(|(h, p)| format!("{h}:{p}") == replica.addr)
     })
     .await;
+    follows_the_promotion(&redis, "orders", t1, held).await;
+    distlock_faults::resume(master.pid()).unwrap();
+}
+
+/// After a promotion: a new acquire of `name` through `redis` reaches the new master with a
+/// token above `t1`, and `held` (a 10 s lease held across the failover) is renewed there.
+async fn follows_the_promotion(redis: &Client, name: &str, t1: u64, held: distlock::redis::MutexGuard) {
     let promoted = std::time::Instant::now();
-    let after = tokio::time::timeout(Duration::from_secs(20), redis.mutex("orders").unwrap().lock())
+    let after = tokio::time::timeout(Duration::from_secs(20), redis.mutex(name).unwrap().lock())
         .await
         .expect("the client follows the new master")
         .unwrap();
     assert!(after.fencing_token() > t1, "tokens keep rising across the failover");
-    // The lock held across the failover is renewed on the new master (a renewal sent after the
-    // promotion succeeded): still ours.
+    // A renewal sent after the promotion succeeded: still ours.
     eventually(Duration::from_secs(10), "the held lock to be renewed on the new master", || async {
         held.lease_deadline() > promoted + Duration::from_secs(9) && held.state() == distlock::LockState::Held
     })
     .await;
     after.release().await.unwrap();
     held.release().await.unwrap();
-    distlock_faults::resume(master.pid()).unwrap();
+}
+
+/// A 6-node cluster from `scripts/redis.sh cluster` (3 masters, 3 replicas).
+struct Cluster {
+    dir: PathBuf,
+    nodes: Vec<String>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = std::env::temp_dir().join(format!("distlock-redis-cluster-{}", uuid::Uuid::new_v4().simple()));
+        let out = Command::new(script()).arg("cluster").arg(&dir).output().expect("scripts/redis.sh");
+        assert!(out.status.success(), "redis.sh cluster: {}", String::from_utf8_lossy(&out.stderr));
+        let nodes = String::from_utf8(out.stdout).unwrap().trim().split(',').map(str::to_string).collect();
+        Cluster { dir, nodes }
+    }
+
+    fn url(&self, query: &str) -> String {
+        format!("redis+cluster://{}{query}", self.nodes.join(","))
+    }
+
+    fn pid(&self, addr: &str) -> u32 {
+        let i = self.nodes.iter().position(|n| n == addr).expect("a node of this cluster");
+        std::fs::read_to_string(self.dir.join(format!("n{}/redis.pid", i + 1))).unwrap().trim().parse().unwrap()
+    }
+
+    /// The master serving `key`'s slot, and its replica, once the first node knows both (its
+    /// view of the replicas may lag the cluster's readiness by a gossip round).
+    async fn owners(&self, key: &str) -> (String, String) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.owners_now(key).await {
+                Some(owners) => return owners,
+                None if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                None => panic!("no master with a replica known for {key}'s slot after 10 s"),
+            }
+        }
+    }
+
+    async fn owners_now(&self, key: &str) -> Option<(String, String)> {
+        let mut conn = raw_conn(&self.nodes[0]).await;
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut conn).await.unwrap();
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn).await.unwrap();
+        let serves = |line: &str| {
+            line.split_whitespace().skip(8).any(|r| match r.split_once('-') {
+                Some((a, b)) => (a.parse().unwrap_or(-1)..=b.parse().unwrap_or(-2)).contains(&slot),
+                None => r.parse::<i64>().ok() == Some(slot),
+            })
+        };
+        let master_line = nodes.lines().find(|l| l.contains("master") && serves(l))?;
+        let master_id = master_line.split_whitespace().next()?;
+        let addr = |line: &str| line.split_whitespace().nth(1).unwrap().split('@').next().unwrap().to_string();
+        let replica_line = nodes.lines().find(|l| l.split_whitespace().nth(3) == Some(master_id))?;
+        Some((addr(master_line), addr(replica_line)))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 1..=6 {
+            if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("n{i}/redis.pid"))) {
+                let _ = distlock_faults::resume(pid.trim().parse().unwrap_or(0));
+                // a paused node must hear SIGTERM
+            }
+        }
+        let _ = Command::new(script()).arg("stop").arg(&self.dir).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (bounded) until the cluster has promoted `replica`.
+async fn promoted(replica: &str) {
+    eventually(Duration::from_secs(30), "the replica to be promoted", || async {
+        let mut conn = raw_conn(replica).await;
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
+        info.contains("role:master")
+    })
+    .await;
+}
+
+async fn count_in_slot(addr: &str, key: &str) -> i64 {
+    let mut conn = raw_conn(addr).await;
+    let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut conn).await.unwrap_or(-1);
+    redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot).query_async(&mut conn).await.unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_cluster_spreads_locks_over_its_masters_and_wakes_waiters_by_sharded_pubsub() {
+    let cluster = Cluster::start();
+    let a = Client::connect(&cluster.url("?lease=30s")).await.unwrap();
+    let b = Client::connect(&cluster.url("?lease=30s")).await.unwrap();
+    let mut masters = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let name = format!("orders-{i}");
+        masters.insert(cluster.owners(&name).await.0);
+        let g = a.mutex(&name).unwrap().lock().await.unwrap();
+        assert!(b.mutex(&name).unwrap().try_lock().await.unwrap().is_none(), "{name}: excluded across clients");
+        let view = b.inspect(&name).await.unwrap();
+        assert_eq!(view.holders.len(), 1, "{name}: {view:?}");
+        assert_eq!(view.last_token, Some(g.fencing_token()));
+        g.release().await.unwrap();
+    }
+    assert_eq!(masters.len(), 3, "twelve names spread over the three masters");
+    // Every recipe's keys share a slot (no CROSSSLOT), and names with a hash tag keep it.
+    for name in ["simple", "tagged{eu}", "{eu}tagged"] {
+        a.simple_lock(name).unwrap().lock().await.unwrap().release().await.unwrap();
+        let w = a.rwlock(name).unwrap().write().await.unwrap();
+        let r = a.rwlock(name).unwrap().try_read().await.unwrap();
+        assert!(r.is_none(), "another handle cannot read under a write");
+        w.release().await.unwrap();
+        a.fair_lock(name).unwrap().lock().await.unwrap().release().await.unwrap();
+        a.semaphore(name, 2).unwrap().acquire().await.unwrap().release().await.unwrap();
+    }
+    let e = a.mutex("bad{}tag").unwrap_err().to_string();
+    assert!(e.contains("hash tag"), "{e}");
+    // A waiter is woken by the sharded release message, not by the 30 s lease.
+    for name in ["handoff", "handoff{eu}"] {
+        let holder = a.mutex(name).unwrap().lock().await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            let name = name.to_string();
+            tokio::spawn(async move { b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(20)).await.unwrap() })
+        };
+        let channel = format!(
+            "redisson_lock__channel:{}",
+            if name.contains('{') { name.to_string() } else { format!("{{{name}}}") }
+        );
+        let master = cluster.owners(name).await.0;
+        eventually(Duration::from_secs(10), "the waiter to SSUBSCRIBE on the slot's master", || async {
+            let mut conn = raw_conn(&master).await;
+            let v: Vec<redis::Value> =
+                redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(&channel).query_async(&mut conn).await.unwrap_or_default();
+            matches!(v.get(1), Some(redis::Value::Int(n)) if *n > 0)
+        })
+        .await;
+        let released = std::time::Instant::now();
+        holder.release().await.unwrap();
+        let g = waiter.await.unwrap().expect("woken by the release");
+        assert!(released.elapsed() < Duration::from_secs(1), "woken {:?} after the release", released.elapsed());
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_master_failover_keeps_replicated_locks_and_rising_tokens() {
+    let cluster = Cluster::start();
+    let redis = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
+    let (master, replica) = cluster.owners("held").await;
+    let t1 = {
+        let g = redis.mutex("orders{held}").unwrap().lock().await.unwrap();
+        let t = g.fencing_token();
+        g.release().await.unwrap();
+        t
+    };
+    let held = redis.mutex("held").unwrap().lock().await.unwrap();
+    eventually(Duration::from_secs(10), "the held lock to reach the replica", || async {
+        count_in_slot(&replica, "held").await >= 2 // the lock and its token counter
+    })
+    .await;
+    distlock_faults::pause(cluster.pid(&master)).unwrap();
+    promoted(&replica).await;
+    follows_the_promotion(&redis, "orders{held}", t1, held).await;
+}
+
+#[tokio::test]
+async fn a_failover_before_replication_caught_up_gives_the_lock_twice_and_only_fencing_saves_the_data() {
+    use distlock_faults::{FencedResource, Mode};
+    let cluster = Cluster::start();
+    let a = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
+    let b = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
+    let (master, replica) = cluster.owners("ledger").await;
+    let fenced = FencedResource::new(true, 1);
+    let unfenced = FencedResource::new(false, 1);
+    // The replica hears nothing of the grant: its link is cut and it is paused before it can
+    // reconnect (a paused process still receives TCP data, so pausing alone would not do).
+    let mut cut = false;
+    for _ in 0..10 {
+        let mut conn = raw_conn(&master).await;
+        let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query_async(&mut conn).await.unwrap();
+        distlock_faults::pause(cluster.pid(&replica)).unwrap();
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+        if info.contains("connected_slaves:0") {
+            cut = true;
+            break;
+        }
+        distlock_faults::resume(cluster.pid(&replica)).unwrap(); // it got back in: again
+    }
+    assert!(cut, "could not cut the replica off its master");
+    let ga = a.mutex("ledger").unwrap().lock().await.unwrap();
+    let ta = ga.fencing_token();
+    let hold_a = [fenced.begin(1, Mode::Exclusive, ta), unfenced.begin(1, Mode::Exclusive, ta)];
+    assert!(fenced.write(1, ta, 1) && unfenced.write(1, ta, 1));
+    // The master goes silent before replicating it; the replica comes back and is promoted.
+    distlock_faults::pause(cluster.pid(&master)).unwrap();
+    distlock_faults::resume(cluster.pid(&replica)).unwrap();
+    promoted(&replica).await;
+    // B gets the lock A still believes it holds: Redis replication is asynchronous.
+    let gb = tokio::time::timeout(Duration::from_secs(20), b.mutex("ledger").unwrap().lock())
+        .await
+        .expect("B acquires on the new master")
+        .unwrap();
+    let tb = gb.fencing_token();
+    assert!(tb > ta, "the new master's token ({tb}) is above the lost grant's ({ta}): tokens never go back");
+    let hold_b = [fenced.begin(2, Mode::Exclusive, tb), unfenced.begin(2, Mode::Exclusive, tb)];
+    assert!(fenced.write(2, tb, 1) && unfenced.write(2, tb, 1));
+    // A, not yet told, writes once more with its old token.
+    assert!(!fenced.write(1, ta, 2), "the fenced resource refuses A's stale write");
+    assert!(unfenced.write(1, ta, 2), "the unfenced one takes it: the violation Redis allows");
+    // A learns of the loss at its next renewal on the new master.
+    let reason = tokio::time::timeout(Duration::from_secs(15), ga.lost()).await.expect("A is told");
+    assert_eq!(reason, LostReason::KeyDeleted);
+    let [fa, ua] = hold_a;
+    fenced.end(fa);
+    unfenced.end(ua);
+    let (f, u) = (fenced.report(), unfenced.report());
+    assert_eq!(u.overlaps.len(), 1, "the unfenced resource sees the same two holders");
+    eprintln!("failover before replication: fenced {f}; unfenced {u}");
+    assert_eq!(f.stale_accepted, 0);
+    assert_eq!(f.stale_rejected, 1);
+    assert_eq!(u.stale_accepted, 1);
+    assert!(!f.overlaps.is_empty(), "two holders at once: the failover gave the lock twice");
+    gb.release().await.unwrap();
+    let [fb, ub] = hold_b;
+    fenced.end(fb);
+    unfenced.end(ub);
+    distlock_faults::resume(cluster.pid(&master)).unwrap();
 }

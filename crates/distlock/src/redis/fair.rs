@@ -226,7 +226,7 @@ async fn leave_queue(inner: &Inner, field: &str) -> Result<()> {
     let _: i64 = inner
         .client
         .eval(
-            &scripts::FAIR_LEAVE,
+            scripts::FAIR_LEAVE.pick(inner.client.sharded()),
             &[&inner.key, &inner.queue, &inner.alive, &inner.channel_prefix],
             &[field.to_string()],
             "leave queue",

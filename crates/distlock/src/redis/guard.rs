@@ -201,26 +201,32 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
     let latch = super::latch_key(key, &uuid::Uuid::new_v4().simple().to_string());
     // Remembered past the last retry (which comes before the lease deadline).
     let latch_ttl = (client.lease_ms() + LATCH_MARGIN_MS).to_string();
+    let sharded = client.sharded();
     // Every script answers nil when the hold was not ours (any more).
     let (script, keys, args, latched): (&redis::Script, Vec<&String>, Vec<&String>, bool) = match holder {
-        Holder::Redisson { field, channel } => {
-            (&scripts::REDISSON_UNLOCK, vec![&k, channel, &latch], vec![&ZERO, &lease, field, &latch_ttl], true)
-        }
+        Holder::Redisson { field, channel } => (
+            scripts::REDISSON_UNLOCK.pick(sharded),
+            vec![&k, channel, &latch],
+            vec![&ZERO, &lease, field, &latch_ttl],
+            true,
+        ),
         Holder::Fair { field, queue, alive, channel_prefix } => (
-            &scripts::FAIR_UNLOCK,
+            scripts::FAIR_UNLOCK.pick(sharded),
             vec![&k, queue, alive, &latch, channel_prefix],
             vec![&lease, field, &latch_ttl],
             true,
         ),
-        Holder::Simple { value, channel } => (&scripts::SIMPLE_RELEASE, vec![&k, channel], vec![value], false),
+        Holder::Simple { value, channel } => {
+            (scripts::SIMPLE_RELEASE.pick(sharded), vec![&k, channel], vec![value], false)
+        }
         Holder::Read { field, channel, timeouts, key_prefix } => {
-            (&scripts::READ_UNLOCK, vec![&k, channel, timeouts, key_prefix], vec![&ZERO, field], false)
+            (scripts::READ_UNLOCK.pick(sharded), vec![&k, channel, timeouts, key_prefix], vec![&ZERO, field], false)
         }
         Holder::Write { field, channel } => {
-            (&scripts::WRITE_UNLOCK, vec![&k, channel], vec![&ONE, &lease, field], false)
+            (scripts::WRITE_UNLOCK.pick(sharded), vec![&k, channel], vec![&ONE, &lease, field], false)
         }
         Holder::Permit { id, permits_key, channel } => {
-            (&scripts::SEMAPHORE_RELEASE, vec![&k, permits_key, channel], vec![id], false)
+            (scripts::SEMAPHORE_RELEASE.pick(sharded), vec![&k, permits_key, channel], vec![id], false)
         }
     };
     let keys: Vec<&str> = keys.into_iter().map(String::as_str).collect();

@@ -92,10 +92,58 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// The redis crate's connection under a [`Client`]: to one server (standalone, or the master
+/// Sentinel names), or to a cluster (each command routed to its key's slot, redirects and
+/// failovers followed by the crate).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(redis: distlock::redis::Client) -> redis::RedisResult<()> {
+/// let mut conn = redis.connection();
+/// let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+/// # let _ = pong; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub enum Connection {
+    /// One server, reconnecting.
+    Server(redis::aio::ConnectionManager),
+    /// A cluster.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Connection::Server(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Connection::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Server(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 struct Inner {
     url: RedisUrl,
     /// The master's connection; replaced when Sentinel names another master.
-    conn: std::sync::RwLock<redis::aio::ConnectionManager>,
+    conn: std::sync::RwLock<Connection>,
     /// The master's `host:port` now, and when we last asked the Sentinels (at most every 200 ms).
     master: tokio::sync::Mutex<(String, Option<Instant>)>,
     wake: Arc<wake::Wakeups>,
@@ -110,6 +158,46 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// Requests time out well inside the lease, so that a silent server is retried (or the lock
+/// reported lost) before the lease can run out.
+pub(crate) fn response_timeout(url: &RedisUrl) -> Duration {
+    (url.lease / 6).min(url.connect_timeout)
+}
+
+/// Opens a cluster connection from the URL's seed nodes; with `push`, in RESP3 with sharded
+/// pub/sub messages delivered to it.
+pub(crate) async fn open_cluster(
+    url: &RedisUrl,
+    nodes: &[String],
+    push: Option<wake::PushSender>,
+) -> Result<redis::cluster_async::ClusterConnection> {
+    let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+    let seeds: Vec<String> = nodes
+        .iter()
+        .map(|hp| {
+            let (h, p) = hp.rsplit_once(':').unwrap_or((hp, "6379"));
+            url.connection_string_for(h, p.parse().unwrap_or(6379))
+        })
+        .collect();
+    // Per node: a silent node (paused, partitioned) must not hold up learning the layout from
+    // the others; `connect_timeout` bounds the whole.
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds)
+        .connection_timeout(response_timeout(url))
+        .response_timeout(response_timeout(url))
+        .retries(3)
+        .min_retry_wait(50)
+        .max_retry_wait(500);
+    if let Some(push) = push {
+        builder = builder.use_protocol(redis::ProtocolVersion::RESP3).push_sender(push);
+    }
+    let client = builder.build().map_err(|e| failed(e.to_string()))?;
+    let conn = tokio::time::timeout(url.connect_timeout, client.get_async_connection())
+        .await
+        .map_err(|_| failed(format!("no cluster node answered within {:?}", url.connect_timeout)))?
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(conn)
+}
+
 /// Opens a connection to the master: the URL's server, or the one the Sentinels name (checked
 /// to be a master with ROLE).
 async fn open_master(url: &RedisUrl) -> Result<(String, redis::Client, redis::aio::ConnectionManager)> {
@@ -119,12 +207,9 @@ async fn open_master(url: &RedisUrl) -> Result<(String, redis::Client, redis::ai
         Some(s) => ask_sentinels(url, s).await?,
     };
     let client = redis::Client::open(url.connection_string_for(&host, port)).map_err(|e| failed(e.to_string()))?;
-    // Requests time out well inside the lease, so that a silent server is retried (or the lock
-    // reported lost) before the lease can run out.
-    let response_timeout = (url.lease / 6).min(url.connect_timeout);
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(url.connect_timeout))
-        .set_response_timeout(Some(response_timeout))
+        .set_response_timeout(Some(response_timeout(url)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
     let conn = tokio::time::timeout(url.connect_timeout, client.get_connection_manager_with_config(config))
@@ -178,8 +263,17 @@ impl Client {
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: RedisUrl) -> Result<Client> {
-        let (master, client, conn) = open_master(&url).await?;
-        let wake = Arc::new(wake::Wakeups::new(client, url.connect_timeout));
+        let (master, conn, wake) = match &url.cluster {
+            None => {
+                let (master, client, conn) = open_master(&url).await?;
+                (master, Connection::Server(conn), wake::Wakeups::new(client, url.connect_timeout))
+            }
+            Some(nodes) => {
+                let conn = open_cluster(&url, nodes, None).await?;
+                (nodes.join(","), Connection::Cluster(conn), wake::Wakeups::cluster(url.clone()))
+            }
+        };
+        let wake = Arc::new(wake);
         Ok(Client {
             inner: Arc::new(Inner {
                 url,
@@ -192,8 +286,30 @@ impl Client {
         })
     }
 
+    /// A lock name's checks; on a cluster also that every key of the lock lands in its slot:
+    /// a name with `{` must hold a non-empty hash tag, as `orders{eu}`.
+    fn validate(&self, name: &str) -> Result<()> {
+        validate_key(name)?;
+        if self.sharded() {
+            if let Some(open) = name.find('{') {
+                if name[open + 1..].find('}').is_none_or(|close| close == 0) {
+                    return Err(Error::InvalidLockPath {
+                        path: name.to_string(),
+                        reason: "on a cluster, a name with '{' needs a non-empty hash tag such as {eu}: otherwise the lock's keys fall in different slots".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True on a cluster: wake-ups go by sharded pub/sub (SPUBLISH/SSUBSCRIBE).
+    pub(crate) fn sharded(&self) -> bool {
+        self.inner.url.cluster.is_some()
+    }
+
     /// The master's connection now.
-    fn conn(&self) -> redis::aio::ConnectionManager {
+    fn conn(&self) -> Connection {
         self.inner.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -213,7 +329,7 @@ impl Client {
         match open_master(&self.inner.url).await {
             Ok((addr, client, conn)) => {
                 tracing::warn!(from = %master.0, to = %addr, "Sentinel named a new master; following it");
-                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = conn;
+                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = Connection::Server(conn);
                 self.inner.wake.retarget(client).await;
                 master.0 = addr;
             }
@@ -221,36 +337,56 @@ impl Client {
         }
     }
 
+    /// On a cluster: learns the slot layout afresh (at most every 200 ms). The redis crate
+    /// follows MOVED redirects and reconnects after resets, but keeps sending to a master that
+    /// went silent (paused, partitioned) until its replica's promotion is learnt this way.
+    async fn relearn_cluster(&self) {
+        let Some(nodes) = &self.inner.url.cluster else { return };
+        let mut last = self.inner.master.lock().await;
+        if last.1.is_some_and(|at| at.elapsed() < Duration::from_millis(200)) {
+            return;
+        }
+        last.1 = Some(Instant::now());
+        match open_cluster(&self.inner.url, nodes, None).await {
+            Ok(conn) => {
+                tracing::debug!("cluster layout learnt afresh after a failed request");
+                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = Connection::Cluster(conn);
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot learn the cluster layout now"),
+        }
+        last.1 = Some(Instant::now());
+    }
+
     /// A reentrant mutex on key `name` in the URL's layout (Redisson's unless `?layout=simple`;
     /// with `simple`, use [`Client::simple_lock`] for the typed handle). The name is the key,
     /// exactly as given.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        validate_key(name)?;
+        self.validate(name)?;
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 
     /// A read/write lock on key `name` in Redisson's RReadWriteLock layout.
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
-        validate_key(name)?;
+        self.validate(name)?;
         Ok(RwLock::new(self.clone(), name.to_string()))
     }
 
     /// A fair (FIFO) reentrant lock on key `name`: Redisson's RLock hash, granted in arrival
     /// order by a queue the server keeps (see [`FairLock`]).
     pub fn fair_lock(&self, name: &str) -> Result<FairLock> {
-        validate_key(name)?;
+        self.validate(name)?;
         Ok(FairLock::new(self.clone(), name.to_string()))
     }
 
     /// A semaphore of `permits` permits on key `name`; permits expire with their holder.
     pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
-        validate_key(name)?;
+        self.validate(name)?;
         Semaphore::new(self.clone(), name.to_string(), permits)
     }
 
     /// The seeds' lock on key `name`: `SET name value NX PX lease`, as redis-py's `Lock(name)`.
     pub fn simple_lock(&self, name: &str) -> Result<SimpleLock> {
-        validate_key(name)?;
+        self.validate(name)?;
         Ok(SimpleLock::new(self.clone(), name.to_string()))
     }
 
@@ -270,13 +406,13 @@ impl Client {
     }
 
     /// The redis crate's connection, for anything distlock does not wrap.
-    pub fn connection(&self) -> redis::aio::ConnectionManager {
+    pub fn connection(&self) -> Connection {
         self.conn()
     }
 
     /// Who holds `name` now, read from the server (either layout).
     pub async fn inspect(&self, name: &str) -> Result<LockView> {
-        validate_key(name)?;
+        self.validate(name)?;
         let mut conn = self.conn();
         let fail = |op| move |e: redis::RedisError| backend(op, name, e);
         let kind: String = redis::cmd("TYPE").arg(name).query_async(&mut conn).await.map_err(fail("TYPE"))?;
@@ -391,6 +527,8 @@ impl Client {
                 let e = backend(op, key, e);
                 if self.inner.url.sentinel.is_some() && e.is_transient() {
                     self.follow_master().await;
+                } else if self.inner.url.cluster.is_some() && e.is_transient() {
+                    self.relearn_cluster().await;
                 }
                 Err(e)
             }

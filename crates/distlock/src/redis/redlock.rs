@@ -136,8 +136,15 @@ impl Redlock {
 async fn release_all(nodes: &[Client], name: &str, value: &str) -> usize {
     let replies = join_all(nodes.iter().map(|node| async move {
         let channel = super::simple_channel(name);
-        let r: Result<Option<i64>> =
-            node.eval(&scripts::SIMPLE_RELEASE, &[name, &channel], &[value.to_string()], "release", name).await;
+        let r: Result<Option<i64>> = node
+            .eval(
+                scripts::SIMPLE_RELEASE.pick(node.sharded()),
+                &[name, &channel],
+                &[value.to_string()],
+                "release",
+                name,
+            )
+            .await;
         matches!(r, Ok(Some(_)))
     }))
     .await;

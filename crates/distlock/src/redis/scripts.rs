@@ -3,6 +3,30 @@
 
 use std::sync::LazyLock;
 
+/// A script that publishes a wake-up: PUBLISH on one server, SPUBLISH (sharded, to the node of
+/// the lock's slot, as Redisson does on a cluster) on a cluster.
+pub(crate) struct Publishing {
+    plain: redis::Script,
+    sharded: redis::Script,
+}
+
+impl Publishing {
+    fn new(source: &str) -> Publishing {
+        Publishing {
+            plain: redis::Script::new(source),
+            sharded: redis::Script::new(&source.replace("redis.call('publish',", "redis.call('spublish',")),
+        }
+    }
+
+    pub(crate) fn pick(&self, sharded: bool) -> &redis::Script {
+        if sharded {
+            &self.sharded
+        } else {
+            &self.plain
+        }
+    }
+}
+
 /// Next fencing token of KEYS[n]'s counter: one more than the last, and never less than the
 /// server's clock in microseconds, so that the sequence keeps rising when a server without
 /// persistence restarts empty or a replica that missed the last increments takes over (as long
@@ -67,8 +91,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 /// Returns nil when the field is not there (not ours), 0 when a re-entrant hold remains, 1 when
 /// the lock was deleted (and the message published). A retried request returns what the first
 /// one did (the latch).
-pub(crate) static REDISSON_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(
         r#"
 local done = redis.call('get', KEYS[3])
 if done then return tonumber(done) end
@@ -121,8 +145,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 
 /// Compare-and-delete, then a wake-up for our waiters. KEYS: lock, channel. ARGV: value.
 /// 1 if it was ours, nil if not.
-pub(crate) static SIMPLE_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static SIMPLE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(
         r#"
 if redis.call('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
@@ -186,8 +210,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 /// Redisson RReadWriteLock read unlock. KEYS: lock, channel, this handle's timeout key prefix,
 /// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours, 0 when the lock remains
 /// (other holds), 1 when it was deleted (and the message published).
-pub(crate) static READ_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static READ_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(
         r#"
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false then
@@ -266,8 +290,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 /// Redisson RReadWriteLock write unlock. KEYS: lock, channel. ARGV: message (`1`: wake every
 /// waiter), lease ms, F's write field. nil when not ours, 0 when a re-entrant hold remains, 1
 /// when released (the lock deleted, or left to this handle's own read holds).
-pub(crate) static WRITE_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static WRITE_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(
         r#"
 local mode = redis.call('hget', KEYS[1], 'mode')
 if mode == false then
@@ -341,8 +365,8 @@ return 1
 
 /// Semaphore release. KEYS: permit set, permit count key, channel. ARGV: permit id. 1 if it was
 /// ours, nil if not; the last permit out deletes both keys.
-pub(crate) static SEMAPHORE_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(
         r#"
 local removed = redis.call('zrem', KEYS[1], ARGV[1])
 if redis.call('zcard', KEYS[1]) == 0 then
@@ -426,8 +450,8 @@ return {HELD, ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
 /// Fair lock release. KEYS: lock, queue, liveness zset, latch, channel prefix. ARGV: lease ms,
 /// F, latch ms. Codes as [`REDISSON_UNLOCK`]; the final release wakes the first live waiter
 /// only (on `<channel prefix>:<its id>`).
-pub(crate) static FAIR_UNLOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
+pub(crate) static FAIR_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(concat!(
         prune_dead_heads!(),
         r#"
 local done = redis.call('get', KEYS[4])
@@ -450,8 +474,8 @@ return 1
 
 /// A waiter leaves the fair queue (gave up, or was cancelled). KEYS: lock, queue, liveness zset,
 /// channel prefix. ARGV: F. If the lock is free, the new first waiter is woken.
-pub(crate) static FAIR_LEAVE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
+pub(crate) static FAIR_LEAVE: LazyLock<Publishing> = LazyLock::new(|| {
+    Publishing::new(concat!(
         prune_dead_heads!(),
         r#"
 redis.call('lrem', KEYS[2], 0, ARGV[1])

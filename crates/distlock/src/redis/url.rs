@@ -99,6 +99,10 @@ pub struct RedisUrl {
     /// With `redis+sentinel://`: the Sentinels to ask for the master (`host` and `port` are then
     /// the first Sentinel's until the master is found).
     pub sentinel: Option<SentinelUrl>,
+    /// With `redis+cluster://h1:p1,h2:p2`: the seed nodes (`host:port`) the cluster's layout is
+    /// learnt from (`host` and `port` are the first's). Every key of a lock lives in one slot
+    /// (hash tags `{K}`); redirects and failovers are followed by the redis crate.
+    pub cluster: Option<Vec<String>>,
 }
 
 /// The Sentinel part of a `redis+sentinel://s1:26379,s2:26379/MASTER[/db]` URL.
@@ -126,17 +130,18 @@ impl RedisUrl {
     pub fn parse(url: &str) -> Result<RedisUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: redact(url), reason };
         let sentinel = url.starts_with("redis+sentinel://");
+        let cluster = url.starts_with("redis+cluster://");
         let rest = if let Some(rest) = url.strip_prefix("redis://") {
             rest
         } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
             rest
-        } else if url.starts_with("redis+cluster://") {
-            return Err(bad("Redis Cluster is not supported yet; use redis:// or redis+sentinel://".into()));
+        } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            rest
         } else if url.starts_with("rediss://") {
             return Err(bad("TLS (rediss://) is not supported yet; use redis:// on a trusted network".into()));
         } else {
             return Err(bad(
-                "must start with redis:// (e.g. redis://127.0.0.1:6379) or redis+sentinel:// (e.g. redis+sentinel://127.0.0.1:26379/mymaster)".into(),
+                "must start with redis:// (e.g. redis://127.0.0.1:6379), redis+sentinel:// (e.g. redis+sentinel://127.0.0.1:26379/mymaster) or redis+cluster:// (e.g. redis+cluster://127.0.0.1:7000,127.0.0.1:7001)".into(),
             ));
         };
         let (rest, query) = match rest.split_once('?') {
@@ -159,8 +164,11 @@ impl RedisUrl {
                 None => (Some(u.to_string()), None),
             },
         };
-        if hostport.contains(',') && !sentinel {
-            return Err(bad("several hosts: for Sentinel write redis+sentinel://h1,h2/MASTER".into()));
+        if hostport.contains(',') && !sentinel && !cluster {
+            return Err(bad(
+                "several hosts: for Sentinel write redis+sentinel://h1,h2/MASTER, for a cluster redis+cluster://h1,h2"
+                    .into(),
+            ));
         }
         let default_port = if sentinel { 26379 } else { 6379 };
         let mut hosts = Vec::new();
@@ -194,6 +202,10 @@ impl RedisUrl {
         } else {
             (None, db)
         };
+        if cluster && db.is_some_and(|d| !d.is_empty() && d != "0") {
+            return Err(bad("a cluster has only database 0".into()));
+        }
+        let cluster = cluster.then(|| hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect());
         let db = match db {
             None | Some("") => 0,
             Some(d) => {
@@ -212,6 +224,7 @@ impl RedisUrl {
             replicas: 0,
             replica_timeout: Duration::from_secs(1),
             sentinel,
+            cluster,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
@@ -233,6 +246,9 @@ impl RedisUrl {
                     }
                 }
                 "layout" => parsed.layout = value.parse().map_err(|e: Error| bad(e.to_string()))?,
+                "replicas" if parsed.cluster.is_some() => {
+                    return Err(bad("replicas: WAIT after acquire is not supported on a cluster yet".into()))
+                }
                 "replicas" => {
                     parsed.replicas =
                         value.parse().map_err(|_| bad(format!("replicas: {value:?} is not a number of replicas")))?
@@ -296,9 +312,10 @@ impl std::fmt::Display for RedisUrl {
             (None, Some(_)) => ":***@".to_string(),
             (None, None) => String::new(),
         };
-        match &self.sentinel {
-            None => write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db),
-            Some(s) => write!(f, "redis+sentinel://{user}{}/{}/{}", s.hosts.join(","), s.master, self.db),
+        match (&self.sentinel, &self.cluster) {
+            (Some(s), _) => write!(f, "redis+sentinel://{user}{}/{}/{}", s.hosts.join(","), s.master, self.db),
+            (None, Some(nodes)) => write!(f, "redis+cluster://{user}{}", nodes.join(",")),
+            (None, None) => write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db),
         }
     }
 }
@@ -335,6 +352,13 @@ mod tests {
     }
 
     #[test]
+    fn cluster_nodes() {
+        let u = RedisUrl::parse("redis+cluster://10.0.0.1:7000,10.0.0.2?lease=5s").unwrap();
+        assert_eq!(u.cluster.as_deref(), Some(&["10.0.0.1:7000".to_string(), "10.0.0.2:6379".to_string()][..]));
+        assert_eq!(u.to_string(), "redis+cluster://10.0.0.1:7000,10.0.0.2:6379");
+    }
+
+    #[test]
     fn bad_urls_name_the_problem() {
         for (url, says) in [
             ("zk://h:1", "redis://"),
@@ -343,7 +367,8 @@ mod tests {
             ("redis://h:1/x", "database"),
             ("redis://a:1,b:2", "Sentinel"),
             ("redis+sentinel://a:1,b:2", "master name"),
-            ("redis+cluster://a:1", "Cluster"),
+            ("redis+cluster://a:1/2", "database 0"),
+            ("redis+cluster://a:1?replicas=1", "cluster"),
             ("redis://h:1?lease=1ms", "too short"),
             ("redis://h:1?lease=100000h", "too long"),
             ("redis://h:1?lease=soon", "lease"),
