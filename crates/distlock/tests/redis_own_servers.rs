@@ -186,29 +186,66 @@ where
     }
 }
 
-#[tokio::test]
-async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() {
-    let master = Server::start();
-    let replica = Server::replica_of(&master);
-    let sentinels = [
-        Server::sentinel(&master, "mymaster"),
-        Server::sentinel(&master, "mymaster"),
-        Server::sentinel(&master, "mymaster"),
-    ];
-    // Every Sentinel knows the replica and the two other Sentinels (else no failover can be agreed).
-    for s in &sentinels {
-        eventually(Duration::from_secs(20), "the Sentinels to find each other and the replica", || async {
-            let mut conn = raw_conn(&s.addr).await;
-            let info: Vec<String> =
-                redis::cmd("SENTINEL").arg("master").arg("mymaster").query_async(&mut conn).await.unwrap_or_default();
-            let field = |k: &str| info.iter().position(|x| x == k).and_then(|i| info.get(i + 1)).cloned();
-            field("num-other-sentinels").as_deref() == Some("2") && field("num-slaves").as_deref() == Some("1")
+/// A master, its replica and three Sentinels that know both and each other.
+struct SentinelGroup {
+    master: Server,
+    replica: Server,
+    sentinels: [Server; 3],
+}
+
+impl SentinelGroup {
+    async fn start() -> SentinelGroup {
+        let master = Server::start();
+        let replica = Server::replica_of(&master);
+        let sentinels = [
+            Server::sentinel(&master, "mymaster"),
+            Server::sentinel(&master, "mymaster"),
+            Server::sentinel(&master, "mymaster"),
+        ];
+        // Every Sentinel knows the replica and the two others (else no failover can be agreed).
+        for s in &sentinels {
+            eventually(Duration::from_secs(20), "the Sentinels to find each other and the replica", || async {
+                let mut conn = raw_conn(&s.addr).await;
+                let info: Vec<String> = redis::cmd("SENTINEL")
+                    .arg("master")
+                    .arg("mymaster")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                let field = |k: &str| info.iter().position(|x| x == k).and_then(|i| info.get(i + 1)).cloned();
+                field("num-other-sentinels").as_deref() == Some("2") && field("num-slaves").as_deref() == Some("1")
+            })
+            .await;
+        }
+        SentinelGroup { master, replica, sentinels }
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<&str> = self.sentinels.iter().map(|s| s.addr.as_str()).collect();
+        format!("redis+sentinel://{}/mymaster?lease=10s&connect_timeout=5s", hosts.join(","))
+    }
+
+    /// Waits (bounded) until the Sentinels name the replica as master.
+    async fn promoted(&self) {
+        eventually(Duration::from_secs(30), "the Sentinels to promote the replica", || async {
+            let mut conn = raw_conn(&self.sentinels[0].addr).await;
+            let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg("mymaster")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(None);
+            addr.is_some_and(|(h, p)| format!("{h}:{p}") == self.replica.addr)
         })
         .await;
     }
-    let hosts: Vec<&str> = sentinels.iter().map(|s| s.addr.as_str()).collect();
-    let url = format!("redis+sentinel://{}/mymaster?lease=10s&connect_timeout=5s", hosts.join(","));
-    let redis = Client::connect(&url).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() {
+    let group = SentinelGroup::start().await;
+    let (master, replica) = (&group.master, &group.replica);
+    let redis = Client::connect(&group.url()).await.unwrap();
     let before = redis.mutex("orders").unwrap().lock().await.unwrap();
     let t1 = before.fencing_token();
     before.release().await.unwrap();
@@ -221,17 +258,7 @@ async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() 
     .await;
 
     distlock_faults::pause(master.pid()).unwrap();
-    eventually(Duration::from_secs(30), "the Sentinels to promote the replica", || async {
-        let mut conn = raw_conn(&sentinels[0].addr).await;
-        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg("mymaster")
-            .query_async(&mut conn)
-            .await
-            .unwrap_or(None);
-        addr.is_some_and(|(h, p)| format!("{h}:{p}") == replica.addr)
-    })
-    .await;
+    group.promoted().await;
     follows_the_promotion(&redis, "orders", t1, held).await;
     distlock_faults::resume(master.pid()).unwrap();
 }
@@ -417,39 +444,69 @@ async fn a_cluster_master_failover_keeps_replicated_locks_and_rising_tokens() {
 }
 
 #[tokio::test]
-async fn a_failover_before_replication_caught_up_gives_the_lock_twice_and_only_fencing_saves_the_data() {
-    use distlock_faults::{FencedResource, Mode};
+async fn a_cluster_failover_before_replication_caught_up_gives_the_lock_twice_and_only_fencing_saves_the_data() {
     let cluster = Cluster::start();
     let a = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
     let b = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
     let (master, replica) = cluster.owners("ledger").await;
+    let nodes = Nodes { master: &master, master_pid: cluster.pid(&master), replica_pid: cluster.pid(&replica) };
+    lossy_failover(&a, &b, "ledger", nodes, promoted(&replica)).await;
+}
+
+#[tokio::test]
+async fn a_sentinel_failover_before_replication_caught_up_gives_the_lock_twice_and_only_fencing_saves_the_data() {
+    let group = SentinelGroup::start().await;
+    let a = Client::connect(&group.url()).await.unwrap();
+    let b = Client::connect(&group.url()).await.unwrap();
+    let nodes = Nodes { master: &group.master.addr, master_pid: group.master.pid(), replica_pid: group.replica.pid() };
+    lossy_failover(&a, &b, "ledger", nodes, group.promoted()).await;
+}
+
+/// The master whose replica a test cuts off.
+struct Nodes<'a> {
+    master: &'a str,
+    master_pid: u32,
+    replica_pid: u32,
+}
+
+/// A holds `name` on a master whose replica heard nothing of it; the master goes silent and the
+/// replica is promoted (`promoted` resolves then). B then gets the lock A still believes it
+/// holds; the fenced resource refuses A's next write, the unfenced one takes it.
+async fn lossy_failover(
+    a: &Client,
+    b: &Client,
+    name: &str,
+    nodes: Nodes<'_>,
+    promoted: impl std::future::Future<Output = ()>,
+) {
+    use distlock_faults::{FencedResource, Mode};
     let fenced = FencedResource::new(true, 1);
     let unfenced = FencedResource::new(false, 1);
     // The replica hears nothing of the grant: its link is cut and it is paused before it can
     // reconnect (a paused process still receives TCP data, so pausing alone would not do).
     let mut cut = false;
     for _ in 0..10 {
-        let mut conn = raw_conn(&master).await;
+        let mut conn = raw_conn(nodes.master).await;
         let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query_async(&mut conn).await.unwrap();
-        distlock_faults::pause(cluster.pid(&replica)).unwrap();
+        distlock_faults::pause(nodes.replica_pid).unwrap();
         let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
         if info.contains("connected_slaves:0") {
             cut = true;
             break;
         }
-        distlock_faults::resume(cluster.pid(&replica)).unwrap(); // it got back in: again
+        distlock_faults::resume(nodes.replica_pid).unwrap(); // it got back in: again
     }
     assert!(cut, "could not cut the replica off its master");
-    let ga = a.mutex("ledger").unwrap().lock().await.unwrap();
+    let ga = a.mutex(name).unwrap().lock().await.unwrap();
     let ta = ga.fencing_token();
     let hold_a = [fenced.begin(1, Mode::Exclusive, ta), unfenced.begin(1, Mode::Exclusive, ta)];
     assert!(fenced.write(1, ta, 1) && unfenced.write(1, ta, 1));
     // The master goes silent before replicating it; the replica comes back and is promoted.
-    distlock_faults::pause(cluster.pid(&master)).unwrap();
-    distlock_faults::resume(cluster.pid(&replica)).unwrap();
-    promoted(&replica).await;
+    distlock_faults::pause(nodes.master_pid).unwrap();
+    distlock_faults::resume(nodes.replica_pid).unwrap();
+    promoted.await;
     // B gets the lock A still believes it holds: Redis replication is asynchronous.
-    let gb = tokio::time::timeout(Duration::from_secs(20), b.mutex("ledger").unwrap().lock())
+    let gb = tokio::time::timeout(Duration::from_secs(20), b.mutex(name).unwrap().lock())
         .await
         .expect("B acquires on the new master")
         .unwrap();
@@ -466,16 +523,15 @@ async fn a_failover_before_replication_caught_up_gives_the_lock_twice_and_only_f
     let [fa, ua] = hold_a;
     fenced.end(fa);
     unfenced.end(ua);
-    let (f, u) = (fenced.report(), unfenced.report());
-    assert_eq!(u.overlaps.len(), 1, "the unfenced resource sees the same two holders");
-    eprintln!("failover before replication: fenced {f}; unfenced {u}");
-    assert_eq!(f.stale_accepted, 0);
-    assert_eq!(f.stale_rejected, 1);
-    assert_eq!(u.stale_accepted, 1);
-    assert!(!f.overlaps.is_empty(), "two holders at once: the failover gave the lock twice");
     gb.release().await.unwrap();
     let [fb, ub] = hold_b;
     fenced.end(fb);
     unfenced.end(ub);
-    distlock_faults::resume(cluster.pid(&master)).unwrap();
+    let (f, u) = (fenced.report(), unfenced.report());
+    eprintln!("failover before replication: fenced {f}; unfenced {u}");
+    assert_eq!((f.stale_accepted, f.stale_rejected), (0, 1));
+    assert_eq!(u.stale_accepted, 1);
+    assert_eq!(f.overlaps.len(), 1, "two holders at once: the failover gave the lock twice");
+    assert_eq!(u.overlaps.len(), 1);
+    distlock_faults::resume(nodes.master_pid).unwrap();
 }
