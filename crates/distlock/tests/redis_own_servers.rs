@@ -258,7 +258,9 @@ async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() 
     .await;
 
     distlock_faults::pause(master.pid()).unwrap();
+    let silent = std::time::Instant::now();
     group.promoted().await;
+    eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
     follows_the_promotion(&redis, "orders", t1, held).await;
     distlock_faults::resume(master.pid()).unwrap();
 }
@@ -271,12 +273,14 @@ async fn follows_the_promotion(redis: &Client, name: &str, t1: u64, held: distlo
         .await
         .expect("the client follows the new master")
         .unwrap();
+    eprintln!("failover: {name} acquired on the new master {:?} after the promotion", promoted.elapsed());
     assert!(after.fencing_token() > t1, "tokens keep rising across the failover");
     // A renewal sent after the promotion succeeded: still ours.
     eventually(Duration::from_secs(10), "the held lock to be renewed on the new master", || async {
         held.lease_deadline() > promoted + Duration::from_secs(9) && held.state() == distlock::LockState::Held
     })
     .await;
+    eprintln!("failover: the held lock renewed on the new master {:?} after the promotion", promoted.elapsed());
     after.release().await.unwrap();
     held.release().await.unwrap();
 }
@@ -439,7 +443,9 @@ async fn a_cluster_master_failover_keeps_replicated_locks_and_rising_tokens() {
     })
     .await;
     distlock_faults::pause(cluster.pid(&master)).unwrap();
+    let silent = std::time::Instant::now();
     promoted(&replica).await;
+    eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
     follows_the_promotion(&redis, "orders{held}", t1, held).await;
 }
 
@@ -503,14 +509,17 @@ async fn lossy_failover(
     assert!(fenced.write(1, ta, 1) && unfenced.write(1, ta, 1));
     // The master goes silent before replicating it; the replica comes back and is promoted.
     distlock_faults::pause(nodes.master_pid).unwrap();
+    let silent = std::time::Instant::now();
     distlock_faults::resume(nodes.replica_pid).unwrap();
     promoted.await;
+    eprintln!("lossy failover: replica promoted {:?} after the master went silent", silent.elapsed());
     // B gets the lock A still believes it holds: Redis replication is asynchronous.
     let gb = tokio::time::timeout(Duration::from_secs(20), b.mutex(name).unwrap().lock())
         .await
         .expect("B acquires on the new master")
         .unwrap();
     let tb = gb.fencing_token();
+    eprintln!("lossy failover: B acquired {:?} after the master went silent", silent.elapsed());
     assert!(tb > ta, "the new master's token ({tb}) is above the lost grant's ({ta}): tokens never go back");
     let hold_b = [fenced.begin(2, Mode::Exclusive, tb), unfenced.begin(2, Mode::Exclusive, tb)];
     assert!(fenced.write(2, tb, 1) && unfenced.write(2, tb, 1));
@@ -519,6 +528,7 @@ async fn lossy_failover(
     assert!(unfenced.write(1, ta, 2), "the unfenced one takes it: the violation Redis allows");
     // A learns of the loss at its next renewal on the new master.
     let reason = tokio::time::timeout(Duration::from_secs(15), ga.lost()).await.expect("A is told");
+    eprintln!("lossy failover: A told ({reason:?}) {:?} after the master went silent", silent.elapsed());
     assert_eq!(reason, LostReason::KeyDeleted);
     let [fa, ua] = hold_a;
     fenced.end(fa);
