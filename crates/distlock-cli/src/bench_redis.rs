@@ -1,5 +1,7 @@
-//! `distlock bench` on a `redis://` backend: the server's own limit (`SET NX PX` + `DEL` pairs,
-//! sequential and pipelined), each lock workload against it, and redis-py's `Lock` beside us.
+//! `distlock bench` on a `redis://` backend: the server's own floors (sequential and pipelined
+//! pairs of `SET NX PX` + `DEL`; of `SET NX PX` + compare-and-delete, the seeds' lock done by
+//! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
+//! each lock workload against its floor, and redis-py's `Lock` beside us.
 
 use crate::bench::{summarize, Progress, Report};
 use distlock::redis::Client;
@@ -9,9 +11,18 @@ use std::time::{Duration, Instant};
 /// The workloads measured on Redis.
 pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "many-locks"];
 
+/// Pairs per second, one at a time and 256 in flight, of each floor.
 struct Limits {
+    /// `SET NX PX` + `DEL`.
     sequential: f64,
     pipelined: f64,
+    /// `SET NX PX` + compare-and-delete script: the simple lock's floor.
+    simple: f64,
+    simple_pipelined: f64,
+    /// A Redisson-layout lock script + unlock script (hash, hold count, PEXPIRE, PUBLISH): the
+    /// Redisson-layout lock's floor.
+    redisson: f64,
+    redisson_pipelined: f64,
 }
 
 /// The bench flags the Redis workloads use.
@@ -63,6 +74,10 @@ async fn measure(
             "raw" => vec![
                 report("raw-sequential", limits.sequential, limits.sequential, Vec::new()),
                 report("raw-pipelined", limits.pipelined, limits.pipelined, Vec::new()),
+                report("floor-simple", limits.simple, limits.simple, Vec::new()),
+                report("floor-simple-pipelined", limits.simple_pipelined, limits.simple_pipelined, Vec::new()),
+                report("floor-redisson", limits.redisson, limits.redisson, Vec::new()),
+                report("floor-redisson-pipelined", limits.redisson_pipelined, limits.redisson_pipelined, Vec::new()),
             ],
             "uncontended" => uncontended(url, prefix, duration, &limits, progress).await?,
             "contended" => contended(url, prefix, clients, duration, &limits, progress).await?,
@@ -91,26 +106,32 @@ fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) ->
     }
 }
 
-/// The server's own limit: `SET k v NX PX 30000` + `DEL k` pairs on one connection, one at a time
-/// (round-trip bound) and with many in flight (throughput bound).
-async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Limits> {
-    let conn = client.connection();
-    let pair = |key: String| {
-        let mut conn = conn.clone();
-        async move {
-            let _: Option<String> =
-                redis::cmd("SET").arg(&key).arg("v").arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
-            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
-            Ok::<(), redis::RedisError>(())
-        }
-    };
+/// The compare-and-delete of the seeds (and of redis-py): delete the key only if it holds our value.
+const COMPARE_AND_DELETE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+/// A Redisson-layout acquire: take the hash if free or ours, count the hold, set the lease.
+const REDISSON_LIKE_LOCK: &str =
+    "if redis.call('exists', KEYS[1]) == 0 or redis.call('hexists', KEYS[1], ARGV[2]) == 1 then \
+     redis.call('hincrby', KEYS[1], ARGV[2], 1) redis.call('pexpire', KEYS[1], ARGV[1]) return nil end \
+     return redis.call('pttl', KEYS[1])";
+/// A Redisson-layout release: uncount the hold; the last one deletes the hash and publishes `0`.
+const REDISSON_LIKE_UNLOCK: &str = "if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return nil end \
+     if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then return 0 end \
+     redis.call('del', KEYS[1]) redis.call('publish', KEYS[2], '0') return 1";
+
+/// One floor's pairs per second: sequential, then 256 in flight.
+async fn floor<F, Fut>(name: &str, duration: Duration, progress: &Progress, pair: F) -> anyhow::Result<(f64, f64)>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), redis::RedisError>>,
+{
     let start = Instant::now();
     let mut pairs = 0u64;
     while start.elapsed() < duration {
-        pair(format!("{prefix}:raw")).await?;
+        pair(0).await?;
         pairs += 1;
         if pairs % 1024 == 0 {
-            progress.show("raw sequential", pairs, start.elapsed());
+            progress.show(&format!("{name} sequential"), pairs, start.elapsed());
         }
     }
     let sequential = pairs as f64 / start.elapsed().as_secs_f64();
@@ -119,22 +140,65 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
     let mut pairs = 0u64;
     let mut inflight = FuturesUnordered::new();
     for i in 0..WINDOW {
-        inflight.push(pair(format!("{prefix}:raw{i}")));
+        inflight.push(pair(i + 1));
     }
     let mut next = WINDOW;
     while let Some(r) = inflight.next().await {
         r?;
         pairs += 1;
         if start.elapsed() < duration {
-            inflight.push(pair(format!("{prefix}:raw{}", next % (2 * WINDOW))));
+            inflight.push(pair(next % (2 * WINDOW) + 1));
             next += 1;
         }
         if pairs % 4096 == 0 {
-            progress.show("raw pipelined", pairs, start.elapsed());
+            progress.show(&format!("{name} pipelined"), pairs, start.elapsed());
         }
     }
-    let pipelined = pairs as f64 / start.elapsed().as_secs_f64();
-    Ok(Limits { sequential, pipelined })
+    Ok((sequential, pairs as f64 / start.elapsed().as_secs_f64()))
+}
+
+/// The server's own floors, each a pair of requests per cycle on one connection, one at a time
+/// (round-trip bound) and with many in flight (throughput bound).
+async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Limits> {
+    let conn = client.connection();
+    let (sequential, pipelined) = floor("raw", duration, progress, |i| {
+        let mut conn = conn.clone();
+        let key = format!("{prefix}:raw{i}");
+        async move {
+            let _: Option<String> =
+                redis::cmd("SET").arg(&key).arg("v").arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
+            let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let (simple, simple_pipelined) = floor("floor-simple", duration, progress, |i| {
+        let (mut conn, cad) = (conn.clone(), &cad);
+        let key = format!("{prefix}:simple{i}");
+        async move {
+            let value = uuid::Uuid::new_v4().simple().to_string();
+            let _: Option<String> =
+                redis::cmd("SET").arg(&key).arg(&value).arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
+            let _: i64 = cad.key(&key).arg(&value).invoke_async(&mut conn).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let (lock, unlock) = (redis::Script::new(REDISSON_LIKE_LOCK), redis::Script::new(REDISSON_LIKE_UNLOCK));
+    let (redisson, redisson_pipelined) = floor("floor-redisson", duration, progress, |i| {
+        let (mut conn, lock, unlock) = (conn.clone(), &lock, &unlock);
+        let key = format!("{prefix}:redisson{i}");
+        async move {
+            let field = format!("{}:{i}", uuid::Uuid::new_v4());
+            let channel = format!("redisson_lock__channel:{{{key}}}");
+            let _: Option<i64> = lock.key(&key).arg(30_000).arg(&field).invoke_async(&mut conn).await?;
+            let _: Option<i64> = unlock.key(&key).key(&channel).arg(&field).invoke_async(&mut conn).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(Limits { sequential, pipelined, simple, simple_pipelined, redisson, redisson_pipelined })
 }
 
 async fn uncontended(
@@ -171,7 +235,12 @@ async fn uncontended(
             p50_us: p50,
             p99_us: p99,
             p999_us: p999,
-            ..report(name, ops, limits.sequential, vec![("cycle".into(), "acquire+release".into())])
+            ..report(
+                name,
+                ops,
+                if simple { limits.simple } else { limits.redisson },
+                vec![("cycle".into(), "acquire+release".into())],
+            )
         });
     }
     reports.push(peer_redis_py(url, &format!("{prefix}:redis-py"), 1, duration, limits, "uncontended-redis-py")?);
@@ -192,30 +261,62 @@ async fn contended(
         let mut handles = Vec::new();
         let start = Instant::now();
         let until = start + duration;
+        // When the last holder began its release (µs since start; 0: nobody yet): the next
+        // acquire's completion minus it is one hand-off.
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         for _ in 0..clients {
-            let (url, key) = (url.to_string(), key.clone());
+            let (url, key, released) = (url.to_string(), key.clone(), released.clone());
             handles.push(tokio::spawn(async move {
                 let client = Client::connect(&url).await?;
                 let (mutex, fair_lock) = (client.mutex(&key)?, client.fair_lock(&key)?);
                 let mut n = 0u64;
+                let mut handoffs = Vec::new();
+                let since = |t: Instant| t.duration_since(start).as_micros() as u64;
                 while Instant::now() < until {
-                    if fair {
-                        fair_lock.lock().await?.release().await?;
-                    } else {
-                        mutex.lock().await?.release().await?;
+                    let guard = if fair { Err(fair_lock.lock().await?) } else { Ok(mutex.lock().await?) };
+                    let got = since(Instant::now());
+                    let prev = released.swap(0, std::sync::atomic::Ordering::SeqCst);
+                    if prev > 0 {
+                        handoffs.push(got.saturating_sub(prev));
+                    }
+                    released.store(since(Instant::now()).max(1), std::sync::atomic::Ordering::SeqCst);
+                    match guard {
+                        Ok(g) => g.release().await?,
+                        Err(g) => g.release().await?,
                     }
                     n += 1;
                 }
-                Ok::<u64, anyhow::Error>(n)
+                Ok::<(u64, Vec<u64>), anyhow::Error>((n, handoffs))
             }));
         }
-        let mut total = 0u64;
+        let (mut counts, mut handoffs) = (Vec::new(), Vec::new());
         for h in handles {
-            total += h.await??;
-            progress.show(name, total, start.elapsed());
+            let (n, mut lat) = h.await??;
+            counts.push(n);
+            handoffs.append(&mut lat);
+            progress.show(name, counts.iter().sum(), start.elapsed());
         }
+        let total: u64 = counts.iter().sum();
         let ops = total as f64 / start.elapsed().as_secs_f64();
-        reports.push(report(name, ops, limits.sequential, vec![("clients".into(), clients.to_string())]));
+        let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
+        let (p50, p99, p999) = summarize(handoffs);
+        reports.push(Report {
+            p50_us: p50,
+            p99_us: p99,
+            p999_us: p999,
+            ..report(
+                name,
+                ops,
+                limits.redisson,
+                vec![
+                    ("clients".into(), clients.to_string()),
+                    ("per_client_min".into(), min.to_string()),
+                    ("per_client_max".into(), max.to_string()),
+                    ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+                    ("latency".into(), "hand-off: release begun to next acquire done".into()),
+                ],
+            )
+        });
     }
     reports.push(peer_redis_py(
         url,
@@ -264,7 +365,7 @@ async fn many_locks(
     Ok(report(
         "many-locks",
         ops,
-        limits.pipelined,
+        limits.redisson_pipelined,
         vec![("locks".into(), locks.to_string()), ("tasks".into(), tasks.to_string())],
     ))
 }
@@ -305,7 +406,7 @@ start = time.monotonic()
 threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
 for t in threads: t.start()
 for t in threads: t.join()
-print(sum(counts) / (time.monotonic() - start))
+print(sum(counts) / (time.monotonic() - start), min(counts), max(counts))
 "#;
     let out = std::process::Command::new("python3")
         .args(["-c", script, &parsed.host, &parsed.port.to_string(), &parsed.db.to_string(), key])
@@ -322,8 +423,25 @@ print(sum(counts) / (time.monotonic() - start))
     if text == "missing" {
         return Ok(note("redis-py not installed (pip install redis)"));
     }
-    let ops: f64 = text.parse().map_err(|_| anyhow::anyhow!("redis-py peer printed {text:?}"))?;
-    Ok(report(workload, ops, limits.sequential, vec![("peer".into(), "redis-py Lock".into())]))
+    let bad = || anyhow::anyhow!("redis-py peer printed {text:?}");
+    let mut fields = text.split_whitespace();
+    let ops: f64 = fields.next().and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let (min, max): (u64, u64) = match (fields.next(), fields.next()) {
+        (Some(a), Some(b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+        _ => return Err(bad()),
+    };
+    let limit = if clients > 1 { limits.redisson } else { limits.simple };
+    Ok(report(
+        workload,
+        ops,
+        limit,
+        vec![
+            ("peer".into(), "redis-py Lock".into()),
+            ("per_client_min".into(), min.to_string()),
+            ("per_client_max".into(), max.to_string()),
+            ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+        ],
+    ))
 }
 
 /// Deletes every key of this run (locks, fencing counters, latches).

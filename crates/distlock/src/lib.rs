@@ -47,6 +47,8 @@
 pub(crate) mod any;
 #[cfg(feature = "zookeeper")]
 pub mod blocking;
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+mod detach;
 mod duration;
 mod error;
 mod owner;

@@ -2,7 +2,7 @@
 
 use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{scripts, Client};
-use crate::{Error, QueueStatus, Result};
+use crate::{QueueStatus, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -155,11 +155,12 @@ impl FairLock {
         }
     }
 
-    /// One attempt, in a task of its own (a grant made for a dropped acquire is released):
+    /// One attempt, finished in the background if dropped (a grant made for a dropped acquire is
+    /// released):
     /// re-enter the hold in progress, or ask for a new one under `fresh`.
     async fn attempt(&self, fresh: &str, enqueue: bool) -> Result<Outcome> {
         let (inner, fresh) = (self.inner.clone(), fresh.to_string());
-        let task = tokio::spawn(async move {
+        let task = crate::detach::detach(async move {
             let inner: &Inner = &inner;
             let client = &inner.client;
             let eval = |plan: Plan| async move {
@@ -195,7 +196,7 @@ impl FairLock {
             replication.check(&inner.key)?; // not confirmed: the guard drops and releases
             Ok(Outcome::Granted(guard))
         });
-        task.await.map_err(|e| Error::Backend { op: "acquire", path: self.inner.key.clone(), source: Box::new(e) })?
+        task.await
     }
 }
 

@@ -151,10 +151,9 @@ impl Hold {
         let before = self.state();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
         let deadline = self.shared.deadline();
-        // In a task of its own: a caller that stops waiting does not stop the release.
-        let outcome = tokio::spawn(async move { release_on_server(&client, &key, &holder, deadline).await })
-            .await
-            .unwrap_or_else(|e| Err(Error::Backend { op: "release", path: self.key.clone(), source: Box::new(e) }));
+        // A caller that stops waiting does not stop the release: it finishes in the background.
+        let outcome =
+            crate::detach::detach(async move { release_on_server(&client, &key, &holder, deadline).await }).await;
         let lost = |reason| Err(Error::LockLost { lock: self.key.clone(), reason });
         match (before, outcome) {
             // Lost before: that is the news, whatever the release found.
@@ -241,8 +240,8 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
                 tokio::time::sleep(RETRY.min(deadline.saturating_duration_since(Instant::now()))).await;
             }
             r => {
-                if latched && r.is_ok() {
-                    client.forget(&latch);
+                if latched && matches!(r, Ok(Some(0))) {
+                    client.forget(&latch); // written only for a re-entrant decrement
                 }
                 // After a failed try (whose answer may have been lost after it released), "not
                 // ours" is what that first release left: released. A hold lost before the

@@ -744,9 +744,9 @@ pub(crate) enum Attempt<G> {
 /// The wait loop every Redis recipe shares: subscribe to `channel`, try, and on a refusal wait
 /// for a release message or the holder's TTL, until `deadline` (`None`: forever).
 ///
-/// Each attempt runs in a task of its own and builds the guard there: if this future is
-/// dropped while an attempt is in flight, the guard is dropped with the task's result and
-/// releases the lock, so a cancelled acquire leaves nothing behind.
+/// Each attempt builds its guard itself and is finished in the background if this future is
+/// dropped while it is in flight ([`detach`](crate::detach::detach)): the guard is then dropped
+/// with the attempt's result and releases the lock, so a cancelled acquire leaves nothing behind.
 pub(crate) async fn acquire_loop<G, F, Fut>(
     client: &Client,
     channel: &str,
@@ -759,10 +759,9 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Attempt<G>>> + Send + 'static,
 {
-    let try_once = || async {
-        let task = tokio::spawn(attempt());
-        task.await.map_err(|e| Error::Backend { op: "acquire", path: channel.to_string(), source: Box::new(e) })?
-    };
+    // In place, finished in the background if this acquire is dropped meanwhile: a grant that
+    // comes after that is dropped with the attempt's output, and so released.
+    let try_once = || crate::detach::detach(attempt());
     // A connection that keeps failing this long ends the acquire with its error.
     let give_up_after = client.inner.url.connect_timeout;
     let mut failing_since: Option<Instant> = None;

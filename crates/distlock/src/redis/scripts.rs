@@ -89,8 +89,9 @@ return {HELD, redis.call('pttl', KEYS[1])}
 
 /// Redisson RLock unlock. KEYS: lock, channel, latch. ARGV: message, lease ms, field, latch ms.
 /// Returns nil when the field is not there (not ours), 0 when a re-entrant hold remains, 1 when
-/// the lock was deleted (and the message published). A retried request returns what the first
-/// one did (the latch).
+/// the lock was deleted (and the message published). A retried decrement returns what the first
+/// one did (Redisson's latch, written only then: a retried final release finds the field gone,
+/// which is as good, since every hold has a field of its own).
 pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
@@ -105,7 +106,6 @@ if left > 0 then
 end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[1])
-redis.call('set', KEYS[3], 1, 'px', ARGV[4])
 return 1
 "#,
     )
@@ -466,7 +466,6 @@ end
 redis.call('del', KEYS[1])
 local head = prune(server_ms())
 if head then redis.call('publish', KEYS[5] .. ':' .. head, '0') end
-redis.call('set', KEYS[4], 1, 'px', ARGV[3])
 return 1
 "#
     ))
