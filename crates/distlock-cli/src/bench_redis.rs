@@ -95,6 +95,15 @@ async fn measure(
     Ok(reports)
 }
 
+/// How evenly the clients got the lock: the fewest and most acquisitions of one client.
+fn fairness(min: u64, max: u64) -> Vec<(String, String)> {
+    vec![
+        ("per_client_min".into(), min.to_string()),
+        ("per_client_max".into(), max.to_string()),
+        ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+    ]
+}
+
 fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) -> Report {
     Report {
         workload: workload.into(),
@@ -308,13 +317,12 @@ async fn contended(
                 name,
                 ops,
                 limits.redisson,
-                vec![
-                    ("clients".into(), clients.to_string()),
-                    ("per_client_min".into(), min.to_string()),
-                    ("per_client_max".into(), max.to_string()),
-                    ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
-                    ("latency".into(), "hand-off: release begun to next acquire done".into()),
-                ],
+                [
+                    vec![("clients".into(), clients.to_string())],
+                    fairness(min, max),
+                    vec![("latency".into(), "hand-off: release begun to next acquire done".into())],
+                ]
+                .concat(),
             )
         });
     }
@@ -431,17 +439,7 @@ print(sum(counts) / (time.monotonic() - start), min(counts), max(counts))
         _ => return Err(bad()),
     };
     let limit = if clients > 1 { limits.redisson } else { limits.simple };
-    Ok(report(
-        workload,
-        ops,
-        limit,
-        vec![
-            ("peer".into(), "redis-py Lock".into()),
-            ("per_client_min".into(), min.to_string()),
-            ("per_client_max".into(), max.to_string()),
-            ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
-        ],
-    ))
+    Ok(report(workload, ops, limit, [vec![("peer".into(), "redis-py Lock".into())], fairness(min, max)].concat()))
 }
 
 /// Deletes every key of this run (locks, fencing counters, latches).

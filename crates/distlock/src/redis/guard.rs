@@ -7,12 +7,13 @@
 //! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
 //! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
 
+use super::watchdog::Slot;
 use super::{scripts, Answer, Client, Replication};
 use crate::{Error, LockState, LostReason, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 /// How a hold is recorded on the server.
@@ -42,6 +43,10 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 pub(crate) struct Shared {
     tx: watch::Sender<LockState>,
     deadline: StdMutex<Instant>,
+    /// The hold's entry in the client's renewal schedule (`None` while a renewal runs).
+    slot: StdMutex<Option<Slot>>,
+    /// Released or dropped: never renewed again.
+    ended: AtomicBool,
 }
 
 impl Shared {
@@ -73,7 +78,6 @@ pub(crate) struct Hold {
     pub(crate) holder: Holder,
     pub(crate) token: u64,
     shared: Arc<Shared>,
-    watchdog: AbortHandle,
     released: bool,
 }
 
@@ -82,10 +86,28 @@ impl Hold {
     pub(crate) fn new(client: Client, key: String, holder: Holder, token: u64, sent: Instant) -> Hold {
         let lease = client.lease();
         let (tx, _) = watch::channel(LockState::Held);
-        let shared = Arc::new(Shared { tx, deadline: StdMutex::new(sent + lease - drift(lease)) });
-        let watchdog =
-            tokio::spawn(renew_loop(client.clone(), key.clone(), holder.clone(), shared.clone())).abort_handle();
-        Hold { client, key, holder, token, shared, watchdog, released: false }
+        let shared = Arc::new(Shared {
+            tx,
+            deadline: StdMutex::new(sent + lease - drift(lease)),
+            slot: StdMutex::new(None),
+            ended: AtomicBool::new(false),
+        });
+        {
+            let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
+            let renewal =
+                Renewal { client: client.clone(), key: key.clone(), holder: holder.clone(), shared: shared.clone() };
+            *slot = Some(client.inner.watchdog.schedule(Instant::now() + lease / 3, renewal));
+        }
+        Hold { client, key, holder, token, shared, released: false }
+    }
+
+    /// No more renewals: the hold is released or dropped.
+    fn end(&self) {
+        self.shared.ended.store(true, Ordering::SeqCst);
+        let slot = self.shared.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(slot) = slot {
+            self.client.inner.watchdog.cancel(slot);
+        }
     }
 
     pub(crate) fn lease_deadline(&self) -> std::time::Instant {
@@ -147,7 +169,7 @@ impl Hold {
     /// [`Error::LockLost`] if the lock was lost before, or was no longer ours on the server.
     pub(crate) async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.watchdog.abort();
+        self.end();
         let before = self.state();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
         let deadline = self.shared.deadline();
@@ -178,7 +200,7 @@ impl Drop for Hold {
         if self.released {
             return;
         }
-        self.watchdog.abort();
+        self.end();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
         let deadline = self.shared.deadline();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -197,7 +219,7 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
     let lease = client.lease_ms().to_string();
     let k = key.to_string();
     // Redisson's unlock latch (the same for every retry of this release) where the layout has one.
-    let latch = super::latch_key(key, &uuid::Uuid::new_v4().simple().to_string());
+    let latch = super::latch_key(key, &client.fresh_field());
     // Remembered past the last retry (which comes before the lease deadline).
     let latch_ttl = (client.lease_ms() + LATCH_MARGIN_MS).to_string();
     let sharded = client.sharded();
@@ -261,50 +283,65 @@ const LATCH_MARGIN_MS: u64 = 30_000;
 /// Pause between retries of a failed request.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// Renews every third of the lease until aborted or lost.
-async fn renew_loop(client: Client, key: String, holder: Holder, shared: Arc<Shared>) {
+/// What the watchdog needs to renew a hold.
+#[derive(Debug)]
+pub(crate) struct Renewal {
+    client: Client,
+    key: String,
+    holder: Holder,
+    shared: Arc<Shared>,
+}
+
+/// One due renewal of a hold (run by the client's [`Watchdog`](super::watchdog::Watchdog) in a
+/// task of its own): renews, moves the deadline on, and schedules the next one, a third of the
+/// lease after this one was sent; a failed one is retried soon; at the deadline the hold is lost.
+pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, renewal: Renewal) {
+    let Renewal { client, key, holder, shared } = &renewal;
+    if shared.ended.load(Ordering::SeqCst) {
+        return;
+    }
     let lease = client.lease();
-    let mut next = Instant::now() + lease / 3;
-    loop {
-        tokio::time::sleep_until(next).await;
-        let deadline = shared.deadline();
-        if Instant::now() >= deadline {
-            shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
+    let deadline = shared.deadline();
+    if Instant::now() >= deadline {
+        shared.publish(LockState::Lost(LostReason::LeaseExpired), key);
+        return;
+    }
+    let sent = Instant::now();
+    let outcome = tokio::select! {
+        r = renew(client, key, holder) => r,
+        _ = tokio::time::sleep_until(deadline) => {
+            shared.publish(LockState::Lost(LostReason::LeaseExpired), key);
             return;
         }
-        let sent = Instant::now();
-        let renewal = renew(&client, &key, &holder);
-        let outcome = tokio::select! {
-            r = renewal => r,
-            _ = tokio::time::sleep_until(deadline) => {
-                shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
-                return;
-            }
-        };
-        match outcome {
-            Ok(true) => {
-                let new_deadline = sent + lease - drift(lease);
-                {
-                    let mut d = shared.deadline.lock().unwrap_or_else(|e| e.into_inner());
-                    if new_deadline > *d {
-                        *d = new_deadline;
-                    }
+    };
+    let next = match outcome {
+        Ok(true) => {
+            let new_deadline = sent + lease - drift(lease);
+            {
+                let mut d = shared.deadline.lock().unwrap_or_else(|e| e.into_inner());
+                if new_deadline > *d {
+                    *d = new_deadline;
                 }
-                shared.publish(LockState::Held, &key);
-                // Wake `lost()` futures so they sleep until the new deadline.
-                shared.tx.send_modify(|_| {});
-                next = sent + lease / 3;
             }
-            Ok(false) => {
-                shared.publish(LockState::Lost(LostReason::KeyDeleted), &key);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(key, error = %e, "renewal failed");
-                shared.publish(LockState::Suspended, &key);
-                next = Instant::now() + RETRY.min(lease / 10);
-            }
+            shared.publish(LockState::Held, key);
+            // Wake `lost()` futures so they sleep until the new deadline.
+            shared.tx.send_modify(|_| {});
+            sent + lease / 3
         }
+        Ok(false) => {
+            shared.publish(LockState::Lost(LostReason::KeyDeleted), key);
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(key, error = %e, "renewal failed");
+            shared.publish(LockState::Suspended, key);
+            Instant::now() + RETRY.min(lease / 10)
+        }
+    };
+    let shared = shared.clone();
+    let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
+    if !shared.ended.load(Ordering::SeqCst) {
+        *slot = Some(watchdog.schedule(next, renewal));
     }
 }
 

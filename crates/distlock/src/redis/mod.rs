@@ -60,6 +60,7 @@ mod semaphore;
 mod simple;
 mod url;
 mod wake;
+mod watchdog;
 
 pub use fair::{FairGuard, FairLock};
 pub use mutex::{Mutex, MutexGuard};
@@ -147,8 +148,12 @@ struct Inner {
     /// The master's `host:port` now, and when we last asked the Sentinels (at most every 200 ms).
     master: tokio::sync::Mutex<(String, Option<Instant>)>,
     wake: Arc<wake::Wakeups>,
+    /// Renews every hold of this client.
+    watchdog: Arc<watchdog::Watchdog>,
     /// `clientId` of Redisson's fields: one per client.
     id: String,
+    /// The same without dashes (the simple layout's values start with it).
+    id_hex: String,
     next_handle: AtomicU64,
 }
 
@@ -274,13 +279,17 @@ impl Client {
             }
         };
         let wake = Arc::new(wake);
+        let url_lease = url.lease;
+        let id = uuid::Uuid::new_v4();
         Ok(Client {
             inner: Arc::new(Inner {
                 url,
                 conn: std::sync::RwLock::new(conn),
                 master: tokio::sync::Mutex::new((master, None)),
                 wake,
-                id: uuid::Uuid::new_v4().to_string(),
+                watchdog: Arc::new(watchdog::Watchdog::new(url_lease)),
+                id: id.to_string(),
+                id_hex: id.simple().to_string(),
                 next_handle: AtomicU64::new(1),
             }),
         })
@@ -449,6 +458,14 @@ impl Client {
 
     /// Drops this handle (the connection closes when the last clone and lock are gone).
     pub async fn close(self, _bound: Duration) {}
+
+    /// A value no lock of this client has used, for the simple layout: 32 hex digits like
+    /// redis-py's `uuid1().hex`, 16 of the client's random id then 16 of a count (no call for
+    /// randomness on every acquire).
+    pub(crate) fn fresh_value(&self) -> String {
+        let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n:016x}", &self.inner.id_hex[..16])
+    }
 
     /// A hash field no hold of this client has used: `<client uuid>:<n>`, Redisson's
     /// `<uuid>:<thread id>` shape. Every new hold gets one, so that nothing done for an ended

@@ -89,7 +89,7 @@ impl Semaphore {
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<SemaphorePermit>> {
         let inner = &self.inner;
         // One permit id for every attempt of this acquire (see `SimpleLock`).
-        let id = format!("{}:{}", inner.client.client_id(), uuid::Uuid::new_v4().simple());
+        let id = inner.client.fresh_field();
         acquire_loop(&inner.client, &inner.channel, deadline, None, || {
             let (inner, id) = (inner.clone(), id.clone());
             async move {

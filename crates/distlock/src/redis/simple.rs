@@ -77,7 +77,7 @@ impl SimpleLock {
         let inner = &self.inner;
         // One value for every attempt of this acquire: an attempt whose answer was lost is
         // found by the next one and granted to it, not left holding the key for a lease.
-        let value = uuid::Uuid::new_v4().simple().to_string();
+        let value = inner.client.fresh_value();
         acquire_loop(&inner.client, &inner.channel, deadline, Some(RECHECK), || {
             let (inner, value) = (inner.clone(), value.clone());
             async move {
