@@ -144,6 +144,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
             locks: args.locks,
             tasks: args.tasks,
             json: args.json,
+            plot: args.plot.clone(),
         };
         let reports = crate::bench_redis::run(backend, &workloads, &settings, &progress).await?;
         if !args.json {
@@ -302,7 +303,7 @@ async fn measure(
                         "sessions",
                         "hand-offs/s",
                         &[("queue mutex", points)],
-                        limits.sequential,
+                        (limits.sequential, "raw sequential create+delete limit"),
                     )?;
                     v[0].extra.push(("plot".into(), dir.join("contended-throughput.svg").display().to_string()));
                 }
@@ -496,7 +497,7 @@ async fn uncontended(
             "microseconds",
             "fraction",
             &[("acquire", cdf)],
-            0.0,
+            (0.0, ""),
         )?;
         plotted = Some(dir.join("uncontended-latency.svg").display().to_string());
     }
@@ -836,13 +837,13 @@ async fn herd(
 }
 
 /// A minimal SVG line chart, written by distlock itself.
-fn plot_lines(
+pub(crate) fn plot_lines(
     path: &std::path::Path,
     title: &str,
     xlabel: &str,
     ylabel: &str,
     series: &[(&str, Vec<(f64, f64)>)],
-    hline: f64,
+    (hline, hline_label): (f64, &str),
 ) -> anyhow::Result<()> {
     let (w, h, m) = (640.0, 400.0, 60.0);
     let pts: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
@@ -865,7 +866,7 @@ fn plot_lines(
         );
     }
     if hline > 0.0 {
-        svg += &format!("<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='gray' stroke-dasharray='4'/><text x='{}' y='{}' text-anchor='end' fill='gray'>raw sequential create+delete limit</text>\n", w - m, w - m, sy(hline) - 4.0, y = sy(hline));
+        svg += &format!("<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='gray' stroke-dasharray='4'/><text x='{}' y='{}' text-anchor='end' fill='gray'>{hline_label}</text>\n", w - m, w - m, sy(hline) - 4.0, y = sy(hline));
     }
     let colors = ["#1f77b4", "#d62728", "#2ca02c"];
     for (i, (name, p)) in series.iter().enumerate() {

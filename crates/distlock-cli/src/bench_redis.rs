@@ -26,13 +26,15 @@ struct Limits {
 }
 
 /// The bench flags the Redis workloads use.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Settings {
     pub duration: Duration,
     pub clients: u32,
     pub locks: u32,
     pub tasks: u32,
     pub json: bool,
+    /// Write SVG plots here: acquire latency (uncontended) and hand-offs/s against clients.
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs `workloads` against `url`; every key the run made is deleted at the end (fencing
@@ -66,7 +68,7 @@ async fn measure(
     settings: &Settings,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    let Settings { duration, clients, locks, tasks, json } = *settings;
+    let Settings { duration, clients, locks, tasks, json, ref plot } = *settings;
     let limits = raw_limits(admin, prefix, duration, progress).await?;
     let mut reports = Vec::new();
     for w in workloads {
@@ -79,8 +81,8 @@ async fn measure(
                 report("floor-redisson", limits.redisson, limits.redisson, Vec::new()),
                 report("floor-redisson-pipelined", limits.redisson_pipelined, limits.redisson_pipelined, Vec::new()),
             ],
-            "uncontended" => uncontended(url, prefix, duration, &limits, progress).await?,
-            "contended" => contended(url, prefix, clients, duration, &limits, progress).await?,
+            "uncontended" => uncontended(url, prefix, duration, &limits, progress, plot.as_deref()).await?,
+            "contended" => contended(url, prefix, clients, duration, &limits, progress, plot.as_deref()).await?,
             "many-locks" => vec![many_locks(url, prefix, locks, tasks, duration, &limits, progress).await?],
             _ => unreachable!("checked above"),
         };
@@ -93,6 +95,14 @@ async fn measure(
         reports.extend(r);
     }
     Ok(reports)
+}
+
+/// A cumulative distribution of `samples` (µs), thinned to about 400 points.
+fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    sorted.iter().enumerate().step_by((n / 400).max(1)).map(|(i, us)| (*us as f64, (i + 1) as f64 / n as f64)).collect()
 }
 
 /// How evenly the clients got the lock: the fewest and most acquisitions of one client.
@@ -216,9 +226,11 @@ async fn uncontended(
     duration: Duration,
     limits: &Limits,
     progress: &Progress,
+    plot: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<Report>> {
     let client = Client::connect(url).await?;
     let mut reports = Vec::new();
+    let mut cdfs = Vec::new();
     for (name, simple) in [("uncontended", false), ("uncontended-simple", true)] {
         let key = format!("{prefix}:{name}");
         let (mutex, simple_lock) = (client.mutex(&key)?, client.simple_lock(&key)?);
@@ -239,6 +251,7 @@ async fn uncontended(
             }
         }
         let ops = n as f64 / start.elapsed().as_secs_f64();
+        cdfs.push((if simple { "simple layout" } else { "Redisson layout" }, cdf(&acq)));
         let (p50, p99, p999) = summarize(acq);
         reports.push(Report {
             p50_us: p50,
@@ -253,6 +266,18 @@ async fn uncontended(
         });
     }
     reports.push(peer_redis_py(url, &format!("{prefix}:redis-py"), 1, duration, limits, "uncontended-redis-py")?);
+    if let Some(dir) = plot {
+        let path = dir.join("uncontended-latency.svg");
+        crate::bench::plot_lines(
+            &path,
+            "Uncontended cycle latency (CDF)",
+            "microseconds",
+            "fraction",
+            &cdfs,
+            (0.0, ""),
+        )?;
+        reports[0].extra.push(("plot".into(), path.display().to_string()));
+    }
     Ok(reports)
 }
 
@@ -263,59 +288,20 @@ async fn contended(
     duration: Duration,
     limits: &Limits,
     progress: &Progress,
+    plot: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<Report>> {
     let mut reports = Vec::new();
     for (name, fair) in [("contended", false), ("contended-fair", true)] {
-        let key = format!("{prefix}:{name}");
-        let mut handles = Vec::new();
-        let start = Instant::now();
-        let until = start + duration;
-        // When the last holder began its release (µs since start; 0: nobody yet): the next
-        // acquire's completion minus it is one hand-off.
-        let released = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        for _ in 0..clients {
-            let (url, key, released) = (url.to_string(), key.clone(), released.clone());
-            handles.push(tokio::spawn(async move {
-                let client = Client::connect(&url).await?;
-                let (mutex, fair_lock) = (client.mutex(&key)?, client.fair_lock(&key)?);
-                let mut n = 0u64;
-                let mut handoffs = Vec::new();
-                let since = |t: Instant| t.duration_since(start).as_micros() as u64;
-                while Instant::now() < until {
-                    let guard = if fair { Err(fair_lock.lock().await?) } else { Ok(mutex.lock().await?) };
-                    let got = since(Instant::now());
-                    let prev = released.swap(0, std::sync::atomic::Ordering::SeqCst);
-                    if prev > 0 {
-                        handoffs.push(got.saturating_sub(prev));
-                    }
-                    released.store(since(Instant::now()).max(1), std::sync::atomic::Ordering::SeqCst);
-                    match guard {
-                        Ok(g) => g.release().await?,
-                        Err(g) => g.release().await?,
-                    }
-                    n += 1;
-                }
-                Ok::<(u64, Vec<u64>), anyhow::Error>((n, handoffs))
-            }));
-        }
-        let (mut counts, mut handoffs) = (Vec::new(), Vec::new());
-        for h in handles {
-            let (n, mut lat) = h.await??;
-            counts.push(n);
-            handoffs.append(&mut lat);
-            progress.show(name, counts.iter().sum(), start.elapsed());
-        }
-        let total: u64 = counts.iter().sum();
-        let ops = total as f64 / start.elapsed().as_secs_f64();
-        let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
-        let (p50, p99, p999) = summarize(handoffs);
+        let run = hand_offs(url, &format!("{prefix}:{name}"), fair, clients, duration, progress, name).await?;
+        let (min, max) = (run.counts.iter().min().copied().unwrap_or(0), run.counts.iter().max().copied().unwrap_or(0));
+        let (p50, p99, p999) = summarize(run.handoffs);
         reports.push(Report {
             p50_us: p50,
             p99_us: p99,
             p999_us: p999,
             ..report(
                 name,
-                ops,
+                run.ops,
                 limits.redisson,
                 [
                     vec![("clients".into(), clients.to_string())],
@@ -334,7 +320,89 @@ async fn contended(
         limits,
         "contended-redis-py",
     )?);
+    if let Some(dir) = plot {
+        let mut series = Vec::new();
+        for (label, fair) in [("mutex (Redisson layout)", false), ("fair lock", true)] {
+            let mut points = Vec::new();
+            for n in [1u32, 2, 4, 8, 16] {
+                let key = format!("{prefix}:sweep-{fair}-{n}");
+                let run = hand_offs(url, &key, fair, n, duration, progress, "contended sweep").await?;
+                points.push((n as f64, run.ops));
+            }
+            series.push((label, points));
+        }
+        let path = dir.join("contended-throughput.svg");
+        crate::bench::plot_lines(
+            &path,
+            "Contended hand-offs/s against clients",
+            "clients",
+            "hand-offs/s",
+            &series,
+            (limits.redisson, "floor: Redisson-layout lock + unlock scripts, sequential"),
+        )?;
+        reports[0].extra.push(("plot".into(), path.display().to_string()));
+    }
     Ok(reports)
+}
+
+/// One contended run: what each client got, and every hand-off's latency.
+struct HandOffs {
+    ops: f64,
+    counts: Vec<u64>,
+    handoffs: Vec<u64>,
+}
+
+/// `clients` clients, each with its own connection, take and release `key` in a loop for
+/// `duration`.
+async fn hand_offs(
+    url: &str,
+    key: &str,
+    fair: bool,
+    clients: u32,
+    duration: Duration,
+    progress: &Progress,
+    name: &str,
+) -> anyhow::Result<HandOffs> {
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    let until = start + duration;
+    // When the last holder began its release (µs since start; 0: nobody yet): the next acquire's
+    // completion minus it is one hand-off.
+    let released = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for _ in 0..clients {
+        let (url, key, released) = (url.to_string(), key.to_string(), released.clone());
+        handles.push(tokio::spawn(async move {
+            let client = Client::connect(&url).await?;
+            let (mutex, fair_lock) = (client.mutex(&key)?, client.fair_lock(&key)?);
+            let mut n = 0u64;
+            let mut handoffs = Vec::new();
+            let since = |t: Instant| t.duration_since(start).as_micros() as u64;
+            while Instant::now() < until {
+                let guard = if fair { Err(fair_lock.lock().await?) } else { Ok(mutex.lock().await?) };
+                let got = since(Instant::now());
+                let prev = released.swap(0, std::sync::atomic::Ordering::SeqCst);
+                if prev > 0 {
+                    handoffs.push(got.saturating_sub(prev));
+                }
+                released.store(since(Instant::now()).max(1), std::sync::atomic::Ordering::SeqCst);
+                match guard {
+                    Ok(g) => g.release().await?,
+                    Err(g) => g.release().await?,
+                }
+                n += 1;
+            }
+            Ok::<(u64, Vec<u64>), anyhow::Error>((n, handoffs))
+        }));
+    }
+    let (mut counts, mut handoffs) = (Vec::new(), Vec::new());
+    for h in handles {
+        let (n, mut lat) = h.await??;
+        counts.push(n);
+        handoffs.append(&mut lat);
+        progress.show(name, counts.iter().sum(), start.elapsed());
+    }
+    let ops = counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64();
+    Ok(HandOffs { ops, counts, handoffs })
 }
 
 async fn many_locks(
