@@ -220,3 +220,43 @@ fn a_paused_holder_is_kept_out_by_its_fencing_token() {
     assert!(unfenced.stale_accepted > 0, "unfenced, the same history has stale writes: {unfenced}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_on_redis_measures_every_floor_and_leaves_nothing() {
+    let dir = std::env::temp_dir().join(format!("distlock-bench-plots-{}", uuid::Uuid::new_v4().simple()));
+    let out = distlock(
+        &backend(""),
+        &[
+            "bench",
+            "--duration",
+            "200ms",
+            "--clients",
+            "2",
+            "--json",
+            "--plot",
+            dir.to_str().unwrap(),
+            "raw",
+            "uncontended",
+            "contended",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let workload = |name: &str| {
+        lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name} in {lines:?}")).clone()
+    };
+    for floor in ["raw-sequential", "floor-simple", "floor-redisson", "floor-redisson-pipelined"] {
+        assert!(workload(floor)["ops_per_sec"].as_f64().unwrap() > 0.0, "{floor}");
+    }
+    // Each lock against its own floor.
+    assert_eq!(workload("uncontended")["limit_ops_per_sec"], workload("floor-redisson")["ops_per_sec"]);
+    assert_eq!(workload("uncontended-simple")["limit_ops_per_sec"], workload("floor-simple")["ops_per_sec"]);
+    let extra: Vec<(String, String)> = serde_json::from_value(workload("contended")["extra"].clone()).unwrap();
+    assert!(extra.iter().any(|(k, _)| k == "min_over_max"), "{extra:?}");
+    assert!(dir.join("uncontended-latency.svg").exists() && dir.join("contended-throughput.svg").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(redis_cli(&["--scan", "--pattern", "*distlock-bench*"]), "", "the run's keys are gone");
+}
