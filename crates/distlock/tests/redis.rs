@@ -732,3 +732,28 @@ async fn an_acquire_whose_answer_was_lost_is_not_counted_twice() {
         .await;
     }
 }
+
+#[test]
+fn the_blocking_facade_works_on_redis() {
+    let key = unique("blocking");
+    let a = distlock::blocking::Client::connect(&url("?lease=5s")).unwrap();
+    let b = distlock::blocking::Client::connect(&url("?lease=5s")).unwrap();
+    let g = a.mutex(&key).unwrap().lock().unwrap();
+    assert!(b.mutex(&key).unwrap().try_lock().unwrap().is_none());
+    assert!(b.mutex(&key).unwrap().lock_timeout(Duration::from_millis(100)).unwrap().is_none());
+    assert_eq!(g.state(), LockState::Held);
+    let t = g.fencing_token();
+    drop(g); // released by drop, in the background
+    let g2 = b.mutex(&key).unwrap().lock_timeout(Duration::from_secs(5)).unwrap().expect("released by drop");
+    assert!(g2.fencing_token() > t);
+    g2.release().unwrap();
+    // Readers share, a writer waits; a semaphore counts.
+    let r1 = a.read_lock(&format!("{key}:rw")).unwrap().lock().unwrap();
+    let r2 = b.read_lock(&format!("{key}:rw")).unwrap().try_lock().unwrap().expect("readers share");
+    assert!(b.write_lock(&format!("{key}:rw")).unwrap().try_lock().unwrap().is_none());
+    r1.release().unwrap();
+    r2.release().unwrap();
+    let p1 = a.semaphore_permit(&format!("{key}:pool"), 1).unwrap().lock().unwrap();
+    assert!(b.semaphore_permit(&format!("{key}:pool"), 1).unwrap().try_lock().unwrap().is_none());
+    p1.release().unwrap();
+}
