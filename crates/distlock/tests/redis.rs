@@ -263,12 +263,12 @@ async fn lost_before_the_server_can_hand_the_lock_on() {
     let guard = lock.lock().await.unwrap();
     assert_eq!(guard.state(), LockState::Held);
     let deadline = guard.lease_deadline();
+    let mut conn = raw().await; // opened now, so that the check below costs one round trip
     proxy.set(Fault::Blackhole);
     let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await.expect("lost within the lease");
     assert_eq!(reason, LostReason::LeaseExpired);
     assert!(std::time::Instant::now() >= deadline);
     // At that moment the server still has the key: nobody else can have the lock yet.
-    let mut conn = raw().await;
     let pttl: i64 = cmd(&mut conn, &["PTTL", &key]).await;
     assert!(pttl > 0, "lost() must come before the server expires the key (PTTL {pttl})");
     // Someone else gets it once the server expires it, with a higher token.
