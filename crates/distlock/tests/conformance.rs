@@ -1,0 +1,168 @@
+//! One contract, every backend: the same scenarios through `distlock::connect(url)` against each
+//! server the test run provides (`DISTLOCK_TEST_ZK` for ZooKeeper, `DISTLOCK_TEST_REDIS` for
+//! Redis; `scripts/test.sh` sets both). A backend whose variable is unset is reported and
+//! skipped, so a new backend joins by adding its URL to `backends()`.
+
+use distlock::{Error, LockState, MultiLock};
+use distlock_faults::{FencedResource, Mode};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The URL of every backend this run has a server for (and its short lease/session settings).
+fn backends() -> Vec<String> {
+    let mut urls = Vec::new();
+    match std::env::var("DISTLOCK_TEST_ZK") {
+        Ok(addr) => urls.push(format!("zk://{addr}?session_timeout=4s")),
+        Err(_) => eprintln!("conformance: DISTLOCK_TEST_ZK unset, ZooKeeper skipped"),
+    }
+    match std::env::var("DISTLOCK_TEST_REDIS") {
+        Ok(addr) => urls.push(format!("redis://{addr}?lease=4s")),
+        Err(_) => eprintln!("conformance: DISTLOCK_TEST_REDIS unset, Redis skipped"),
+    }
+    assert!(!urls.is_empty(), "no backend to test: run with scripts/test.sh");
+    urls
+}
+
+fn unique(what: &str) -> String {
+    format!("conformance-{what}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn connect(url: &str) -> distlock::Client {
+    distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+#[tokio::test]
+async fn exclusion_fencing_and_nothing_left_behind() {
+    for url in backends() {
+        let name = unique("mutex");
+        let resource = FencedResource::new(true, 1);
+        let mut tasks = Vec::new();
+        for who in 0..4usize {
+            let (url, name, resource) = (url.clone(), name.clone(), resource.clone());
+            tasks.push(tokio::spawn(async move {
+                let client = connect(&url).await;
+                let lock = client.mutex(&name).unwrap();
+                for seq in 0..10u64 {
+                    let g = lock.lock_timeout(Duration::from_secs(30)).await.unwrap().expect("granted in time");
+                    let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                    assert!(resource.write(who, g.fencing_token(), seq), "{url}: a fresh holder's write refused");
+                    tokio::task::yield_now().await;
+                    resource.end(id);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let report = resource.report();
+        assert!(report.is_clean(), "{url}: {report}");
+        assert_eq!(report.holds, 40, "{url}");
+        // Nothing is held any more: another client takes it at once.
+        let client = connect(&url).await;
+        let g = client.mutex(&name).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: left held"));
+        assert!(g.fencing_token() >= report.max_token, "{url}: tokens never go back");
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn busy_timeouts_release_on_drop_and_the_guard_contract() {
+    for url in backends() {
+        let name = unique("contract");
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let held = a.mutex(&name).unwrap().lock().await.unwrap();
+        assert_eq!(held.state(), LockState::Held, "{url}");
+        assert!(held.lease_deadline() > std::time::Instant::now(), "{url}: a deadline ahead");
+        assert!(!held.holder_id().is_empty(), "{url}");
+        assert_eq!(held.lock_name(), a.lock_name(&name).unwrap(), "{url}");
+        let other = b.mutex(&name).unwrap();
+        assert!(other.try_lock().await.unwrap().is_none(), "{url}: try_lock on a held lock");
+        let started = Instant::now();
+        assert!(other.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{url}: the timeout is kept");
+        // The run-or-report-busy template says busy.
+        let busy = distlock::with_lock(&other, Duration::from_millis(100), |_| async {}).await;
+        assert!(matches!(busy, Err(Error::Busy { .. })), "{url}: {busy:?}");
+        // A waiter gets it when the holder's guard is dropped (release in the background).
+        let t = held.fencing_token();
+        let waiter = tokio::spawn(async move { other.lock_timeout(Duration::from_secs(20)).await.unwrap() });
+        drop(held);
+        let g = waiter.await.unwrap().unwrap_or_else(|| panic!("{url}: released by drop"));
+        assert!(g.fencing_token() > t, "{url}: tokens rise");
+        // with_lock runs under the lock and passes its token.
+        g.release().await.unwrap();
+        let token =
+            distlock::with_lock(&b.mutex(&name).unwrap(), Duration::from_secs(5), |t| async move { t }).await.unwrap();
+        assert!(token > t, "{url}");
+        // Bad names are clear errors, never a panic.
+        let e = a.mutex("").unwrap_err().to_string();
+        assert!(!e.is_empty(), "{url}: an empty name is an error that says why");
+    }
+}
+
+#[tokio::test]
+async fn readers_share_writers_exclude_and_permits_count() {
+    for url in backends() {
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let rw = unique("rw");
+        let r1 = a.read_lock(&rw).unwrap().lock().await.unwrap();
+        let r2 = b.read_lock(&rw).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: readers share"));
+        assert!(b.write_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: a writer waits for readers");
+        r1.release().await.unwrap();
+        r2.release().await.unwrap();
+        let w = b.write_lock(&rw).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("free");
+        assert!(a.read_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: readers wait for a writer");
+        w.release().await.unwrap();
+
+        let pool = unique("pool");
+        let p1 = a.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
+        let p2 = b.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
+        assert!(a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap().is_none(), "{url}: two of two");
+        p1.release().await.unwrap();
+        let p3 = a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap();
+        assert!(p3.is_some(), "{url}: a released permit is free again");
+        p2.release().await.unwrap();
+        p3.unwrap().release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_multilock_takes_all_or_nothing() {
+    for url in backends() {
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let (x, y) = (unique("x"), unique("y"));
+        let only_y = b.mutex(&y).unwrap().lock().await.unwrap();
+        let both = MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&y).unwrap()]).unwrap();
+        assert!(both.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
+        // Nothing of the set is kept: x is free for someone else.
+        let gx = b.mutex(&x).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: x kept"));
+        gx.release().await.unwrap();
+        only_y.release().await.unwrap();
+        let g = both.lock_timeout(Duration::from_secs(10)).await.unwrap().expect("both free");
+        g.release().await.unwrap();
+        assert!(MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&x).unwrap()]).is_err(), "{url}: a name twice");
+    }
+}
+
+#[tokio::test]
+async fn cancelled_acquires_leave_nothing() {
+    for url in backends() {
+        let name = unique("cancel");
+        let client = connect(&url).await;
+        let lock = client.mutex(&name).unwrap();
+        // Acquires cut off at every stage of their request: whatever they were granted is released.
+        for i in 0..30u64 {
+            let _ = tokio::time::timeout(Duration::from_micros(20 * i), lock.lock()).await;
+        }
+        let other = connect(&url).await;
+        let g = other
+            .mutex(&name)
+            .unwrap()
+            .lock_timeout(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{url}: a cancelled acquire kept the lock"));
+        g.release().await.unwrap();
+    }
+}
