@@ -470,9 +470,21 @@ impl Lines {
     }
 }
 
-/// True while a process with this pid exists.
+/// True while a process with this pid exists and has not exited. A zombie counts as gone: an
+/// orphan that exited waits for its new parent to reap it, and the init of these machines reaps
+/// only every few seconds (the grandchild below is such an orphan when its shell dies first).
 fn alive(pid: i32) -> bool {
-    unsafe { libc_kill(pid, 0) == 0 }
+    if unsafe { libc_kill(pid, 0) } != 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) state ...": comm may hold anything, so read the state after its last ')'.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().as_bytes().first()),
+            Some(Some(b'Z' | b'X'))
+        ),
+        Err(_) => false,
+    }
 }
 
 /// Waits (bounded) until the process `pid` is gone.
