@@ -101,6 +101,8 @@ pub struct Persist {
     snapshot_every: u64,
     /// A snapshot is being written in the background.
     snapshotting: Arc<AtomicBool>,
+    /// The thread writing the latest snapshot (joined when the server stops).
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What was recovered from the data directory.
@@ -190,6 +192,7 @@ impl Persist {
             since_snapshot: replayed,
             snapshot_every,
             snapshotting: Arc::new(AtomicBool::new(false)),
+            writer: None,
         };
         Ok((p, Recovered { tree, zxid, sessions }))
     }
@@ -241,7 +244,7 @@ impl Persist {
         let dir = self.dir.clone();
         let running = self.snapshotting.clone();
         running.store(true, Ordering::SeqCst);
-        std::thread::Builder::new().name("distlock-snapshot".into()).spawn(move || {
+        self.writer = Some(std::thread::Builder::new().name("distlock-snapshot".into()).spawn(move || {
             let started = std::time::Instant::now();
             let count = nodes.len();
             match write_snapshot(&dir, zxid, &nodes, &sessions).and_then(|()| drop_covered(&dir, start)) {
@@ -249,8 +252,15 @@ impl Persist {
                 Err(e) => tracing::warn!(error = %e, "snapshot failed; the log keeps growing until the next"),
             }
             running.store(false, Ordering::SeqCst);
-        })?;
+        })?);
         Ok(())
+    }
+
+    /// The thread writing the latest snapshot, if any, for a stopping server to wait for: a
+    /// server started afterwards on the same directory must not find segments vanishing under
+    /// it as the old snapshot's clean-up deletes them.
+    pub fn take_snapshot_writer(&mut self) -> Option<std::thread::JoinHandle<()>> {
+        self.writer.take()
     }
 
     /// Whether a background snapshot is being written (for tests and shutdown).

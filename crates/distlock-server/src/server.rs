@@ -64,6 +64,11 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
     }
     timers.abort();
     closing.send_replace(true);
+    // A snapshot still being written finishes (and cleans up) before the server counts as stopped.
+    let writer = state.lock().unwrap().persist.as_mut().and_then(|p| p.take_snapshot_writer());
+    if let Some(writer) = writer {
+        let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    }
 }
 
 /// Session expiry, container and TTL reaping.

@@ -1,8 +1,9 @@
 //! Distributed locks that are fair, herd-free, fenced and honest about loss.
 //!
-//! distlock coordinates processes on many machines through a coordination service. Its core is
-//! the ZooKeeper queue lock: contenders line up as EPHEMERAL_SEQUENTIAL nodes, each watches only
-//! the node ahead of it, and a holder that dies releases the lock when its session ends.
+//! distlock coordinates processes on many machines through a coordination service: ZooKeeper
+//! (contenders line up as EPHEMERAL_SEQUENTIAL nodes, each watches only the node ahead of it, and
+//! a holder that dies releases the lock when its session ends) or Redis (Redisson's and
+//! redis-py's layouts, leases renewed by a watchdog). [`connect`] picks the backend by URL.
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
@@ -14,9 +15,14 @@
 //! - bad input (paths, URLs, durations) is an [`Error`] naming the bad value, never a panic.
 //!
 //! # Feature flags
-//! - `zookeeper` (default): the ZooKeeper backend.
+//! - `zookeeper` (default): the ZooKeeper backend (`zk://`).
+//! - `redis` (default): the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`,
+//!   `redis+cluster://`).
 //!
 //! # Layout
+//! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend;
+//! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
+//!   lock, semaphore, Redlock);
 //! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
 //!   - [`Mutex`](zookeeper::Mutex): exclusive, FIFO, herd-free;
 //!   - [`ReentrantMutex`](zookeeper::ReentrantMutex): re-entered by the same handle;
@@ -45,7 +51,7 @@
 
 #[cfg(any(feature = "zookeeper", feature = "redis"))]
 pub(crate) mod any;
-#[cfg(feature = "zookeeper")]
+#[cfg(any(feature = "zookeeper", feature = "redis"))]
 pub mod blocking;
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 mod detach;
