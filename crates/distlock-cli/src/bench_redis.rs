@@ -138,7 +138,7 @@ const REDISSON_LIKE_UNLOCK: &str = "if redis.call('hexists', KEYS[1], ARGV[1]) =
      if redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then return 0 end \
      redis.call('del', KEYS[1]) redis.call('publish', KEYS[2], '0') return 1";
 
-/// One floor's pairs per second: sequential, then 256 in flight.
+/// One floor's pairs per second: sequential, then [`WINDOW`] in flight.
 async fn floor<F, Fut>(name: &str, duration: Duration, progress: &Progress, pair: F) -> anyhow::Result<(f64, f64)>
 where
     F: Fn(u64) -> Fut,
@@ -154,26 +154,76 @@ where
         }
     }
     let sequential = pairs as f64 / start.elapsed().as_secs_f64();
-    const WINDOW: u64 = 256;
+    let pipelined = in_flight(&format!("{name} pipelined"), WINDOW, duration, progress, &pair).await?;
+    Ok((sequential, pipelined))
+}
+
+/// Pairs in flight for the pipelined floors.
+const WINDOW: u64 = 256;
+
+/// Pairs per second of `pair` with `window` in flight at all times (each on a key of its own)
+/// for `duration`.
+async fn in_flight<F, Fut>(
+    name: &str,
+    window: u64,
+    duration: Duration,
+    progress: &Progress,
+    pair: &F,
+) -> anyhow::Result<f64>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), redis::RedisError>>,
+{
     let start = Instant::now();
     let mut pairs = 0u64;
     let mut inflight = FuturesUnordered::new();
-    for i in 0..WINDOW {
+    for i in 0..window {
         inflight.push(pair(i + 1));
     }
-    let mut next = WINDOW;
+    let mut next = window;
     while let Some(r) = inflight.next().await {
         r?;
         pairs += 1;
         if start.elapsed() < duration {
-            inflight.push(pair(next % (2 * WINDOW) + 1));
+            inflight.push(pair(next % (2 * window) + 1));
             next += 1;
         }
         if pairs % 4096 == 0 {
-            progress.show(&format!("{name} pipelined"), pairs, start.elapsed());
+            progress.show(name, pairs, start.elapsed());
         }
     }
-    Ok((sequential, pairs as f64 / start.elapsed().as_secs_f64()))
+    Ok(pairs as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The simple lock's floor, one pair: `SET NX PX`, then the compare-and-delete script.
+async fn simple_pair(
+    mut conn: distlock::redis::Connection,
+    key: String,
+    cad: &redis::Script,
+) -> redis::RedisResult<()> {
+    let value = uuid::Uuid::new_v4().simple().to_string();
+    let _: Option<String> =
+        redis::cmd("SET").arg(&key).arg(&value).arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
+    let _: i64 = cad.key(&key).arg(&value).invoke_async(&mut conn).await?;
+    Ok(())
+}
+
+/// The Redisson-layout lock's floor, one pair: the lock script, then the unlock script.
+async fn redisson_pair(
+    mut conn: distlock::redis::Connection,
+    key: String,
+    (lock, unlock): (&redis::Script, &redis::Script),
+) -> redis::RedisResult<()> {
+    let field = format!("{}:1", uuid::Uuid::new_v4());
+    let channel = format!("redisson_lock__channel:{{{key}}}");
+    let _: Option<i64> = lock.key(&key).arg(30_000).arg(&field).invoke_async(&mut conn).await?;
+    let _: Option<i64> = unlock.key(&key).key(&channel).arg(&field).invoke_async(&mut conn).await?;
+    Ok(())
+}
+
+/// The Redisson-layout floor's two scripts.
+fn redisson_scripts() -> (redis::Script, redis::Script) {
+    (redis::Script::new(REDISSON_LIKE_LOCK), redis::Script::new(REDISSON_LIKE_UNLOCK))
 }
 
 /// The server's own floors, each a pair of requests per cycle on one connection, one at a time
@@ -192,34 +242,23 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
     })
     .await?;
     let cad = redis::Script::new(COMPARE_AND_DELETE);
-    let (simple, simple_pipelined) = floor("floor-simple", duration, progress, |i| {
-        let (mut conn, cad) = (conn.clone(), &cad);
-        let key = format!("{prefix}:simple{i}");
-        async move {
-            let value = uuid::Uuid::new_v4().simple().to_string();
-            let _: Option<String> =
-                redis::cmd("SET").arg(&key).arg(&value).arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
-            let _: i64 = cad.key(&key).arg(&value).invoke_async(&mut conn).await?;
-            Ok(())
-        }
-    })
-    .await?;
-    let (lock, unlock) = (redis::Script::new(REDISSON_LIKE_LOCK), redis::Script::new(REDISSON_LIKE_UNLOCK));
+    let (simple, simple_pipelined) =
+        floor("floor-simple", duration, progress, |i| simple_pair(conn.clone(), format!("{prefix}:simple{i}"), &cad))
+            .await?;
+    let scripts = redisson_scripts();
     let (redisson, redisson_pipelined) = floor("floor-redisson", duration, progress, |i| {
-        let (mut conn, lock, unlock) = (conn.clone(), &lock, &unlock);
-        let key = format!("{prefix}:redisson{i}");
-        async move {
-            let field = format!("{}:{i}", uuid::Uuid::new_v4());
-            let channel = format!("redisson_lock__channel:{{{key}}}");
-            let _: Option<i64> = lock.key(&key).arg(30_000).arg(&field).invoke_async(&mut conn).await?;
-            let _: Option<i64> = unlock.key(&key).key(&channel).arg(&field).invoke_async(&mut conn).await?;
-            Ok(())
-        }
+        redisson_pair(conn.clone(), format!("{prefix}:redisson{i}"), (&scripts.0, &scripts.1))
     })
     .await?;
     Ok(Limits { sequential, pipelined, simple, simple_pipelined, redisson, redisson_pipelined })
 }
 
+/// Slices of an interleaved measurement: the floor and the lock take turns, so that whatever
+/// else the machine does in the meantime (two cores shared with the server) falls on both alike.
+const SLICES: u32 = 20;
+
+/// Acquire + release cycles, one at a time, on the mutex (Redisson layout) and on the simple lock,
+/// each interleaved slice by slice with its floor's pairs on the same connection.
 async fn uncontended(
     url: &str,
     prefix: &str,
@@ -229,30 +268,48 @@ async fn uncontended(
     plot: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<Report>> {
     let client = Client::connect(url).await?;
+    let conn = client.connection();
+    let (cad, scripts) = (redis::Script::new(COMPARE_AND_DELETE), redisson_scripts());
+    let slice = (duration / SLICES).max(Duration::from_millis(20));
     let mut reports = Vec::new();
     let mut cdfs = Vec::new();
     for (name, simple) in [("uncontended", false), ("uncontended-simple", true)] {
         let key = format!("{prefix}:{name}");
+        let floor_key = format!("{prefix}:{name}-floor");
         let (mutex, simple_lock) = (client.mutex(&key)?, client.simple_lock(&key)?);
         let mut acq = Vec::new();
+        let (mut ours, mut ours_time, mut floor, mut floor_time) = (0u64, Duration::ZERO, 0u64, Duration::ZERO);
         let start = Instant::now();
-        let mut n = 0u64;
-        while start.elapsed() < duration {
-            let t = Instant::now();
-            if simple {
-                simple_lock.lock().await?.release().await?;
-            } else {
-                mutex.lock().await?.release().await?;
+        while ours_time < duration {
+            let began = Instant::now();
+            while began.elapsed() < slice {
+                if simple {
+                    simple_pair(conn.clone(), floor_key.clone(), &cad).await?;
+                } else {
+                    redisson_pair(conn.clone(), floor_key.clone(), (&scripts.0, &scripts.1)).await?;
+                }
+                floor += 1;
             }
-            acq.push(t.elapsed().as_micros() as u64);
-            n += 1;
-            if n % 256 == 0 {
-                progress.show(name, n, start.elapsed());
+            floor_time += began.elapsed();
+            let began = Instant::now();
+            while began.elapsed() < slice {
+                let t = Instant::now();
+                if simple {
+                    simple_lock.lock().await?.release().await?;
+                } else {
+                    mutex.lock().await?.release().await?;
+                }
+                acq.push(t.elapsed().as_micros() as u64);
+                ours += 1;
             }
+            ours_time += began.elapsed();
+            progress.show(name, ours, start.elapsed());
         }
-        let ops = n as f64 / start.elapsed().as_secs_f64();
+        let ops = ours as f64 / ours_time.as_secs_f64();
+        let floor_ops = floor as f64 / floor_time.as_secs_f64();
         cdfs.push((if simple { "simple layout" } else { "Redisson layout" }, cdf(&acq)));
         let (p50, p99, p999) = summarize(acq);
+        let floor_name = if simple { "floor-simple" } else { "floor-redisson" };
         reports.push(Report {
             p50_us: p50,
             p99_us: p99,
@@ -260,8 +317,11 @@ async fn uncontended(
             ..report(
                 name,
                 ops,
-                if simple { limits.simple } else { limits.redisson },
-                vec![("cycle".into(), "acquire+release".into())],
+                floor_ops,
+                vec![
+                    ("cycle".into(), "acquire+release".into()),
+                    ("limit".into(), format!("{floor_name} sequential, interleaved in {:?} slices", slice)),
+                ],
             )
         });
     }
@@ -415,6 +475,14 @@ async fn many_locks(
     progress: &Progress,
 ) -> anyhow::Result<Report> {
     let client = Client::connect(url).await?;
+    // The floor with as many pairs in flight as there are tasks, on the same connection, just
+    // before (the pipelined floor above keeps 256 in flight).
+    let conn = client.connection();
+    let scripts = redisson_scripts();
+    let window_floor = in_flight("floor-redisson in flight", tasks as u64, duration, progress, &|i| {
+        redisson_pair(conn.clone(), format!("{prefix}:many-floor{i}"), (&scripts.0, &scripts.1))
+    })
+    .await?;
     let start = Instant::now();
     let until = start + duration;
     let mut handles = Vec::new();
@@ -441,8 +509,13 @@ async fn many_locks(
     Ok(report(
         "many-locks",
         ops,
-        limits.redisson_pipelined,
-        vec![("locks".into(), locks.to_string()), ("tasks".into(), tasks.to_string())],
+        window_floor,
+        vec![
+            ("locks".into(), locks.to_string()),
+            ("tasks".into(), tasks.to_string()),
+            ("limit".into(), format!("floor-redisson with {tasks} pairs in flight")),
+            ("ratio_to_floor_256_in_flight".into(), format!("{:.2}", ops / limits.redisson_pipelined)),
+        ],
     ))
 }
 
