@@ -733,6 +733,70 @@ async fn an_acquire_whose_answer_was_lost_is_not_counted_twice() {
     }
 }
 
+/// A counter ahead of the server clock (a clock that stepped back, or tokens handed out in the
+/// same microsecond) still gives every holder one more than the last token.
+#[tokio::test]
+async fn a_counter_ahead_of_the_clock_still_rises_by_one() {
+    let redis = Client::connect(&url("?lease=5s")).await.unwrap();
+    let mut conn = raw().await;
+    for layout in ["mutex", "simple"] {
+        let key = unique(&format!("ahead-{layout}"));
+        let ahead: u64 = 8_000_000_000_000_000; // year 2223 in µs, still exact in Lua's doubles
+        let _: () = cmd(&mut conn, &["SET", &format!("redisson_lock_token:{{{key}}}"), &ahead.to_string()]).await;
+        for expected in [ahead + 1, ahead + 2] {
+            let token = match layout {
+                "mutex" => {
+                    let g = redis.mutex(&key).unwrap().lock().await.unwrap();
+                    let t = g.fencing_token();
+                    g.release().await.unwrap();
+                    t
+                }
+                _ => {
+                    let g = redis.simple_lock(&key).unwrap().lock().await.unwrap();
+                    let t = g.fencing_token();
+                    g.release().await.unwrap();
+                    t
+                }
+            };
+            assert_eq!(token, expected, "{layout}");
+        }
+    }
+}
+
+/// A re-entrant release whose answer is lost is retried, and the retry (the only try that reads
+/// Redisson's unlock latch) answers what the first did instead of counting down twice.
+#[tokio::test]
+async fn a_release_whose_answer_was_lost_is_not_counted_twice() {
+    let proxy = FaultProxy::start(redis_addr().parse().unwrap()).await.unwrap();
+    let redis = Client::connect(&format!("redis://{}?lease=10s&connect_timeout=5s", proxy.addr())).await.unwrap();
+    let mut conn = raw().await;
+    let key = unique("lost-release-reply");
+    let lock = redis.mutex(&key).unwrap();
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    let count = |conn: &mut redis::aio::MultiplexedConnection| {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            let hash: Vec<(String, String)> = cmd(&mut conn, &["HGETALL", &key]).await;
+            hash.first().map(|(_, n)| n.clone())
+        }
+    };
+    assert_eq!(count(&mut conn).await.as_deref(), Some("2"));
+    proxy.set(Fault::Delay { to_client: Duration::from_secs(30), to_upstream: Duration::ZERO });
+    let release = tokio::spawn(inner.release());
+    eventually(Duration::from_secs(5), "the release to reach the server", || {
+        let mut c = conn.clone();
+        async move { count(&mut c).await.as_deref() == Some("1") }
+    })
+    .await;
+    proxy.set(Fault::CutAfter { to_client_bytes: 0 });
+    tokio::time::timeout(Duration::from_secs(10), release).await.expect("retried").unwrap().expect("released once");
+    assert_eq!(count(&mut conn).await.as_deref(), Some("1"), "the retry found the latch and counted nothing");
+    assert_eq!(outer.state(), LockState::Held);
+    outer.release().await.unwrap();
+    assert!(!exists(&key).await, "the outer release freed the lock");
+}
+
 #[test]
 fn the_blocking_facade_works_on_redis() {
     let key = unique("blocking");

@@ -228,13 +228,13 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
         Holder::Redisson { field, channel } => (
             scripts::REDISSON_UNLOCK.pick(sharded),
             vec![&k, channel, &latch],
-            vec![&ZERO, &lease, field, &latch_ttl],
+            vec![&ZERO, &lease, field, &latch_ttl, &ZERO],
             true,
         ),
         Holder::Fair { field, queue, alive, channel_prefix } => (
             scripts::FAIR_UNLOCK.pick(sharded),
             vec![&k, queue, alive, &latch, channel_prefix],
-            vec![&lease, field, &latch_ttl],
+            vec![&lease, field, &latch_ttl, &ZERO],
             true,
         ),
         Holder::Simple { value, channel } => {
@@ -251,10 +251,14 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
         }
     };
     let keys: Vec<&str> = keys.into_iter().map(String::as_str).collect();
-    let args: Vec<String> = args.into_iter().cloned().collect();
+    let mut args: Vec<String> = args.into_iter().cloned().collect();
     let mut attempt = 0u32;
     loop {
         attempt += 1;
+        if latched && attempt == 2 {
+            // The last argument of a latched release says "retry": only a retry reads the latch.
+            *args.last_mut().expect("a latched release has a retry argument") = ONE.clone();
+        }
         let r: Result<Option<i64>> = client.eval(script, &keys, &args, "release", key).await;
         match r {
             Err(e) if e.is_transient() && Instant::now() < deadline => {

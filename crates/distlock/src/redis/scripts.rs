@@ -31,15 +31,20 @@ impl Publishing {
 /// server's clock in microseconds, so that the sequence keeps rising when a server without
 /// persistence restarts empty or a replica that missed the last increments takes over (as long
 /// as the clock does not step back by more than the time since the last grant).
+///
+/// Two calls in the usual case (`TIME`, then `GETSET` of the clock, which answers the last
+/// token): every call inside a script costs the server a few microseconds, the largest part of
+/// an uncontended cycle's cost beyond its floor. Only grants within one microsecond of each
+/// other (or after the clock stepped back) write the counter a second time.
 macro_rules! next_token {
     () => {
         r#"
 local function next_token(counter)
-  local t = redis.call('incr', counter)
   local now = redis.call('time')
-  local us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if t < us then
-    t = us
+  local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('getset', counter, string.format('%.0f', t)) or '0')
+  if last ~= nil and last >= t then
+    t = last + 1
     redis.call('set', counter, string.format('%.0f', t))
   end
   return t
@@ -69,6 +74,13 @@ pub(crate) static REDISSON_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
         next_token!(),
         codes!(),
         r#"
+if redis.call('exists', KEYS[1]) == 0 then
+  if ARGV[3] == 'r' then return {GONE, 0} end
+  local t = next_token(KEYS[2])
+  redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  redis.call('pexpire', KEYS[1], ARGV[1])
+  return {GRANTED, t}
+end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   if ARGV[3] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[2]) or '0')} end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
@@ -76,30 +88,30 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   return {REENTERED, 0}
 end
 if ARGV[3] == 'r' then return {GONE, 0} end
-if redis.call('exists', KEYS[1]) == 0 then
-  local t = next_token(KEYS[2])
-  redis.call('hincrby', KEYS[1], ARGV[2], 1)
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return {GRANTED, t}
-end
 return {HELD, redis.call('pttl', KEYS[1])}
 "#
     ))
 });
 
-/// Redisson RLock unlock. KEYS: lock, channel, latch. ARGV: message, lease ms, field, latch ms.
-/// Returns nil when the field is not there (not ours), 0 when a re-entrant hold remains, 1 when
-/// the lock was deleted (and the message published). A retried decrement returns what the first
-/// one did (Redisson's latch, written only then: a retried final release finds the field gone,
-/// which is as good, since every hold has a field of its own).
+/// Redisson RLock unlock. KEYS: lock, channel, latch. ARGV: message, lease ms, field, latch ms,
+/// retry (`1` for a second or later try of the same release). Returns nil when the field is not
+/// there (not ours), 0 when a re-entrant hold remains, 1 when the lock was deleted (and the
+/// message published). A retried decrement returns what the first one did (Redisson's latch,
+/// written only then and read only by retries, since a first try cannot have a latch: a
+/// retried final release finds the field gone, which is as good, since every hold has a field
+/// of its own). The last hold deletes the hash without decrementing it first, as Redisson's
+/// decrement to 0 would.
 pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
-local done = redis.call('get', KEYS[3])
-if done then return tonumber(done) end
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then return nil end
-local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if left > 0 then
+if ARGV[5] == '1' then
+  local done = redis.call('get', KEYS[3])
+  if done then return tonumber(done) end
+end
+local count = tonumber(redis.call('hget', KEYS[1], ARGV[3]))
+if count == nil then return nil end
+if count > 1 then
+  redis.call('hincrby', KEYS[1], ARGV[3], -1)
   redis.call('pexpire', KEYS[1], ARGV[2])
   redis.call('set', KEYS[3], 0, 'px', ARGV[4])
   return 0
@@ -448,14 +460,16 @@ return {HELD, ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
 });
 
 /// Fair lock release. KEYS: lock, queue, liveness zset, latch, channel prefix. ARGV: lease ms,
-/// F, latch ms. Codes as [`REDISSON_UNLOCK`]; the final release wakes the first live waiter
-/// only (on `<channel prefix>:<its id>`).
+/// F, latch ms, retry. Codes and latch as [`REDISSON_UNLOCK`]; the final release wakes the
+/// first live waiter only (on `<channel prefix>:<its id>`).
 pub(crate) static FAIR_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(concat!(
         prune_dead_heads!(),
         r#"
-local done = redis.call('get', KEYS[4])
-if done then return tonumber(done) end
+if ARGV[4] == '1' then
+  local done = redis.call('get', KEYS[4])
+  if done then return tonumber(done) end
+end
 if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then return nil end
 local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
 if left > 0 then
