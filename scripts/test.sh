@@ -4,7 +4,8 @@
 #
 #   scripts/test.sh                       every server: Apache ZooKeeper, distlock's own, then a
 #                                         3-node Apache ZooKeeper ensemble; one redis-server
-#                                         (scripts/redis.sh) serves the Redis tests throughout
+#                                         (scripts/redis.sh) serves the Redis tests throughout,
+#                                         and one PostgreSQL (scripts/postgres.sh) the PostgreSQL ones
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
@@ -29,6 +30,7 @@ cargo build --workspace --all-targets --examples
 started=()
 cleanup() {
     scripts/redis.sh stop .tmp/test-redis
+    scripts/postgres.sh stop .tmp/test-postgres
     for s in "${started[@]}"; do
         case "$s" in
             zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
@@ -43,6 +45,10 @@ export DISTLOCK_MATRIX_OUT="$PWD/.tmp/fault-matrix"
 rm -rf .tmp/test-redis; mkdir -p .tmp/test-redis
 DISTLOCK_TEST_REDIS=$(scripts/redis.sh start .tmp/test-redis)
 export DISTLOCK_TEST_REDIS DISTLOCK_TEST_REDIS_DIR="$PWD/.tmp/test-redis"
+scripts/postgres.sh stop .tmp/test-postgres 2>/dev/null || true
+rm -rf .tmp/test-postgres; mkdir -p .tmp/test-postgres
+DISTLOCK_TEST_POSTGRES=$(scripts/postgres.sh start .tmp/test-postgres)
+export DISTLOCK_TEST_POSTGRES
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"

@@ -109,7 +109,8 @@ pub struct BackendArg {
     /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s,
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
-    /// redis+cluster://node1:7000,node2:7001?lease=30s
+    /// redis+cluster://node1:7000,node2:7001?lease=30s, or
+    /// postgres://user@host:5432/db?lease=30s&keys=hash|raw
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held
@@ -164,6 +165,21 @@ impl BackendArg {
                 url.connect_timeout = t;
             }
             return Ok(distlock::redis::Client::connect_url(url).await?.into());
+        }
+        if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
+            let mut url = distlock::postgres::PgUrl::parse(backend)?;
+            if self.session_timeout.is_some() {
+                anyhow::bail!(
+                    "--session-timeout is for zk:// backends; on postgres:// set the lease in the URL (?lease=30s)"
+                );
+            }
+            if let Some(t) = self.connect_timeout {
+                if t.is_zero() {
+                    anyhow::bail!("invalid --connect-timeout: must be greater than zero");
+                }
+                url.connect_timeout = t;
+            }
+            return Ok(distlock::postgres::Client::connect_url(url).await?.into());
         }
         if !backend.starts_with("zk://") {
             // Unknown or compiled-out schemes: the library's error names them.

@@ -20,7 +20,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The URL schemes distlock knows, and the cargo feature each needs.
-pub const SCHEMES: &[(&str, &str)] = &[("zk", "zookeeper"), ("redis", "redis"), ("redis+sentinel", "redis")];
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("zk", "zookeeper"),
+    ("redis", "redis"),
+    ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
+];
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
 /// [`ZkUrl`](crate::zookeeper::ZkUrl)) or `redis://host:port/db?…` (see
@@ -46,6 +53,10 @@ pub async fn connect(url: &str) -> Result<Client> {
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Client { kind: ClientKind::Redis(crate::redis::Client::connect(url).await?) })
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            Ok(Client { kind: ClientKind::Postgres(crate::postgres::Client::connect(url).await?) })
         }
         _ => match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
             Some((_, feature)) => {
@@ -81,12 +92,21 @@ enum ClientKind {
     ZooKeeper(crate::zookeeper::Client),
     #[cfg(feature = "redis")]
     Redis(crate::redis::Client),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::Client),
 }
 
 #[cfg(feature = "zookeeper")]
 impl From<crate::zookeeper::Client> for Client {
     fn from(c: crate::zookeeper::Client) -> Client {
         Client { kind: ClientKind::ZooKeeper(c) }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<crate::postgres::Client> for Client {
+    fn from(c: crate::postgres::Client) -> Client {
+        Client { kind: ClientKind::Postgres(c) }
     }
 }
 
@@ -107,13 +127,25 @@ enum Kind {
 }
 
 impl Client {
-    /// `zookeeper` or `redis`.
+    /// `zookeeper`, `redis` or `postgres`.
     pub fn backend(&self) -> &'static str {
         match &self.kind {
             #[cfg(feature = "zookeeper")]
             ClientKind::ZooKeeper(_) => "zookeeper",
             #[cfg(feature = "redis")]
             ClientKind::Redis(_) => "redis",
+            #[cfg(feature = "postgres")]
+            ClientKind::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The typed PostgreSQL client, if this is one.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&self) -> Option<&crate::postgres::Client> {
+        match &self.kind {
+            ClientKind::Postgres(c) => Some(c),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
@@ -145,6 +177,8 @@ impl Client {
             ClientKind::ZooKeeper(c) => c.session_timeout(),
             #[cfg(feature = "redis")]
             ClientKind::Redis(c) => c.lease(),
+            #[cfg(feature = "postgres")]
+            ClientKind::Postgres(c) => c.lease(),
         }
     }
 
@@ -157,6 +191,8 @@ impl Client {
             ClientKind::ZooKeeper(_) => zk_path(name),
             #[cfg(feature = "redis")]
             ClientKind::Redis(_) => Ok(name.to_string()),
+            #[cfg(feature = "postgres")]
+            ClientKind::Postgres(c) => c.key(name).map(|_| name.to_string()),
         }
     }
 
@@ -204,6 +240,16 @@ impl Client {
                 Kind::Write => LockKind::RedisWrite(c.rwlock(&name)?),
                 Kind::Permits(n) => LockKind::RedisPermit(c.semaphore(&name, n)?),
             },
+            #[cfg(feature = "postgres")]
+            ClientKind::Postgres(c) => match kind {
+                Kind::Mutex => LockKind::Postgres(c.mutex(&name)?),
+                other => {
+                    return Err(Error::Unsupported {
+                        backend: "postgres",
+                        what: format!("{other:?} locks (only the mutex so far) on {name}"),
+                    })
+                }
+            },
         };
         Ok(Lock { kind })
     }
@@ -216,6 +262,8 @@ impl Client {
             ClientKind::ZooKeeper(c) => c.close(bound).await,
             #[cfg(feature = "redis")]
             ClientKind::Redis(c) => c.close(bound).await,
+            #[cfg(feature = "postgres")]
+            ClientKind::Postgres(c) => c.close(bound).await,
         }
     }
 }
@@ -274,6 +322,8 @@ enum LockKind {
     RedisWrite(crate::redis::RwLock),
     #[cfg(feature = "redis")]
     RedisPermit(crate::redis::Semaphore),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::Mutex),
 }
 
 #[cfg(feature = "redis")]
@@ -311,6 +361,8 @@ impl Lock {
             LockKind::RedisRead(l) | LockKind::RedisWrite(l) => l.key(),
             #[cfg(feature = "redis")]
             LockKind::RedisPermit(s) => s.key(),
+            #[cfg(feature = "postgres")]
+            LockKind::Postgres(m) => m.name(),
         }
     }
 
@@ -375,6 +427,13 @@ impl Lock {
                 Some(t) => s.acquire_timeout(t).await?,
             }
             .map(GuardKind::RedisPermit),
+            #[cfg(feature = "postgres")]
+            LockKind::Postgres(m) => match timeout {
+                None => Some(m.lock().await?),
+                Some(t) if t.is_zero() => m.try_lock().await?,
+                Some(t) => m.lock_timeout(t).await?,
+            }
+            .map(GuardKind::Postgres),
         };
         Ok(kind.map(|kind| Guard { kind }))
     }
@@ -412,6 +471,8 @@ enum GuardKind {
     RedisWrite(crate::redis::WriteGuard),
     #[cfg(feature = "redis")]
     RedisPermit(crate::redis::SemaphorePermit),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::MutexGuard),
 }
 
 macro_rules! each {
@@ -429,6 +490,8 @@ macro_rules! each {
             GuardKind::RedisWrite($g) => $e,
             #[cfg(feature = "redis")]
             GuardKind::RedisPermit($g) => $e,
+            #[cfg(feature = "postgres")]
+            GuardKind::Postgres($g) => $e,
         }
     };
 }
@@ -459,6 +522,8 @@ impl Guard {
             GuardKind::RedisWrite(g) => g.key().to_string(),
             #[cfg(feature = "redis")]
             GuardKind::RedisPermit(g) => g.key().to_string(),
+            #[cfg(feature = "postgres")]
+            GuardKind::Postgres(g) => g.name().to_string(),
         }
     }
 
@@ -478,6 +543,8 @@ impl Guard {
             GuardKind::RedisWrite(g) => g.holder_id().to_string(),
             #[cfg(feature = "redis")]
             GuardKind::RedisPermit(g) => g.holder_id().to_string(),
+            #[cfg(feature = "postgres")]
+            GuardKind::Postgres(g) => g.holder_id(),
         }
     }
 

@@ -31,6 +31,9 @@ pub enum LostReason {
     /// The lock key was gone (or held by someone else) when the lease was renewed: it expired
     /// while renewals failed, was deleted by someone else, or the server restarted without it.
     KeyDeleted,
+    /// The database connection that held the lock closed (the server ended the session or
+    /// restarted, or the connection broke); the server released the lock with it.
+    ConnectionClosed,
 }
 
 impl std::fmt::Display for LostReason {
@@ -42,6 +45,7 @@ impl std::fmt::Display for LostReason {
             LostReason::AuthFailed => "authentication with ZooKeeper failed",
             LostReason::LeaseExpired => "no answer from the server within the lease; the lock may be handed on",
             LostReason::KeyDeleted => "the lock key expired or was deleted on the server",
+            LostReason::ConnectionClosed => "the database connection holding the lock closed",
         })
     }
 }

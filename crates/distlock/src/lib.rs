@@ -18,11 +18,13 @@
 //! - `zookeeper` (default): the ZooKeeper backend (`zk://`).
 //! - `redis` (default): the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`,
 //!   `redis+cluster://`).
+//! - `postgres` (default): PostgreSQL advisory locks (`postgres://`).
 //!
 //! # Layout
 //! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend;
 //! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
 //!   lock, semaphore, Redlock);
+//! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a counter row;
 //! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
 //!   - [`Mutex`](zookeeper::Mutex): exclusive, FIFO, herd-free;
 //!   - [`ReentrantMutex`](zookeeper::ReentrantMutex): re-entered by the same handle;
@@ -49,15 +51,19 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "zookeeper", feature = "redis"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
 pub(crate) mod any;
-#[cfg(any(feature = "zookeeper", feature = "redis"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
 pub mod blocking;
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 mod detach;
 mod duration;
 mod error;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod lease;
 mod owner;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod state;
@@ -65,7 +71,7 @@ mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-#[cfg(any(feature = "zookeeper", feature = "redis"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
 pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};

@@ -1,6 +1,6 @@
 //! One contract, every backend: the same scenarios through `distlock::connect(url)` against each
 //! server the test run provides (`DISTLOCK_TEST_ZK` for ZooKeeper, `DISTLOCK_TEST_REDIS` for
-//! Redis; `scripts/test.sh` sets both). A backend whose variable is unset is reported and
+//! Redis, `DISTLOCK_TEST_POSTGRES` for PostgreSQL; `scripts/test.sh` sets them all). A backend whose variable is unset is reported and
 //! skipped, so a new backend joins by adding its URL to `backends()`.
 
 use distlock::{Error, LockState, MultiLock};
@@ -18,6 +18,10 @@ fn backends() -> Vec<String> {
     match std::env::var("DISTLOCK_TEST_REDIS") {
         Ok(addr) => urls.push(format!("redis://{addr}?lease=4s")),
         Err(_) => eprintln!("conformance: DISTLOCK_TEST_REDIS unset, Redis skipped"),
+    }
+    match std::env::var("DISTLOCK_TEST_POSTGRES") {
+        Ok(url) => urls.push(format!("{url}?lease=4s")),
+        Err(_) => eprintln!("conformance: DISTLOCK_TEST_POSTGRES unset, PostgreSQL skipped"),
     }
     assert!(!urls.is_empty(), "no backend to test: run with scripts/test.sh");
     urls
@@ -104,6 +108,13 @@ async fn busy_timeouts_release_on_drop_and_the_guard_contract() {
 #[tokio::test]
 async fn readers_share_writers_exclude_and_permits_count() {
     for url in backends() {
+        if url.starts_with("postgres") {
+            // Not offered there yet: made locks say so before any I/O.
+            let c = connect(&url).await;
+            assert!(matches!(c.read_lock("x"), Err(Error::Unsupported { .. })), "{url}");
+            assert!(matches!(c.semaphore_permit("x", 2), Err(Error::Unsupported { .. })), "{url}");
+            continue;
+        }
         let (a, b) = (connect(&url).await, connect(&url).await);
         let rw = unique("rw");
         let r1 = a.read_lock(&rw).unwrap().lock().await.unwrap();

@@ -9,6 +9,7 @@
 
 use super::watchdog::Slot;
 use super::{scripts, Answer, Client, Replication};
+use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -34,40 +35,13 @@ pub(crate) enum Holder {
     Permit { id: String, permits_key: String, channel: String },
 }
 
-/// The safety margin taken off every lease: 1% of it plus 2 ms (timer and clock-rate error).
-pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
-    tx: watch::Sender<LockState>,
-    deadline: StdMutex<Instant>,
+    lease: Arc<Lease>,
     /// The hold's entry in the client's renewal schedule (`None` while a renewal runs).
     slot: StdMutex<Option<Slot>>,
     /// Released or dropped: never renewed again.
     ended: AtomicBool,
-}
-
-impl Shared {
-    fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn publish(&self, state: LockState, key: &str) {
-        self.tx.send_if_modified(|s| {
-            if s.is_lost() || *s == state {
-                return false;
-            }
-            match state {
-                LockState::Lost(reason) => tracing::warn!(key, %reason, "lock lost"),
-                LockState::Suspended => tracing::info!(key, "renewal failed; lock suspended until the server answers"),
-                LockState::Held => tracing::info!(key, "renewed again; lock held"),
-            }
-            *s = state;
-            true
-        });
-    }
 }
 
 /// The state every Redis guard shares.
@@ -85,10 +59,8 @@ impl Hold {
     /// A hold acquired by a request sent at `sent`.
     pub(crate) fn new(client: Client, key: String, holder: Holder, token: u64, sent: Instant) -> Hold {
         let lease = client.lease();
-        let (tx, _) = watch::channel(LockState::Held);
         let shared = Arc::new(Shared {
-            tx,
-            deadline: StdMutex::new(sent + lease - drift(lease)),
+            lease: Arc::new(Lease::new(sent, lease)),
             slot: StdMutex::new(None),
             ended: AtomicBool::new(false),
         });
@@ -111,7 +83,7 @@ impl Hold {
     }
 
     pub(crate) fn lease_deadline(&self) -> std::time::Instant {
-        self.shared.deadline().into_std()
+        self.shared.lease.deadline().into_std()
     }
 
     pub(crate) fn holder_id(&self) -> &str {
@@ -128,41 +100,15 @@ impl Hold {
     /// The state now: what the watchdog published, and `Lost` once the deadline has passed
     /// (however late the watchdog runs).
     pub(crate) fn state(&self) -> LockState {
-        let published = *self.shared.tx.borrow();
-        if !published.is_lost() && Instant::now() >= self.shared.deadline() {
-            self.shared.publish(LockState::Lost(LostReason::LeaseExpired), &self.key);
-            return LockState::Lost(LostReason::LeaseExpired);
-        }
-        published
+        self.shared.lease.state(&self.key)
     }
 
     pub(crate) fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.shared.tx.subscribe()
+        self.shared.lease.subscribe()
     }
 
     pub(crate) fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.shared.tx.subscribe();
-        let shared = self.shared.clone();
-        let key = self.key.clone();
-        async move {
-            loop {
-                if let LockState::Lost(reason) = *rx.borrow_and_update() {
-                    return reason;
-                }
-                let deadline = shared.deadline();
-                tokio::select! {
-                    changed = rx.changed() => if changed.is_err() {
-                        // The guard is gone: released, so no longer ours either.
-                        return LostReason::SessionClosed;
-                    },
-                    _ = tokio::time::sleep_until(deadline) => {
-                        if Instant::now() >= shared.deadline() {
-                            shared.publish(LockState::Lost(LostReason::LeaseExpired), &key);
-                        }
-                    }
-                }
-            }
-        }
+        Lease::lost(self.shared.lease.clone(), self.key.clone(), std::future::pending())
     }
 
     /// Releases on the server (retried on connection errors within the lease). Reports
@@ -172,7 +118,7 @@ impl Hold {
         self.end();
         let before = self.state();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
-        let deadline = self.shared.deadline();
+        let deadline = self.shared.lease.deadline();
         // A caller that stops waiting does not stop the release: it finishes in the background.
         let outcome =
             crate::detach::detach(async move { release_on_server(&client, &key, &holder, deadline).await }).await;
@@ -190,19 +136,13 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         // No longer ours to trust (quietly: this is the end of a hold, not a loss).
-        self.shared.tx.send_if_modified(|s| {
-            if s.is_lost() {
-                return false;
-            }
-            *s = LockState::Lost(LostReason::SessionClosed);
-            true
-        });
+        self.shared.lease.end();
         if self.released {
             return;
         }
         self.end();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
-        let deadline = self.shared.deadline();
+        let deadline = self.shared.lease.deadline();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if let Err(e) = release_on_server(&client, &key, &holder, deadline).await {
@@ -305,40 +245,31 @@ pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, renewal
         return;
     }
     let lease = client.lease();
-    let deadline = shared.deadline();
+    let deadline = shared.lease.deadline();
     if Instant::now() >= deadline {
-        shared.publish(LockState::Lost(LostReason::LeaseExpired), key);
+        shared.lease.publish(LockState::Lost(LostReason::LeaseExpired), key);
         return;
     }
     let sent = Instant::now();
     let outcome = tokio::select! {
         r = renew(client, key, holder) => r,
         _ = tokio::time::sleep_until(deadline) => {
-            shared.publish(LockState::Lost(LostReason::LeaseExpired), key);
+            shared.lease.publish(LockState::Lost(LostReason::LeaseExpired), key);
             return;
         }
     };
     let next = match outcome {
         Ok(true) => {
-            let new_deadline = sent + lease - drift(lease);
-            {
-                let mut d = shared.deadline.lock().unwrap_or_else(|e| e.into_inner());
-                if new_deadline > *d {
-                    *d = new_deadline;
-                }
-            }
-            shared.publish(LockState::Held, key);
-            // Wake `lost()` futures so they sleep until the new deadline.
-            shared.tx.send_modify(|_| {});
+            shared.lease.confirmed(sent, key);
             sent + lease / 3
         }
         Ok(false) => {
-            shared.publish(LockState::Lost(LostReason::KeyDeleted), key);
+            shared.lease.publish(LockState::Lost(LostReason::KeyDeleted), key);
             return;
         }
         Err(e) => {
             tracing::debug!(key, error = %e, "renewal failed");
-            shared.publish(LockState::Suspended, key);
+            shared.lease.publish(LockState::Suspended, key);
             Instant::now() + RETRY.min(lease / 10)
         }
     };

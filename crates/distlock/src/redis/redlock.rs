@@ -111,7 +111,7 @@ impl Redlock {
         }))
         .await;
         let granted = replies.iter().filter(|ok| **ok).count();
-        let validity = self.ttl.checked_sub(start.elapsed() + super::guard::drift(self.ttl));
+        let validity = self.ttl.checked_sub(start.elapsed() + crate::lease::drift(self.ttl));
         match validity {
             Some(v) if granted >= self.quorum() && !v.is_zero() => {
                 let (tx, _) = watch::channel(LockState::Held);
@@ -243,7 +243,7 @@ impl RedlockGuard {
             self.state.send_replace(LockState::Lost(LostReason::LeaseExpired));
             return Err(Error::LockLost { lock: self.name.clone(), reason: LostReason::LeaseExpired });
         }
-        let new = start + ttl - super::guard::drift(ttl);
+        let new = start + ttl - crate::lease::drift(ttl);
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = new;
         self.state.send_modify(|_| {});
         Ok(new.into_std())

@@ -1,0 +1,68 @@
+//! `distlock exec` on PostgreSQL, against the server from scripts/test.sh
+//! (`DISTLOCK_TEST_POSTGRES=postgres://…`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+fn backend() -> String {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES")
+        .expect("run the tests with scripts/test.sh (DISTLOCK_TEST_POSTGRES unset)");
+    format!("{url}?lease=5s")
+}
+
+fn name() -> String {
+    format!("distlock-cli-test:{}", uuid::Uuid::new_v4().simple())
+}
+
+fn distlock(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_BACKEND", backend()).args(args);
+    c
+}
+
+fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
+        std::thread::sleep(Duration::from_millis(20)); // a process exit has no event to wait on
+    }
+}
+
+/// exec runs its command under the lock with the token in its environment; a second exec with
+/// -n exits 1 while the first holds; after the holder ends, tokens have risen.
+#[test]
+fn exec_on_postgres_excludes_and_passes_the_token() {
+    let lock = name();
+    let mut holder = distlock(&["exec", &lock, "--", "sh", "-c", "echo token=$DISTLOCK_TOKEN; read _ || true"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    out.read_line(&mut first).unwrap();
+    let t1: u64 = first.trim().strip_prefix("token=").expect("the token line").parse().unwrap();
+    let busy = distlock(&["exec", "-n", &lock, "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
+    drop(holder.stdin.take()); // the command reads EOF and ends; exec releases
+    let status = wait_exit(&mut holder, Duration::from_secs(20));
+    assert!(status.success(), "the holder's exec: {status:?}");
+    let next = distlock(&["exec", "-w", "10", &lock, "--", "sh", "-c", "echo $DISTLOCK_TOKEN"]).output().unwrap();
+    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
+    let t2: u64 = String::from_utf8_lossy(&next.stdout).trim().parse().unwrap();
+    assert!(t2 > t1, "tokens rise: {t1} then {t2}");
+    // Recipes PostgreSQL does not have yet are named before anything is taken.
+    let shared = distlock(&["exec", "-s", &lock, "--", "true"]).output().unwrap();
+    assert_eq!(shared.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&shared.stderr).contains("postgres"),
+        "{}",
+        String::from_utf8_lossy(&shared.stderr)
+    );
+}

@@ -1,0 +1,127 @@
+//! The lease every lease-bound guard keeps (Redis, PostgreSQL): its state, published to
+//! watchers, and its deadline, moved on by confirmed renewals or health checks.
+//!
+//! The deadline is the send time of the last request the server confirmed, plus the lease, less a
+//! drift margin: the server heard from us no earlier than we sent, so it cannot let the lock go
+//! before then. At the deadline the state is `Lost(LeaseExpired)`, however late a watcher looks;
+//! `Lost` is final.
+
+use crate::{LockState, LostReason};
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The safety margin taken off every lease: 1% of it plus 2 ms (timer and clock-rate error).
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+#[derive(Debug)]
+pub(crate) struct Lease {
+    tx: watch::Sender<LockState>,
+    deadline: StdMutex<Instant>,
+    lease: Duration,
+}
+
+impl Lease {
+    /// A held lease confirmed by a request sent at `sent`.
+    pub(crate) fn new(sent: Instant, lease: Duration) -> Lease {
+        let (tx, _) = watch::channel(LockState::Held);
+        Lease { tx, deadline: StdMutex::new(sent + lease - drift(lease)), lease }
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A request sent at `sent` was confirmed: the deadline moves on (never back), the state is
+    /// `Held` again (unless lost), and `lost()` futures re-arm for the new deadline.
+    pub(crate) fn confirmed(&self, sent: Instant, name: &str) {
+        {
+            let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+            let new = sent + self.lease - drift(self.lease);
+            if new > *d {
+                *d = new;
+            }
+        }
+        self.publish(LockState::Held, name);
+        self.tx.send_modify(|_| {});
+    }
+
+    /// Publishes `state` (logged) unless the lease is lost already or nothing changes.
+    pub(crate) fn publish(&self, state: LockState, name: &str) {
+        self.tx.send_if_modified(|s| {
+            if s.is_lost() || *s == state {
+                return false;
+            }
+            match state {
+                LockState::Lost(reason) => tracing::warn!(lock = name, %reason, "lock lost"),
+                LockState::Suspended => tracing::info!(lock = name, "the server did not answer; lock suspended"),
+                LockState::Held => tracing::info!(lock = name, "the server answered again; lock held"),
+            }
+            *s = state;
+            true
+        });
+    }
+
+    /// The hold ended (released or dropped): no longer ours to trust, quietly.
+    pub(crate) fn end(&self) {
+        self.tx.send_if_modified(|s| {
+            if s.is_lost() {
+                return false; // a loss already told keeps its reason
+            }
+            *s = LockState::Lost(LostReason::SessionClosed);
+            true
+        });
+    }
+
+    /// The state now: what was published, and `Lost` once the deadline has passed.
+    pub(crate) fn state(&self, name: &str) -> LockState {
+        if !self.tx.borrow().is_lost() && Instant::now() >= self.deadline() {
+            self.publish(LockState::Lost(LostReason::LeaseExpired), name);
+        }
+        *self.tx.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LockState> {
+        self.tx.subscribe()
+    }
+
+    /// Resolves when the lease is lost: published as lost, or the deadline passed without a
+    /// confirmation. `also` is a backend's own sign of loss (it resolves with its reason).
+    pub(crate) fn lost<F>(
+        lease: std::sync::Arc<Lease>,
+        name: String,
+        also: F,
+    ) -> impl std::future::Future<Output = LostReason> + Send + 'static
+    where
+        F: std::future::Future<Output = LostReason> + Send + 'static,
+    {
+        let mut rx = lease.subscribe();
+        async move {
+            tokio::pin!(also);
+            let mut also_done = false;
+            loop {
+                if let LockState::Lost(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                let deadline = lease.deadline();
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() {
+                        return LostReason::SessionClosed; // the guard is gone: released
+                    },
+                    reason = &mut also, if !also_done => {
+                        also_done = true;
+                        lease.publish(LockState::Lost(reason), &name);
+                    }
+                    _ = tokio::time::sleep_until(deadline) => {
+                        if Instant::now() >= lease.deadline() {
+                            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The PostgreSQL backend: session-level advisory locks, each held on a connection of its own,
+//! fenced by a counter row and honest about loss.
+//!
+//! # Layout
+//!
+//! | Piece | On the server |
+//! |---|---|
+//! | Lock `name` | advisory lock on a 64-bit key: the first 8 bytes, little-endian, of SHA-1 of the UTF-8 name (DistributedLock's hashing rule); with `?keys=raw` the name is the key itself, a decimal `i64` |
+//! | Fencing counter | row `(key, token)` of table `distlock_fencing`, advanced in the statement that takes the lock, never deleted |
+//!
+//! # Leases and loss
+//!
+//! An advisory lock has no lease: PostgreSQL keeps it until the holding session ends, and notices
+//! a client that went silent only through TCP. Every lock connection therefore sets its session's
+//! `tcp_keepalives_*` and `tcp_user_timeout` so that the server ends a silent session (and so frees
+//! its locks) no sooner and not much later than the *lease* (`?lease=`, default 30 s) after it last
+//! heard from the client, and `client_connection_check_interval` so that a backend busy in a lock
+//! wait notices a closed client too. The guard pings its connection every sixth of the lease; its
+//! [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last answered ping plus
+//! the lease less a drift margin, and [`lost`](MutexGuard::lost) resolves at that deadline if no
+//! ping was answered since: before the server can end the session and give the lock to anyone
+//! else. A connection that closes (the backend was terminated, the server restarted) is `Lost` at
+//! once.
+//!
+//! # Connections
+//!
+//! A held lock owns its connection (a pool's connection could be handed to other work while the
+//! session holds the lock). A connection whose lock was released cleanly goes back to the client's
+//! idle list and serves the next acquire; one whose acquire was cancelled, timed out uncertainly or
+//! failed is closed instead.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let pg = distlock::postgres::Client::connect("postgres://app@127.0.0.1:5432/app?lease=10s").await?;
+//! let lock = pg.mutex("orders")?;
+//! let guard = lock.lock().await?;
+//! println!("token {}, lease until {:?}", guard.fencing_token(), guard.lease_deadline());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod mutex;
+mod url;
+
+pub use mutex::{Mutex, MutexGuard};
+pub use url::{KeyScheme, PgUrl};
+
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// A PostgreSQL server to take locks on: the URL, and idle lock connections to reuse. Cheap to
+/// clone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let pg = distlock::postgres::Client::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+/// let reports = pg.mutex("reports")?;
+/// if let Some(g) = reports.try_lock().await? {
+///     g.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: PgUrl,
+    idle: StdMutex<Vec<Conn>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("postgres::Client").field("url", &self.inner.url).finish()
+    }
+}
+
+/// Idle connections kept for reuse, at most.
+const MAX_IDLE: usize = 16;
+
+/// The fencing counters' table (created on connect if missing).
+pub const FENCING_TABLE: &str = "distlock_fencing";
+
+/// One lock connection: the client half, and whether its connection task has ended.
+pub(crate) struct Conn {
+    pub(crate) client: tokio_postgres::Client,
+    closed: watch::Receiver<bool>,
+}
+
+impl Conn {
+    /// True once the connection is gone (closed by the server, reset, or dropped).
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow() || self.client.is_closed()
+    }
+
+    /// Resolves when the connection is gone.
+    pub(crate) fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closed.clone();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+}
+
+impl Client {
+    /// Connects to the server named by a `postgres://` URL (see [`PgUrl`]): opens one connection
+    /// to check it, creates the fencing table if missing, and keeps that connection for the first
+    /// lock.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_url(PgUrl::parse(url)?).await
+    }
+
+    /// Connects with a parsed URL.
+    pub async fn connect_url(url: PgUrl) -> Result<Client> {
+        let client = Client { inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()) }) };
+        let conn = client.open().await?;
+        let create =
+            format!("CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (key bigint PRIMARY KEY, token bigint NOT NULL)");
+        if let Err(e) = conn.client.batch_execute(&create).await {
+            // Two clients creating the table at once: one of them gets a unique violation.
+            if e.code() != Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                return Err(backend("CREATE TABLE", FENCING_TABLE, e));
+            }
+        }
+        client.put_back(conn);
+        Ok(client)
+    }
+
+    /// The URL this client connected with.
+    pub fn url(&self) -> &PgUrl {
+        &self.inner.url
+    }
+
+    /// How long the server keeps a silent holder's lock at most (see the module docs).
+    pub fn lease(&self) -> Duration {
+        self.inner.url.lease
+    }
+
+    /// A session-level advisory mutex on lock `name` (see the module docs for the key).
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        let key = self.inner.url.keys.key(name)?;
+        Ok(Mutex::new(self.clone(), name.to_string(), key))
+    }
+
+    /// The advisory key lock `name` maps to.
+    pub fn key(&self, name: &str) -> Result<i64> {
+        self.inner.url.keys.key(name)
+    }
+
+    /// Drops this handle (idle connections close when the last clone is gone).
+    pub async fn close(self, _bound: Duration) {
+        self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// An idle connection, or a new one.
+    pub(crate) async fn checkout(&self) -> Result<Conn> {
+        loop {
+            let conn = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match conn {
+                Some(c) if !c.is_closed() => return Ok(c),
+                Some(_) => continue,
+                None => return self.open().await,
+            }
+        }
+    }
+
+    /// Keeps `conn` for a later acquire (it holds no lock).
+    pub(crate) fn put_back(&self, conn: Conn) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// Opens a lock connection and sets its session's loss bounds.
+    async fn open(&self) -> Result<Conn> {
+        let url = &self.inner.url;
+        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        let (client, connection) = tokio::time::timeout(url.connect_timeout, url.config.connect(tokio_postgres::NoTls))
+            .await
+            .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(e.to_string()))?;
+        let (tx, closed) = watch::channel(false);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "lock connection ended");
+            }
+            let _ = tx.send(true);
+        });
+        let conn = Conn { client, closed };
+        let settings = url.session_settings();
+        tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
+            .await
+            .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(format!("setting the session's loss bounds: {e}")))?;
+        Ok(conn)
+    }
+}
+
+pub(crate) fn backend(op: &'static str, name: &str, e: tokio_postgres::Error) -> Error {
+    Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}

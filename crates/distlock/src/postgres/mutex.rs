@@ -1,0 +1,351 @@
+//! A session-level advisory mutex, fenced by a counter row.
+
+use super::{backend, Client, Conn, FENCING_TABLE};
+use crate::lease::Lease;
+use crate::{Error, LockState, LostReason, Result};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+/// An exclusive lock on an advisory key, held by a connection of its own.
+///
+/// Waiting is done by the server (`pg_advisory_lock`, with `lock_timeout` for a bounded wait): no
+/// polling, and waiters are granted in the order the server queues them. Not reentrant: a second
+/// acquire through the same handle waits like anyone else's.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(pg: distlock::postgres::Client) -> distlock::Result<()> {
+/// let lock = pg.mutex("nightly-report")?;
+/// match lock.lock_timeout(std::time::Duration::from_secs(5)).await? {
+///     Some(guard) => {
+///         println!("token {}", guard.fencing_token());
+///         guard.release().await?;
+///     }
+///     None => println!("busy"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    client: Client,
+    name: String,
+    key: i64,
+}
+
+/// Takes the lock without waiting and, if granted, the next fencing token, in one statement.
+const TRY_SQL: &str = "WITH l AS (SELECT pg_try_advisory_lock($1) AS got), \
+     t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l WHERE got \
+           ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
+     SELECT (SELECT token FROM t)";
+/// Waits for the lock (bounded by `lock_timeout`, set in the same statement: `$2`, `0` = forever),
+/// then takes the next fencing token.
+const WAIT_SQL: &str = "WITH s AS (SELECT set_config('lock_timeout', $2, false)), \
+     l AS (SELECT pg_advisory_lock($1)::text AS got FROM s), \
+     t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l \
+           ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
+     SELECT (SELECT token FROM t)";
+
+impl Mutex {
+    pub(crate) fn new(client: Client, name: String, key: i64) -> Mutex {
+        debug_assert!(TRY_SQL.contains(FENCING_TABLE) && WAIT_SQL.contains(FENCING_TABLE));
+        Mutex { client, name, key }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The advisory key it locks.
+    pub fn key(&self) -> i64 {
+        self.key
+    }
+
+    /// Waits as long as it takes.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// Takes the lock only if it is free; never waits.
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        self.acquire(None).await
+    }
+
+    /// Waits at most `timeout`; `None` if the lock was not had in time (nothing is left held).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
+        if timeout.is_zero() {
+            return self.try_lock().await;
+        }
+        self.acquire(Some(timeout)).await
+    }
+
+    /// `wait` `None`: try once; `Some(MAX)`: forever.
+    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
+        let conn = self.client.checkout().await?;
+        let cancel = conn.client.cancel_token();
+        let (client, name, key) = (self.client.clone(), self.name.clone(), self.key);
+        let attempt = async move {
+            let sent = Instant::now();
+            let row = match wait {
+                None => conn.client.query_one(TRY_SQL, &[&key]).await,
+                Some(w) => {
+                    let ms = if w == Duration::MAX { "0".to_string() } else { format!("{}", w.as_millis().max(1)) };
+                    conn.client.query_one(WAIT_SQL, &[&key, &ms]).await
+                }
+            };
+            let token: Option<i64> = match row {
+                Ok(row) => row.get(0),
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    // lock_timeout ran out. The lock may have been granted just as the timeout
+                    // fired; an unlock makes sure the connection holds nothing before reuse.
+                    match conn.client.query_one("SELECT pg_advisory_unlock($1)", &[&key]).await {
+                        Ok(_) => client.put_back(conn),
+                        Err(e) => tracing::debug!(error = %e, "unlock after a lock timeout failed; closing"),
+                    }
+                    return Ok(None);
+                }
+                Err(e) => return Err(backend("acquire", &name, e)),
+            };
+            match token {
+                Some(token) => Ok(Some(MutexGuard::new(client, conn, name, key, token as u64, sent))),
+                None => {
+                    client.put_back(conn);
+                    Ok(None)
+                }
+            }
+        };
+        Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await
+    }
+}
+
+/// An acquire in flight: if dropped unfinished, its statement is cancelled on the server and the
+/// attempt finished in the background (a lock granted meanwhile is released by its guard's drop).
+struct Cancelling<T: Send + 'static> {
+    fut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
+    cancel: Option<tokio_postgres::CancelToken>,
+}
+
+impl<T: Send + 'static> std::future::Future for Cancelling<T> {
+    type Output = T;
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let out = self.fut.as_mut().expect("polled after it finished").as_mut().poll(cx);
+        if out.is_ready() {
+            self.fut = None;
+        }
+        out
+    }
+}
+
+impl<T: Send + 'static> Drop for Cancelling<T> {
+    fn drop(&mut self) {
+        let (Some(fut), Some(cancel)) = (self.fut.take(), self.cancel.take()) else { return };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+            });
+            runtime.spawn(fut);
+        }
+    }
+}
+
+/// Proof of holding a [`Mutex`]: its connection, fencing token and lease deadline. Released by
+/// [`release`](MutexGuard::release) or, in the background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::postgres::Mutex) -> distlock::Result<()> {
+/// let guard = lock.lock().await?;
+/// tokio::select! {
+///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
+///     reason = guard.lost() => eprintln!("lost: {reason}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MutexGuard {
+    hold: Option<Hold>,
+}
+
+struct Hold {
+    client: Client,
+    conn: Arc<Conn>,
+    name: String,
+    key: i64,
+    token: u64,
+    lease: Arc<Lease>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold").field("name", &self.name).field("key", &self.key).field("token", &self.token).finish()
+    }
+}
+
+impl MutexGuard {
+    fn new(client: Client, conn: Conn, name: String, key: i64, token: u64, sent: Instant) -> MutexGuard {
+        let bound = client.url().server_bound();
+        let lease = Arc::new(Lease::new(sent, bound));
+        let conn = Arc::new(conn);
+        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), name.clone(), bound));
+        MutexGuard { hold: Some(Hold { client, conn, name, key, token, lease, monitor }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// Larger than every token an earlier holder of this lock got. Pass it to the resource you
+    /// protect, which must refuse tokens lower than the highest it has seen.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold().token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold().name
+    }
+
+    /// The advisory key held.
+    pub fn key(&self) -> i64 {
+        self.hold().key
+    }
+
+    /// The backend's process id of the holding connection, as `pg_locks.pid` shows it: unknown
+    /// here without a query, so the advisory key is given as the holder's mark instead.
+    pub fn holder_id(&self) -> String {
+        format!("advisory:{}", self.hold().key)
+    }
+
+    /// The instant after which the server may end our silent session and give the lock to
+    /// someone else: the send time of the last answered health check plus the lease, less a
+    /// drift margin.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().lease.deadline().into_std()
+    }
+
+    /// The state now (`Lost` once the lease deadline has passed without an answer, or the
+    /// connection closed).
+    pub fn state(&self) -> LockState {
+        let h = self.hold();
+        if h.conn.is_closed() {
+            h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &h.name);
+        }
+        h.lease.state(&h.name)
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.hold().lease.subscribe()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the connection closed, or the lease
+    /// deadline passed without an answered health check.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let h = self.hold();
+        let closed = h.conn.closed();
+        Lease::lost(h.lease.clone(), h.name.clone(), async move {
+            closed.await;
+            LostReason::ConnectionClosed
+        })
+    }
+
+    /// Unlocks and waits for the server; [`Error::LockLost`] if the lock had been lost before or
+    /// the server no longer had it.
+    pub async fn release(mut self) -> Result<()> {
+        let before = self.state();
+        let mut hold = self.hold.take().expect("a guard holds until released");
+        hold.monitor.abort();
+        let _ = (&mut hold.monitor).await; // its handle on the connection is gone after this
+        hold.lease.end();
+        let lost = |reason| Err(Error::LockLost { lock: hold.name.clone(), reason });
+        if let LockState::Lost(reason) = before {
+            return lost(reason);
+        }
+        let Hold { client, conn, name, key, .. } = &hold;
+        let outcome = crate::detach::detach(unlock(client.clone(), conn.clone(), name.clone(), *key)).await;
+        match outcome {
+            Ok(true) => Ok(()),
+            Ok(false) => lost(LostReason::ConnectionClosed),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else { return };
+        hold.monitor.abort();
+        hold.lease.end();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = unlock(hold.client.clone(), hold.conn.clone(), hold.name.clone(), hold.key).await {
+                    tracing::warn!(lock = hold.name, error = %e, "release on drop failed; closing the connection frees it");
+                }
+            });
+        }
+    }
+}
+
+/// Unlocks on the held connection; true if it was held. The connection goes back to the idle
+/// list only after a clean unlock (anything else closes it, which frees whatever it held).
+async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64) -> Result<bool> {
+    let r = conn.client.query_one("SELECT pg_advisory_unlock($1)", &[&key]).await;
+    match r {
+        Ok(row) => {
+            let held: bool = row.get(0);
+            if held {
+                if let Ok(conn) = Arc::try_unwrap(conn) {
+                    client.put_back(conn);
+                }
+            }
+            Ok(held)
+        }
+        Err(_) if conn.is_closed() => Ok(false),
+        Err(e) => Err(backend("release", &name, e)),
+    }
+}
+
+/// Pings the holding connection every sixth of the lease; moves the deadline on with every
+/// answer; `Suspended` on a failed ping, `Lost` at the deadline or when the connection closes.
+async fn monitor(conn: Arc<Conn>, lease: Arc<Lease>, name: String, bound: Duration) {
+    let period = bound / 6;
+    let closed = conn.closed();
+    tokio::pin!(closed);
+    loop {
+        tokio::select! {
+            _ = &mut closed => {
+                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
+                return;
+            }
+            _ = tokio::time::sleep(period) => {}
+        }
+        let deadline = lease.deadline();
+        if Instant::now() >= deadline {
+            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+            return;
+        }
+        let sent = Instant::now();
+        match tokio::time::timeout_at(deadline, conn.client.simple_query("")).await {
+            Ok(Ok(_)) => lease.confirmed(sent, &name),
+            Ok(Err(e)) if conn.is_closed() => {
+                tracing::debug!(lock = name, error = %e, "the lock connection closed");
+                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lock = name, error = %e, "health check failed");
+                lease.publish(LockState::Suspended, &name);
+            }
+            Err(_) => {
+                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The PostgreSQL backend against a real server (started by `scripts/test.sh` with
+//! `scripts/postgres.sh`, which exports `DISTLOCK_TEST_POSTGRES=postgres://…`).
+#![cfg(feature = "postgres")]
+
+use distlock::postgres::Client;
+use distlock::{Error, LockState, LostReason};
+use distlock_faults::{Fault, FaultProxy, FencedResource, Mode};
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn pg_url() -> String {
+    std::env::var("DISTLOCK_TEST_POSTGRES").expect(
+        "DISTLOCK_TEST_POSTGRES is not set: run the tests with scripts/test.sh, which starts PostgreSQL on a free port",
+    )
+}
+
+fn url(query: &str) -> String {
+    format!("{}{query}", pg_url())
+}
+
+async fn connect(query: &str) -> Client {
+    Client::connect(&url(query)).await.expect("connect to the test PostgreSQL server")
+}
+
+fn unique(name: &str) -> String {
+    format!("distlock-test:{name}:{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A plain connection for looking at the server as a third party.
+async fn raw() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await.expect("raw connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// Advisory locks on `key` as `pg_locks` shows them: (pid, granted).
+async fn holders(raw: &tokio_postgres::Client, key: i64) -> Vec<(i32, bool)> {
+    let (hi, lo) = ((key >> 32) as u32 as i64, key as u32 as i64);
+    raw.query(
+        "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 \
+         AND objid::bigint = $2 AND objsubid = 1 ORDER BY granted DESC",
+        &[&hi, &lo],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// Waits (bounded) until `cond` holds, re-checking every 10 ms; panics naming `what`.
+async fn eventually<F, Fut>(bound: Duration, what: &str, cond: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + bound;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_key_the_counter_and_nothing_left_after_release() {
+    let pg = connect("?lease=10s").await;
+    let raw = raw().await;
+    let name = unique("layout");
+    let key = pg.key(&name).unwrap();
+    let guard = pg.mutex(&name).unwrap().lock().await.unwrap();
+    let held = holders(&raw, key).await;
+    assert_eq!(held.len(), 1, "one advisory lock on the key: {held:?}");
+    assert!(held[0].1, "granted");
+    let token: i64 = raw.query_one("SELECT token FROM distlock_fencing WHERE key = $1", &[&key]).await.unwrap().get(0);
+    assert_eq!(guard.fencing_token(), token as u64);
+    assert_eq!(guard.state(), LockState::Held);
+    assert!(guard.lease_deadline() > std::time::Instant::now() + Duration::from_secs(8));
+    guard.release().await.unwrap();
+    assert!(holders(&raw, key).await.is_empty(), "released on the server");
+    let again = pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free again");
+    assert_eq!(again.fencing_token(), token as u64 + 1, "the counter rose by one");
+    again.release().await.unwrap();
+    // Raw keys: the name is the key.
+    let raw_pg = connect("?keys=raw").await;
+    assert_eq!(raw_pg.key("-42").unwrap(), -42);
+    assert!(matches!(raw_pg.mutex("orders"), Err(Error::InvalidLockPath { .. })));
+}
+
+#[tokio::test]
+async fn exclusion_with_the_fenced_checker_and_rising_tokens() {
+    const CLIENTS: usize = 4;
+    const CYCLES: u64 = 15;
+    let name = unique("exclusion");
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..CLIENTS {
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let pg = connect("?lease=5s").await;
+            let lock = pg.mutex(&name).unwrap();
+            for seq in 0..CYCLES {
+                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq));
+                tokio::task::yield_now().await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
+    let raw = raw().await;
+    assert!(holders(&raw, connect("").await.key(&name).unwrap()).await.is_empty(), "nothing left held");
+}
+
+#[tokio::test]
+async fn a_timed_out_or_cancelled_wait_leaves_nothing() {
+    let (a, b) = (connect("").await, connect("").await);
+    let raw = raw().await;
+    let name = unique("timeout");
+    let key = a.key(&name).unwrap();
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let started = Instant::now();
+    assert!(b.mutex(&name).unwrap().lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(290) && waited < Duration::from_secs(5), "waited {waited:?}");
+    assert!(b.mutex(&name).unwrap().try_lock().await.unwrap().is_none());
+    // A wait dropped while the server queues it: cancelled on the server, nothing left waiting.
+    let waiter = b.mutex(&name).unwrap();
+    let pending = tokio::spawn(async move { waiter.lock().await });
+    eventually(Duration::from_secs(5), "the waiter to queue on the server", || async {
+        holders(&raw, key).await.iter().any(|(_, granted)| !granted)
+    })
+    .await;
+    pending.abort();
+    eventually(Duration::from_secs(5), "the cancelled wait to leave the queue", || async {
+        holders(&raw, key).await.len() == 1
+    })
+    .await;
+    let t = held.fencing_token();
+    held.release().await.unwrap();
+    assert!(holders(&raw, key).await.is_empty(), "nothing held after the release");
+    let g = b.mutex(&name).unwrap().try_lock().await.unwrap().expect("free");
+    assert!(g.fencing_token() > t);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_terminated_backend_is_lost_at_once_and_frees_the_lock() {
+    let (a, b) = (connect("?lease=30s").await, connect("").await);
+    let raw = raw().await;
+    let name = unique("terminated");
+    let key = a.key(&name).unwrap();
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let pid = holders(&raw, key).await[0].0;
+    let lost = held.lost();
+    let killed = Instant::now();
+    let _: bool = raw.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap().get(0);
+    let reason = tokio::time::timeout(Duration::from_secs(5), lost).await.expect("told within 5 s, not the lease");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    println!("lost {:?} after pg_terminate_backend", killed.elapsed());
+    assert!(held.state().is_lost());
+    let g =
+        b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(5)).await.unwrap().expect("freed with the session");
+    assert!(g.fencing_token() > held.fencing_token());
+    assert!(matches!(held.release().await, Err(Error::LockLost { reason: LostReason::ConnectionClosed, .. })));
+    g.release().await.unwrap();
+}
+
+/// A holder cut off from the server is `Lost` at its lease deadline. Through a loopback proxy
+/// the server still hears TCP from the proxy, so it keeps the lock (safe, not live) until the
+/// proxy closes the connection; the test shows the loss came while the server still held it.
+#[tokio::test]
+async fn a_partitioned_holder_is_lost_while_the_server_still_holds_it() {
+    let target = pg_url();
+    let hostport = target.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let proxy = FaultProxy::start(hostport.parse().unwrap()).await.unwrap();
+    let proxied = target.replace(&hostport, &proxy.addr().to_string());
+    let a = Client::connect(&format!("{proxied}?lease=3s")).await.unwrap();
+    let raw = raw().await;
+    let name = unique("partition");
+    let key = a.key(&name).unwrap();
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let deadline = held.lease_deadline();
+    let lost = held.lost();
+    proxy.set(Fault::Blackhole);
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost).await.expect("lost within the lease");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    assert!(
+        std::time::Instant::now() < deadline + Duration::from_secs(4),
+        "told by the deadline (a renewal may have moved it)"
+    );
+    assert_eq!(
+        holders(&raw, key).await.iter().filter(|(_, g)| *g).count(),
+        1,
+        "the server still held it when we were told"
+    );
+    // The connection is cut: the server frees the lock, the next holder gets a larger token.
+    proxy.set(Fault::CutAfter { to_client_bytes: 0 });
+    let b = connect("").await;
+    let g = b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("freed once cut");
+    assert!(g.fencing_token() > held.fencing_token());
+    g.release().await.unwrap();
+}
