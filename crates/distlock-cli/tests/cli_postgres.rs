@@ -57,12 +57,22 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
     assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
     let t2: u64 = String::from_utf8_lossy(&next.stdout).trim().parse().unwrap();
     assert!(t2 > t1, "tokens rise: {t1} then {t2}");
-    // Recipes PostgreSQL does not have yet are named before anything is taken.
-    let shared = distlock(&["exec", "-s", &lock, "--", "true"]).output().unwrap();
-    assert_eq!(shared.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&shared.stderr).contains("postgres"),
-        "{}",
-        String::from_utf8_lossy(&shared.stderr)
-    );
+    // Readers share; a recipe PostgreSQL does not have is named before anything is taken.
+    let mut reader = distlock(&["exec", "-s", &lock, "--", "sh", "-c", "echo $DISTLOCK_TOKEN; read _ || true"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(reader.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let second = distlock(&["exec", "-s", "-n", &lock, "--", "true"]).output().unwrap();
+    assert!(second.status.success(), "readers share: {}", String::from_utf8_lossy(&second.stderr));
+    let writer = distlock(&["exec", "-x", "-n", &lock, "--", "true"]).output().unwrap();
+    assert_eq!(writer.status.code(), Some(1), "a writer waits for the reader");
+    drop(reader.stdin.take());
+    assert!(wait_exit(&mut reader, Duration::from_secs(20)).success());
+    let permits = distlock(&["exec", "--permits", "2", &lock, "--", "true"]).output().unwrap();
+    assert_eq!(permits.status.code(), Some(2));
+    let says = String::from_utf8_lossy(&permits.stderr);
+    assert!(says.contains("postgres"), "{says}");
 }

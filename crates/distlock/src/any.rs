@@ -242,11 +242,14 @@ impl Client {
             },
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => match kind {
-                Kind::Mutex => LockKind::Postgres(c.mutex(&name)?),
+                Kind::Mutex | Kind::Write => LockKind::Postgres(c.mutex(&name)?),
+                Kind::Read => LockKind::Postgres(c.rwlock(&name)?.reader()),
                 other => {
                     return Err(Error::Unsupported {
                         backend: "postgres",
-                        what: format!("{other:?} locks (only the mutex so far) on {name}"),
+                        what: format!(
+                            "{other:?} (a semaphore; PostgreSQL has the mutex and the read/write lock) on {name}"
+                        ),
                     })
                 }
             },

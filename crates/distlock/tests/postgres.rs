@@ -207,3 +207,52 @@ async fn a_partitioned_holder_is_lost_while_the_server_still_holds_it() {
     assert!(g.fencing_token() > held.fencing_token());
     g.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn readers_share_writers_exclude_and_the_mutex_is_a_writer() {
+    const CYCLES: u64 = 10;
+    let name = unique("rw");
+    let resource = FencedResource::new(false, 1);
+    let mut tasks = Vec::new();
+    for who in 0..4usize {
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let pg = connect("?lease=5s").await;
+            let lock = pg.rwlock(&name).unwrap();
+            let mutex = pg.mutex(&name).unwrap();
+            for _ in 0..CYCLES {
+                let (g, mode) = match who {
+                    0 => (mutex.lock().await.unwrap(), Mode::Exclusive),
+                    1 => (lock.write().await.unwrap(), Mode::Exclusive),
+                    _ => (lock.read().await.unwrap(), Mode::Shared),
+                };
+                let id = resource.begin(who, mode, g.fencing_token());
+                if mode == Mode::Shared {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.overlaps.is_empty(), "{report}");
+    // Two readers at once, a writer refused while they hold.
+    let (a, b) = (connect("").await, connect("").await);
+    let r1 = a.rwlock(&name).unwrap().read().await.unwrap();
+    let r2 = b.rwlock(&name).unwrap().try_read().await.unwrap().expect("readers share");
+    assert!(b.rwlock(&name).unwrap().try_write().await.unwrap().is_none());
+    assert!(b.mutex(&name).unwrap().try_lock().await.unwrap().is_none(), "the mutex is the write side");
+    let t = r1.fencing_token().max(r2.fencing_token());
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = b.rwlock(&name).unwrap().try_write().await.unwrap().expect("free");
+    assert!(w.fencing_token() > t, "a writer after readers gets a larger token");
+    w.release().await.unwrap();
+    assert!(holders(&raw().await, a.key(&name).unwrap()).await.is_empty());
+}

@@ -6,7 +6,8 @@
 //! | Piece | On the server |
 //! |---|---|
 //! | Lock `name` | advisory lock on a 64-bit key: the first 8 bytes, little-endian, of SHA-1 of the UTF-8 name (DistributedLock's hashing rule); with `?keys=raw` the name is the key itself, a decimal `i64` |
-//! | Fencing counter | row `(key, token)` of table `distlock_fencing`, advanced in the statement that takes the lock, never deleted |
+//! | Read/write lock | readers: `pg_advisory_lock_shared(key)`; writers (and the mutex): `pg_advisory_lock(key)` |
+//! | Fencing counter | row `(key, token)` of table `distlock_fencing`, advanced in the statement that takes the lock (by readers too), never deleted |
 //!
 //! # Leases and loss
 //!
@@ -42,9 +43,11 @@
 //! ```
 
 mod mutex;
+mod rwlock;
 mod url;
 
 pub use mutex::{Mutex, MutexGuard};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use url::{KeyScheme, PgUrl};
 
 use crate::{Error, Result};
@@ -146,7 +149,18 @@ impl Client {
     /// A session-level advisory mutex on lock `name` (see the module docs for the key).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         let key = self.inner.url.keys.key(name)?;
-        Ok(Mutex::new(self.clone(), name.to_string(), key))
+        Ok(Mutex::new(self.clone(), name.to_string(), key, false))
+    }
+
+    /// A read/write lock on lock `name`: readers take the shared advisory lock on the key,
+    /// writers the exclusive one, which is also what [`Client::mutex`] takes, so a mutex and the
+    /// writers of the same name exclude each other and the readers.
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        let key = self.inner.url.keys.key(name)?;
+        Ok(RwLock::new(
+            Mutex::new(self.clone(), name.to_string(), key, true),
+            Mutex::new(self.clone(), name.to_string(), key, false),
+        ))
     }
 
     /// The advisory key lock `name` maps to.

@@ -34,25 +34,47 @@ pub struct Mutex {
     client: Client,
     name: String,
     key: i64,
+    /// A read side of a [`RwLock`](super::RwLock): the shared advisory lock on the key.
+    shared: bool,
 }
 
 /// Takes the lock without waiting and, if granted, the next fencing token, in one statement.
-const TRY_SQL: &str = "WITH l AS (SELECT pg_try_advisory_lock($1) AS got), \
-     t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l WHERE got \
-           ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
-     SELECT (SELECT token FROM t)";
+macro_rules! try_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH l AS (SELECT ",
+            $lock,
+            "($1) AS got), \
+             t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l WHERE got \
+                   ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
+             SELECT (SELECT token FROM t)"
+        )
+    };
+}
 /// Waits for the lock (bounded by `lock_timeout`, set in the same statement: `$2`, `0` = forever),
 /// then takes the next fencing token.
-const WAIT_SQL: &str = "WITH s AS (SELECT set_config('lock_timeout', $2, false)), \
-     l AS (SELECT pg_advisory_lock($1)::text AS got FROM s), \
-     t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l \
-           ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
-     SELECT (SELECT token FROM t)";
+macro_rules! wait_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH s AS (SELECT set_config('lock_timeout', $2, false)), \
+             l AS (SELECT ",
+            $lock,
+            "($1)::text AS got FROM s), \
+             t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l \
+                   ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
+             SELECT (SELECT token FROM t)"
+        )
+    };
+}
+/// By `shared as usize`: the exclusive lock's statements, then the shared lock's.
+const TRY_SQL: [&str; 2] = [try_sql!("pg_try_advisory_lock"), try_sql!("pg_try_advisory_lock_shared")];
+const WAIT_SQL: [&str; 2] = [wait_sql!("pg_advisory_lock"), wait_sql!("pg_advisory_lock_shared")];
+const UNLOCK_SQL: [&str; 2] = ["SELECT pg_advisory_unlock($1)", "SELECT pg_advisory_unlock_shared($1)"];
 
 impl Mutex {
-    pub(crate) fn new(client: Client, name: String, key: i64) -> Mutex {
-        debug_assert!(TRY_SQL.contains(FENCING_TABLE) && WAIT_SQL.contains(FENCING_TABLE));
-        Mutex { client, name, key }
+    pub(crate) fn new(client: Client, name: String, key: i64, shared: bool) -> Mutex {
+        debug_assert!(TRY_SQL.iter().chain(&WAIT_SQL).all(|q| q.contains(FENCING_TABLE)));
+        Mutex { client, name, key, shared }
     }
 
     /// The lock's name.
@@ -87,14 +109,14 @@ impl Mutex {
     async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
         let conn = self.client.checkout().await?;
         let cancel = conn.client.cancel_token();
-        let (client, name, key) = (self.client.clone(), self.name.clone(), self.key);
+        let (client, name, key, shared) = (self.client.clone(), self.name.clone(), self.key, self.shared);
         let attempt = async move {
             let sent = Instant::now();
             let row = match wait {
-                None => conn.client.query_one(TRY_SQL, &[&key]).await,
+                None => conn.client.query_one(TRY_SQL[shared as usize], &[&key]).await,
                 Some(w) => {
                     let ms = if w == Duration::MAX { "0".to_string() } else { format!("{}", w.as_millis().max(1)) };
-                    conn.client.query_one(WAIT_SQL, &[&key, &ms]).await
+                    conn.client.query_one(WAIT_SQL[shared as usize], &[&key, &ms]).await
                 }
             };
             let token: Option<i64> = match row {
@@ -102,7 +124,7 @@ impl Mutex {
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     // lock_timeout ran out. The lock may have been granted just as the timeout
                     // fired; an unlock makes sure the connection holds nothing before reuse.
-                    match conn.client.query_one("SELECT pg_advisory_unlock($1)", &[&key]).await {
+                    match conn.client.query_one(UNLOCK_SQL[shared as usize], &[&key]).await {
                         Ok(_) => client.put_back(conn),
                         Err(e) => tracing::debug!(error = %e, "unlock after a lock timeout failed; closing"),
                     }
@@ -111,7 +133,7 @@ impl Mutex {
                 Err(e) => return Err(backend("acquire", &name, e)),
             };
             match token {
-                Some(token) => Ok(Some(MutexGuard::new(client, conn, name, key, token as u64, sent))),
+                Some(token) => Ok(Some(MutexGuard::new(client, conn, name, key, shared, token as u64, sent))),
                 None => {
                     client.put_back(conn);
                     Ok(None)
@@ -176,6 +198,7 @@ struct Hold {
     conn: Arc<Conn>,
     name: String,
     key: i64,
+    shared: bool,
     token: u64,
     lease: Arc<Lease>,
     monitor: tokio::task::JoinHandle<()>,
@@ -188,12 +211,12 @@ impl std::fmt::Debug for Hold {
 }
 
 impl MutexGuard {
-    fn new(client: Client, conn: Conn, name: String, key: i64, token: u64, sent: Instant) -> MutexGuard {
+    fn new(client: Client, conn: Conn, name: String, key: i64, shared: bool, token: u64, sent: Instant) -> MutexGuard {
         let bound = client.url().server_bound();
         let lease = Arc::new(Lease::new(sent, bound));
         let conn = Arc::new(conn);
         let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), name.clone(), bound));
-        MutexGuard { hold: Some(Hold { client, conn, name, key, token, lease, monitor }) }
+        MutexGuard { hold: Some(Hold { client, conn, name, key, shared, token, lease, monitor }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -267,8 +290,8 @@ impl MutexGuard {
         if let LockState::Lost(reason) = before {
             return lost(reason);
         }
-        let Hold { client, conn, name, key, .. } = &hold;
-        let outcome = crate::detach::detach(unlock(client.clone(), conn.clone(), name.clone(), *key)).await;
+        let Hold { client, conn, name, key, shared, .. } = &hold;
+        let outcome = crate::detach::detach(unlock(client.clone(), conn.clone(), name.clone(), *key, *shared)).await;
         match outcome {
             Ok(true) => Ok(()),
             Ok(false) => lost(LostReason::ConnectionClosed),
@@ -284,7 +307,8 @@ impl Drop for MutexGuard {
         hold.lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = unlock(hold.client.clone(), hold.conn.clone(), hold.name.clone(), hold.key).await {
+                let (client, conn, name) = (hold.client.clone(), hold.conn.clone(), hold.name.clone());
+                if let Err(e) = unlock(client, conn, name, hold.key, hold.shared).await {
                     tracing::warn!(lock = hold.name, error = %e, "release on drop failed; closing the connection frees it");
                 }
             });
@@ -294,8 +318,8 @@ impl Drop for MutexGuard {
 
 /// Unlocks on the held connection; true if it was held. The connection goes back to the idle
 /// list only after a clean unlock (anything else closes it, which frees whatever it held).
-async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64) -> Result<bool> {
-    let r = conn.client.query_one("SELECT pg_advisory_unlock($1)", &[&key]).await;
+async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64, shared: bool) -> Result<bool> {
+    let r = conn.client.query_one(UNLOCK_SQL[shared as usize], &[&key]).await;
     match r {
         Ok(row) => {
             let held: bool = row.get(0);
