@@ -34,6 +34,7 @@
 //!   - [`NaiveLock`](zookeeper::NaiveLock): the herding baseline, for benchmarks only;
 //!   - revocation ([`Client::revoke`](zookeeper::Client::revoke)) and `inspect`;
 //! - [`with_lock`]: run a closure under a lock or report busy;
+//! - [`optimistic`]: the version-column update loop (no lock held at all);
 //! - [`blocking`]: the same for synchronous code;
 //! - [`Error`], [`LostReason`], [`parse_duration`], [`Owner`].
 //!
@@ -61,6 +62,7 @@ mod duration;
 mod error;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod lease;
+pub mod optimistic;
 mod owner;
 #[cfg(feature = "postgres")]
 pub mod postgres;
