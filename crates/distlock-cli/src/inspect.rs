@@ -10,7 +10,7 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The lock: a znode path or a bare name (ZooKeeper), or a key (Redis).
+    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL).
     #[arg(value_name = "LOCK")]
     lock: String,
 }
@@ -34,6 +34,33 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
             println!("{:<6} {:>5}  HOLDER", "ROLE", "COUNT");
             for h in &view.holders {
                 println!("{:<6} {:>5}  {}", "holder", h.count, h.id);
+            }
+        }
+        return Ok(0);
+    }
+    if let Some(pg) = client.postgres() {
+        let view = pg.inspect(&args.lock).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&view)?);
+        } else if view.sessions.is_empty() {
+            println!(
+                "{} (advisory key {}): free; last fencing token {}",
+                view.name,
+                view.key,
+                token_text(view.last_token)
+            );
+        } else {
+            println!("{} (advisory key {}): fencing token {}", view.name, view.key, token_text(view.last_token));
+            println!("{:<7} {:<10} {:>8}  {:<16} APPLICATION", "ROLE", "MODE", "PID", "CLIENT");
+            for s in &view.sessions {
+                println!(
+                    "{:<7} {:<10} {:>8}  {:<16} {}",
+                    if s.granted { "holder" } else { "waiter" },
+                    s.mode,
+                    s.pid,
+                    s.client_addr.as_deref().unwrap_or("local"),
+                    s.application_name
+                );
             }
         }
         return Ok(0);

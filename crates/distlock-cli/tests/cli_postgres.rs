@@ -69,8 +69,18 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
     assert!(second.status.success(), "readers share: {}", String::from_utf8_lossy(&second.stderr));
     let writer = distlock(&["exec", "-x", "-n", &lock, "--", "true"]).output().unwrap();
     assert_eq!(writer.status.code(), Some(1), "a writer waits for the reader");
+    // inspect shows the reader holding, by the session the server knows.
+    let seen = distlock(&["inspect", "--json", &lock]).output().unwrap();
+    assert!(seen.status.success(), "{}", String::from_utf8_lossy(&seen.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&seen.stdout).unwrap();
+    let sessions = view["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{view}");
+    assert_eq!((sessions[0]["mode"].as_str(), sessions[0]["granted"].as_bool()), (Some("shared"), Some(true)));
+    assert_eq!(view["last_token"].as_u64(), Some(t2 + 2), "each of the two readers took a token: {view}");
     drop(reader.stdin.take());
     assert!(wait_exit(&mut reader, Duration::from_secs(20)).success());
+    let free = distlock(&["inspect", &lock]).output().unwrap();
+    assert!(String::from_utf8_lossy(&free.stdout).contains("free"), "{}", String::from_utf8_lossy(&free.stdout));
     let permits = distlock(&["exec", "--permits", "2", &lock, "--", "true"]).output().unwrap();
     assert_eq!(permits.status.code(), Some(2));
     let says = String::from_utf8_lossy(&permits.stderr);

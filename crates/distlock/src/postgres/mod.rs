@@ -42,10 +42,12 @@
 //! # Ok(()) }
 //! ```
 
+mod inspect;
 mod mutex;
 mod rwlock;
 mod url;
 
+pub use inspect::{LockView, Session};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use url::{KeyScheme, PgUrl};
