@@ -4,6 +4,7 @@
 
 mod alloc;
 mod bench;
+mod bench_postgres;
 mod bench_redis;
 mod exec;
 mod hold;

@@ -78,8 +78,17 @@ async fn the_key_the_counter_and_nothing_left_after_release() {
     guard.release().await.unwrap();
     assert!(holders(&raw, key).await.is_empty(), "released on the server");
     let again = pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free again");
-    assert_eq!(again.fencing_token(), token as u64 + 1, "the counter rose by one");
+    assert!(again.fencing_token() > token as u64, "the counter rose");
     again.release().await.unwrap();
+    // Never below the server clock in µs; one more than the last when the last is ahead of it.
+    let now_us: i64 =
+        raw.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint", &[]).await.unwrap().get(0);
+    assert!(token >= now_us - 600_000_000, "tokens follow the server clock: {token} vs {now_us}");
+    let ahead = now_us + 3_600_000_000;
+    raw.execute("UPDATE distlock_fencing SET token = $2 WHERE key = $1", &[&key, &ahead]).await.unwrap();
+    let next = pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free");
+    assert_eq!(next.fencing_token(), ahead as u64 + 1, "one more than a counter ahead of the clock");
+    next.release().await.unwrap();
     // Raw keys: the name is the key.
     let raw_pg = connect("?keys=raw").await;
     assert_eq!(raw_pg.key("-42").unwrap(), -42);
@@ -255,4 +264,34 @@ async fn readers_share_writers_exclude_and_the_mutex_is_a_writer() {
     assert!(w.fencing_token() > t, "a writer after readers gets a larger token");
     w.release().await.unwrap();
     assert!(holders(&raw().await, a.key(&name).unwrap()).await.is_empty());
+}
+
+/// A released lock's connection serves the next acquire (the same backend), and a lock granted
+/// after a wait longer than the lease is held, not born lost.
+#[tokio::test]
+async fn connections_are_reused_and_a_long_wait_is_not_a_loss() {
+    let raw = raw().await;
+    let (a, b) = (connect("?lease=3s").await, connect("?lease=3s").await);
+    let name = unique("reuse");
+    let key = a.key(&name).unwrap();
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    let first_pid = holders(&raw, key).await[0].0;
+    g.release().await.unwrap();
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    assert_eq!(holders(&raw, key).await[0].0, first_pid, "the same connection served again");
+    // b waits 4 s (longer than its 3 s lease) behind a's hold.
+    let waiter = tokio::spawn({
+        let lock = b.mutex(&name).unwrap();
+        async move { lock.lock().await.unwrap() }
+    });
+    eventually(Duration::from_secs(5), "b to queue", || async { holders(&raw, key).await.len() == 2 }).await;
+    tokio::time::sleep(Duration::from_secs(4)).await; // the wait itself is what is tested
+    assert_eq!(g.state(), LockState::Held, "a's hold is renewed by its pings meanwhile");
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("granted").unwrap();
+    assert_eq!(got.state(), LockState::Held, "granted after a wait longer than the lease, and held");
+    assert!(got.lease_deadline() > std::time::Instant::now() + Duration::from_secs(2));
+    let lost = got.lost();
+    assert!(tokio::time::timeout(Duration::from_secs(4), lost).await.is_err(), "still held a lease later");
+    got.release().await.unwrap();
 }

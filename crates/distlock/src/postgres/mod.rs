@@ -97,6 +97,8 @@ pub const FENCING_TABLE: &str = "distlock_fencing";
 pub(crate) struct Conn {
     pub(crate) client: tokio_postgres::Client,
     closed: watch::Receiver<bool>,
+    /// A cancel was sent for a statement of this connection: never reuse it.
+    pub(crate) cancelled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Conn {
@@ -189,7 +191,7 @@ impl Client {
 
     /// Keeps `conn` for a later acquire (it holds no lock).
     pub(crate) fn put_back(&self, conn: Conn) {
-        if conn.is_closed() {
+        if conn.is_closed() || conn.cancelled.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,7 +215,7 @@ impl Client {
             }
             let _ = tx.send(true);
         });
-        let conn = Conn { client, closed };
+        let conn = Conn { client, closed, cancelled: Arc::default() };
         let settings = url.session_settings();
         tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
             .await

@@ -3,11 +3,13 @@
 use super::{backend, Client, Conn, FENCING_TABLE};
 use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 
 /// An exclusive lock on an advisory key, held by a connection of its own.
 ///
@@ -38,17 +40,26 @@ pub struct Mutex {
     shared: bool,
 }
 
+/// The next fencing token, taken only once `l` granted the lock: one more than the last, and never
+/// less than the server's clock in microseconds (read after the grant). The clock floor keeps
+/// tokens rising when increments are lost: the lock sessions commit asynchronously
+/// (`synchronous_commit = off`, so a grant does not wait for a WAL flush), and a crash can lose
+/// the last few, as can a failover to a standby that had not received them.
+macro_rules! next_token {
+    ($grant:literal) => {
+        concat!(
+            "t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, c.us FROM l, \
+             (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) c ",
+            $grant,
+            " ON CONFLICT (key) DO UPDATE SET token = greatest(distlock_fencing.token + 1, excluded.token) \
+             RETURNING token) SELECT (SELECT token FROM t)"
+        )
+    };
+}
 /// Takes the lock without waiting and, if granted, the next fencing token, in one statement.
 macro_rules! try_sql {
     ($lock:literal) => {
-        concat!(
-            "WITH l AS (SELECT ",
-            $lock,
-            "($1) AS got), \
-             t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l WHERE got \
-                   ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
-             SELECT (SELECT token FROM t)"
-        )
+        concat!("WITH l AS (SELECT ", $lock, "($1) AS got), ", next_token!("WHERE l.got"))
     };
 }
 /// Waits for the lock (bounded by `lock_timeout`, set in the same statement: `$2`, `0` = forever),
@@ -56,13 +67,10 @@ macro_rules! try_sql {
 macro_rules! wait_sql {
     ($lock:literal) => {
         concat!(
-            "WITH s AS (SELECT set_config('lock_timeout', $2, false)), \
-             l AS (SELECT ",
+            "WITH s AS (SELECT set_config('lock_timeout', $2, true)), l AS (SELECT ",
             $lock,
-            "($1)::text AS got FROM s), \
-             t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, 1 FROM l \
-                   ON CONFLICT (key) DO UPDATE SET token = distlock_fencing.token + 1 RETURNING token) \
-             SELECT (SELECT token FROM t)"
+            "($1)::text AS got FROM s), ",
+            next_token!("")
         )
     };
 }
@@ -108,23 +116,28 @@ impl Mutex {
     /// `wait` `None`: try once; `Some(MAX)`: forever.
     async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
         let conn = self.client.checkout().await?;
-        let cancel = conn.client.cancel_token();
+        let cancel = (conn.client.cancel_token(), conn.cancelled.clone());
         let (client, name, key, shared) = (self.client.clone(), self.name.clone(), self.key, self.shared);
         let attempt = async move {
             let sent = Instant::now();
+            // One round trip each (no separate prepare), so a cancel cannot fall between two.
             let row = match wait {
-                None => conn.client.query_one(TRY_SQL[shared as usize], &[&key]).await,
+                None => conn.client.query_typed(TRY_SQL[shared as usize], &[(&key, Type::INT8)]).await,
                 Some(w) => {
-                    let ms = if w == Duration::MAX { "0".to_string() } else { format!("{}", w.as_millis().max(1)) };
-                    conn.client.query_one(WAIT_SQL[shared as usize], &[&key, &ms]).await
+                    // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
+                    let ms = match w.as_millis() {
+                        ms if w == Duration::MAX || ms > i32::MAX as u128 => "0".to_string(),
+                        ms => ms.max(1).to_string(),
+                    };
+                    conn.client.query_typed(WAIT_SQL[shared as usize], &[(&key, Type::INT8), (&ms, Type::TEXT)]).await
                 }
             };
-            let token: Option<i64> = match row {
-                Ok(row) => row.get(0),
+            let token: Option<i64> = match row.map(|rows| rows.first().and_then(|r| r.get(0))) {
+                Ok(token) => token,
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     // lock_timeout ran out. The lock may have been granted just as the timeout
                     // fired; an unlock makes sure the connection holds nothing before reuse.
-                    match conn.client.query_one(UNLOCK_SQL[shared as usize], &[&key]).await {
+                    match conn.client.query_typed(UNLOCK_SQL[shared as usize], &[(&key, Type::INT8)]).await {
                         Ok(_) => client.put_back(conn),
                         Err(e) => tracing::debug!(error = %e, "unlock after a lock timeout failed; closing"),
                     }
@@ -132,23 +145,43 @@ impl Mutex {
                 }
                 Err(e) => return Err(backend("acquire", &name, e)),
             };
-            match token {
-                Some(token) => Ok(Some(MutexGuard::new(client, conn, name, key, shared, token as u64, sent))),
-                None => {
-                    client.put_back(conn);
-                    Ok(None)
+            let Some(token) = token else {
+                client.put_back(conn);
+                return Ok(None);
+            };
+            // The lease runs from the last request the server surely received. After a long wait
+            // that is no longer the acquire's: confirm the session first (else the guard would be
+            // born lost), and if that fails, drop the connection, which frees the lock.
+            let bound = client.url().server_bound();
+            let confirmed = if sent.elapsed() > bound / 6 {
+                let ping = Instant::now();
+                match tokio::time::timeout(bound / 3, conn.client.simple_query("")).await {
+                    Ok(Ok(_)) => ping,
+                    Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", &name, e)),
+                    Err(_) => {
+                        return Err(Error::Backend {
+                            op: "acquire (session check after the wait)",
+                            path: name,
+                            source: "no answer from the server".into(),
+                        })
+                    }
                 }
-            }
+            } else {
+                sent
+            };
+            Ok(Some(MutexGuard::new(client, conn, name, key, shared, token as u64, confirmed)))
         };
         Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await
     }
 }
 
-/// An acquire in flight: if dropped unfinished, its statement is cancelled on the server and the
-/// attempt finished in the background (a lock granted meanwhile is released by its guard's drop).
+/// An acquire in flight: if dropped unfinished, its statement is cancelled on the server (again
+/// every 200 ms until the attempt ends, since a cancel that arrives before the statement starts
+/// is ignored) and the attempt finished in the background: a lock granted meanwhile is released
+/// by its guard's drop, and the connection is never reused (a late cancel could hit later work).
 struct Cancelling<T: Send + 'static> {
     fut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
-    cancel: Option<tokio_postgres::CancelToken>,
+    cancel: Option<(tokio_postgres::CancelToken, Arc<AtomicBool>)>,
 }
 
 impl<T: Send + 'static> std::future::Future for Cancelling<T> {
@@ -164,12 +197,21 @@ impl<T: Send + 'static> std::future::Future for Cancelling<T> {
 
 impl<T: Send + 'static> Drop for Cancelling<T> {
     fn drop(&mut self) {
-        let (Some(fut), Some(cancel)) = (self.fut.take(), self.cancel.take()) else { return };
+        let (Some(fut), Some((cancel, cancelled))) = (self.fut.take(), self.cancel.take()) else { return };
+        cancelled.store(true, Ordering::SeqCst);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+                let mut attempt = tokio::spawn(fut);
+                for _ in 0..50 {
+                    let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+                    if tokio::time::timeout(Duration::from_millis(200), &mut attempt).await.is_ok() {
+                        return;
+                    }
+                }
+                // Still not done after 10 s: drop it, which closes its connection (the server
+                // notices within client_connection_check_interval and frees what it holds).
+                attempt.abort();
             });
-            runtime.spawn(fut);
         }
     }
 }
@@ -282,19 +324,17 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let mut hold = self.hold.take().expect("a guard holds until released");
-        hold.monitor.abort();
-        let _ = (&mut hold.monitor).await; // its handle on the connection is gone after this
-        hold.lease.end();
-        let lost = |reason| Err(Error::LockLost { lock: hold.name.clone(), reason });
+        let Hold { client, conn, name, key, shared, lease, mut monitor, .. } =
+            self.hold.take().expect("a guard holds until released");
+        monitor.abort();
+        let _ = (&mut monitor).await; // its handle on the connection is gone after this
+        lease.end();
         if let LockState::Lost(reason) = before {
-            return lost(reason);
+            return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
         }
-        let Hold { client, conn, name, key, shared, .. } = &hold;
-        let outcome = crate::detach::detach(unlock(client.clone(), conn.clone(), name.clone(), *key, *shared)).await;
-        match outcome {
+        match crate::detach::detach(unlock(client, conn, name.clone(), key, shared)).await {
             Ok(true) => Ok(()),
-            Ok(false) => lost(LostReason::ConnectionClosed),
+            Ok(false) => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
             Err(e) => Err(e),
         }
     }
@@ -302,14 +342,16 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(hold) = self.hold.take() else { return };
-        hold.monitor.abort();
-        hold.lease.end();
+        let Some(Hold { client, conn, name, key, shared, lease, mut monitor, .. }) = self.hold.take() else {
+            return;
+        };
+        monitor.abort();
+        lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let (client, conn, name) = (hold.client.clone(), hold.conn.clone(), hold.name.clone());
-                if let Err(e) = unlock(client, conn, name, hold.key, hold.shared).await {
-                    tracing::warn!(lock = hold.name, error = %e, "release on drop failed; closing the connection frees it");
+                let _ = (&mut monitor).await;
+                if let Err(e) = unlock(client, conn, name.clone(), key, shared).await {
+                    tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
                 }
             });
         }
@@ -319,13 +361,14 @@ impl Drop for MutexGuard {
 /// Unlocks on the held connection; true if it was held. The connection goes back to the idle
 /// list only after a clean unlock (anything else closes it, which frees whatever it held).
 async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64, shared: bool) -> Result<bool> {
-    let r = conn.client.query_one(UNLOCK_SQL[shared as usize], &[&key]).await;
+    let r = conn.client.query_typed(UNLOCK_SQL[shared as usize], &[(&key, Type::INT8)]).await;
     match r {
-        Ok(row) => {
-            let held: bool = row.get(0);
+        Ok(rows) => {
+            let held: bool = rows.first().is_some_and(|r| r.get(0));
             if held {
-                if let Ok(conn) = Arc::try_unwrap(conn) {
-                    client.put_back(conn);
+                match Arc::try_unwrap(conn) {
+                    Ok(conn) => client.put_back(conn),
+                    Err(_) => tracing::debug!(lock = name, "connection still shared after the release; closing it"),
                 }
             }
             Ok(held)
@@ -347,7 +390,9 @@ async fn monitor(conn: Arc<Conn>, lease: Arc<Lease>, name: String, bound: Durati
                 lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
                 return;
             }
-            _ = tokio::time::sleep(period) => {}
+            // Every sixth of the lease, and sooner when the deadline is closer than that (after a
+            // failed ping): a confirmation in time keeps the lock.
+            _ = tokio::time::sleep(period.min(lease.deadline().saturating_duration_since(Instant::now()) / 2)) => {}
         }
         let deadline = lease.deadline();
         if Instant::now() >= deadline {

@@ -169,7 +169,9 @@ impl PgUrl {
         format!(
             "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
              SET tcp_keepalives_count = {count}; SET tcp_user_timeout = {}; \
-             SET client_connection_check_interval = 1000; SET statement_timeout = 0",
+             SET client_connection_check_interval = 1000; SET statement_timeout = 0; \
+             SET synchronous_commit = off; SET default_transaction_isolation = 'read committed'; \
+             SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0",
             bound.as_millis()
         )
     }
