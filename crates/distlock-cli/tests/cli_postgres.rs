@@ -86,3 +86,20 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
     let says = String::from_utf8_lossy(&permits.stderr);
     assert!(says.contains("postgres"), "{says}");
 }
+
+/// bench on PostgreSQL measures the floor, the uncontended lock against it and contended
+/// hand-offs.
+#[test]
+fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
+    let out = distlock(&["bench", "--duration", "200ms", "--clients", "2", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let get = |name: &str| lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name}")).clone();
+    for w in ["floor-sequential", "floor-pipelined", "uncontended", "contended"] {
+        assert!(get(w)["ops_per_sec"].as_f64().unwrap() > 0.0, "{w}");
+    }
+    assert!(get("uncontended")["limit_ops_per_sec"].as_f64().unwrap() > 0.0);
+    let extra: Vec<(String, String)> = serde_json::from_value(get("contended")["extra"].clone()).unwrap();
+    assert!(extra.iter().any(|(k, _)| k == "min_over_max"), "{extra:?}");
+}
