@@ -88,6 +88,18 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// A report of `ops` per second against the backend's `limit` (its floor).
+pub(crate) fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) -> Report {
+    Report {
+        workload: workload.into(),
+        ops_per_sec: ops,
+        limit_ops_per_sec: limit,
+        ratio_to_limit: ops / limit,
+        extra,
+        ..Default::default()
+    }
+}
+
 pub(crate) fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
     samples.sort_unstable();
     (percentile(&samples, 0.5), percentile(&samples, 0.99), percentile(&samples, 0.999))

@@ -2,7 +2,7 @@
 //! `pg_advisory_unlock` pairs on one connection, one at a time and many in flight), the
 //! uncontended lock interleaved with that floor, and contended hand-offs between clients.
 
-use crate::bench::{summarize, Progress, Report};
+use crate::bench::{report, summarize, Progress, Report};
 use distlock::postgres::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -14,17 +14,6 @@ pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
 const SLICES: u32 = 20;
 /// Pairs in flight for the pipelined floor.
 const WINDOW: i64 = 64;
-
-fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) -> Report {
-    Report {
-        workload: workload.into(),
-        ops_per_sec: ops,
-        limit_ops_per_sec: limit,
-        ratio_to_limit: ops / limit,
-        extra,
-        ..Default::default()
-    }
-}
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
 pub async fn run(

@@ -3,7 +3,7 @@
 //! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
 //! each lock workload against its floor, and redis-py's `Lock` beside us.
 
-use crate::bench::{summarize, Progress, Report};
+use crate::bench::{report, summarize, Progress, Report};
 use distlock::redis::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -112,17 +112,6 @@ fn fairness(min: u64, max: u64) -> Vec<(String, String)> {
         ("per_client_max".into(), max.to_string()),
         ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
     ]
-}
-
-fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) -> Report {
-    Report {
-        workload: workload.into(),
-        ops_per_sec: ops,
-        limit_ops_per_sec: limit,
-        ratio_to_limit: ops / limit,
-        extra,
-        ..Default::default()
-    }
 }
 
 /// The compare-and-delete of the seeds (and of redis-py): delete the key only if it holds our value.
