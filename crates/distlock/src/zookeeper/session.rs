@@ -120,13 +120,18 @@ pub(crate) enum Deleted {
     WithSession(LostReason),
 }
 
+/// Retries of one delete at most (20 ms apart while the session reads as connected: 10 s).
+const DELETE_ATTEMPTS: u32 = 500;
+
 /// Deletes one of our own nodes for sure: retried across connection losses until the server
 /// confirms or the session is known to be gone (which deletes it too). A `NoNode` answer to a
 /// retry counts as our own earlier attempt having been applied (its reply was lost).
 pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
     let zk = client.zk();
     let mut retried = false;
+    let mut attempts = 0u32;
     loop {
+        attempts += 1;
         let sent = Instant::now();
         client.inner.metrics.sent(1);
         let result = zk.delete(path, None).await;
@@ -141,6 +146,14 @@ pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
                     if let Err(e) = await_connected(zk).await {
                         return Ok(Deleted::WithSession(lost_reason(&e)));
                     }
+                    // The session reads as connected although the request failed as if the
+                    // connection had (the client has not noticed yet, or answers at once): pause,
+                    // so the retry never spins on a worker thread, and give up after a bound
+                    // (the node then goes with the session).
+                    if attempts >= DELETE_ATTEMPTS {
+                        return Err(super::backend("delete", path, e));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Failure::SessionGone(reason) => return Ok(Deleted::WithSession(reason)),
                 Failure::Server | Failure::Local => return Err(super::backend("delete", path, e)),
