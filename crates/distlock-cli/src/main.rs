@@ -111,7 +111,7 @@ pub struct BackendArg {
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
     /// redis+cluster://node1:7000,node2:7001?lease=30s, or
-    /// postgres://user@host:5432/db?lease=30s&keys=hash|raw
+    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held

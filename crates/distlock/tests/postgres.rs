@@ -2,7 +2,7 @@
 //! `scripts/postgres.sh`, which exports `DISTLOCK_TEST_POSTGRES=postgres://…`).
 #![cfg(feature = "postgres")]
 
-use distlock::postgres::Client;
+use distlock::postgres::{AdvisoryKey, Client};
 use distlock::{Error, LockState, LostReason};
 use distlock_faults::{Fault, FaultProxy, FencedResource, Mode};
 use std::time::Duration;
@@ -34,12 +34,12 @@ async fn raw() -> tokio_postgres::Client {
 }
 
 /// Advisory locks on `key` as `pg_locks` shows them: (pid, granted).
-async fn holders(raw: &tokio_postgres::Client, key: i64) -> Vec<(i32, bool)> {
-    let (hi, lo) = ((key >> 32) as u32 as i64, key as u32 as i64);
+async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bool)> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
     raw.query(
         "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 \
-         AND objid::bigint = $2 AND objsubid = 1 ORDER BY granted DESC",
-        &[&hi, &lo],
+         AND objid::bigint = $2 AND objsubid::bigint = $3 ORDER BY granted DESC",
+        &[&classid, &objid, &objsubid],
     )
     .await
     .unwrap()
@@ -62,7 +62,7 @@ where
 }
 
 #[tokio::test]
-async fn the_key_the_counter_and_nothing_left_after_release() {
+async fn the_key_the_token_and_nothing_left_after_release() {
     let pg = connect("?lease=10s").await;
     let raw = raw().await;
     let name = unique("layout");
@@ -71,8 +71,9 @@ async fn the_key_the_counter_and_nothing_left_after_release() {
     let held = holders(&raw, key).await;
     assert_eq!(held.len(), 1, "one advisory lock on the key: {held:?}");
     assert!(held[0].1, "granted");
-    let token: i64 = raw.query_one("SELECT token FROM distlock_fencing WHERE key = $1", &[&key]).await.unwrap().get(0);
-    assert_eq!(guard.fencing_token(), token as u64);
+    let token = guard.fencing_token() as i64;
+    let last: i64 = raw.query_one("SELECT last_value FROM distlock_fencing_seq", &[]).await.unwrap().get(0);
+    assert!(token <= last, "the token came from the sequence: {token} vs its last value {last}");
     assert_eq!(guard.state(), LockState::Held);
     assert!(guard.lease_deadline() > std::time::Instant::now() + Duration::from_secs(8));
     guard.release().await.unwrap();
@@ -80,19 +81,66 @@ async fn the_key_the_counter_and_nothing_left_after_release() {
     let again = pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free again");
     assert!(again.fencing_token() > token as u64, "the counter rose");
     again.release().await.unwrap();
-    // Never below the server clock in µs; one more than the last when the last is ahead of it.
+    // Tokens start from the server clock in µs (a new connection raises the sequence to it).
     let now_us: i64 =
         raw.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint", &[]).await.unwrap().get(0);
     assert!(token >= now_us - 600_000_000, "tokens follow the server clock: {token} vs {now_us}");
-    let ahead = now_us + 3_600_000_000;
-    raw.execute("UPDATE distlock_fencing SET token = $2 WHERE key = $1", &[&key, &ahead]).await.unwrap();
-    let next = pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free");
-    assert_eq!(next.fencing_token(), ahead as u64 + 1, "one more than a counter ahead of the clock");
-    next.release().await.unwrap();
     // Raw keys: the name is the key.
     let raw_pg = connect("?keys=raw").await;
-    assert_eq!(raw_pg.key("-42").unwrap(), -42);
+    assert_eq!(raw_pg.key("-42").unwrap(), AdvisoryKey::Single(-42));
     assert!(matches!(raw_pg.mutex("orders"), Err(Error::InvalidLockPath { .. })));
+}
+
+/// The fencing sequence when it lost its last advances (a crash with asynchronous commit, or a
+/// failover to a lagging standby), simulated by setting it back, in a database of the test's own
+/// so that no other test sees it: every connection opened afterwards raises it past the clock, so
+/// tokens still rise; and a sequence ahead of the clock is only ever advanced, never set back.
+#[tokio::test]
+async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
+    let raw = raw().await;
+    let db = format!("distlock_floor_{}", uuid::Uuid::new_v4().simple());
+    raw.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    let plain = format!("{}/{db}", pg_url().rsplit_once('/').unwrap().0);
+    let db_url = format!("{plain}?lease=10s");
+    let (own, connection) = tokio_postgres::connect(&plain, tokio_postgres::NoTls).await.unwrap();
+    let own_task = tokio::spawn(connection);
+    {
+        let a = Client::connect(&db_url).await.unwrap();
+        let g = a.mutex("floor").unwrap().lock().await.unwrap();
+        let before = g.fencing_token();
+        g.release().await.unwrap();
+        drop(a);
+        own.batch_execute("SELECT setval('distlock_fencing_seq', 1)").await.unwrap();
+        let b = Client::connect(&db_url).await.unwrap();
+        let g = b.mutex("floor").unwrap().lock().await.unwrap();
+        assert!(
+            g.fencing_token() > before,
+            "a new connection raised the sequence past {before}: {}",
+            g.fencing_token()
+        );
+        g.release().await.unwrap();
+        // A sequence ahead of the clock (a clock set back, or a million tokens a second) is left
+        // alone by new connections: the next token is one more.
+        let ahead = g_ahead(&own).await;
+        let c = Client::connect(&db_url).await.unwrap();
+        let g = c.mutex("floor").unwrap().lock().await.unwrap();
+        assert_eq!(g.fencing_token(), ahead as u64 + 1);
+        g.release().await.unwrap();
+    }
+    drop(own);
+    let _ = own_task.await;
+    raw.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).await.unwrap();
+}
+
+/// Sets the fencing sequence an hour ahead of the server clock; returns the value set.
+async fn g_ahead(own: &tokio_postgres::Client) -> i64 {
+    own.query_one(
+        "SELECT setval('distlock_fencing_seq', (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + 3600000000)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Who holds and who waits for a lock, from `pg_locks`.
 
-use super::{backend, Client, FENCING_TABLE};
+use super::{backend, AdvisoryKey, Client, FENCING_SEQUENCE};
 use crate::Result;
 
 /// A lock as the server sees it, from [`Client::inspect`].
@@ -20,10 +20,11 @@ pub struct LockView {
     /// The lock's name.
     pub name: String,
     /// Its advisory key.
-    pub key: i64,
+    pub key: AdvisoryKey,
     /// Holders first, then waiters in the order they began to wait.
     pub sessions: Vec<Session>,
-    /// The last fencing token handed out for this key.
+    /// The last fencing token handed out on this database (one sequence serves every lock, so
+    /// the holder's token is at most this).
     pub last_token: Option<u64>,
 }
 
@@ -57,21 +58,21 @@ impl Client {
     pub async fn inspect(&self, name: &str) -> Result<LockView> {
         let key = self.key(name)?;
         let conn = self.checkout().await?;
-        let (hi, lo) = ((key >> 32) as u32 as i64, key as u32 as i64);
+        let (classid, objid, objsubid) = key.pg_locks_ids();
         let rows = conn
             .client
             .query(
                 "SELECT l.pid, l.mode, l.granted, coalesce(a.application_name, ''), host(a.client_addr) \
                  FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
                  WHERE l.locktype = 'advisory' AND l.classid::bigint = $1 AND l.objid::bigint = $2 \
-                 AND l.objsubid = 1 ORDER BY l.granted DESC, l.waitstart NULLS FIRST, l.pid",
-                &[&hi, &lo],
+                 AND l.objsubid::bigint = $3 ORDER BY l.granted DESC, l.waitstart NULLS FIRST, l.pid",
+                &[&classid, &objid, &objsubid],
             )
             .await
             .map_err(|e| backend("inspect", name, e))?;
         let token = conn
             .client
-            .query_opt(&format!("SELECT token FROM {FENCING_TABLE} WHERE key = $1"), &[&key])
+            .query_opt(&format!("SELECT last_value FROM {FENCING_SEQUENCE} WHERE is_called"), &[])
             .await
             .map_err(|e| backend("inspect", name, e))?;
         self.put_back(conn);

@@ -5,9 +5,9 @@
 //!
 //! | Piece | On the server |
 //! |---|---|
-//! | Lock `name` | advisory lock on a 64-bit key: the first 8 bytes, little-endian, of SHA-1 of the UTF-8 name (DistributedLock's hashing rule); with `?keys=raw` the name is the key itself, a decimal `i64` |
+//! | Lock `name` | advisory lock on DistributedLock's key for the name (see [`KeyScheme`]: short ASCII names packed, hex names parsed, others SHA-1 hashed), so .NET and `distributed-lock-postgres` users share it; with `?keys=raw` the name is the key itself, a decimal `i64` |
 //! | Read/write lock | readers: `pg_advisory_lock_shared(key)`; writers (and the mutex): `pg_advisory_lock(key)` |
-//! | Fencing counter | row `(key, token)` of table `distlock_fencing`, advanced in the statement that takes the lock (by readers too), never deleted |
+//! | Fencing token | `nextval` of the sequence `distlock_fencing_seq`, in the statement that takes the lock (readers too), after the grant; every new lock connection first moves the sequence up to the server's clock in microseconds if it is more than a second behind |
 //!
 //! # Leases and loss
 //!
@@ -50,7 +50,7 @@ mod url;
 pub use inspect::{LockView, Session};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
-pub use url::{KeyScheme, PgUrl};
+pub use url::{AdvisoryKey, KeyScheme, PgUrl};
 
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -90,8 +90,28 @@ impl std::fmt::Debug for Client {
 /// Idle connections kept for reuse, at most.
 const MAX_IDLE: usize = 16;
 
-/// The fencing counters' table (created on connect if missing).
-pub const FENCING_TABLE: &str = "distlock_fencing";
+/// The sequence fencing tokens come from (created on connect if missing).
+///
+/// One sequence serves every lock: a holder's `nextval` runs after its grant, so it is larger
+/// than every value taken before the previous holder released. A clock floor covers what the
+/// sequence alone cannot: the lock sessions commit asynchronously (`synchronous_commit = off`),
+/// so a crash (or a failover to a standby that lagged) can lose its last advances. After that every
+/// lock connection is new, and each new one first raises the sequence to the server's clock in
+/// microseconds: past every token handed out before, as long as fewer tokens were taken than
+/// microseconds passed (under a million a second) and the clock did not go back. The raise holds
+/// the exclusive [`FENCING_GUARD`] lock and every `nextval` its shared one, so a raise never
+/// lands between another's read and write: the sequence only goes up.
+pub const FENCING_SEQUENCE: &str = "distlock_fencing_seq";
+
+/// The advisory key (an integer pair: "dloc", "kseq") that orders raises of the fencing sequence
+/// against `nextval`s. Not for other use.
+pub const FENCING_GUARD: (i32, i32) = (0x646c_6f63, 0x6b73_6571);
+
+/// Raises the fencing sequence to the clock (µs) if it is behind, holding the guard exclusively
+/// (to the end of this implicit transaction).
+const FENCING_FLOOR_SQL: &str = "SELECT pg_advisory_xact_lock(1684828003, 1802724721); \
+     SELECT setval('distlock_fencing_seq', c) FROM (SELECT last_value AS v, \
+     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS c FROM distlock_fencing_seq) x WHERE c > v";
 
 /// One lock connection: the client half, and whether its connection task has ended.
 pub(crate) struct Conn {
@@ -118,8 +138,8 @@ impl Conn {
 
 impl Client {
     /// Connects to the server named by a `postgres://` URL (see [`PgUrl`]): opens one connection
-    /// to check it, creates the fencing table if missing, and keeps that connection for the first
-    /// lock.
+    /// to check it, creates the fencing sequence if missing, and keeps that connection for the
+    /// first lock.
     pub async fn connect(url: &str) -> Result<Client> {
         Client::connect_url(PgUrl::parse(url)?).await
     }
@@ -128,14 +148,6 @@ impl Client {
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
         let client = Client { inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()) }) };
         let conn = client.open().await?;
-        let create =
-            format!("CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (key bigint PRIMARY KEY, token bigint NOT NULL)");
-        if let Err(e) = conn.client.batch_execute(&create).await {
-            // Two clients creating the table at once: one of them gets a unique violation.
-            if e.code() != Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                return Err(backend("CREATE TABLE", FENCING_TABLE, e));
-            }
-        }
         client.put_back(conn);
         Ok(client)
     }
@@ -168,7 +180,7 @@ impl Client {
     }
 
     /// The advisory key lock `name` maps to.
-    pub fn key(&self, name: &str) -> Result<i64> {
+    pub fn key(&self, name: &str) -> Result<AdvisoryKey> {
         self.inner.url.keys.key(name)
     }
 
@@ -221,6 +233,25 @@ impl Client {
             .await
             .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(format!("setting the session's loss bounds: {e}")))?;
+        let floor = async {
+            match conn.client.batch_execute(FENCING_FLOOR_SQL).await {
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                    // The first client on this database. Two at once: one gets a unique violation.
+                    let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE}");
+                    if let Err(e) = conn.client.batch_execute(&create).await {
+                        if e.code() != Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                            return Err(e);
+                        }
+                    }
+                    conn.client.batch_execute(FENCING_FLOOR_SQL).await
+                }
+                r => r,
+            }
+        };
+        tokio::time::timeout(url.connect_timeout, floor)
+            .await
+            .map_err(|_| failed(format!("no answer to the fencing floor within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(format!("raising the fencing sequence {FENCING_SEQUENCE} to the clock: {e}")))?;
         Ok(conn)
     }
 }

@@ -1,6 +1,6 @@
 //! A session-level advisory mutex, fenced by a counter row.
 
-use super::{backend, Client, Conn, FENCING_TABLE};
+use super::{backend, AdvisoryKey, Client, Conn, FENCING_GUARD, FENCING_SEQUENCE};
 use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,65 +34,53 @@ use tokio_postgres::types::Type;
 #[derive(Debug, Clone)]
 pub struct Mutex {
     client: Client,
-    name: String,
-    key: i64,
-    /// A read side of a [`RwLock`](super::RwLock): the shared advisory lock on the key.
-    shared: bool,
+    target: Arc<Target>,
 }
 
-/// The next fencing token, taken only once `l` granted the lock: one more than the last, and never
-/// less than the server's clock in microseconds (read after the grant). The clock floor keeps
-/// tokens rising when increments are lost: the lock sessions commit asynchronously
-/// (`synchronous_commit = off`, so a grant does not wait for a WAL flush), and a crash can lose
-/// the last few, as can a failover to a standby that had not received them.
-macro_rules! next_token {
-    ($grant:literal) => {
-        concat!(
-            "t AS (INSERT INTO distlock_fencing (key, token) SELECT $1, c.us FROM l, \
-             (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) c ",
-            $grant,
-            " ON CONFLICT (key) DO UPDATE SET token = greatest(distlock_fencing.token + 1, excluded.token) \
-             RETURNING token) SELECT (SELECT token FROM t)"
-        )
-    };
+/// What a [`Mutex`] locks, and its statements.
+#[derive(Debug)]
+struct Target {
+    name: String,
+    key: AdvisoryKey,
+    /// Takes the lock without waiting and, if granted, a fencing token: one statement.
+    try_sql: String,
+    /// Waits for the lock (bounded by `lock_timeout`, set in the same statement by the last
+    /// parameter, `0` = forever), then takes a fencing token.
+    wait_sql: String,
+    unlock_sql: String,
 }
-/// Takes the lock without waiting and, if granted, the next fencing token, in one statement.
-macro_rules! try_sql {
-    ($lock:literal) => {
-        concat!("WITH l AS (SELECT ", $lock, "($1) AS got), ", next_token!("WHERE l.got"))
-    };
-}
-/// Waits for the lock (bounded by `lock_timeout`, set in the same statement: `$2`, `0` = forever),
-/// then takes the next fencing token.
-macro_rules! wait_sql {
-    ($lock:literal) => {
-        concat!(
-            "WITH s AS (SELECT set_config('lock_timeout', $2, true)), l AS (SELECT ",
-            $lock,
-            "($1)::text AS got FROM s), ",
-            next_token!("")
-        )
-    };
-}
-/// By `shared as usize`: the exclusive lock's statements, then the shared lock's.
-const TRY_SQL: [&str; 2] = [try_sql!("pg_try_advisory_lock"), try_sql!("pg_try_advisory_lock_shared")];
-const WAIT_SQL: [&str; 2] = [wait_sql!("pg_advisory_lock"), wait_sql!("pg_advisory_lock_shared")];
-const UNLOCK_SQL: [&str; 2] = ["SELECT pg_advisory_unlock($1)", "SELECT pg_advisory_unlock_shared($1)"];
 
 impl Mutex {
-    pub(crate) fn new(client: Client, name: String, key: i64, shared: bool) -> Mutex {
-        debug_assert!(TRY_SQL.iter().chain(&WAIT_SQL).all(|q| q.contains(FENCING_TABLE)));
-        Mutex { client, name, key, shared }
+    /// `shared`: a read side of a [`RwLock`](super::RwLock), the shared advisory lock on the key.
+    pub(crate) fn new(client: Client, name: String, key: AdvisoryKey, shared: bool) -> Mutex {
+        let (args, suffix) = (key.sql_args(1), if shared { "_shared" } else { "" });
+        // The token is taken after the grant (`nextval` runs on `l`'s row, or in the THEN arm),
+        // under the fencing guard's shared lock (see FENCING_SEQUENCE), held to the statement's end.
+        let (g1, g2) = FENCING_GUARD;
+        let token =
+            format!("SELECT nextval('{FENCING_SEQUENCE}') FROM (SELECT pg_advisory_xact_lock_shared({g1}, {g2})::text");
+        let target = Target {
+            try_sql: format!("SELECT CASE WHEN pg_try_advisory_lock{suffix}({args}) THEN ({token}) f) END"),
+            wait_sql: format!(
+                "WITH s AS (SELECT set_config('lock_timeout', ${}, true)), \
+                 l AS (SELECT pg_advisory_lock{suffix}({args})::text FROM s) {token} FROM l) f",
+                key.arity() + 1
+            ),
+            unlock_sql: format!("SELECT pg_advisory_unlock{suffix}({args})"),
+            name,
+            key,
+        };
+        Mutex { client, target: Arc::new(target) }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.target.name
     }
 
     /// The advisory key it locks.
-    pub fn key(&self) -> i64 {
-        self.key
+    pub fn key(&self) -> AdvisoryKey {
+        self.target.key
     }
 
     /// Waits as long as it takes.
@@ -117,19 +105,22 @@ impl Mutex {
     async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
         let conn = self.client.checkout().await?;
         let cancel = (conn.client.cancel_token(), conn.cancelled.clone());
-        let (client, name, key, shared) = (self.client.clone(), self.name.clone(), self.key, self.shared);
+        let (client, target) = (self.client.clone(), self.target.clone());
         let attempt = async move {
+            let name = &target.name;
             let sent = Instant::now();
             // One round trip each (no separate prepare), so a cancel cannot fall between two.
             let row = match wait {
-                None => conn.client.query_typed(TRY_SQL[shared as usize], &[(&key, Type::INT8)]).await,
+                None => conn.client.query_typed(&target.try_sql, &target.key.params()).await,
                 Some(w) => {
                     // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
                     let ms = match w.as_millis() {
                         ms if w == Duration::MAX || ms > i32::MAX as u128 => "0".to_string(),
                         ms => ms.max(1).to_string(),
                     };
-                    conn.client.query_typed(WAIT_SQL[shared as usize], &[(&key, Type::INT8), (&ms, Type::TEXT)]).await
+                    let mut params = target.key.params();
+                    params.push((&ms, Type::TEXT));
+                    conn.client.query_typed(&target.wait_sql, &params).await
                 }
             };
             let token: Option<i64> = match row.map(|rows| rows.first().and_then(|r| r.get(0))) {
@@ -137,13 +128,13 @@ impl Mutex {
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     // lock_timeout ran out. The lock may have been granted just as the timeout
                     // fired; an unlock makes sure the connection holds nothing before reuse.
-                    match conn.client.query_typed(UNLOCK_SQL[shared as usize], &[(&key, Type::INT8)]).await {
+                    match conn.client.query_typed(&target.unlock_sql, &target.key.params()).await {
                         Ok(_) => client.put_back(conn),
                         Err(e) => tracing::debug!(error = %e, "unlock after a lock timeout failed; closing"),
                     }
                     return Ok(None);
                 }
-                Err(e) => return Err(backend("acquire", &name, e)),
+                Err(e) => return Err(backend("acquire", name, e)),
             };
             let Some(token) = token else {
                 client.put_back(conn);
@@ -157,11 +148,11 @@ impl Mutex {
                 let ping = Instant::now();
                 match tokio::time::timeout(bound / 3, conn.client.simple_query("")).await {
                     Ok(Ok(_)) => ping,
-                    Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", &name, e)),
+                    Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", name, e)),
                     Err(_) => {
                         return Err(Error::Backend {
                             op: "acquire (session check after the wait)",
-                            path: name,
+                            path: name.clone(),
                             source: "no answer from the server".into(),
                         })
                     }
@@ -169,7 +160,7 @@ impl Mutex {
             } else {
                 sent
             };
-            Ok(Some(MutexGuard::new(client, conn, name, key, shared, token as u64, confirmed)))
+            Ok(Some(MutexGuard::new(client, conn, target.clone(), token as u64, confirmed)))
         };
         Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await
     }
@@ -238,9 +229,7 @@ pub struct MutexGuard {
 struct Hold {
     client: Client,
     conn: Arc<Conn>,
-    name: String,
-    key: i64,
-    shared: bool,
+    target: Arc<Target>,
     token: u64,
     lease: Arc<Lease>,
     monitor: tokio::task::JoinHandle<()>,
@@ -248,17 +237,17 @@ struct Hold {
 
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hold").field("name", &self.name).field("key", &self.key).field("token", &self.token).finish()
+        f.debug_struct("Hold").field("target", &self.target).field("token", &self.token).finish()
     }
 }
 
 impl MutexGuard {
-    fn new(client: Client, conn: Conn, name: String, key: i64, shared: bool, token: u64, sent: Instant) -> MutexGuard {
+    fn new(client: Client, conn: Conn, target: Arc<Target>, token: u64, sent: Instant) -> MutexGuard {
         let bound = client.url().server_bound();
         let lease = Arc::new(Lease::new(sent, bound));
         let conn = Arc::new(conn);
-        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), name.clone(), bound));
-        MutexGuard { hold: Some(Hold { client, conn, name, key, shared, token, lease, monitor }) }
+        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), target.name.clone(), bound));
+        MutexGuard { hold: Some(Hold { client, conn, target, token, lease, monitor }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -273,18 +262,18 @@ impl MutexGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.hold().name
+        &self.hold().target.name
     }
 
     /// The advisory key held.
-    pub fn key(&self) -> i64 {
-        self.hold().key
+    pub fn key(&self) -> AdvisoryKey {
+        self.hold().target.key
     }
 
     /// The backend's process id of the holding connection, as `pg_locks.pid` shows it: unknown
     /// here without a query, so the advisory key is given as the holder's mark instead.
     pub fn holder_id(&self) -> String {
-        format!("advisory:{}", self.hold().key)
+        format!("advisory:{}", self.hold().target.key)
     }
 
     /// The instant after which the server may end our silent session and give the lock to
@@ -299,9 +288,9 @@ impl MutexGuard {
     pub fn state(&self) -> LockState {
         let h = self.hold();
         if h.conn.is_closed() {
-            h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &h.name);
+            h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &h.target.name);
         }
-        h.lease.state(&h.name)
+        h.lease.state(&h.target.name)
     }
 
     /// Every change of state, as a watch receiver.
@@ -314,7 +303,7 @@ impl MutexGuard {
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let h = self.hold();
         let closed = h.conn.closed();
-        Lease::lost(h.lease.clone(), h.name.clone(), async move {
+        Lease::lost(h.lease.clone(), h.target.name.clone(), async move {
             closed.await;
             LostReason::ConnectionClosed
         })
@@ -324,15 +313,16 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, name, key, shared, lease, mut monitor, .. } =
+        let Hold { client, conn, target, lease, mut monitor, .. } =
             self.hold.take().expect("a guard holds until released");
+        let name = target.name.clone();
         monitor.abort();
         let _ = (&mut monitor).await; // its handle on the connection is gone after this
         lease.end();
         if let LockState::Lost(reason) = before {
             return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
         }
-        match crate::detach::detach(unlock(client, conn, name.clone(), key, shared)).await {
+        match crate::detach::detach(unlock(client, conn, target)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
             Err(e) => Err(e),
@@ -342,7 +332,7 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, name, key, shared, lease, mut monitor, .. }) = self.hold.take() else {
+        let Some(Hold { client, conn, target, lease, mut monitor, .. }) = self.hold.take() else {
             return;
         };
         monitor.abort();
@@ -350,7 +340,8 @@ impl Drop for MutexGuard {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = (&mut monitor).await;
-                if let Err(e) = unlock(client, conn, name.clone(), key, shared).await {
+                let name = target.name.clone();
+                if let Err(e) = unlock(client, conn, target).await {
                     tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
                 }
             });
@@ -360,8 +351,9 @@ impl Drop for MutexGuard {
 
 /// Unlocks on the held connection; true if it was held. The connection goes back to the idle
 /// list only after a clean unlock (anything else closes it, which frees whatever it held).
-async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64, shared: bool) -> Result<bool> {
-    let r = conn.client.query_typed(UNLOCK_SQL[shared as usize], &[(&key, Type::INT8)]).await;
+async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<bool> {
+    let name = &target.name;
+    let r = conn.client.query_typed(&target.unlock_sql, &target.key.params()).await;
     match r {
         Ok(rows) => {
             let held: bool = rows.first().is_some_and(|r| r.get(0));
@@ -374,7 +366,7 @@ async fn unlock(client: Client, conn: Arc<Conn>, name: String, key: i64, shared:
             Ok(held)
         }
         Err(_) if conn.is_closed() => Ok(false),
-        Err(e) => Err(backend("release", &name, e)),
+        Err(e) => Err(backend("release", name, e)),
     }
 }
 

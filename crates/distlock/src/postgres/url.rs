@@ -12,22 +12,99 @@ const MAX_LEASE: Duration = Duration::from_secs(86_400);
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An advisory-lock key: one `bigint`, or a pair of `integer`s (a separate key space on the
+/// server: `pg_advisory_lock(bigint)` and `pg_advisory_lock(integer, integer)` never collide).
+///
+/// Shown as DistributedLock shows it: 16 hex digits, or `xxxxxxxx,yyyyyyyy`.
+///
+/// # Examples
+///
+/// ```
+/// use distlock::postgres::{AdvisoryKey, KeyScheme};
+/// let key = KeyScheme::DistributedLock.key("00000000000000ff").unwrap();
+/// assert_eq!(key, AdvisoryKey::Single(255));
+/// assert_eq!(key.to_string(), "00000000000000ff");
+/// assert_eq!(KeyScheme::DistributedLock.key("00000001,ffffffff").unwrap(), AdvisoryKey::Pair(1, -1));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdvisoryKey {
+    /// `pg_advisory_lock(bigint)`.
+    Single(i64),
+    /// `pg_advisory_lock(integer, integer)`.
+    Pair(i32, i32),
+}
+
+impl AdvisoryKey {
+    /// The arguments of the advisory-lock functions for this key, as SQL placeholders from `$first`.
+    pub(crate) fn sql_args(&self, first: usize) -> String {
+        match self {
+            AdvisoryKey::Single(_) => format!("${first}"),
+            AdvisoryKey::Pair(..) => format!("${first}, ${}", first + 1),
+        }
+    }
+
+    /// How many placeholders [`sql_args`](Self::sql_args) uses.
+    pub(crate) fn arity(&self) -> usize {
+        match self {
+            AdvisoryKey::Single(_) => 1,
+            AdvisoryKey::Pair(..) => 2,
+        }
+    }
+
+    /// The values of those placeholders, typed.
+    pub(crate) fn params(&self) -> Vec<(&(dyn tokio_postgres::types::ToSql + Sync), tokio_postgres::types::Type)> {
+        use tokio_postgres::types::Type;
+        match self {
+            AdvisoryKey::Single(k) => vec![(k, Type::INT8)],
+            AdvisoryKey::Pair(a, b) => vec![(a, Type::INT4), (b, Type::INT4)],
+        }
+    }
+
+    /// How `pg_locks` shows it: `(classid, objid, objsubid)`, each as a `bigint`.
+    pub fn pg_locks_ids(&self) -> (i64, i64, i64) {
+        match *self {
+            AdvisoryKey::Single(k) => ((k >> 32) as u32 as i64, k as u32 as i64, 1),
+            AdvisoryKey::Pair(a, b) => (a as u32 as i64, b as u32 as i64, 2),
+        }
+    }
+}
+
+impl serde::Serialize for AdvisoryKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::fmt::Display for AdvisoryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdvisoryKey::Single(k) => write!(f, "{:016x}", *k as u64),
+            AdvisoryKey::Pair(a, b) => write!(f, "{:08x},{:08x}", *a as u32, *b as u32),
+        }
+    }
+}
+
 /// How lock names become advisory-lock keys.
 ///
 /// # Examples
 ///
 /// ```
-/// use distlock::postgres::KeyScheme;
-/// assert_eq!(KeyScheme::Raw.key("42").unwrap(), 42);
+/// use distlock::postgres::{AdvisoryKey, KeyScheme};
+/// assert_eq!(KeyScheme::Raw.key("42").unwrap(), AdvisoryKey::Single(42));
 /// assert!(KeyScheme::Raw.key("orders").is_err());
-/// assert_eq!(KeyScheme::Hash.key("orders").unwrap(), KeyScheme::Hash.key("orders").unwrap());
+/// // Up to nine ASCII characters are packed, not hashed: no two such names collide.
+/// assert_ne!(KeyScheme::DistributedLock.key("orders").unwrap(), KeyScheme::DistributedLock.key("order").unwrap());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyScheme {
-    /// The first 8 bytes of SHA-1 of the UTF-8 name, read little-endian (DistributedLock's
-    /// hashing rule for names it does not encode directly).
+    /// DistributedLock's rules (`PostgresAdvisoryLockKey` with hashing allowed), in order: a
+    /// name of at most 9 ASCII characters is packed 7 bits a character, then a 0 bit, then 1
+    /// bits; 16 hex digits are the `bigint` itself; `xxxxxxxx,yyyyyyyy` (8 hex digits each) is an
+    /// integer pair; any other name is hashed: the first 8 bytes of SHA-1 of its UTF-8,
+    /// little-endian. .NET services on DistributedLock and the Rust `distributed-lock-postgres`
+    /// crate lock the same keys for the same names.
     #[default]
-    Hash,
+    DistributedLock,
     /// The name is the key: a decimal `i64`, for sharing a lock with code that calls
     /// `pg_advisory_lock(<number>)` itself.
     Raw,
@@ -35,32 +112,62 @@ pub enum KeyScheme {
 
 impl KeyScheme {
     /// The advisory key of lock `name`.
-    pub fn key(self, name: &str) -> Result<i64> {
+    pub fn key(self, name: &str) -> Result<AdvisoryKey> {
         let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
         if name.is_empty() {
             return Err(bad("the lock name is empty".into()));
         }
-        match self {
-            KeyScheme::Hash => {
+        let key = match self {
+            KeyScheme::DistributedLock => Ok(ascii_key(name).or_else(|| hex_key(name)).unwrap_or_else(|| {
                 use sha1::Digest;
                 let digest = sha1::Sha1::digest(name.as_bytes());
-                Ok(i64::from_le_bytes(digest[..8].try_into().expect("SHA-1 has 20 bytes")))
-            }
+                AdvisoryKey::Single(i64::from_le_bytes(digest[..8].try_into().expect("SHA-1 has 20 bytes")))
+            })),
             KeyScheme::Raw => name
                 .parse::<i64>()
+                .map(AdvisoryKey::Single)
                 .map_err(|_| bad("with ?keys=raw a lock name is the advisory key itself, a decimal i64".into())),
+        }?;
+        let (g1, g2) = super::FENCING_GUARD;
+        if key == AdvisoryKey::Pair(g1, g2) {
+            return Err(bad(format!("the key {key} is reserved for distlock's fencing sequence")));
         }
+        Ok(key)
     }
 }
 
-/// A parsed `postgres://[user[:password]@]host[:port][/database][?lease=30s&connect_timeout=10s&keys=hash]`
+/// Up to 9 characters below 128: each in 7 bits, then a 0 bit, then 1 bits to fill 64.
+fn ascii_key(name: &str) -> Option<AdvisoryKey> {
+    if name.len() > 9 || !name.is_ascii() {
+        return None;
+    }
+    let mut key = name.bytes().fold(0u64, |k, c| (k << 7) | c as u64) << 1;
+    for _ in name.len()..9 {
+        key = (key << 7) | 0x7f;
+    }
+    Some(AdvisoryKey::Single(key as i64))
+}
+
+/// `hhhhhhhhhhhhhhhh` (a bigint) or `hhhhhhhh,hhhhhhhh` (an integer pair), hex digits either case.
+fn hex_key(name: &str) -> Option<AdvisoryKey> {
+    let word = |s: &str| {
+        (s.len() == 8 && s.bytes().all(|b| b.is_ascii_hexdigit())).then(|| u32::from_str_radix(s, 16).ok()).flatten()
+    };
+    match name.len() {
+        16 => Some(AdvisoryKey::Single(((word(&name[..8])? as u64) << 32 | word(&name[8..])? as u64) as i64)),
+        17 if name.as_bytes()[8] == b',' => Some(AdvisoryKey::Pair(word(&name[..8])? as i32, word(&name[9..])? as i32)),
+        _ => None,
+    }
+}
+
+/// A parsed `postgres://[user[:password]@]host[:port][/database][?lease=30s&connect_timeout=10s&keys=distributedlock]`
 /// (`postgresql://` too). TLS is not compiled in yet.
 ///
 /// Query keys:
 /// - `lease`: the longest the server keeps a silent holder's session, and so its locks (default
 ///   30 s, at least 3 s; see the [module docs](super#leases-and-loss));
 /// - `connect_timeout`: bound on connecting (default 10 s);
-/// - `keys`: `hash` (default) or `raw` (see [`KeyScheme`]);
+/// - `keys`: `distributedlock` (default) or `raw` (see [`KeyScheme`]);
 /// - `application_name`: shown in `pg_stat_activity` (default `distlock`).
 ///
 /// An unknown key is an error naming it.
@@ -110,7 +217,8 @@ impl PgUrl {
             .or_else(|| url.strip_prefix("postgresql://"))
             .ok_or_else(|| bad("a PostgreSQL URL starts with postgres:// or postgresql://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (mut lease, mut connect_timeout, mut keys) = (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::Hash);
+        let (mut lease, mut connect_timeout, mut keys) =
+            (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::DistributedLock);
         let mut application_name = "distlock".to_string();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -119,9 +227,9 @@ impl PgUrl {
                 "connect_timeout" => connect_timeout = parse_duration(v)?,
                 "keys" => {
                     keys = match v {
-                        "hash" => KeyScheme::Hash,
+                        "distributedlock" => KeyScheme::DistributedLock,
                         "raw" => KeyScheme::Raw,
-                        _ => return Err(bad(format!("keys={v}: use keys=hash or keys=raw"))),
+                        _ => return Err(bad(format!("keys={v}: use keys=distributedlock (the default) or keys=raw"))),
                     }
                 }
                 "application_name" => application_name = v.to_string(),
@@ -218,11 +326,30 @@ mod tests {
     }
 
     #[test]
-    fn names_hash_as_distributedlock_does() {
-        // SHA-1("abc") = a9993e36 4706816a ...: the first 8 bytes read little-endian.
-        assert_eq!(KeyScheme::Hash.key("abc").unwrap(), 7674422142938552745);
-        assert_eq!(KeyScheme::Hash.key("锁/订单").unwrap(), -8107378560486475100);
-        assert!(KeyScheme::Hash.key("").is_err());
+    fn names_map_to_keys_as_distributedlock_maps_them() {
+        let dl = |n: &str| KeyScheme::DistributedLock.key(n).unwrap();
+        // Longer than 9 characters, or not ASCII: SHA-1's first 8 bytes, little-endian
+        // (SHA-1("abcdefghij") = d68c19a0 a345b7ea ...).
+        assert_eq!(
+            dl("abcdefghij"),
+            AdvisoryKey::Single(i64::from_le_bytes([0xd6, 0x8c, 0x19, 0xa0, 0xa3, 0x45, 0xb7, 0xea]))
+        );
+        assert_eq!(dl("锁/订单"), AdvisoryKey::Single(-8107378560486475100));
+        // Packed ASCII: "" would be 0 then 63 one bits; "a" is 1100001, 0, then 56 one bits.
+        assert_eq!(dl("a"), AdvisoryKey::Single(((0x61u64 << 57) | ((1u64 << 56) - 1)) as i64));
+        assert_eq!(
+            dl("abcdefghi"),
+            AdvisoryKey::Single(("abcdefghi".bytes().fold(0u64, |k, c| (k << 7) | c as u64) << 1) as i64)
+        );
+        // Hex forms, either case; a non-hex 16-character name is hashed.
+        assert_eq!(dl("FFFFFFFFFFFFFFFE"), AdvisoryKey::Single(-2));
+        assert_eq!(dl("80000000,00000001"), AdvisoryKey::Pair(i32::MIN, 1));
+        assert!(matches!(dl("ffffffffffffffzz"), AdvisoryKey::Single(_)));
+        assert_ne!(dl("ffffffffffffffzz"), dl("ffffffffffffffff"));
+        assert_eq!(dl("80000000,00000001").to_string(), "80000000,00000001");
+        assert!(KeyScheme::DistributedLock.key("").is_err());
+        let e = KeyScheme::DistributedLock.key("646C6F63,6b736571").unwrap_err().to_string();
+        assert!(e.contains("reserved"), "{e}");
     }
 
     #[test]
