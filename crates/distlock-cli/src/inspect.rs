@@ -10,7 +10,7 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL).
+    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL, SQLite).
     #[arg(value_name = "LOCK")]
     lock: String,
 }
@@ -62,6 +62,22 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                     s.application_name
                 );
             }
+        }
+        return Ok(0);
+    }
+    if let Some(db) = client.sqlite() {
+        let view = db.mutex(&args.lock)?.inspect().await?;
+        match view {
+            _ if args.json => println!("{}", serde_json::to_string(&view)?),
+            None => println!("{}: free (never taken)", args.lock),
+            Some(v) if v.held => println!(
+                "{}: held by {} since {} until {} UTC; fencing token {}",
+                v.name, v.locked_by, v.locked_at, v.lock_until, v.fencing_token
+            ),
+            Some(v) => println!(
+                "{}: free (last held by {} until {} UTC); last fencing token {}",
+                v.name, v.locked_by, v.lock_until, v.fencing_token
+            ),
         }
         return Ok(0);
     }

@@ -110,8 +110,9 @@ pub struct BackendArg {
     /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s,
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
-    /// redis+cluster://node1:7000,node2:7001?lease=30s, or
-    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw
+    /// redis+cluster://node1:7000,node2:7001?lease=30s,
+    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw, or
+    /// sqlite:///path/locks.db?lease=30s&table=distlock_leases
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held

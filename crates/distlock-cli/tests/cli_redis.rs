@@ -1,12 +1,11 @@
 //! `distlock exec`, `hold` and `inspect` on Redis, against the redis-server from scripts/test.sh
 //! (`DISTLOCK_TEST_REDIS=host:port`).
 
-use distlock_faults::{FencedResource, Mode};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+use common::{distlock, wait_exit, Lines};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 fn addr() -> String {
     std::env::var("DISTLOCK_TEST_REDIS").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_REDIS unset)")
@@ -18,45 +17,6 @@ fn backend(query: &str) -> String {
 
 fn key() -> String {
     format!("distlock-cli-test:{}", uuid::Uuid::new_v4().simple())
-}
-
-fn distlock(backend: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.env("DISTLOCK_BACKEND", backend).args(args);
-    c
-}
-
-/// Reads lines of a child's stdout on a thread; `next` waits (bounded) for the next one.
-struct Lines(std::sync::mpsc::Receiver<String>);
-
-impl Lines {
-    fn of(child: &mut std::process::Child) -> Lines {
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in out.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Lines(rx)
-    }
-
-    fn next(&self, bound: Duration, what: &str) -> String {
-        self.0.recv_timeout(bound).unwrap_or_else(|_| panic!("no {what} within {bound:?}"))
-    }
-}
-
-fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
-        std::thread::sleep(Duration::from_millis(20)); // a process exit has no event to wait on
-    }
 }
 
 fn redis_cli(args: &[&str]) -> String {
@@ -158,67 +118,10 @@ fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
     drop(proxy);
 }
 
-/// A holder whose `distlock exec` is paused (SIGSTOP) past its lease: nothing renews, the server
-/// expires the key and the next holder starts while the paused holder's command still writes.
-/// Fencing tokens are what keeps the resource safe: the fenced checker rejects every write of the
-/// old holder once the new one has written, while the same history unfenced shows the overlap.
+/// A paused holder (SIGSTOP past its lease) is kept out of the resource by its fencing token.
 #[test]
 fn a_paused_holder_is_kept_out_by_its_fencing_token() {
-    let k = key();
-    let b = backend("?lease=1s");
-    let dir = std::env::temp_dir().join(format!("distlock-pause-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let writes = |name: &str| dir.join(name).to_string_lossy().to_string();
-    // Each command writes "token time" every 10 ms until killed (the old one) or 40 times.
-    let script = |file: &str, n: &str| {
-        format!("echo held; i=0; while [ $i -lt {n} ]; do echo \"$DISTLOCK_TOKEN $(date +%s%N)\" >> {file}; i=$((i+1)); sleep 0.01; done")
-    };
-    let mut old = distlock(&b, &["exec", &k, "--", "sh", "-c", &script(&writes("old"), "100000")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let old_lines = Lines::of(&mut old);
-    assert_eq!(old_lines.next(Duration::from_secs(20), "held"), "held");
-    let mut new = distlock(&b, &["exec", "-w", "30s", &k, "--", "sh", "-c", &script(&writes("new"), "40")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Pause distlock itself (not its command, which runs in a group of its own and keeps writing).
-    distlock_faults::process::pause(old.id()).unwrap();
-    let new_lines = Lines::of(&mut new);
-    assert_eq!(new_lines.next(Duration::from_secs(20), "held"), "held", "the next holder starts after the lease");
-    let status = wait_exit(&mut new, Duration::from_secs(30));
-    assert!(status.success());
-    distlock_faults::process::resume(old.id()).unwrap();
-    assert_eq!(wait_exit(&mut old, Duration::from_secs(30)).code(), Some(3), "the old holder learns it lost the lock");
-
-    let mut all: Vec<(u128, usize, u64)> = Vec::new();
-    for (who, name) in [(0, "old"), (1, "new")] {
-        for line in std::fs::read_to_string(writes(name)).unwrap().lines() {
-            let (token, at) = line.split_once(' ').unwrap();
-            all.push((at.parse().unwrap(), who, token.parse().unwrap()));
-        }
-    }
-    all.sort();
-    let (mut fenced_report, mut unfenced_report) = (None, None);
-    for fenced in [true, false] {
-        let resource = FencedResource::new(fenced, 1);
-        for (seq, (_, who, token)) in all.iter().enumerate() {
-            resource.write(*who, *token, seq as u64);
-        }
-        let _ = Mode::Exclusive;
-        if fenced {
-            fenced_report = Some(resource.report());
-        } else {
-            unfenced_report = Some(resource.report());
-        }
-    }
-    let (fenced, unfenced) = (fenced_report.unwrap(), unfenced_report.unwrap());
-    println!("fenced: {fenced}\nunfenced: {unfenced}");
-    assert_eq!(fenced.stale_accepted, 0, "fenced: no stale write accepted");
-    assert!(fenced.stale_rejected > 0, "the paused holder's command did write after the new holder: {fenced}");
-    assert!(unfenced.stale_accepted > 0, "unfenced, the same history has stale writes: {unfenced}");
-    let _ = std::fs::remove_dir_all(&dir);
+    common::a_paused_holder_is_kept_out_by_its_fencing_token(&backend("?lease=1s"), &key());
 }
 
 #[test]

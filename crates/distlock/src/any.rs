@@ -27,6 +27,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis+cluster", "redis"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("sqlite", "sqlite"),
 ];
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
@@ -58,6 +59,8 @@ pub async fn connect(url: &str) -> Result<Client> {
         "postgres" | "postgresql" => {
             Ok(Client { kind: ClientKind::Postgres(crate::postgres::Client::connect(url).await?) })
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Client { kind: ClientKind::Sqlite(crate::sqlite::Client::connect(url).await?) }),
         _ => match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
             Some((_, feature)) => {
                 Err(bad(format!("the {scheme}:// backend is not compiled in (enable distlock's {feature:?} feature)")))
@@ -94,6 +97,8 @@ enum ClientKind {
     Redis(crate::redis::Client),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::Client),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::Client),
 }
 
 #[cfg(feature = "zookeeper")]
@@ -127,7 +132,7 @@ enum Kind {
 }
 
 impl Client {
-    /// `zookeeper`, `redis` or `postgres`.
+    /// `zookeeper`, `redis`, `postgres` or `sqlite`.
     pub fn backend(&self) -> &'static str {
         match &self.kind {
             #[cfg(feature = "zookeeper")]
@@ -136,6 +141,8 @@ impl Client {
             ClientKind::Redis(_) => "redis",
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(_) => "postgres",
+            #[cfg(feature = "sqlite")]
+            ClientKind::Sqlite(_) => "sqlite",
         }
     }
 
@@ -144,6 +151,16 @@ impl Client {
     pub fn postgres(&self) -> Option<&crate::postgres::Client> {
         match &self.kind {
             ClientKind::Postgres(c) => Some(c),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The typed SQLite client, if this is one.
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite(&self) -> Option<&crate::sqlite::Client> {
+        match &self.kind {
+            ClientKind::Sqlite(c) => Some(c),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -179,6 +196,8 @@ impl Client {
             ClientKind::Redis(c) => c.lease(),
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.lease(),
+            #[cfg(feature = "sqlite")]
+            ClientKind::Sqlite(c) => c.lease(),
         }
     }
 
@@ -193,6 +212,8 @@ impl Client {
             ClientKind::Redis(_) => Ok(name.to_string()),
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.key(name).map(|_| name.to_string()),
+            #[cfg(feature = "sqlite")]
+            ClientKind::Sqlite(c) => c.mutex(name).map(|_| name.to_string()),
         }
     }
 
@@ -253,6 +274,16 @@ impl Client {
                     })
                 }
             },
+            #[cfg(feature = "sqlite")]
+            ClientKind::Sqlite(c) => match kind {
+                Kind::Mutex => LockKind::Sqlite(c.mutex(&name)?),
+                other => {
+                    return Err(Error::Unsupported {
+                        backend: "sqlite",
+                        what: format!("{other:?} on {name} (the SQLite lease table has the mutex only)"),
+                    })
+                }
+            },
         };
         Ok(Lock { kind })
     }
@@ -267,6 +298,8 @@ impl Client {
             ClientKind::Redis(c) => c.close(bound).await,
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.close(bound).await,
+            #[cfg(feature = "sqlite")]
+            ClientKind::Sqlite(c) => c.close(bound).await,
         }
     }
 }
@@ -327,6 +360,8 @@ enum LockKind {
     RedisPermit(crate::redis::Semaphore),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::Mutex),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::Mutex),
 }
 
 #[cfg(feature = "redis")]
@@ -366,6 +401,8 @@ impl Lock {
             LockKind::RedisPermit(s) => s.key(),
             #[cfg(feature = "postgres")]
             LockKind::Postgres(m) => m.name(),
+            #[cfg(feature = "sqlite")]
+            LockKind::Sqlite(m) => m.name(),
         }
     }
 
@@ -437,6 +474,13 @@ impl Lock {
                 Some(t) => m.lock_timeout(t).await?,
             }
             .map(GuardKind::Postgres),
+            #[cfg(feature = "sqlite")]
+            LockKind::Sqlite(m) => match timeout {
+                None => Some(m.lock().await?),
+                Some(t) if t.is_zero() => m.try_lock().await?,
+                Some(t) => m.lock_timeout(t).await?,
+            }
+            .map(GuardKind::Sqlite),
         };
         Ok(kind.map(|kind| Guard { kind }))
     }
@@ -476,6 +520,8 @@ enum GuardKind {
     RedisPermit(crate::redis::SemaphorePermit),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::MutexGuard),
+    #[cfg(feature = "sqlite")]
+    Sqlite(crate::sqlite::MutexGuard),
 }
 
 macro_rules! each {
@@ -495,6 +541,8 @@ macro_rules! each {
             GuardKind::RedisPermit($g) => $e,
             #[cfg(feature = "postgres")]
             GuardKind::Postgres($g) => $e,
+            #[cfg(feature = "sqlite")]
+            GuardKind::Sqlite($g) => $e,
         }
     };
 }
@@ -527,6 +575,8 @@ impl Guard {
             GuardKind::RedisPermit(g) => g.key().to_string(),
             #[cfg(feature = "postgres")]
             GuardKind::Postgres(g) => g.name().to_string(),
+            #[cfg(feature = "sqlite")]
+            GuardKind::Sqlite(g) => g.name().to_string(),
         }
     }
 
@@ -548,6 +598,8 @@ impl Guard {
             GuardKind::RedisPermit(g) => g.holder_id().to_string(),
             #[cfg(feature = "postgres")]
             GuardKind::Postgres(g) => g.holder_id(),
+            #[cfg(feature = "sqlite")]
+            GuardKind::Sqlite(g) => g.holder_id().to_string(),
         }
     }
 

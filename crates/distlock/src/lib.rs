@@ -52,15 +52,15 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub(crate) mod any;
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub mod blocking;
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "sqlite")), allow(dead_code))]
 mod detach;
 mod duration;
 mod error;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
 mod lease;
 pub mod optimistic;
 mod owner;
@@ -68,12 +68,14 @@ mod owner;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 mod state;
 mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
 pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};

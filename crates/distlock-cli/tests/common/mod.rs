@@ -1,0 +1,134 @@
+//! What the CLI tests of every backend share: running `distlock`, reading a child's lines with a
+//! bound, waiting for an exit with a bound, and the fault scenarios run on each backend.
+#![allow(dead_code)] // each test binary uses its own part
+
+use distlock_faults::FencedResource;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// `distlock ARGS` on `backend`.
+pub fn distlock(backend: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.env("DISTLOCK_BACKEND", backend).args(args);
+    c
+}
+
+/// A lock name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Reads lines of a child's stdout on a thread; `next` waits (bounded) for the next one.
+pub struct Lines(pub std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    pub fn of(child: &mut std::process::Child) -> Lines {
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    pub fn next(&self, bound: Duration, what: &str) -> String {
+        self.0.recv_timeout(bound).unwrap_or_else(|_| panic!("no {what} within {bound:?}"))
+    }
+}
+
+pub fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
+        std::thread::sleep(Duration::from_millis(20)); // a process exit has no event to wait on
+    }
+}
+
+/// A holder whose `distlock exec` is paused (SIGSTOP) past its lease (`backend` should have a
+/// lease of about a second): nothing renews, the lock passes on, and the next holder runs while
+/// the paused holder's command still writes. Fencing tokens keep the resource safe: the fenced
+/// checker rejects every write of the old holder once the new one has written, while the same
+/// history unfenced shows stale writes accepted. The old exec exits 3 (lost) once resumed.
+pub fn a_paused_holder_is_kept_out_by_its_fencing_token(backend: &str, lock: &str) {
+    let dir = std::env::temp_dir().join(unique("distlock-pause-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let writes = |name: &str| dir.join(name).to_string_lossy().to_string();
+    // Each command writes "token time" every 10 ms until killed (the old one) or 40 times.
+    let script = |file: &str, n: &str| {
+        format!("echo held; i=0; while [ $i -lt {n} ]; do echo \"$DISTLOCK_TOKEN $(date +%s%N)\" >> {file}; i=$((i+1)); sleep 0.01; done")
+    };
+    let mut old = distlock(backend, &["exec", lock, "--", "sh", "-c", &script(&writes("old"), "100000")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let old_lines = Lines::of(&mut old);
+    assert_eq!(old_lines.next(Duration::from_secs(20), "held"), "held");
+    let mut new = distlock(backend, &["exec", "-w", "30s", lock, "--", "sh", "-c", &script(&writes("new"), "40")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Pause distlock itself (not its command, which runs in a group of its own and keeps writing).
+    distlock_faults::process::pause(old.id()).unwrap();
+    let new_lines = Lines::of(&mut new);
+    assert_eq!(new_lines.next(Duration::from_secs(20), "held"), "held", "the next holder starts after the lease");
+    let status = wait_exit(&mut new, Duration::from_secs(30));
+    assert!(status.success());
+    distlock_faults::process::resume(old.id()).unwrap();
+    assert_eq!(wait_exit(&mut old, Duration::from_secs(30)).code(), Some(3), "the old holder learns it lost the lock");
+
+    let mut all: Vec<(u128, usize, u64)> = Vec::new();
+    for (who, name) in [(0, "old"), (1, "new")] {
+        for line in std::fs::read_to_string(writes(name)).unwrap().lines() {
+            let (token, at) = line.split_once(' ').unwrap();
+            all.push((at.parse().unwrap(), who, token.parse().unwrap()));
+        }
+    }
+    all.sort();
+    let report = |fenced: bool| {
+        let resource = FencedResource::new(fenced, 1);
+        for (seq, (_, who, token)) in all.iter().enumerate() {
+            resource.write(*who, *token, seq as u64);
+        }
+        resource.report()
+    };
+    let (fenced, unfenced) = (report(true), report(false));
+    println!("fenced: {fenced}\nunfenced: {unfenced}");
+    assert_eq!(fenced.stale_accepted, 0, "fenced: no stale write accepted");
+    assert!(fenced.stale_rejected > 0, "the paused holder's command did write after the new holder: {fenced}");
+    assert!(unfenced.stale_accepted > 0, "unfenced, the same history has stale writes: {unfenced}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A holder whose `distlock exec` and command are killed (SIGKILL, no release): the lock is
+/// taken by the next exec only after the holder's lease (`lease`), and then within `lease` + 5 s.
+pub fn a_killed_holder_frees_the_lock_after_its_lease(backend: &str, lock: &str, lease: Duration) {
+    let mut old = distlock(backend, &["exec", lock, "--", "sh", "-c", "echo held; exec sleep 300"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut old);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    // The command runs in a process group of its own, led by the shell: kill both.
+    let group = std::fs::read_to_string(format!("/proc/{}/task/{}/children", old.id(), old.id())).unwrap_or_default();
+    let killed = Instant::now();
+    distlock_faults::process::kill(old.id()).unwrap();
+    for pid in group.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+        let _ = distlock_faults::process::kill(pid);
+    }
+    wait_exit(&mut old, Duration::from_secs(10));
+    let next = distlock(backend, &["exec", "-w", "60s", lock, "--", "true"]).output().unwrap();
+    let waited = killed.elapsed();
+    assert!(next.status.success(), "{}", String::from_utf8_lossy(&next.stderr));
+    assert!(waited >= lease - lease / 10, "not before the dead holder's lease ran out: {waited:?} < {lease:?}");
+    assert!(waited < lease + Duration::from_secs(5), "soon after it: {waited:?}");
+}

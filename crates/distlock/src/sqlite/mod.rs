@@ -1,0 +1,217 @@
+//! The SQLite backend: a lease table, for processes on one host that share a database file and
+//! no lock server.
+//!
+//! # Layout
+//!
+//! One row per lock in table `distlock_leases` (or `?table=`), with ShedLock's columns, so
+//! ShedLock's tooling and people who know it can read it, plus a fencing column:
+//!
+//! | Column | Meaning |
+//! |---|---|
+//! | `name` | the lock's name (primary key) |
+//! | `lock_until` | the lease's end, UTC, `YYYY-MM-DD HH:MM:SS.SSS` (SQLite's clock) |
+//! | `locked_at` | when the holder took it |
+//! | `locked_by` | the holder: `host:pid:random` |
+//! | `fencing_token` | one more for every holder, never reset |
+//!
+//! A lock is free when `lock_until <= now`. Taking it is one upsert that succeeds only if the row
+//! is missing or expired, and advances the token; the guard's watchdog extends `lock_until` every
+//! third of the lease while the row is still ours; a release sets `lock_until` to now. Rows are
+//! never deleted (the token lives in them).
+//!
+//! # Leases and loss
+//!
+//! Nothing notices a holder that died: its lease runs out and the next acquire takes the row over.
+//! So the guard's [`lease_deadline`](MutexGuard::lease_deadline) is the send time of its last
+//! confirmed extension plus the lease, less a drift margin, and [`lost`](MutexGuard::lost)
+//! resolves there if no extension was confirmed since (a stalled disk, a paused process), or at
+//! once when an extension finds the row taken over.
+//!
+//! # Waiting
+//!
+//! SQLite has no way to wait for a row: a waiter retries, 2 ms at first, doubling to 50 ms, and is
+//! woken at once by a release from its own process.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let db = distlock::sqlite::Client::connect("sqlite:///var/lib/app/locks.db?lease=10s").await?;
+//! let guard = db.mutex("nightly-report")?.lock().await?;
+//! println!("token {}", guard.fencing_token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod mutex;
+mod url;
+
+pub use mutex::{LeaseView, Mutex, MutexGuard};
+pub use url::SqliteUrl;
+
+use crate::{Error, Result};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A SQLite database file to take leases in. Cheap to clone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let db = distlock::sqlite::Client::connect("sqlite://locks.db").await?;
+/// if let Some(g) = db.mutex("reports")?.try_lock().await? {
+///     g.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    url: SqliteUrl,
+    pool: SqlitePool,
+    sql: Statements,
+}
+
+/// The table's statements, with its name in them.
+#[derive(Debug)]
+struct Statements {
+    acquire: String,
+    extend: String,
+    release: String,
+    view: String,
+}
+
+/// `strftime` of SQLite's clock now, and `?3` (a modifier such as `+30.000 seconds`) later.
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+const UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)";
+
+impl Statements {
+    fn new(t: &str) -> Statements {
+        Statements {
+            // ?1 name, ?2 holder, ?3 the lease as a modifier.
+            acquire: format!(
+                "INSERT INTO {t} (name, lock_until, locked_at, locked_by, fencing_token) \
+                 VALUES (?1, {UNTIL}, {NOW}, ?2, 1) \
+                 ON CONFLICT (name) DO UPDATE SET lock_until = excluded.lock_until, \
+                 locked_at = excluded.locked_at, locked_by = excluded.locked_by, \
+                 fencing_token = {t}.fencing_token + 1 \
+                 WHERE {t}.lock_until <= excluded.locked_at \
+                 RETURNING fencing_token"
+            ),
+            extend: format!(
+                "UPDATE {t} SET lock_until = {UNTIL} WHERE name = ?1 AND locked_by = ?2 AND lock_until > {NOW}"
+            ),
+            release: format!(
+                "UPDATE {t} SET lock_until = {NOW} WHERE name = ?1 AND locked_by = ?2 AND lock_until > {NOW}"
+            ),
+            view: format!(
+                "SELECT locked_by, locked_at, lock_until, fencing_token, lock_until > {NOW} FROM {t} WHERE name = ?1"
+            ),
+        }
+    }
+}
+
+impl Client {
+    /// Opens (creating if missing) the database named by a `sqlite://` URL (see [`SqliteUrl`])
+    /// and creates the lease table if missing.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_url(SqliteUrl::parse(url)?).await
+    }
+
+    /// Opens with a parsed URL.
+    pub async fn connect_url(url: SqliteUrl) -> Result<Client> {
+        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        let options = SqliteConnectOptions::new()
+            .filename(&url.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(url.busy_timeout);
+        let t = &url.table;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
+             fencing_token BIGINT NOT NULL)"
+        );
+        // Switching a new file to WAL needs the file to itself for a moment, before the busy
+        // timeout is in force: clients opening at once retry (with a bound) instead of failing.
+        let give_up = tokio::time::Instant::now() + url.busy_timeout;
+        let pool = loop {
+            let opened = async {
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(url.busy_timeout)
+                    .connect_with(options.clone())
+                    .await?;
+                sqlx::query(&create).execute(&pool).await?;
+                Ok::<_, sqlx::Error>(pool)
+            };
+            match opened.await {
+                Ok(pool) => break pool,
+                Err(e) if busy(&e) && tokio::time::Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => return Err(failed(format!("opening the database and table {t}: {e}"))),
+            }
+        };
+        let sql = Statements::new(t);
+        Ok(Client { inner: Arc::new(Inner { url, pool, sql }) })
+    }
+
+    /// The URL this client opened.
+    pub fn url(&self) -> &SqliteUrl {
+        &self.inner.url
+    }
+
+    /// The lease: how long a holder that stopped extending keeps the lock.
+    pub fn lease(&self) -> Duration {
+        self.inner.url.lease
+    }
+
+    /// A mutex on lock `name` (any non-empty name of at most 64 characters, ShedLock's limit).
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
+        if name.is_empty() {
+            return Err(bad("the lock name is empty"));
+        }
+        if name.chars().count() > 64 {
+            return Err(bad("a lock name has at most 64 characters (the table's name column)"));
+        }
+        Ok(Mutex::new(self.clone(), name.to_string()))
+    }
+
+    /// Closes the database's connections.
+    pub async fn close(self, _bound: Duration) {
+        self.inner.pool.close().await;
+    }
+
+    /// The wake-up shared by every waiter in this process for lock `name` of this table.
+    fn releases(&self, name: &str) -> Arc<Notify> {
+        static WAITERS: OnceLock<StdMutex<HashMap<String, Weak<Notify>>>> = OnceLock::new();
+        let key = format!("{}\0{}\0{name}", self.inner.url.path.display(), self.inner.url.table);
+        let mut map = WAITERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get(&key).and_then(Weak::upgrade) {
+            return n;
+        }
+        map.retain(|_, w| w.strong_count() > 0);
+        let n = Arc::new(Notify::new());
+        map.insert(key, Arc::downgrade(&n));
+        n
+    }
+}
+
+/// SQLite's "database is locked" (SQLITE_BUSY, 5) or "database table is locked" (6).
+fn busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("5") | Some("6")))
+}
+
+pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
+    Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}

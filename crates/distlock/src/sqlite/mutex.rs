@@ -1,0 +1,301 @@
+//! A mutex on a lease row, with a watchdog that extends it.
+
+use super::{backend, Client};
+use crate::lease::Lease;
+use crate::{Error, LockState, LostReason, Result};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A lock on one row of the lease table. Not reentrant: a second acquire waits like anyone's.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(db: distlock::sqlite::Client) -> distlock::Result<()> {
+/// let lock = db.mutex("nightly-report")?;
+/// match lock.lock_timeout(std::time::Duration::from_secs(5)).await? {
+///     Some(guard) => guard.release().await?,
+///     None => println!("busy"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    client: Client,
+    name: String,
+}
+
+/// The lease row of a lock, from [`Mutex::inspect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::sqlite::Mutex) -> distlock::Result<()> {
+/// if let Some(v) = lock.inspect().await? {
+///     println!("{} until {} (held: {})", v.locked_by, v.lock_until, v.held);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseView {
+    /// The lock's name.
+    pub name: String,
+    /// The last holder (`host:pid:random`).
+    pub locked_by: String,
+    /// When it took the lock (UTC).
+    pub locked_at: String,
+    /// When its lease ends or ended (UTC).
+    pub lock_until: String,
+    /// The last fencing token handed out.
+    pub fencing_token: u64,
+    /// `lock_until` is still ahead: someone holds it.
+    pub held: bool,
+}
+
+/// Polling bounds while waiting (a release in this process wakes waiters at once).
+const FIRST_RETRY: Duration = Duration::from_millis(2);
+const MAX_RETRY: Duration = Duration::from_millis(50);
+
+impl Mutex {
+    pub(crate) fn new(client: Client, name: String) -> Mutex {
+        Mutex { client, name }
+    }
+
+    /// The lock's name (its row's key).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits as long as it takes.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// Takes the lock only if it is free; never waits.
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        self.acquire(None).await
+    }
+
+    /// Waits at most `timeout`; `None` if the lock was not had in time.
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
+        self.acquire(Some(timeout)).await
+    }
+
+    /// The lock's row now, if it was ever taken.
+    pub async fn inspect(&self) -> Result<Option<LeaseView>> {
+        let inner = &self.client.inner;
+        let row: Option<(String, String, String, i64, bool)> = sqlx::query_as(&inner.sql.view)
+            .bind(&self.name)
+            .fetch_optional(&inner.pool)
+            .await
+            .map_err(|e| backend("inspect", &self.name, e))?;
+        Ok(row.map(|(locked_by, locked_at, lock_until, token, held)| LeaseView {
+            name: self.name.clone(),
+            locked_by,
+            locked_at,
+            lock_until,
+            fencing_token: token as u64,
+            held,
+        }))
+    }
+
+    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
+        let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+        let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
+        let holder = format!("{host}:{}:{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let releases = self.client.releases(&self.name);
+        let mut retry = FIRST_RETRY;
+        loop {
+            let woken = releases.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let sent = Instant::now();
+            if let Some(token) = self.try_once(&holder).await? {
+                return Ok(Some(MutexGuard::new(self.client.clone(), self.name.clone(), holder, token, sent)));
+            }
+            let now = Instant::now();
+            let until = match (wait, deadline) {
+                (None, _) => return Ok(None),
+                (Some(_), Some(d)) if now >= d => return Ok(None),
+                (Some(_), Some(d)) => d.min(now + retry),
+                (Some(_), None) => now + retry,
+            };
+            tokio::select! {
+                _ = woken => retry = FIRST_RETRY,
+                _ = tokio::time::sleep_until(until) => retry = (retry * 2).min(MAX_RETRY),
+            }
+        }
+    }
+
+    /// One upsert: the token if we took the row, `None` if someone holds it.
+    async fn try_once(&self, holder: &str) -> Result<Option<u64>> {
+        let inner = &self.client.inner;
+        let token: Option<i64> = sqlx::query_scalar(&inner.sql.acquire)
+            .bind(&self.name)
+            .bind(holder)
+            .bind(inner.url.lease_modifier())
+            .fetch_optional(&inner.pool)
+            .await
+            .map_err(|e| backend("acquire", &self.name, e))?;
+        Ok(token.map(|t| t as u64))
+    }
+}
+
+/// Proof of holding a [`Mutex`]: the row is ours until `lease_deadline`, which the watchdog keeps
+/// moving. Released by [`release`](MutexGuard::release) or, in the background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::sqlite::Mutex) -> distlock::Result<()> {
+/// let guard = lock.lock().await?;
+/// tokio::select! {
+///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
+///     reason = guard.lost() => eprintln!("lost: {reason}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MutexGuard {
+    hold: Option<Hold>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    client: Client,
+    name: String,
+    holder: String,
+    token: u64,
+    lease: Arc<Lease>,
+    watchdog: tokio::task::JoinHandle<()>,
+}
+
+impl MutexGuard {
+    fn new(client: Client, name: String, holder: String, token: u64, sent: Instant) -> MutexGuard {
+        let lease = Arc::new(Lease::new(sent, client.lease()));
+        let watchdog = tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone()));
+        MutexGuard { hold: Some(Hold { client, name, holder, token, lease, watchdog }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// Larger than every token an earlier holder of this lock got.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold().token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold().name
+    }
+
+    /// Our mark in the row's `locked_by`: `host:pid:random`.
+    pub fn holder_id(&self) -> &str {
+        &self.hold().holder
+    }
+
+    /// The instant after which another process may take the row over unless an extension is
+    /// confirmed first.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().lease.deadline().into_std()
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LockState {
+        let h = self.hold();
+        h.lease.state(&h.name)
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.hold().lease.subscribe()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the lease deadline passed without a
+    /// confirmed extension, or an extension found the row taken over.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let h = self.hold();
+        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
+    }
+
+    /// Ends the lease now; [`Error::LockLost`] if it had been lost or taken over before.
+    pub async fn release(mut self) -> Result<()> {
+        let Hold { client, name, holder, lease, watchdog, .. } =
+            self.hold.take().expect("a guard holds until released");
+        watchdog.abort();
+        let before = lease.state(&name);
+        lease.end();
+        if let LockState::Lost(reason) = before {
+            return Err(Error::LockLost { lock: name, reason });
+        }
+        match crate::detach::detach(release(client, name.clone(), holder)).await? {
+            true => Ok(()),
+            false => Err(Error::LockLost { lock: name, reason: LostReason::KeyDeleted }),
+        }
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        let Some(Hold { client, name, holder, lease, watchdog, .. }) = self.hold.take() else { return };
+        watchdog.abort();
+        lease.end();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = release(client, name.clone(), holder).await {
+                    tracing::warn!(lock = name, error = %e, "release on drop failed; the lease runs out instead");
+                }
+            });
+        }
+    }
+}
+
+/// Ends our lease on the row; true if it was still ours. Wakes this process's waiters.
+async fn release(client: Client, name: String, holder: String) -> Result<bool> {
+    let inner = &client.inner;
+    let done = sqlx::query(&inner.sql.release)
+        .bind(&name)
+        .bind(&holder)
+        .execute(&inner.pool)
+        .await
+        .map_err(|e| backend("release", &name, e))?;
+    client.releases(&name).notify_waiters();
+    Ok(done.rows_affected() == 1)
+}
+
+/// Extends the lease every third of it (sooner after a failure, while time is left); `Lost` when
+/// the row is no longer ours or the deadline passes without a confirmed extension.
+async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease>) {
+    let period = client.lease() / 3;
+    let inner = &client.inner;
+    loop {
+        let left = lease.deadline().saturating_duration_since(Instant::now());
+        tokio::time::sleep(period.min(left / 2)).await;
+        let deadline = lease.deadline();
+        if Instant::now() >= deadline {
+            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+            return;
+        }
+        let sent = Instant::now();
+        let extend = sqlx::query(&inner.sql.extend).bind(&name).bind(&holder).bind(inner.url.lease_modifier());
+        match tokio::time::timeout_at(deadline, extend.execute(&inner.pool)).await {
+            Ok(Ok(done)) if done.rows_affected() == 1 => lease.confirmed(sent, &name),
+            Ok(Ok(_)) => {
+                lease.publish(LockState::Lost(LostReason::KeyDeleted), &name);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lock = name, error = %e, "lease extension failed");
+                lease.publish(LockState::Suspended, &name);
+            }
+            Err(_) => {
+                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+                return;
+            }
+        }
+    }
+}

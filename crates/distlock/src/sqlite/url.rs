@@ -1,0 +1,118 @@
+//! `sqlite://` URLs.
+
+use crate::{parse_duration, Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default lease.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A parsed `sqlite://PATH[?lease=30s&table=distlock_leases&busy_timeout=5s]`: `sqlite:///abs/locks.db`
+/// is an absolute path, `sqlite://locks.db` (or `sqlite:locks.db`) a relative one.
+///
+/// Query keys:
+/// - `lease`: how long a holder that stopped extending keeps a lock (default 30 s, from 1 s to
+///   a day; the watchdog extends it every third);
+/// - `table`: the lease table (default `distlock_leases`; `shedlock` shares ShedLock's table if it
+///   has the `fencing_token` column);
+/// - `busy_timeout`: how long a statement waits for SQLite's file lock (default 5 s).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::sqlite::SqliteUrl;
+/// let url = SqliteUrl::parse("sqlite:///tmp/locks.db?lease=5s").unwrap();
+/// assert_eq!(url.path.to_str(), Some("/tmp/locks.db"));
+/// assert_eq!(url.lease, std::time::Duration::from_secs(5));
+/// assert!(SqliteUrl::parse("sqlite:///tmp/locks.db?table=x;drop").is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqliteUrl {
+    /// The database file.
+    pub path: PathBuf,
+    /// See the query keys above.
+    pub lease: Duration,
+    /// The lease table.
+    pub table: String,
+    /// SQLite's busy timeout.
+    pub busy_timeout: Duration,
+}
+
+impl std::fmt::Display for SqliteUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sqlite://{}", self.path.display())
+    }
+}
+
+impl SqliteUrl {
+    /// Parses a `sqlite://` (or `sqlite:`) URL.
+    pub fn parse(url: &str) -> Result<SqliteUrl> {
+        let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .ok_or_else(|| bad("a SQLite URL starts with sqlite://".into()))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() || path == ":memory:" {
+            return Err(bad(
+                "give the database file: sqlite:///path/locks.db (a lock shared in memory is shared with nobody)"
+                    .into(),
+            ));
+        }
+        let mut out = SqliteUrl {
+            path: PathBuf::from(path),
+            lease: DEFAULT_LEASE,
+            table: "distlock_leases".into(),
+            busy_timeout: Duration::from_secs(5),
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "lease" => out.lease = parse_duration(v)?,
+                "busy_timeout" => out.busy_timeout = parse_duration(v)?,
+                "table" => out.table = v.to_string(),
+                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, table, busy_timeout)"))),
+            }
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&out.lease) {
+            return Err(bad(format!("lease={} must be from 1s to 1 day", humantime::format_duration(out.lease))));
+        }
+        let t = &out.table;
+        let ident = t.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && t.len() <= 63;
+        if !ident {
+            return Err(bad(format!("table={t}: a table name is letters, digits and _ (not starting with a digit)")));
+        }
+        Ok(out)
+    }
+
+    /// The lease as a SQLite date modifier: `+30.000 seconds`.
+    pub(crate) fn lease_modifier(&self) -> String {
+        format!("+{}.{:03} seconds", self.lease.as_secs(), self.lease.subsec_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_their_errors() {
+        let u = SqliteUrl::parse("sqlite:locks.db?lease=1500ms&table=shedlock").unwrap();
+        assert_eq!(u.path, PathBuf::from("locks.db"));
+        assert_eq!(u.lease_modifier(), "+1.500 seconds");
+        assert_eq!(u.table, "shedlock");
+        for (url, says) in [
+            ("sqlite://", "database file"),
+            ("sqlite://:memory:", "memory"),
+            ("sqlite:///x.db?lease=10ms", "lease"),
+            ("sqlite:///x.db?table=1x", "table=1x"),
+            ("sqlite:///x.db?nope=1", "nope"),
+            ("mysql://x", "sqlite://"),
+        ] {
+            let e = SqliteUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The SQLite lease table on real database files (one per test, in a temporary directory).
+#![cfg(feature = "sqlite")]
+
+use distlock::optimistic::optimistic_update;
+use distlock::sqlite::Client;
+use distlock::{Error, LockState, LostReason};
+use distlock_faults::{FencedResource, Mode};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A fresh database file's URL (the directory is removed with the returned guard).
+fn db(query: &str) -> (String, TempDir) {
+    let dir = std::env::temp_dir().join(format!("distlock-sqlite-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    (format!("sqlite://{}/locks.db{query}", dir.display()), TempDir(dir))
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A plain connection for looking at the file as a third party.
+async fn raw(url: &str) -> sqlx::SqliteConnection {
+    use sqlx::Connection;
+    sqlx::SqliteConnection::connect(url.split('?').next().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_row_has_shedlocks_columns_a_rising_token_and_ends_at_release() {
+    let (url, _dir) = db("?lease=10s");
+    let a = Client::connect(&url).await.unwrap();
+    let lock = a.mutex("report").unwrap();
+    let g = lock.lock().await.unwrap();
+    assert_eq!(g.state(), LockState::Held);
+    assert!(g.lease_deadline() > std::time::Instant::now() + Duration::from_secs(9));
+    let mut raw = raw(&url).await;
+    let (locked_by, held, token): (String, bool, i64) = sqlx::query_as(
+        "SELECT locked_by, lock_until > strftime('%Y-%m-%d %H:%M:%f','now') AND locked_at <= lock_until, \
+         fencing_token FROM distlock_leases WHERE name = 'report'",
+    )
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert_eq!(locked_by, g.holder_id());
+    assert!(held, "lock_until is ahead");
+    assert_eq!(token as u64, g.fencing_token());
+    // Held: another client cannot have it, now or within a bounded wait.
+    let b = Client::connect(&url).await.unwrap();
+    assert!(b.mutex("report").unwrap().try_lock().await.unwrap().is_none());
+    assert!(b.mutex("report").unwrap().lock_timeout(Duration::from_millis(100)).await.unwrap().is_none());
+    let view = lock.inspect().await.unwrap().unwrap();
+    assert!(view.held && view.locked_by == g.holder_id(), "{view:?}");
+    g.release().await.unwrap();
+    assert!(!lock.inspect().await.unwrap().unwrap().held, "released: lock_until is now");
+    let again = b.mutex("report").unwrap().try_lock().await.unwrap().expect("free after the release");
+    assert_eq!(again.fencing_token(), token as u64 + 1, "one more per holder");
+    again.release().await.unwrap();
+    // Bad names and URLs are named, not panics.
+    assert!(matches!(a.mutex(""), Err(Error::InvalidLockPath { .. })));
+    assert!(matches!(a.mutex(&"x".repeat(65)), Err(Error::InvalidLockPath { .. })));
+    let e = Client::connect("sqlite:///nonexistent-dir-distlock/x.db").await.unwrap_err().to_string();
+    assert!(e.contains("nonexistent-dir-distlock"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_with_the_fenced_checker_and_rising_tokens() {
+    const CLIENTS: usize = 4;
+    const CYCLES: u64 = 15;
+    let (url, _dir) = db("?lease=5s");
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..CLIENTS {
+        let (url, resource) = (url.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let db = Client::connect(&url).await.unwrap();
+            let lock = db.mutex("counter").unwrap();
+            for seq in 0..CYCLES {
+                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
+    let view = Client::connect(&url).await.unwrap().mutex("counter").unwrap().inspect().await.unwrap().unwrap();
+    assert!(!view.held, "nothing left held: {view:?}");
+    assert_eq!(view.fencing_token, (CLIENTS as u64) * CYCLES, "one token per hold");
+}
+
+/// A holder whose extensions stall (the file's write lock held from outside past its lease, as a
+/// stalled disk would) reports `Lost` at its lease deadline, not before; the row is then taken
+/// over at once, with a higher token, and the old guard's release reports the loss.
+#[tokio::test]
+async fn a_silent_holder_is_taken_over_after_its_lease_and_learns_it() {
+    let (url, _dir) = db("?lease=1s");
+    let a = Client::connect(&url).await.unwrap();
+    let old = a.mutex("job").unwrap().lock().await.unwrap();
+    let deadline = old.lease_deadline();
+    // Freeze the holder's extensions: take SQLite's write lock on the file from outside for
+    // longer than the lease (the holder's watchdog fails with "database is locked").
+    let mut blocker = raw(&url).await;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut blocker).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), old.lost()).await.expect("lost within the lease");
+    assert_eq!(lost, LostReason::LeaseExpired);
+    assert!(std::time::Instant::now() >= deadline, "not before its deadline");
+    // Let go: the row is expired on the database's clock, so another client takes it over.
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let b = Client::connect(&url).await.unwrap();
+    let started = Instant::now();
+    let new = tokio::time::timeout(Duration::from_secs(5), b.mutex("job").unwrap().lock()).await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "no wait beyond the lease");
+    assert!(new.fencing_token() > old.fencing_token());
+    assert!(matches!(old.release().await, Err(Error::LockLost { .. })), "the old guard's release reports the loss");
+    assert_eq!(new.name(), "job");
+    new.release().await.unwrap();
+}
+
+/// The seed's account (balance 1000, version 1; +100 and −50 read at once): one write wins, the
+/// other finds the version moved, reads again and writes; the balance is 1050.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_optimistic_account_on_sqlite() {
+    let (url, _dir) = db("");
+    let _ = Client::connect(&url).await.unwrap(); // creates the file
+    let mut admin = raw(&url).await;
+    sqlx::query("CREATE TABLE account (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL, version BIGINT NOT NULL)")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO account VALUES (1, 1000, 1)").execute(&mut admin).await.unwrap();
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let session = |delta: i64| {
+        let (url, both_read) = (url.clone(), both_read.clone());
+        tokio::spawn(async move {
+            let db = tokio::sync::Mutex::new(raw(&url).await);
+            let first = std::sync::atomic::AtomicBool::new(true);
+            optimistic_update(
+                5,
+                || async {
+                    let read: (i64, i64) = sqlx::query_as("SELECT balance, version FROM account WHERE id = 1")
+                        .fetch_one(&mut *db.lock().await)
+                        .await?;
+                    if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                        both_read.wait().await;
+                    }
+                    Ok::<_, sqlx::Error>(read)
+                },
+                |balance: &i64| Some(balance + delta),
+                |new: &i64, version: i64| {
+                    let (db, new) = (&db, *new);
+                    async move {
+                        let done = sqlx::query(
+                            "UPDATE account SET balance = ?1, version = version + 1 WHERE id = 1 AND version = ?2",
+                        )
+                        .bind(new)
+                        .bind(version)
+                        .execute(&mut *db.lock().await)
+                        .await?;
+                        Ok(done.rows_affected() == 1)
+                    }
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap()
+        })
+    };
+    let (a, b) = (session(100), session(-50));
+    let mut attempts = vec![a.await.unwrap().attempts, b.await.unwrap().attempts];
+    attempts.sort();
+    let (balance, version): (i64, i64) =
+        sqlx::query_as("SELECT balance, version FROM account WHERE id = 1").fetch_one(&mut admin).await.unwrap();
+    assert_eq!((balance, version), (1050, 3));
+    assert_eq!(attempts, vec![1, 2], "one conflict, one retry");
+}
