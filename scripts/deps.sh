@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs from Debian's packages, only if missing:
-# ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests) and Redis.
+# ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis and
+# MariaDB (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
 [[ -f /usr/share/java/zookeeper.jar ]] || need+=(zookeeper)
@@ -8,6 +9,7 @@ need=()
 command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
+[[ -x /usr/sbin/mariadbd ]] || need+=(mariadb-server)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "deps.sh: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

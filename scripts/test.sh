@@ -5,7 +5,9 @@
 #   scripts/test.sh                       every server: Apache ZooKeeper, distlock's own, then a
 #                                         3-node Apache ZooKeeper ensemble; one redis-server
 #                                         (scripts/redis.sh) serves the Redis tests throughout,
-#                                         and one PostgreSQL (scripts/postgres.sh) the PostgreSQL ones
+#                                         one PostgreSQL (scripts/postgres.sh) the PostgreSQL ones, and
+#                                         one MariaDB (scripts/mariadb.sh) the MariaDB ones (SQLite
+#                                         tests make their own database files)
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
@@ -31,6 +33,7 @@ started=()
 cleanup() {
     scripts/redis.sh stop .tmp/test-redis
     scripts/postgres.sh stop .tmp/test-postgres
+    scripts/mariadb.sh stop .tmp/test-mariadb
     for s in "${started[@]}"; do
         case "$s" in
             zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
@@ -49,6 +52,10 @@ scripts/postgres.sh stop .tmp/test-postgres 2>/dev/null || true
 rm -rf .tmp/test-postgres; mkdir -p .tmp/test-postgres
 DISTLOCK_TEST_POSTGRES=$(scripts/postgres.sh start .tmp/test-postgres)
 export DISTLOCK_TEST_POSTGRES
+scripts/mariadb.sh stop .tmp/test-mariadb 2>/dev/null || true
+rm -rf .tmp/test-mariadb; mkdir -p .tmp/test-mariadb
+DISTLOCK_TEST_MYSQL=$(scripts/mariadb.sh start .tmp/test-mariadb)
+export DISTLOCK_TEST_MYSQL
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"

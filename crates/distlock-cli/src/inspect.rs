@@ -10,7 +10,7 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL, SQLite).
+    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL, MariaDB, SQLite).
     #[arg(value_name = "LOCK")]
     lock: String,
 }
@@ -61,6 +61,20 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                     s.client_addr.as_deref().unwrap_or("local"),
                     s.application_name
                 );
+            }
+        }
+        return Ok(0);
+    }
+    if let Some(db) = client.mysql() {
+        let view = db.inspect(&args.lock).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&view)?);
+        } else {
+            match view.holder_connection {
+                Some(id) => {
+                    println!("{}: held by connection {id}; fencing token {}", view.name, token_text(view.last_token))
+                }
+                None => println!("{}: free; last fencing token {}", view.name, token_text(view.last_token)),
             }
         }
         return Ok(0);

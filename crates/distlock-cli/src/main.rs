@@ -111,7 +111,8 @@ pub struct BackendArg {
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
     /// redis+cluster://node1:7000,node2:7001?lease=30s,
-    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw, or
+    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
+    /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
     /// sqlite:///path/locks.db?lease=30s&table=distlock_leases
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,

@@ -27,6 +27,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis+cluster", "redis"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
     ("sqlite", "sqlite"),
 ];
 
@@ -59,6 +61,8 @@ pub async fn connect(url: &str) -> Result<Client> {
         "postgres" | "postgresql" => {
             Ok(Client { kind: ClientKind::Postgres(crate::postgres::Client::connect(url).await?) })
         }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Client { kind: ClientKind::Mysql(crate::mysql::Client::connect(url).await?) }),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Client { kind: ClientKind::Sqlite(crate::sqlite::Client::connect(url).await?) }),
         _ => match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
@@ -97,6 +101,8 @@ enum ClientKind {
     Redis(crate::redis::Client),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::Client),
+    #[cfg(feature = "mysql")]
+    Mysql(crate::mysql::Client),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::Client),
 }
@@ -132,7 +138,7 @@ enum Kind {
 }
 
 impl Client {
-    /// `zookeeper`, `redis`, `postgres` or `sqlite`.
+    /// `zookeeper`, `redis`, `postgres`, `mysql` or `sqlite`.
     pub fn backend(&self) -> &'static str {
         match &self.kind {
             #[cfg(feature = "zookeeper")]
@@ -141,6 +147,8 @@ impl Client {
             ClientKind::Redis(_) => "redis",
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(_) => "postgres",
+            #[cfg(feature = "mysql")]
+            ClientKind::Mysql(_) => "mysql",
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(_) => "sqlite",
         }
@@ -151,6 +159,16 @@ impl Client {
     pub fn postgres(&self) -> Option<&crate::postgres::Client> {
         match &self.kind {
             ClientKind::Postgres(c) => Some(c),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The typed MariaDB client, if this is one.
+    #[cfg(feature = "mysql")]
+    pub fn mysql(&self) -> Option<&crate::mysql::Client> {
+        match &self.kind {
+            ClientKind::Mysql(c) => Some(c),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -196,6 +214,8 @@ impl Client {
             ClientKind::Redis(c) => c.lease(),
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.lease(),
+            #[cfg(feature = "mysql")]
+            ClientKind::Mysql(c) => c.lease(),
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.lease(),
         }
@@ -212,6 +232,8 @@ impl Client {
             ClientKind::Redis(_) => Ok(name.to_string()),
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.key(name).map(|_| name.to_string()),
+            #[cfg(feature = "mysql")]
+            ClientKind::Mysql(c) => c.mutex(name).map(|_| name.to_string()),
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.mutex(name).map(|_| name.to_string()),
         }
@@ -274,6 +296,16 @@ impl Client {
                     })
                 }
             },
+            #[cfg(feature = "mysql")]
+            ClientKind::Mysql(c) => match kind {
+                Kind::Mutex => LockKind::Mysql(c.mutex(&name)?),
+                other => {
+                    return Err(Error::Unsupported {
+                        backend: "mysql",
+                        what: format!("{other:?} on {name} (MariaDB's GET_LOCK gives the mutex only)"),
+                    })
+                }
+            },
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => match kind {
                 Kind::Mutex => LockKind::Sqlite(c.mutex(&name)?),
@@ -298,6 +330,8 @@ impl Client {
             ClientKind::Redis(c) => c.close(bound).await,
             #[cfg(feature = "postgres")]
             ClientKind::Postgres(c) => c.close(bound).await,
+            #[cfg(feature = "mysql")]
+            ClientKind::Mysql(c) => c.close(bound).await,
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.close(bound).await,
         }
@@ -360,6 +394,8 @@ enum LockKind {
     RedisPermit(crate::redis::Semaphore),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::Mutex),
+    #[cfg(feature = "mysql")]
+    Mysql(crate::mysql::Mutex),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::Mutex),
 }
@@ -401,6 +437,8 @@ impl Lock {
             LockKind::RedisPermit(s) => s.key(),
             #[cfg(feature = "postgres")]
             LockKind::Postgres(m) => m.name(),
+            #[cfg(feature = "mysql")]
+            LockKind::Mysql(m) => m.name(),
             #[cfg(feature = "sqlite")]
             LockKind::Sqlite(m) => m.name(),
         }
@@ -474,6 +512,13 @@ impl Lock {
                 Some(t) => m.lock_timeout(t).await?,
             }
             .map(GuardKind::Postgres),
+            #[cfg(feature = "mysql")]
+            LockKind::Mysql(m) => match timeout {
+                None => Some(m.lock().await?),
+                Some(t) if t.is_zero() => m.try_lock().await?,
+                Some(t) => m.lock_timeout(t).await?,
+            }
+            .map(GuardKind::Mysql),
             #[cfg(feature = "sqlite")]
             LockKind::Sqlite(m) => match timeout {
                 None => Some(m.lock().await?),
@@ -520,6 +565,8 @@ enum GuardKind {
     RedisPermit(crate::redis::SemaphorePermit),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::MutexGuard),
+    #[cfg(feature = "mysql")]
+    Mysql(crate::mysql::MutexGuard),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::MutexGuard),
 }
@@ -541,6 +588,8 @@ macro_rules! each {
             GuardKind::RedisPermit($g) => $e,
             #[cfg(feature = "postgres")]
             GuardKind::Postgres($g) => $e,
+            #[cfg(feature = "mysql")]
+            GuardKind::Mysql($g) => $e,
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite($g) => $e,
         }
@@ -575,6 +624,8 @@ impl Guard {
             GuardKind::RedisPermit(g) => g.key().to_string(),
             #[cfg(feature = "postgres")]
             GuardKind::Postgres(g) => g.name().to_string(),
+            #[cfg(feature = "mysql")]
+            GuardKind::Mysql(g) => g.name().to_string(),
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite(g) => g.name().to_string(),
         }
@@ -598,6 +649,8 @@ impl Guard {
             GuardKind::RedisPermit(g) => g.holder_id().to_string(),
             #[cfg(feature = "postgres")]
             GuardKind::Postgres(g) => g.holder_id(),
+            #[cfg(feature = "mysql")]
+            GuardKind::Mysql(g) => g.holder_id(),
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite(g) => g.holder_id().to_string(),
         }

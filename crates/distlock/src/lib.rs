@@ -52,16 +52,18 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) mod any;
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod blocking;
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "sqlite")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
 mod detach;
 mod duration;
 mod error;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod lease;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod optimistic;
 mod owner;
 #[cfg(feature = "postgres")]
@@ -75,7 +77,7 @@ mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};

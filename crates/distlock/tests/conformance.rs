@@ -1,6 +1,6 @@
 //! One contract, every backend: the same scenarios through `distlock::connect(url)` against each
 //! server the test run provides (`DISTLOCK_TEST_ZK` for ZooKeeper, `DISTLOCK_TEST_REDIS` for
-//! Redis, `DISTLOCK_TEST_POSTGRES` for PostgreSQL; `scripts/test.sh` sets them all; SQLite always, on a file of its own). A backend whose variable is unset is reported and
+//! Redis, `DISTLOCK_TEST_POSTGRES` for PostgreSQL, `DISTLOCK_TEST_MYSQL` for MariaDB; `scripts/test.sh` sets them all; SQLite always, on a file of its own). A backend whose variable is unset is reported and
 //! skipped, so a new backend joins by adding its URL to `backends()`.
 
 use distlock::{Error, LockState, MultiLock};
@@ -22,6 +22,10 @@ fn backends() -> Vec<String> {
     match std::env::var("DISTLOCK_TEST_POSTGRES") {
         Ok(url) => urls.push(format!("{url}?lease=4s")),
         Err(_) => eprintln!("conformance: DISTLOCK_TEST_POSTGRES unset, PostgreSQL skipped"),
+    }
+    match std::env::var("DISTLOCK_TEST_MYSQL") {
+        Ok(url) => urls.push(format!("{url}?lease=4s")),
+        Err(_) => eprintln!("conformance: DISTLOCK_TEST_MYSQL unset, MariaDB skipped"),
     }
     // SQLite needs no server: a database file of this test's own.
     let dir = std::env::temp_dir().join(unique("distlock-conformance-sqlite"));
@@ -113,8 +117,8 @@ async fn busy_timeouts_release_on_drop_and_the_guard_contract() {
 async fn readers_share_writers_exclude_and_permits_count() {
     for url in backends() {
         let (a, b) = (connect(&url).await, connect(&url).await);
-        if url.starts_with("sqlite") {
-            // The lease table has the mutex only: the lock says so when it is made.
+        if url.starts_with("sqlite") || url.starts_with("mysql") {
+            // The lease table and GET_LOCK have the mutex only: the lock says so when it is made.
             assert!(matches!(a.read_lock("x"), Err(Error::Unsupported { .. })), "{url}");
             assert!(matches!(a.semaphore_permit("x", 2), Err(Error::Unsupported { .. })), "{url}");
             continue;

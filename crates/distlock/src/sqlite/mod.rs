@@ -134,6 +134,7 @@ impl Client {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(url.busy_timeout);
+        let options = sqlx::ConnectOptions::disable_statement_logging(options);
         let t = &url.table;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \

@@ -1,0 +1,223 @@
+//! The MariaDB (and MySQL) backend: `GET_LOCK` user locks, each held on a connection of its own,
+//! fenced by a counter row and honest about loss.
+//!
+//! # Layout
+//!
+//! | Piece | On the server |
+//! |---|---|
+//! | Lock `name` | the user lock `GET_LOCK(name, timeout)` (names of at most 64 characters, the server's limit), released by `RELEASE_LOCK(name)` or when the connection ends |
+//! | Fencing counter | row `(name, token)` of table `distlock_fencing`, advanced right after the grant: `greatest(last + 1, server clock in µs)`, never deleted |
+//!
+//! # Leases and loss
+//!
+//! A user lock has no lease: the server keeps it until the holding connection ends. Every lock
+//! connection sets its session's `wait_timeout` to the lease, so the server closes a connection
+//! that sent nothing for that long (freeing its locks). The guard pings every sixth of the lease;
+//! its [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last answered ping
+//! plus the lease, less a drift margin, and [`lost`](MutexGuard::lost) resolves there if no ping
+//! was answered since, before the server can give the lock to anyone else. A connection the server
+//! closed (`KILL`, a restart) is `Lost` at the next ping (a sixth of the lease at most): sqlx's
+//! MariaDB connection has no signal of its own for that.
+//!
+//! # Connections
+//!
+//! A held lock owns its connection; after a clean release the connection serves the next acquire.
+//! A wait that is dropped closes its connection, and the server ends a `GET_LOCK` wait whose
+//! client is gone.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let db = distlock::mysql::Client::connect("mysql://app@127.0.0.1:3306/app?lease=10s").await?;
+//! let guard = db.mutex("orders")?.lock().await?;
+//! println!("token {}, lease until {:?}", guard.fencing_token(), guard.lease_deadline());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod mutex;
+mod url;
+
+pub use mutex::{Mutex, MutexGuard};
+pub use url::MysqlUrl;
+
+use crate::{Error, Result};
+use sqlx::{Connection, MySqlConnection};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+/// Idle connections kept for reuse, at most.
+const MAX_IDLE: usize = 16;
+
+/// The fencing counters' table (created on connect if missing).
+pub const FENCING_TABLE: &str = "distlock_fencing";
+
+/// A MariaDB server to take locks on: the URL, and idle lock connections to reuse. Cheap to clone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let db = distlock::mysql::Client::connect("mysql://root@127.0.0.1:3306/app").await?;
+/// if let Some(g) = db.mutex("reports")?.try_lock().await? {
+///     g.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: MysqlUrl,
+    idle: StdMutex<Vec<Conn>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("url", &self.inner.url).finish()
+    }
+}
+
+/// One lock connection and its server-side id (`CONNECTION_ID()`).
+pub(crate) struct Conn {
+    pub(crate) conn: MySqlConnection,
+    pub(crate) id: u64,
+}
+
+impl Client {
+    /// Connects to the server named by a `mysql://` URL (see [`MysqlUrl`]): opens one connection
+    /// to check it, creates the fencing table if missing, and keeps that connection for the first
+    /// lock.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_url(MysqlUrl::parse(url)?).await
+    }
+
+    /// Connects with a parsed URL.
+    pub async fn connect_url(url: MysqlUrl) -> Result<Client> {
+        let client = Client { inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()) }) };
+        let mut conn = client.open().await?;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+             token BIGINT NOT NULL) ENGINE=InnoDB"
+        );
+        sqlx::query(&create).execute(&mut conn.conn).await.map_err(|e| backend("CREATE TABLE", FENCING_TABLE, e))?;
+        client.put_back(conn);
+        Ok(client)
+    }
+
+    /// The URL this client connected with.
+    pub fn url(&self) -> &MysqlUrl {
+        &self.inner.url
+    }
+
+    /// How long the server keeps a silent holder's lock at most.
+    pub fn lease(&self) -> Duration {
+        self.inner.url.lease
+    }
+
+    /// A mutex on user lock `name` (1 to 64 characters).
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
+        if name.is_empty() {
+            return Err(bad("the lock name is empty"));
+        }
+        if name.chars().count() > 64 {
+            return Err(bad("a MariaDB user lock name has at most 64 characters"));
+        }
+        Ok(Mutex::new(self.clone(), name.to_string()))
+    }
+
+    /// Drops this handle's idle connections.
+    pub async fn close(self, _bound: Duration) {
+        let idle = std::mem::take(&mut *self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        for c in idle {
+            let _ = c.conn.close().await;
+        }
+    }
+
+    /// An idle connection, or a new one.
+    pub(crate) async fn checkout(&self) -> Result<Conn> {
+        let idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => self.open().await,
+        }
+    }
+
+    /// Keeps a connection that holds nothing for the next acquire.
+    pub(crate) fn put_back(&self, conn: Conn) {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// Opens a lock connection and sets its session's loss bound.
+    pub(crate) async fn open(&self) -> Result<Conn> {
+        let url = &self.inner.url;
+        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        let setup = async {
+            let mut conn = MySqlConnection::connect_with(&url.options).await?;
+            let secs = url.lease.as_secs();
+            sqlx::query(&format!("SET SESSION wait_timeout = {secs}, SESSION interactive_timeout = {secs}"))
+                .execute(&mut conn)
+                .await?;
+            let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn).await?;
+            Ok::<_, sqlx::Error>(Conn { conn, id })
+        };
+        tokio::time::timeout(url.connect_timeout, setup)
+            .await
+            .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(e.to_string()))
+    }
+}
+
+pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
+    Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}
+
+/// A lock as the server sees it, from [`Client::inspect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(db: distlock::mysql::Client) -> distlock::Result<()> {
+/// let view = db.inspect("orders").await?;
+/// match view.holder_connection {
+///     Some(id) => println!("held by connection {id} (KILL {id} frees it)"),
+///     None => println!("free"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LockView {
+    /// The lock's name.
+    pub name: String,
+    /// The holding connection's id (`IS_USED_LOCK`), if held.
+    pub holder_connection: Option<u64>,
+    /// The last fencing token handed out for this name.
+    pub last_token: Option<u64>,
+}
+
+impl Client {
+    /// Who holds lock `name` now, and its last fencing token.
+    pub async fn inspect(&self, name: &str) -> Result<LockView> {
+        self.mutex(name)?;
+        let mut conn = self.checkout().await?;
+        let holder: Option<u64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+            .bind(name)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map_err(|e| backend("inspect", name, e))?;
+        let token: Option<i64> = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&mut conn.conn)
+            .await
+            .map_err(|e| backend("inspect", name, e))?;
+        self.put_back(conn);
+        Ok(LockView { name: name.to_string(), holder_connection: holder, last_token: token.map(|t| t as u64) })
+    }
+}

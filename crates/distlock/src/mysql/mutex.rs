@@ -1,0 +1,292 @@
+//! A `GET_LOCK` mutex, fenced by a counter row.
+
+use super::{backend, Client, Conn, FENCING_TABLE};
+use crate::lease::Lease;
+use crate::{Error, LockState, LostReason, Result};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// An exclusive user lock, held by a connection of its own.
+///
+/// Waiting is done by the server (`GET_LOCK` with a timeout): no polling. Not reentrant: a
+/// second acquire through the same handle waits like anyone else's.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(db: distlock::mysql::Client) -> distlock::Result<()> {
+/// let lock = db.mutex("nightly-report")?;
+/// match lock.lock_timeout(std::time::Duration::from_secs(5)).await? {
+///     Some(guard) => guard.release().await?,
+///     None => println!("busy"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    client: Client,
+    name: String,
+}
+
+/// `GET_LOCK`'s timeout for "forever" (DistributedLock's choice; −1 is refused by MariaDB).
+const FOREVER_SECS: f64 = 4_294_967_295.0;
+
+/// Advances the counter row: one more than the last, never below the server clock in µs.
+const NEXT_TOKEN_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
+     VALUES (?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)) \
+     ON DUPLICATE KEY UPDATE token = GREATEST(token + 1, VALUES(token))";
+
+impl Mutex {
+    pub(crate) fn new(client: Client, name: String) -> Mutex {
+        debug_assert!(NEXT_TOKEN_SQL.contains(FENCING_TABLE));
+        Mutex { client, name }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits as long as it takes.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
+    }
+
+    /// Takes the lock only if it is free; never waits.
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        self.acquire(None).await
+    }
+
+    /// Waits at most `timeout`; `None` if the lock was not had in time (nothing is left held).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
+        self.acquire(Some(timeout)).await
+    }
+
+    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
+        let name = &self.name;
+        let mut conn = self.client.checkout().await?;
+        let secs = match wait {
+            None => 0.0,
+            Some(w) if w.as_secs_f64() >= FOREVER_SECS => FOREVER_SECS,
+            Some(w) => w.as_secs_f64(),
+        };
+        // Dropped while the server waits: the connection closes with this future, and the
+        // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(name)
+            .bind(secs)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map_err(|e| backend("acquire", name, e))?;
+        match got {
+            Some(1) => {}
+            Some(_) => {
+                self.client.put_back(conn); // timed out: it holds nothing
+                return Ok(None);
+            }
+            None => {
+                return Err(Error::Backend {
+                    op: "acquire",
+                    path: name.clone(),
+                    source: "GET_LOCK returned NULL (an error, or the wait was killed)".into(),
+                })
+            }
+        }
+        // Held. The lease runs from this statement's send: the server heard from us then. A
+        // failure drops the connection, which frees the lock.
+        let sent = Instant::now();
+        sqlx::query(NEXT_TOKEN_SQL)
+            .bind(name)
+            .execute(&mut conn.conn)
+            .await
+            .map_err(|e| backend("acquire (fencing token)", name, e))?;
+        let token: i64 = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
+            .bind(name)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map_err(|e| backend("acquire (fencing token)", name, e))?;
+        Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token as u64, sent)))
+    }
+}
+
+/// Proof of holding a [`Mutex`]: its connection, fencing token and lease deadline. Released by
+/// [`release`](MutexGuard::release) or, in the background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::mysql::Mutex) -> distlock::Result<()> {
+/// let guard = lock.lock().await?;
+/// tokio::select! {
+///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
+///     reason = guard.lost() => eprintln!("lost: {reason}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MutexGuard {
+    hold: Option<Hold>,
+}
+
+struct Hold {
+    client: Client,
+    conn: Arc<tokio::sync::Mutex<Conn>>,
+    name: String,
+    id: u64,
+    token: u64,
+    lease: Arc<Lease>,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("name", &self.name)
+            .field("connection", &self.id)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl MutexGuard {
+    fn new(client: Client, conn: Conn, name: String, token: u64, sent: Instant) -> MutexGuard {
+        let lease = Arc::new(Lease::new(sent, client.lease()));
+        let id = conn.id;
+        let conn = Arc::new(tokio::sync::Mutex::new(conn));
+        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), name.clone(), client.lease()));
+        MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, monitor }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// Larger than every token an earlier holder of this lock got.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold().token
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold().name
+    }
+
+    /// The holding connection, as `IS_USED_LOCK(name)` and the process list show it.
+    pub fn holder_id(&self) -> String {
+        format!("connection:{}", self.hold().id)
+    }
+
+    /// The instant after which the server may close our silent connection and give the lock to
+    /// someone else.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().lease.deadline().into_std()
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LockState {
+        let h = self.hold();
+        h.lease.state(&h.name)
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.hold().lease.subscribe()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the connection closed, or the lease
+    /// deadline passed without an answered ping.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let h = self.hold();
+        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
+    }
+
+    /// Unlocks and waits for the server; [`Error::LockLost`] if the lock had been lost before or
+    /// the server no longer had it.
+    pub async fn release(mut self) -> Result<()> {
+        let before = self.state();
+        let Hold { client, conn, name, lease, monitor, .. } = self.hold.take().expect("a guard holds until released");
+        monitor.abort();
+        let _ = monitor.await;
+        lease.end();
+        if let LockState::Lost(reason) = before {
+            return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
+        }
+        match crate::detach::detach(unlock(client, conn, name.clone())).await? {
+            true => Ok(()),
+            false => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
+        }
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        let Some(Hold { client, conn, name, lease, monitor, .. }) = self.hold.take() else { return };
+        monitor.abort();
+        lease.end();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = monitor.await;
+                if let Err(e) = unlock(client, conn, name.clone()).await {
+                    tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
+                }
+            });
+        }
+    }
+}
+
+/// `RELEASE_LOCK` on the held connection; true if it was held. The connection goes back to the
+/// idle list only after a clean release.
+async fn unlock(client: Client, conn: Arc<tokio::sync::Mutex<Conn>>, name: String) -> Result<bool> {
+    let released: Option<i64> = {
+        let mut c = conn.lock().await;
+        sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+            .bind(&name)
+            .fetch_one(&mut c.conn)
+            .await
+            .map_err(|e| backend("release", &name, e))?
+    };
+    let held = released == Some(1);
+    if held {
+        if let Ok(conn) = Arc::try_unwrap(conn) {
+            client.put_back(conn.into_inner());
+        }
+    }
+    Ok(held)
+}
+
+/// Pings the holding connection every sixth of the lease (sooner after a failure, while time is
+/// left); moves the deadline on with every answer; `Lost` at the deadline or when the connection
+/// is gone.
+async fn monitor(conn: Arc<tokio::sync::Mutex<Conn>>, lease: Arc<Lease>, name: String, bound: Duration) {
+    use sqlx::Connection;
+    let period = bound / 6;
+    loop {
+        let left = lease.deadline().saturating_duration_since(Instant::now());
+        tokio::time::sleep(period.min(left / 2)).await;
+        let deadline = lease.deadline();
+        if Instant::now() >= deadline {
+            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+            return;
+        }
+        let sent = Instant::now();
+        let ping = async { conn.lock().await.conn.ping().await };
+        match tokio::time::timeout_at(deadline, ping).await {
+            Ok(Ok(())) => lease.confirmed(sent, &name),
+            Ok(Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed))) => {
+                tracing::debug!(lock = name, error = %e, "the lock connection is gone");
+                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(lock = name, error = %e, "health check failed");
+                lease.publish(LockState::Suspended, &name);
+            }
+            Err(_) => {
+                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! `mysql://` URLs.
+
+use crate::{parse_duration, Error, Result};
+use std::time::Duration;
+
+/// Default lease: how long after the last request from a silent holder the server closes its
+/// connection (and so frees its locks).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A parsed `mysql://[user[:password]@]host[:port]/database[?lease=30s&connect_timeout=10s]`
+/// (`mariadb://` too).
+///
+/// Query keys:
+/// - `lease`: the session's `wait_timeout`, whole seconds from 3 s to a day (default 30 s): the
+///   longest the server keeps a silent holder's connection, and so its locks;
+/// - `connect_timeout`: bound on connecting (default 10 s).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::mysql::MysqlUrl;
+/// let url = MysqlUrl::parse("mysql://app:secret@127.0.0.1:3306/jobs?lease=6s").unwrap();
+/// assert_eq!(url.lease, std::time::Duration::from_secs(6));
+/// assert!(!url.to_string().contains("secret"));
+/// assert!(MysqlUrl::parse("mysql://127.0.0.1/jobs?lease=2500ms").is_err());
+/// ```
+#[derive(Clone)]
+pub struct MysqlUrl {
+    /// The connection settings.
+    pub options: sqlx::mysql::MySqlConnectOptions,
+    /// See the query keys above.
+    pub lease: Duration,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+    shown: String,
+}
+
+impl std::fmt::Debug for MysqlUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl std::fmt::Display for MysqlUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl MysqlUrl {
+    /// Parses a `mysql://` or `mariadb://` URL.
+    pub fn parse(url: &str) -> Result<MysqlUrl> {
+        let shown = redact(url);
+        let bad = |reason: String| Error::InvalidUrl { url: shown.clone(), reason };
+        let rest = url
+            .strip_prefix("mysql://")
+            .or_else(|| url.strip_prefix("mariadb://"))
+            .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
+        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (mut lease, mut connect_timeout) = (DEFAULT_LEASE, Duration::from_secs(10));
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "lease" => lease = parse_duration(v)?,
+                "connect_timeout" => connect_timeout = parse_duration(v)?,
+                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, connect_timeout)"))),
+            }
+        }
+        if !(Duration::from_secs(3)..=Duration::from_secs(86_400)).contains(&lease) || lease.subsec_nanos() != 0 {
+            return Err(bad(format!(
+                "lease={} must be whole seconds from 3s to 1 day (it is the session's wait_timeout)",
+                humantime::format_duration(lease)
+            )));
+        }
+        if connect_timeout.is_zero() {
+            return Err(bad("connect_timeout must be more than 0".into()));
+        }
+        let (_, path) = base.split_once('/').unwrap_or((base, ""));
+        if base.is_empty() || base.starts_with('/') {
+            return Err(bad("no host: give mysql://[user@]host[:port]/database".into()));
+        }
+        if path.is_empty() {
+            return Err(bad(
+                "no database: give mysql://[user@]host[:port]/database (the fencing table lives there)".into()
+            ));
+        }
+        let options: sqlx::mysql::MySqlConnectOptions =
+            format!("mysql://{base}").parse().map_err(|e: sqlx::Error| bad(e.to_string()))?;
+        // A lock wait is a "slow statement" by design: no warnings for it.
+        let options = sqlx::ConnectOptions::disable_statement_logging(options);
+        Ok(MysqlUrl { options, lease, connect_timeout, shown })
+    }
+}
+
+/// The URL with its password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    match rest.rsplit_once('@') {
+        Some((auth, host)) => match auth.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_urls_are_named() {
+        for (url, says) in [
+            ("mysql://127.0.0.1/x?lease=1s", "lease"),
+            ("mysql://127.0.0.1/x?lease=3500ms", "whole seconds"),
+            ("mysql:///x", "no host"),
+            ("mysql://127.0.0.1", "no database"),
+            ("postgres://127.0.0.1/x", "mysql://"),
+            ("mysql://127.0.0.1/x?nope=1", "nope"),
+        ] {
+            let e = MysqlUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        let e = MysqlUrl::parse("mysql://u:hunter2@127.0.0.1/x?nope=1").unwrap_err().to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}

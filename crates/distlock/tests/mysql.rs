@@ -1,0 +1,236 @@
+//! The MariaDB backend against a real server (started by `scripts/test.sh` with
+//! `scripts/mariadb.sh`, which exports `DISTLOCK_TEST_MYSQL=mysql://…`).
+#![cfg(feature = "mysql")]
+
+use distlock::mysql::Client;
+use distlock::optimistic::optimistic_update;
+use distlock::{Error, LockState, LostReason};
+use distlock_faults::{Fault, FaultProxy, FencedResource, Mode};
+use sqlx::{Connection, MySqlConnection};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn my_url() -> String {
+    std::env::var("DISTLOCK_TEST_MYSQL").expect(
+        "DISTLOCK_TEST_MYSQL is not set: run the tests with scripts/test.sh, which starts MariaDB on a free port",
+    )
+}
+
+async fn connect(query: &str) -> Client {
+    Client::connect(&format!("{}{query}", my_url())).await.expect("connect to the test MariaDB server")
+}
+
+fn unique(name: &str) -> String {
+    format!("t:{name}:{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+/// A plain connection for looking at the server as a third party.
+async fn raw() -> MySqlConnection {
+    MySqlConnection::connect(&my_url()).await.expect("raw connection")
+}
+
+/// The connection holding user lock `name`, if any (`IS_USED_LOCK`).
+async fn holder(raw: &mut MySqlConnection, name: &str) -> Option<u64> {
+    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)").bind(name).fetch_one(raw).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_user_lock_the_counter_and_nothing_left_after_release() {
+    let db = connect("?lease=10s").await;
+    let mut raw = raw().await;
+    let name = unique("layout");
+    let lock = db.mutex(&name).unwrap();
+    let g = lock.lock().await.unwrap();
+    let held_by = holder(&mut raw, &name).await.expect("the user lock is held");
+    assert_eq!(g.holder_id(), format!("connection:{held_by}"));
+    let token: i64 = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
+        .bind(&name)
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(g.fencing_token(), token as u64);
+    assert_eq!(g.state(), LockState::Held);
+    assert!(g.lease_deadline() > std::time::Instant::now() + Duration::from_secs(8));
+    // Held: not for anyone else, now or within a bounded wait (which leaves nothing behind).
+    let other = connect("?lease=10s").await;
+    assert!(other.mutex(&name).unwrap().try_lock().await.unwrap().is_none());
+    let began = Instant::now();
+    assert!(other.mutex(&name).unwrap().lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    assert!(began.elapsed() >= Duration::from_millis(250), "the server waited: {:?}", began.elapsed());
+    g.release().await.unwrap();
+    assert_eq!(holder(&mut raw, &name).await, None, "released on the server");
+    let again = other.mutex(&name).unwrap().try_lock().await.unwrap().expect("free again");
+    assert!(again.fencing_token() > token as u64, "the counter rose");
+    again.release().await.unwrap();
+    // The connection was reused, and the clock floor holds.
+    let now_us: i64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+    assert!(token >= now_us - 600_000_000, "tokens follow the server clock: {token} vs {now_us}");
+    assert!(matches!(db.mutex(""), Err(Error::InvalidLockPath { .. })));
+    assert!(matches!(db.mutex(&"x".repeat(65)), Err(Error::InvalidLockPath { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_with_the_fenced_checker_and_rising_tokens() {
+    const CLIENTS: usize = 4;
+    const CYCLES: u64 = 15;
+    let name = unique("exclusion");
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..CLIENTS {
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let db = connect("?lease=5s").await;
+            let lock = db.mutex(&name).unwrap();
+            for seq in 0..CYCLES {
+                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
+    assert_eq!(holder(&mut raw().await, &name).await, None, "nothing left held");
+}
+
+/// A holder cut off by a silent partition is told `Lost` at its lease deadline while the server
+/// still holds its lock; the server frees it only later (its `wait_timeout`, the lease, after
+/// the last ping it received), and the next holder's token is larger.
+#[tokio::test]
+async fn a_partitioned_holder_is_lost_before_the_server_frees_its_lock() {
+    let target = my_url();
+    let hostport = target.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let proxy = FaultProxy::start(hostport.parse().unwrap()).await.unwrap();
+    let proxied = target.replace(&hostport, &proxy.addr().to_string());
+    let a = Client::connect(&format!("{proxied}?lease=3s")).await.unwrap();
+    let mut raw = raw().await;
+    let name = unique("partition");
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let lost = held.lost();
+    proxy.set(Fault::Blackhole);
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost).await.expect("lost within the lease");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    assert!(holder(&mut raw, &name).await.is_some(), "the server still held it when we were told");
+    let b = connect("").await;
+    let g =
+        b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("freed by wait_timeout");
+    assert!(g.fencing_token() > held.fencing_token());
+    g.release().await.unwrap();
+    proxy.heal();
+}
+
+/// A holding connection killed on the server (`KILL`) is `Lost` by the next ping.
+#[tokio::test]
+async fn a_killed_connection_is_lost_within_a_sixth_of_the_lease() {
+    let db = connect("?lease=3s").await;
+    let mut raw = raw().await;
+    let name = unique("killed");
+    let g = db.mutex(&name).unwrap().lock().await.unwrap();
+    let id = holder(&mut raw, &name).await.unwrap();
+    let lost = g.lost();
+    sqlx::query(&format!("KILL {id}")).execute(&mut raw).await.unwrap();
+    let reason =
+        tokio::time::timeout(Duration::from_secs(2), lost).await.expect("lost within a sixth of the lease and a bit");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+    let again = db.mutex(&name).unwrap().try_lock().await.unwrap().expect("freed with the connection");
+    again.release().await.unwrap();
+}
+
+/// A dropped wait is ended on the server (its connection closes with it, and the server ends a
+/// GET_LOCK whose client is gone), so it cannot take the lock after its owner gave up.
+#[tokio::test]
+async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
+    let (a, b) = (connect("").await, connect("").await);
+    let name = unique("dropped");
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    let waiter = b.mutex(&name).unwrap();
+    let mut raw = raw().await;
+    assert!(tokio::time::timeout(Duration::from_millis(300), waiter.lock()).await.is_err(), "still held");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(&mut raw).await != 0 {
+        assert!(Instant::now() < deadline, "the dropped wait was not killed within 5 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    g.release().await.unwrap();
+    let c = connect("").await;
+    let next = c.mutex(&name).unwrap().try_lock().await.unwrap().expect("nobody else took it");
+    next.release().await.unwrap();
+}
+
+/// Statements waiting in `GET_LOCK` on the server now.
+async fn waiting(raw: &mut MySqlConnection) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(%'")
+        .fetch_one(raw)
+        .await
+        .unwrap()
+}
+
+/// The seed's account on MariaDB (balance 1000, version 1; +100 and −50 read at once): one write
+/// wins, the other finds the version moved, reads again and writes; the balance is 1050.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_optimistic_account_on_mariadb() {
+    let table = format!("account_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = raw().await;
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id INT PRIMARY KEY, balance BIGINT NOT NULL, version BIGINT NOT NULL)"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    sqlx::query(&format!("INSERT INTO {table} VALUES (1, 1000, 1)")).execute(&mut admin).await.unwrap();
+    let both_read = Arc::new(tokio::sync::Barrier::new(2));
+    let session = |delta: i64| {
+        let (table, both_read) = (table.clone(), both_read.clone());
+        tokio::spawn(async move {
+            let db = tokio::sync::Mutex::new(raw().await);
+            let first = std::sync::atomic::AtomicBool::new(true);
+            let (select, update) = (
+                format!("SELECT balance, version FROM {table} WHERE id = 1"),
+                format!("UPDATE {table} SET balance = ?, version = version + 1 WHERE id = 1 AND version = ?"),
+            );
+            optimistic_update(
+                5,
+                || async {
+                    let read: (i64, i64) = sqlx::query_as(&select).fetch_one(&mut *db.lock().await).await?;
+                    if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                        both_read.wait().await;
+                    }
+                    Ok::<_, sqlx::Error>(read)
+                },
+                |balance: &i64| Some(balance + delta),
+                |new: &i64, version: i64| {
+                    let (db, new, update) = (&db, *new, &update);
+                    async move {
+                        let done = sqlx::query(update).bind(new).bind(version).execute(&mut *db.lock().await).await?;
+                        Ok(done.rows_affected() == 1)
+                    }
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap()
+        })
+    };
+    let (a, b) = (session(100), session(-50));
+    let mut attempts = vec![a.await.unwrap().attempts, b.await.unwrap().attempts];
+    attempts.sort();
+    let (balance, version): (i64, i64) = sqlx::query_as(&format!("SELECT balance, version FROM {table} WHERE id = 1"))
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE {table}")).execute(&mut admin).await.unwrap();
+    assert_eq!((balance, version), (1050, 3));
+    assert_eq!(attempts, vec![1, 2], "one conflict, one retry");
+}

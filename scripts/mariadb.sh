@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Start or stop a throwaway MariaDB server for distlock's tests and benchmarks.
+#
+#   scripts/mariadb.sh start DIR     create a data directory (under /tmp, recorded in
+#                                    DIR/data.path), start mariadbd on a free 127.0.0.1 port,
+#                                    wait until it accepts a query, create user `distlock`
+#                                    (no password, all privileges) and database `distlock`, and
+#                                    print `mysql://distlock@127.0.0.1:PORT/distlock` on stdout.
+#   scripts/mariadb.sh stop DIR      stop the server recorded in DIR/mariadb.pid (only that one)
+#                                    and remove its data directory.
+#   scripts/mariadb.sh kill DIR      SIGKILL it (a crash).
+#   scripts/mariadb.sh restart DIR   start it again on the same port and data (after kill or stop).
+#
+# Needs Debian's `mariadb-server` (10.11), installed if missing.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-}
+if [[ -z "$cmd" || -z "$dir" ]]; then
+    echo "usage: $0 start|stop|kill|restart DIR" >&2
+    exit 2
+fi
+log() { echo "mariadb.sh: $*" >&2; }
+
+# shellcheck source=lib/zookeeper.sh
+source "$(dirname "$0")/lib/zookeeper.sh"
+# shellcheck source=lib/process.sh
+source "$(dirname "$0")/lib/process.sh"
+
+install_mariadb() {
+    command -v mariadbd >/dev/null || [[ -x /usr/sbin/mariadbd ]] && return
+    log "installing mariadb-server (Debian)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq mariadb-server >&2
+}
+
+mariadbd_bin() { command -v mariadbd || echo /usr/sbin/mariadbd; }
+
+launch() {
+    local port data pid
+    port=$(cat "$dir/mariadb.port")
+    data=$(cat "$dir/data.path")
+    nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" \
+        --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
+        --log-error="$dir/mariadb.log" --innodb-buffer-pool-size=32M --max-connections=300 \
+        > "$dir/mariadb.out" 2>&1 < /dev/null &
+    pid=$!
+    echo "$pid" > "$dir/mariadb.pid"
+    for _ in $(seq 1 300); do
+        if mariadb --no-defaults -S "$data/sock" -u root -e 'select 1' > /dev/null 2>&1; then
+            mariadb --no-defaults -S "$data/sock" -u root -e \
+                "CREATE USER IF NOT EXISTS distlock@'%'; GRANT ALL ON *.* TO distlock@'%'; CREATE DATABASE IF NOT EXISTS distlock"
+            log "mariadbd pid $pid serving on 127.0.0.1:$port"
+            echo "mysql://distlock@127.0.0.1:$port/distlock"
+            return
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    log "mariadbd did not answer within 30 s; its log:"; cat "$dir/mariadb.log" "$dir/mariadb.out" >&2 || true
+    exit 1
+}
+
+start() {
+    install_mariadb
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    if [[ -f "$dir/mariadb.pid" ]] && kill -0 "$(cat "$dir/mariadb.pid")" 2>/dev/null; then
+        log "already running (pid $(cat "$dir/mariadb.pid"))"
+        echo "mysql://distlock@127.0.0.1:$(cat "$dir/mariadb.port")/distlock"
+        return
+    fi
+    if [[ ! -f "$dir/data.path" ]]; then
+        local data
+        data=$(mktemp -d /tmp/distlock-mariadb.XXXXXX)
+        echo "$data" > "$dir/data.path"
+        mariadb-install-db --no-defaults --user="$(id -un)" --datadir="$data/data" --auth-root-authentication-method=socket \
+            --skip-test-db > "$dir/install.log" 2>&1 || { log "mariadb-install-db failed:"; cat "$dir/install.log" >&2; exit 1; }
+    fi
+    free_ports 1 > "$dir/mariadb.port"
+    launch
+}
+
+case "$cmd" in
+    start) start ;;
+    stop)
+        stop_recorded "$dir/mariadb.pid" mariadb
+        if [[ -f "$dir/data.path" ]] && [[ "$(cat "$dir/data.path")" == /tmp/distlock-mariadb.* ]]; then
+            rm -rf "$(cat "$dir/data.path")" "$dir/data.path"
+        fi ;;
+    kill) crash_recorded "$dir/mariadb.pid" mariadb ;;
+    restart)
+        dir=$(cd "$dir" && pwd)
+        launch ;;
+    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
+esac
