@@ -164,6 +164,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
+    if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+            );
+        }
+        let mut workloads = args.workloads.clone();
+        if workloads.is_empty() {
+            workloads = crate::bench_sql::WORKLOADS.map(String::from).to_vec();
+        }
+        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+        let reports =
+            crate::bench_sql::run(backend, &workloads, args.duration, args.clients, args.json, &progress).await?;
+        if !args.json {
+            print_table(&reports);
+        }
+        return Ok(0);
+    }
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         if cfg!(debug_assertions) {
             eprintln!(
@@ -917,4 +935,96 @@ pub(crate) fn plot_lines(
     std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))
         .and_then(|()| std::fs::write(path, svg))
         .map_err(|e| anyhow::anyhow!("--plot: cannot write {}: {e}", path.display()))
+}
+
+/// Lock + release cycles of `lock`, one at a time, taking turns slice by slice (20 of them) with
+/// the backend's floor pair, so that both see the same server weather: the `uncontended` report.
+pub(crate) async fn interleaved<F, Fut>(
+    lock: &distlock::Lock,
+    mut floor_pair: F,
+    duration: Duration,
+    extra: Vec<(String, String)>,
+    progress: &Progress,
+) -> anyhow::Result<Report>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let slice = (duration / 20).max(Duration::from_millis(20));
+    let (mut ours, mut ours_time, mut floor, mut floor_time) = (0u64, Duration::ZERO, 0u64, Duration::ZERO);
+    let mut samples = Vec::new();
+    let start = std::time::Instant::now();
+    while ours_time < duration {
+        let began = std::time::Instant::now();
+        while began.elapsed() < slice {
+            floor_pair().await?;
+            floor += 1;
+        }
+        floor_time += began.elapsed();
+        let began = std::time::Instant::now();
+        while began.elapsed() < slice {
+            let t = std::time::Instant::now();
+            lock.lock().await?.release().await?;
+            samples.push(t.elapsed().as_micros() as u64);
+            ours += 1;
+        }
+        ours_time += began.elapsed();
+        progress.show("uncontended", ours, start.elapsed());
+    }
+    let (p50, p99, p999) = summarize(samples);
+    let mut extra = extra;
+    extra.push(("limit".into(), format!("floor sequential, interleaved in {slice:?} slices")));
+    Ok(Report {
+        p50_us: p50,
+        p99_us: p99,
+        p999_us: p999,
+        ..report("uncontended", ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64(), extra)
+    })
+}
+
+/// `clients` clients of `url` (each its own connection) take and release lock `name` for
+/// `duration`: hand-offs per second against `floor`, and how evenly the clients got it.
+pub(crate) async fn contended_on(
+    url: &str,
+    name: &str,
+    clients: u32,
+    duration: Duration,
+    floor: f64,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let start = std::time::Instant::now();
+    let until = start + duration;
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let (url, name) = (url.to_string(), name.to_string());
+        handles.push(tokio::spawn(async move {
+            let client = distlock::connect(&url).await?;
+            let lock = client.mutex(&name)?;
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                lock.lock().await?.release().await?;
+                n += 1;
+            }
+            Ok::<u64, anyhow::Error>(n)
+        }));
+    }
+    let mut counts = Vec::new();
+    for h in handles {
+        counts.push(h.await??);
+        progress.show("contended", counts.iter().sum(), start.elapsed());
+    }
+    let ops = counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64();
+    let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
+    Ok(report(
+        "contended",
+        ops,
+        floor,
+        vec![
+            ("clients".into(), clients.to_string()),
+            ("per_client_min".into(), min.to_string()),
+            ("per_client_max".into(), max.to_string()),
+            ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+            ("limit".into(), "floor sequential".into()),
+        ],
+    ))
 }

@@ -6,6 +6,7 @@ mod alloc;
 mod bench;
 mod bench_postgres;
 mod bench_redis;
+mod bench_sql;
 mod exec;
 mod hold;
 mod inspect;

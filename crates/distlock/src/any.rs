@@ -287,14 +287,7 @@ impl Client {
             ClientKind::Postgres(c) => match kind {
                 Kind::Mutex | Kind::Write => LockKind::Postgres(c.mutex(&name)?),
                 Kind::Read => LockKind::Postgres(c.rwlock(&name)?.reader()),
-                other => {
-                    return Err(Error::Unsupported {
-                        backend: "postgres",
-                        what: format!(
-                            "{other:?} (a semaphore; PostgreSQL has the mutex and the read/write lock) on {name}"
-                        ),
-                    })
-                }
+                Kind::Permits(n) => LockKind::PostgresPermit(c.semaphore(&name, n)?),
             },
             #[cfg(feature = "mysql")]
             ClientKind::Mysql(c) => match kind {
@@ -394,6 +387,8 @@ enum LockKind {
     RedisPermit(crate::redis::Semaphore),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::Mutex),
+    #[cfg(feature = "postgres")]
+    PostgresPermit(crate::postgres::Semaphore),
     #[cfg(feature = "mysql")]
     Mysql(crate::mysql::Mutex),
     #[cfg(feature = "sqlite")]
@@ -437,6 +432,8 @@ impl Lock {
             LockKind::RedisPermit(s) => s.key(),
             #[cfg(feature = "postgres")]
             LockKind::Postgres(m) => m.name(),
+            #[cfg(feature = "postgres")]
+            LockKind::PostgresPermit(s) => s.name(),
             #[cfg(feature = "mysql")]
             LockKind::Mysql(m) => m.name(),
             #[cfg(feature = "sqlite")]
@@ -510,6 +507,13 @@ impl Lock {
                 None => Some(m.lock().await?),
                 Some(t) if t.is_zero() => m.try_lock().await?,
                 Some(t) => m.lock_timeout(t).await?,
+            }
+            .map(GuardKind::Postgres),
+            #[cfg(feature = "postgres")]
+            LockKind::PostgresPermit(s) => match timeout {
+                None => Some(s.acquire().await?),
+                Some(t) if t.is_zero() => s.try_acquire().await?,
+                Some(t) => s.acquire_timeout(t).await?,
             }
             .map(GuardKind::Postgres),
             #[cfg(feature = "mysql")]

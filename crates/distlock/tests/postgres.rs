@@ -343,3 +343,82 @@ async fn connections_are_reused_and_a_long_wait_is_not_a_loss() {
     assert!(tokio::time::timeout(Duration::from_secs(4), lost).await.is_err(), "still held a lease later");
     got.release().await.unwrap();
 }
+
+/// A semaphore of 3 permits under 6 clients: never more than 3 holders (the checker counts
+/// them), every holder's slot is one advisory lock, and nothing is left held.
+#[tokio::test]
+async fn a_semaphore_never_has_more_holders_than_permits() {
+    const CLIENTS: usize = 6;
+    const CYCLES: u64 = 8;
+    let name = unique("semaphore");
+    let resource = FencedResource::new(false, 3);
+    let mut tasks = Vec::new();
+    for who in 0..CLIENTS {
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let pg = connect("?lease=5s").await;
+            let sem = pg.semaphore(&name, 3).unwrap();
+            for _ in 0..CYCLES {
+                let p = tokio::time::timeout(Duration::from_secs(30), sem.acquire()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Shared, p.fencing_token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                resource.end(id);
+                p.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
+    let pg = connect("").await;
+    let sem = pg.semaphore(&name, 3).unwrap();
+    let all: Vec<_> =
+        [sem.try_acquire().await.unwrap(), sem.try_acquire().await.unwrap(), sem.try_acquire().await.unwrap()]
+            .into_iter()
+            .map(|p| p.expect("every permit free again"))
+            .collect();
+    assert!(sem.try_acquire().await.unwrap().is_none(), "three of three");
+    for p in all {
+        p.release().await.unwrap();
+    }
+    assert!(matches!(pg.semaphore(&name, 0), Err(Error::InvalidArgument { .. })));
+}
+
+/// A waiter is woken by a release in another client (NOTIFY), and finds a permit freed by a
+/// holder whose session was terminated (no NOTIFY: the rescan).
+#[tokio::test]
+async fn a_semaphore_waiter_gets_released_and_orphaned_permits() {
+    let name = unique("semaphore-wait");
+    // b rescans only every minute: within the 20 s bound only the release's NOTIFY can wake it.
+    let app = format!("waiter{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let (a, b) = (connect("?lease=10s").await, connect(&format!("?lease=10s&rescan=60s&application_name={app}")).await);
+    let held = a.semaphore(&name, 1).unwrap().acquire().await.unwrap();
+    let waiter = b.semaphore(&name, 1).unwrap();
+    let w = waiter.clone();
+    let waiting = tokio::spawn(async move { w.acquire_timeout(Duration::from_secs(20)).await });
+    // Released in the other client once b waits (its LISTEN connection is up): b gets it.
+    let raw = raw().await;
+    eventually(Duration::from_secs(10), "b's LISTEN connection", || async {
+        let q = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'";
+        let n: i64 = raw.query_one(q, &[&app]).await.unwrap().get(0);
+        n > 0
+    })
+    .await;
+    held.release().await.unwrap();
+    let got = waiting.await.unwrap().unwrap().expect("the NOTIFY woke the waiter");
+    // Now the holder's session is terminated: no release, no NOTIFY; a waiter that rescans (the
+    // default 0.5 s) still gets it.
+    let waiter = connect("?lease=10s").await.semaphore(&name, 1).unwrap();
+    let w = waiter.clone();
+    let waiting = tokio::spawn(async move { w.acquire_timeout(Duration::from_secs(20)).await });
+    let pids: Vec<i32> = holders(&raw, got.key()).await.into_iter().filter(|(_, g)| *g).map(|(p, _)| p).collect();
+    assert_eq!(pids.len(), 1);
+    raw.execute("SELECT pg_terminate_backend($1)", &[&pids[0]]).await.unwrap();
+    let again = waiting.await.unwrap().unwrap().expect("the orphaned permit was found");
+    assert!(again.fencing_token() > got.fencing_token());
+    again.release().await.unwrap();
+    assert!(matches!(got.release().await, Err(Error::LockLost { .. })));
+}

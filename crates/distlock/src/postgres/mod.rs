@@ -45,17 +45,21 @@
 mod inspect;
 mod mutex;
 mod rwlock;
+mod semaphore;
 mod url;
 
 pub use inspect::{LockView, Session};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 pub use url::{AdvisoryKey, KeyScheme, PgUrl};
 
 use crate::{Error, Result};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// A PostgreSQL server to take locks on: the URL, and idle lock connections to reuse. Cheap to
 /// clone.
@@ -79,6 +83,10 @@ pub struct Client {
 struct Inner {
     url: PgUrl,
     idle: StdMutex<Vec<Conn>>,
+    /// The connection that `LISTEN`s for semaphore releases, started by the first waiter.
+    listener: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    /// Each waited-on semaphore's wake-up, by name.
+    waiters: StdMutex<HashMap<String, Weak<Notify>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -146,7 +154,14 @@ impl Client {
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
-        let client = Client { inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()) }) };
+        let client = Client {
+            inner: Arc::new(Inner {
+                url,
+                idle: StdMutex::new(Vec::new()),
+                listener: tokio::sync::Mutex::new(None),
+                waiters: StdMutex::new(HashMap::new()),
+            }),
+        };
         let conn = client.open().await?;
         client.put_back(conn);
         Ok(client)
@@ -177,6 +192,70 @@ impl Client {
             Mutex::new(self.clone(), name.to_string(), key, true),
             Mutex::new(self.clone(), name.to_string(), key, false),
         ))
+    }
+
+    /// A counting semaphore `name` with `permits` permits (1 to 1024; see [`Semaphore`]).
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        self.inner.url.keys.key(name)?;
+        if name.contains('\0') {
+            return Err(Error::InvalidLockPath {
+                path: name.escape_debug().to_string(),
+                reason: "a NUL character".into(),
+            });
+        }
+        Semaphore::new(self.clone(), name, permits)
+    }
+
+    /// Wakes the waiters of semaphore `name` in this client when a permit of it is released
+    /// anywhere (once the `LISTEN` connection is up; if it cannot be, waiters rescan on a timer).
+    pub(crate) async fn releases(&self, name: &str) -> Arc<Notify> {
+        let wake = {
+            let mut map = self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+            match map.get(name).and_then(Weak::upgrade) {
+                Some(n) => n,
+                None => {
+                    map.retain(|_, w| w.strong_count() > 0);
+                    let n = Arc::new(Notify::new());
+                    map.insert(name.to_string(), Arc::downgrade(&n));
+                    n
+                }
+            }
+        };
+        let mut listener = self.inner.listener.lock().await;
+        if listener.as_ref().is_none_or(|c| c.is_closed()) {
+            match self.listen().await {
+                Ok(c) => *listener = Some(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no LISTEN connection for semaphore releases; rescanning on a timer")
+                }
+            }
+        }
+        wake
+    }
+
+    /// Opens the `LISTEN` connection and forwards its notifications to the waiters.
+    async fn listen(&self) -> std::result::Result<tokio_postgres::Client, String> {
+        use futures::StreamExt;
+        let url = &self.inner.url;
+        let (client, mut connection) =
+            tokio::time::timeout(url.connect_timeout, url.config.connect(tokio_postgres::NoTls))
+                .await
+                .map_err(|_| "no answer".to_string())?
+                .map_err(|e| e.to_string())?;
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                let tokio_postgres::AsyncMessage::Notification(n) = message else { continue };
+                let Some(inner) = inner.upgrade() else { break };
+                let waiters = inner.waiters.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(wake) = waiters.get(n.payload()).and_then(Weak::upgrade) {
+                    wake.notify_waiters();
+                }
+            }
+        });
+        client.batch_execute(&format!("LISTEN {}", semaphore::RELEASED_CHANNEL)).await.map_err(|e| e.to_string())?;
+        Ok(client)
     }
 
     /// The advisory key lock `name` maps to.

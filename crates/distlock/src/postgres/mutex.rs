@@ -1,5 +1,6 @@
 //! A session-level advisory mutex, fenced by a counter row.
 
+use super::semaphore::RELEASED_CHANNEL;
 use super::{backend, AdvisoryKey, Client, Conn, FENCING_GUARD, FENCING_SEQUENCE};
 use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
@@ -51,6 +52,19 @@ struct Target {
 }
 
 impl Mutex {
+    /// One permit slot of a [`Semaphore`](super::Semaphore): the mutex's statements on the slot's
+    /// key, whose release also announces itself (`NOTIFY`) to the semaphore's waiters.
+    pub(crate) fn new_slot(client: Client, name: String, key: AdvisoryKey) -> Mutex {
+        let mut m = Mutex::new(client, name, key, false);
+        let t = Arc::get_mut(&mut m.target).expect("just made");
+        let payload = t.name.replace('\'', "''");
+        t.unlock_sql = format!(
+            "SELECT pg_advisory_unlock({}) FROM (SELECT pg_notify('{RELEASED_CHANNEL}', '{payload}')) n",
+            key.sql_args(1)
+        );
+        m
+    }
+
     /// `shared`: a read side of a [`RwLock`](super::RwLock), the shared advisory lock on the key.
     pub(crate) fn new(client: Client, name: String, key: AdvisoryKey, shared: bool) -> Mutex {
         let (args, suffix) = (key.sql_args(1), if shared { "_shared" } else { "" });

@@ -118,11 +118,9 @@ impl KeyScheme {
             return Err(bad("the lock name is empty".into()));
         }
         let key = match self {
-            KeyScheme::DistributedLock => Ok(ascii_key(name).or_else(|| hex_key(name)).unwrap_or_else(|| {
-                use sha1::Digest;
-                let digest = sha1::Sha1::digest(name.as_bytes());
-                AdvisoryKey::Single(i64::from_le_bytes(digest[..8].try_into().expect("SHA-1 has 20 bytes")))
-            })),
+            KeyScheme::DistributedLock => {
+                Ok(ascii_key(name).or_else(|| hex_key(name)).unwrap_or_else(|| hashed_key(name)))
+            }
             KeyScheme::Raw => name
                 .parse::<i64>()
                 .map(AdvisoryKey::Single)
@@ -134,6 +132,13 @@ impl KeyScheme {
         }
         Ok(key)
     }
+}
+
+/// The first 8 bytes of SHA-1 of `name`'s UTF-8, little-endian (DistributedLock's hashing rule).
+pub(crate) fn hashed_key(name: &str) -> AdvisoryKey {
+    use sha1::Digest;
+    let digest = sha1::Sha1::digest(name.as_bytes());
+    AdvisoryKey::Single(i64::from_le_bytes(digest[..8].try_into().expect("SHA-1 has 20 bytes")))
 }
 
 /// Up to 9 characters below 128: each in 7 bits, then a 0 bit, then 1 bits to fill 64.
@@ -168,7 +173,9 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 ///   30 s, at least 3 s; see the [module docs](super#leases-and-loss));
 /// - `connect_timeout`: bound on connecting (default 10 s);
 /// - `keys`: `distributedlock` (default) or `raw` (see [`KeyScheme`]);
-/// - `application_name`: shown in `pg_stat_activity` (default `distlock`).
+/// - `application_name`: shown in `pg_stat_activity` (default `distlock`);
+/// - `rescan`: how often a semaphore's waiters try its slots again without having been told of a
+///   release (default 500 ms; a permit freed by a dead holder's session is found this way).
 ///
 /// An unknown key is an error naming it.
 ///
@@ -192,6 +199,8 @@ pub struct PgUrl {
     pub connect_timeout: Duration,
     /// How names become keys.
     pub keys: KeyScheme,
+    /// How often semaphore waiters rescan unprompted.
+    pub rescan: Duration,
     /// The URL without its password, for messages.
     shown: String,
 }
@@ -220,6 +229,7 @@ impl PgUrl {
         let (mut lease, mut connect_timeout, mut keys) =
             (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::DistributedLock);
         let mut application_name = "distlock".to_string();
+        let mut rescan = Duration::from_millis(500);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
@@ -233,9 +243,10 @@ impl PgUrl {
                     }
                 }
                 "application_name" => application_name = v.to_string(),
+                "rescan" => rescan = parse_duration(v)?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name)"
+                        "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan)"
                     )))
                 }
             }
@@ -261,7 +272,10 @@ impl PgUrl {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(5).min(lease / 3))
             .tcp_user_timeout(lease);
-        Ok(PgUrl { config, lease, connect_timeout, keys, shown: redact(url) })
+        if rescan.is_zero() {
+            return Err(bad("rescan must be more than 0".into()));
+        }
+        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, shown: redact(url) })
     }
 
     /// The session settings of a lock connection: the server ends this session (freeing its

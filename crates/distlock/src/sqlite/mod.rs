@@ -171,6 +171,13 @@ impl Client {
         &self.inner.url
     }
 
+    /// The acquire and release statements of the lease table (`?1` name, `?2` holder, `?3` the
+    /// lease as a modifier such as `+30.000 seconds`), for measuring the table's own floor.
+    #[doc(hidden)]
+    pub fn lease_statements(&self) -> (&str, &str) {
+        (&self.inner.sql.acquire, &self.inner.sql.release)
+    }
+
     /// The lease: how long a holder that stopped extending keeps the lock.
     pub fn lease(&self) -> Duration {
         self.inner.url.lease
