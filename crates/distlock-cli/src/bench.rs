@@ -39,8 +39,9 @@ pub struct BenchArgs {
     /// Other workloads have nothing to plot.
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
-    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd (default: all).
-    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"])]
+    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic (default: all the
+    /// backend has).
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic"])]
     workloads: Vec<String>,
 }
 
@@ -203,6 +204,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     let mut workloads = args.workloads.clone();
     if workloads.is_empty() {
         workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
+    }
+    if workloads.iter().any(|w| w == "optimistic") {
+        anyhow::bail!(
+            "workload optimistic is measured on mysql:// and sqlite:// backends (a version column needs a table)"
+        );
     }
     if cfg!(debug_assertions) {
         eprintln!(

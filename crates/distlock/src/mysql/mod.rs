@@ -6,7 +6,7 @@
 //! | Piece | On the server |
 //! |---|---|
 //! | Lock `name` | the user lock `GET_LOCK(name, timeout)` (names of at most 64 characters, the server's limit), released by `RELEASE_LOCK(name)` or when the connection ends |
-//! | Fencing counter | row `(name, token)` of table `distlock_fencing`, advanced right after the grant: `greatest(last + 1, server clock in µs)`, never deleted |
+//! | Fencing counter | row `(name, token)` of table `distlock_fencing`, advanced in the statement that takes the lock, only if it granted (`INSERT … SELECT … WHERE GET_LOCK(…) = 1 ON DUPLICATE KEY UPDATE`): `greatest(last + 1, server clock in µs)`, never deleted |
 //!
 //! # Leases and loss
 //!

@@ -33,14 +33,18 @@ pub struct Mutex {
 /// `GET_LOCK`'s timeout for "forever" (DistributedLock's choice; −1 is refused by MariaDB).
 const FOREVER_SECS: f64 = 4_294_967_295.0;
 
-/// Advances the counter row: one more than the last, never below the server clock in µs.
-const NEXT_TOKEN_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
-     VALUES (?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)) \
-     ON DUPLICATE KEY UPDATE token = GREATEST(token + 1, VALUES(token))";
+/// Takes the lock and, only if granted, advances the counter row (one more than the last, never
+/// below the server clock in µs): one statement, one round trip. `GET_LOCK` runs once (one row
+/// of `DUAL`); the row count says whether it granted; `LAST_INSERT_ID(expr)` hands the token back
+/// in the reply's OK packet.
+const ACQUIRE_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
+     SELECT ?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)) FROM DUAL \
+     WHERE GET_LOCK(?, ?) = 1 \
+     ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, VALUES(token)))";
 
 impl Mutex {
     pub(crate) fn new(client: Client, name: String) -> Mutex {
-        debug_assert!(NEXT_TOKEN_SQL.contains(FENCING_TABLE));
+        debug_assert!(ACQUIRE_SQL.contains(FENCING_TABLE));
         Mutex { client, name }
     }
 
@@ -74,40 +78,42 @@ impl Mutex {
         };
         // Dropped while the server waits: the connection closes with this future, and the
         // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+        let sent = Instant::now();
+        let done = sqlx::query(ACQUIRE_SQL)
+            .bind(name)
             .bind(name)
             .bind(secs)
-            .fetch_one(&mut conn.conn)
-            .await
-            .map_err(|e| backend("acquire", name, e))?;
-        match got {
-            Some(1) => {}
-            Some(_) => {
-                self.client.put_back(conn); // timed out: it holds nothing
-                return Ok(None);
-            }
-            None => {
-                return Err(Error::Backend {
-                    op: "acquire",
-                    path: name.clone(),
-                    source: "GET_LOCK returned NULL (an error, or the wait was killed)".into(),
-                })
-            }
-        }
-        // Held. The lease runs from this statement's send: the server heard from us then. A
-        // failure drops the connection, which frees the lock.
-        let sent = Instant::now();
-        sqlx::query(NEXT_TOKEN_SQL)
-            .bind(name)
             .execute(&mut conn.conn)
             .await
-            .map_err(|e| backend("acquire (fencing token)", name, e))?;
-        let token: i64 = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
-            .bind(name)
-            .fetch_one(&mut conn.conn)
-            .await
-            .map_err(|e| backend("acquire (fencing token)", name, e))?;
-        Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token as u64, sent)))
+            .map_err(|e| backend("acquire", name, e))?;
+        if done.rows_affected() == 0 {
+            // Not granted in time (or the wait was ended on the server): it holds nothing.
+            self.client.put_back(conn);
+            return Ok(None);
+        }
+        // Held. The lease runs from the statement's send, unless the wait was long: then a ping
+        // confirms the session first (else the guard would be born lost); a failure drops the
+        // connection, which frees the lock.
+        let token = done.last_insert_id();
+        let lease = self.client.lease();
+        let sent = if sent.elapsed() > lease / 6 {
+            use sqlx::Connection;
+            let ping = Instant::now();
+            match tokio::time::timeout(lease / 3, conn.conn.ping()).await {
+                Ok(Ok(())) => ping,
+                Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", name, e)),
+                Err(_) => {
+                    return Err(Error::Backend {
+                        op: "acquire (session check after the wait)",
+                        path: name.clone(),
+                        source: "no answer from the server".into(),
+                    })
+                }
+            }
+        } else {
+            sent
+        };
+        Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token, sent)))
     }
 }
 
