@@ -46,3 +46,15 @@ fn exec_on_mariadb_excludes_passes_the_token_and_inspect_shows_the_holder() {
 fn a_paused_holder_is_kept_out_by_its_fencing_token() {
     common::a_paused_holder_is_kept_out_by_its_fencing_token(&backend("?lease=3s"), &unique("cli-pause-"));
 }
+
+/// A killed holder (SIGKILL of exec and its command): its connection closes with the process, and
+/// the server frees the lock (at once here; within the lease at worst).
+#[test]
+fn a_killed_holder_frees_the_lock() {
+    common::a_killed_holder_frees_the_lock(
+        &backend("?lease=5s"),
+        &unique("cli-killed-"),
+        Duration::from_secs(5),
+        false,
+    );
+}
