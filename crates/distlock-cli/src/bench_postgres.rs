@@ -32,6 +32,7 @@ pub async fn run(
     tokio::spawn(connection);
     // Keys of this run: random, so that nothing else is disturbed.
     let base: i64 = (uuid::Uuid::new_v4().as_u128() as i64) & 0x0fff_ffff_ffff_0000;
+    let floor_conn = Floor::new(floor_conn).await?;
     let (sequential, pipelined) = floor(&floor_conn, base, duration, progress).await?;
     let mut reports = Vec::new();
     for w in workloads {
@@ -69,23 +70,31 @@ pub async fn run(
     Ok(reports)
 }
 
-/// One floor pair on `conn`, each statement one round trip (no separate prepare), as the
-/// lock's own statements are sent.
-async fn pair(conn: &tokio_postgres::Client, key: i64) -> Result<(), tokio_postgres::Error> {
-    use tokio_postgres::types::Type;
-    conn.query_typed("SELECT pg_advisory_lock($1)::text", &[(&key, Type::INT8)]).await?;
-    conn.query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)]).await?;
+/// The floor's connection and its two statements, prepared once (as the lock prepares its own
+/// once per connection).
+struct Floor {
+    conn: tokio_postgres::Client,
+    lock: tokio_postgres::Statement,
+    unlock: tokio_postgres::Statement,
+}
+
+impl Floor {
+    async fn new(conn: tokio_postgres::Client) -> Result<Floor, tokio_postgres::Error> {
+        use tokio_postgres::types::Type;
+        let lock = conn.prepare_typed("SELECT pg_advisory_lock($1)::text", &[Type::INT8]).await?;
+        let unlock = conn.prepare_typed("SELECT pg_advisory_unlock($1)", &[Type::INT8]).await?;
+        Ok(Floor { conn, lock, unlock })
+    }
+}
+
+/// One floor pair, each statement one round trip.
+async fn pair(floor: &Floor, key: i64) -> Result<(), tokio_postgres::Error> {
+    floor.conn.query(&floor.lock, &[&key]).await?;
+    floor.conn.query(&floor.unlock, &[&key]).await?;
     Ok(())
 }
 
-/// The floor's pairs per second: one at a time, then [`WINDOW`] in flight (tokio-postgres
-/// pipelines requests issued together on one connection).
-async fn floor(
-    conn: &tokio_postgres::Client,
-    base: i64,
-    duration: Duration,
-    progress: &Progress,
-) -> anyhow::Result<(f64, f64)> {
+async fn floor(conn: &Floor, base: i64, duration: Duration, progress: &Progress) -> anyhow::Result<(f64, f64)> {
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < duration {

@@ -127,9 +127,32 @@ pub(crate) struct Conn {
     closed: watch::Receiver<bool>,
     /// A cancel was sent for a statement of this connection: never reuse it.
     pub(crate) cancelled: Arc<std::sync::atomic::AtomicBool>,
+    /// Statements prepared on this connection, by their text.
+    prepared: StdMutex<HashMap<String, tokio_postgres::Statement>>,
 }
 
 impl Conn {
+    /// Runs `sql` as a statement prepared on this connection (prepared on first use, then one
+    /// round trip per run: no parse and plan each time).
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn tokio_postgres::types::ToSql + Sync), tokio_postgres::types::Type)],
+    ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let cached = self.prepared.lock().unwrap_or_else(|e| e.into_inner()).get(sql).cloned();
+        let statement = match cached {
+            Some(s) => s,
+            None => {
+                let types: Vec<_> = params.iter().map(|(_, t)| t.clone()).collect();
+                let s = self.client.prepare_typed(sql, &types).await?;
+                self.prepared.lock().unwrap_or_else(|e| e.into_inner()).insert(sql.to_string(), s.clone());
+                s
+            }
+        };
+        let values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        self.client.query(&statement, &values).await
+    }
+
     /// True once the connection is gone (closed by the server, reset, or dropped).
     pub(crate) fn is_closed(&self) -> bool {
         *self.closed.borrow() || self.client.is_closed()
@@ -306,7 +329,7 @@ impl Client {
             }
             let _ = tx.send(true);
         });
-        let conn = Conn { client, closed, cancelled: Arc::default() };
+        let conn = Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default() };
         let settings = url.session_settings();
         tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
             .await

@@ -123,9 +123,9 @@ impl Mutex {
         let attempt = async move {
             let name = &target.name;
             let sent = Instant::now();
-            // One round trip each (no separate prepare), so a cancel cannot fall between two.
+            // Prepared once per connection; then one round trip each.
             let row = match wait {
-                None => conn.client.query_typed(&target.try_sql, &target.key.params()).await,
+                None => conn.query(&target.try_sql, &target.key.params()).await,
                 Some(w) => {
                     // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
                     let ms = match w.as_millis() {
@@ -134,7 +134,7 @@ impl Mutex {
                     };
                     let mut params = target.key.params();
                     params.push((&ms, Type::TEXT));
-                    conn.client.query_typed(&target.wait_sql, &params).await
+                    conn.query(&target.wait_sql, &params).await
                 }
             };
             let token: Option<i64> = match row.map(|rows| rows.first().and_then(|r| r.get(0))) {
@@ -142,7 +142,7 @@ impl Mutex {
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     // lock_timeout ran out. The lock may have been granted just as the timeout
                     // fired; an unlock makes sure the connection holds nothing before reuse.
-                    match conn.client.query_typed(&target.unlock_sql, &target.key.params()).await {
+                    match conn.query(&target.unlock_sql, &target.key.params()).await {
                         Ok(_) => client.put_back(conn),
                         Err(e) => tracing::debug!(error = %e, "unlock after a lock timeout failed; closing"),
                     }
@@ -367,7 +367,7 @@ impl Drop for MutexGuard {
 /// list only after a clean unlock (anything else closes it, which frees whatever it held).
 async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<bool> {
     let name = &target.name;
-    let r = conn.client.query_typed(&target.unlock_sql, &target.key.params()).await;
+    let r = conn.query(&target.unlock_sql, &target.key.params()).await;
     match r {
         Ok(rows) => {
             let held: bool = rows.first().is_some_and(|r| r.get(0));
