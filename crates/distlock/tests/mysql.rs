@@ -152,14 +152,30 @@ async fn a_killed_connection_is_lost_within_a_sixth_of_the_lease() {
 /// GET_LOCK whose client is gone), so it cannot take the lock after its owner gave up.
 #[tokio::test]
 async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
-    let (a, b) = (connect("").await, connect("").await);
+    // The waiter uses a database of its own, so the process list shows its statements apart from
+    // other tests' (user locks are server-wide: it still waits for the same lock).
+    let mut raw = raw().await;
+    let db = format!("distlock_drop_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
+    let own_db = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    let (a, b) = (connect("").await, Client::connect(&own_db).await.unwrap());
     let name = unique("dropped");
     let g = a.mutex(&name).unwrap().lock().await.unwrap();
     let waiter = b.mutex(&name).unwrap();
-    let mut raw = raw().await;
-    assert!(tokio::time::timeout(Duration::from_millis(300), waiter.lock()).await.is_err(), "still held");
+    let mut wait = Box::pin(waiter.lock());
+    // Drop the wait only once the server shows it waiting.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while waiting(&mut raw).await != 0 {
+    loop {
+        tokio::select! {
+            r = &mut wait => panic!("granted while held: {r:?}"),
+            n = waiting(&mut raw, &db) => if n > 0 { break },
+        }
+        assert!(Instant::now() < deadline, "the wait never showed in the process list");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(wait);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(&mut raw, &db).await != 0 {
         assert!(Instant::now() < deadline, "the dropped wait was not killed within 5 s");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -167,14 +183,19 @@ async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
     let c = connect("").await;
     let next = c.mutex(&name).unwrap().try_lock().await.unwrap().expect("nobody else took it");
     next.release().await.unwrap();
+    sqlx::query(&format!("DROP DATABASE {db}")).execute(&mut raw).await.unwrap();
 }
 
-/// Statements waiting in `GET_LOCK` on the server now.
-async fn waiting(raw: &mut MySqlConnection) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT GET_LOCK(%'")
-        .fetch_one(raw)
-        .await
-        .unwrap()
+/// Acquire statements (`INSERT INTO distlock_fencing … WHERE GET_LOCK(…)`) running in database
+/// `db` now.
+async fn waiting(raw: &mut MySqlConnection, db: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND INFO LIKE 'INSERT INTO distlock_fencing%'",
+    )
+    .bind(db)
+    .fetch_one(raw)
+    .await
+    .unwrap()
 }
 
 /// The seed's account on MariaDB (balance 1000, version 1; +100 and −50 read at once): one write
