@@ -17,6 +17,17 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// What one renewal (a ping, an extension) of a lease found.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) enum Renewal {
+    /// The server confirmed it: the deadline moves on.
+    Renewed,
+    /// It failed, but the hold may still be good: try again while time is left.
+    Failed,
+    /// The hold is gone, for this reason.
+    Gone(LostReason),
+}
+
 #[derive(Debug)]
 pub(crate) struct Lease {
     tx: watch::Sender<LockState>,
@@ -86,6 +97,31 @@ impl Lease {
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<LockState> {
         self.tx.subscribe()
+    }
+
+    /// Keeps the lease: every `period` (sooner after a failure, while time is left) runs `renew`,
+    /// bounded by the deadline. `Renewed` moves the deadline on from the send; `Failed` is
+    /// `Suspended`; `Gone(reason)`, or no answer by the deadline, is `Lost`, and ends the loop.
+    pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Renewal>,
+    {
+        loop {
+            let left = self.deadline().saturating_duration_since(Instant::now());
+            tokio::time::sleep(period.min(left / 2)).await;
+            let deadline = self.deadline();
+            if Instant::now() >= deadline {
+                return self.publish(LockState::Lost(LostReason::LeaseExpired), name);
+            }
+            let sent = Instant::now();
+            match tokio::time::timeout_at(deadline, renew()).await {
+                Ok(Renewal::Renewed) => self.confirmed(sent, name),
+                Ok(Renewal::Failed) => self.publish(LockState::Suspended, name),
+                Ok(Renewal::Gone(reason)) => return self.publish(LockState::Lost(reason), name),
+                Err(_) => return self.publish(LockState::Lost(LostReason::LeaseExpired), name),
+            }
+        }
     }
 
     /// Resolves when the lease is lost: published as lost, or the deadline passed without a

@@ -1,7 +1,7 @@
 //! A `GET_LOCK` mutex, fenced by a counter row.
 
 use super::{backend, Client, Conn, FENCING_TABLE};
-use crate::lease::Lease;
+use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -262,37 +262,23 @@ async fn unlock(client: Client, conn: Arc<tokio::sync::Mutex<Conn>>, name: Strin
     Ok(held)
 }
 
-/// Pings the holding connection every sixth of the lease (sooner after a failure, while time is
-/// left); moves the deadline on with every answer; `Lost` at the deadline or when the connection
-/// is gone.
+/// Pings the holding connection every sixth of the lease (see [`Lease::keep`]); a connection
+/// error means the connection is gone.
 async fn monitor(conn: Arc<tokio::sync::Mutex<Conn>>, lease: Arc<Lease>, name: String, bound: Duration) {
     use sqlx::Connection;
-    let period = bound / 6;
-    loop {
-        let left = lease.deadline().saturating_duration_since(Instant::now());
-        tokio::time::sleep(period.min(left / 2)).await;
-        let deadline = lease.deadline();
-        if Instant::now() >= deadline {
-            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-            return;
-        }
-        let sent = Instant::now();
-        let ping = async { conn.lock().await.conn.ping().await };
-        match tokio::time::timeout_at(deadline, ping).await {
-            Ok(Ok(())) => lease.confirmed(sent, &name),
-            Ok(Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed))) => {
-                tracing::debug!(lock = name, error = %e, "the lock connection is gone");
-                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
-                return;
+    lease
+        .keep(&name, bound / 6, || async {
+            match conn.lock().await.conn.ping().await {
+                Ok(()) => Renewal::Renewed,
+                Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)) => {
+                    tracing::debug!(lock = name, error = %e, "the lock connection is gone");
+                    Renewal::Gone(LostReason::ConnectionClosed)
+                }
+                Err(e) => {
+                    tracing::debug!(lock = name, error = %e, "health check failed");
+                    Renewal::Failed
+                }
             }
-            Ok(Err(e)) => {
-                tracing::debug!(lock = name, error = %e, "health check failed");
-                lease.publish(LockState::Suspended, &name);
-            }
-            Err(_) => {
-                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-                return;
-            }
-        }
-    }
+        })
+        .await
 }

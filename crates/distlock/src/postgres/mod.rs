@@ -117,9 +117,14 @@ pub const FENCING_GUARD: (i32, i32) = (0x646c_6f63, 0x6b73_6571);
 
 /// Raises the fencing sequence to the clock (µs) if it is behind, holding the guard exclusively
 /// (to the end of this implicit transaction).
-const FENCING_FLOOR_SQL: &str = "SELECT pg_advisory_xact_lock(1684828003, 1802724721); \
-     SELECT setval('distlock_fencing_seq', c) FROM (SELECT last_value AS v, \
-     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS c FROM distlock_fencing_seq) x WHERE c > v";
+fn fencing_floor_sql() -> String {
+    let (g1, g2) = FENCING_GUARD;
+    format!(
+        "SELECT pg_advisory_xact_lock({g1}, {g2}); \
+         SELECT setval('{FENCING_SEQUENCE}', c) FROM (SELECT last_value AS v, \
+         (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS c FROM {FENCING_SEQUENCE}) x WHERE c > v"
+    )
+}
 
 /// One lock connection: the client half, and whether its connection task has ended.
 pub(crate) struct Conn {
@@ -335,8 +340,9 @@ impl Client {
             .await
             .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(format!("setting the session's loss bounds: {e}")))?;
+        let floor_sql = fencing_floor_sql();
         let floor = async {
-            match conn.client.batch_execute(FENCING_FLOOR_SQL).await {
+            match conn.client.batch_execute(&floor_sql).await {
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
                     // The first client on this database. Two at once: one gets a unique violation.
                     let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE}");
@@ -345,7 +351,7 @@ impl Client {
                             return Err(e);
                         }
                     }
-                    conn.client.batch_execute(FENCING_FLOOR_SQL).await
+                    conn.client.batch_execute(&floor_sql).await
                 }
                 r => r,
             }

@@ -1,7 +1,7 @@
 //! A mutex on a lease row, with a watchdog that extends it.
 
 use super::{backend, Client};
-use crate::lease::Lease;
+use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -267,35 +267,21 @@ async fn release(client: Client, name: String, holder: String) -> Result<bool> {
     Ok(done.rows_affected() == 1)
 }
 
-/// Extends the lease every third of it (sooner after a failure, while time is left); `Lost` when
-/// the row is no longer ours or the deadline passes without a confirmed extension.
+/// Extends the lease every third of it (see [`Lease::keep`]); an extension that finds the row no
+/// longer ours (expired and taken, or released by someone else) is a loss.
 async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease>) {
-    let period = client.lease() / 3;
     let inner = &client.inner;
-    loop {
-        let left = lease.deadline().saturating_duration_since(Instant::now());
-        tokio::time::sleep(period.min(left / 2)).await;
-        let deadline = lease.deadline();
-        if Instant::now() >= deadline {
-            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-            return;
-        }
-        let sent = Instant::now();
-        let extend = sqlx::query(&inner.sql.extend).bind(&name).bind(&holder).bind(inner.url.lease_modifier());
-        match tokio::time::timeout_at(deadline, extend.execute(&inner.pool)).await {
-            Ok(Ok(done)) if done.rows_affected() == 1 => lease.confirmed(sent, &name),
-            Ok(Ok(_)) => {
-                lease.publish(LockState::Lost(LostReason::KeyDeleted), &name);
-                return;
+    lease
+        .keep(&name, client.lease() / 3, || async {
+            let extend = sqlx::query(&inner.sql.extend).bind(&name).bind(&holder).bind(inner.url.lease_modifier());
+            match extend.execute(&inner.pool).await {
+                Ok(done) if done.rows_affected() == 1 => Renewal::Renewed,
+                Ok(_) => Renewal::Gone(LostReason::KeyDeleted),
+                Err(e) => {
+                    tracing::debug!(lock = name, error = %e, "lease extension failed");
+                    Renewal::Failed
+                }
             }
-            Ok(Err(e)) => {
-                tracing::debug!(lock = name, error = %e, "lease extension failed");
-                lease.publish(LockState::Suspended, &name);
-            }
-            Err(_) => {
-                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-                return;
-            }
-        }
-    }
+        })
+        .await
 }
