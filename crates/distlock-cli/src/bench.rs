@@ -183,6 +183,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
+    if backend.starts_with("etcd://") {
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+            );
+        }
+        let mut workloads = args.workloads.clone();
+        if workloads.is_empty() {
+            workloads = crate::bench_etcd::WORKLOADS.map(String::from).to_vec();
+        }
+        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+        let reports =
+            crate::bench_etcd::run(backend, &workloads, args.duration, args.clients, args.json, &progress).await?;
+        if !args.json {
+            print_table(&reports);
+        }
+        return Ok(0);
+    }
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         if cfg!(debug_assertions) {
             eprintln!(

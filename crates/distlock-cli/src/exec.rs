@@ -158,15 +158,22 @@ pub struct Held {
 }
 
 impl Held {
-    /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order.
-    pub fn env(&self) -> [(&'static str, String); 3] {
+    /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order;
+    /// on etcd also `ETCD_LOCK_KEY` (our keys) and `ETCD_LOCK_REV` (their create revisions), the
+    /// names `etcdctl lock` gives its command.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
         let parts = self.guard.parts();
         let join = |f: &dyn Fn(&distlock::Guard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
-        [
+        let mut env = vec![
             ("DISTLOCK_KEY", join(&|p| p.lock_name())),
             ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
             ("DISTLOCK_NODE", join(&|p| p.holder_id())),
-        ]
+        ];
+        if self.client.backend() == "etcd" {
+            env.push(("ETCD_LOCK_KEY", join(&|p| p.holder_id())));
+            env.push(("ETCD_LOCK_REV", join(&|p| p.fencing_token().to_string())));
+        }
+        env
     }
 
     /// Releases every lock and closes the session (so the server has deleted our nodes).

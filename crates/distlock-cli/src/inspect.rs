@@ -79,6 +79,26 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
+    if let Some(etcd) = client.etcd() {
+        let view = etcd.inspect(&args.lock).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&view)?);
+        } else if view.keys.is_empty() {
+            println!("{}: free (no key under {}/ at revision {})", view.name, view.name, view.revision);
+        } else {
+            println!(
+                "{}: {} key(s) under {}/ at revision {}, oldest first:",
+                view.name,
+                view.keys.len(),
+                view.name,
+                view.revision
+            );
+            for k in &view.keys {
+                println!("  {} create revision {} lease {:x}", k.key, k.create_revision, k.lease);
+            }
+        }
+        return Ok(0);
+    }
     if let Some(db) = client.sqlite() {
         let view = db.mutex(&args.lock)?.inspect().await?;
         match view {

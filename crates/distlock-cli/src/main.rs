@@ -4,6 +4,7 @@
 
 mod alloc;
 mod bench;
+mod bench_etcd;
 mod bench_postgres;
 mod bench_redis;
 mod bench_sql;
@@ -45,18 +46,23 @@ macro_rules! exec_help {
 
 ENVIRONMENT:
   DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181);
-                    zk://host:port[,host:port][/chroot] or redis://host:port[/db]
+                    zk://, redis://, postgres://, mysql://, sqlite:// or etcd:// (see --backend)
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
-  lock order; hold prints the same as KEY=value lines."
+  lock order; on etcd also ETCD_LOCK_KEY (our key) and ETCD_LOCK_REV (its create revision, the
+  fencing token), as etcdctl lock names them; hold prints the same as KEY=value lines."
     };
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "distlock", version, about = "Run commands under distributed locks (ZooKeeper, Redis)")]
 #[command(
-    after_help = "LOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders) on ZooKeeper;\non Redis it is the key, as given (Redisson's lock layout; ?layout=simple for redis-py's).\n\nSee `distlock exec --help` for exit statuses and environment variables."
+    name = "distlock",
+    version,
+    about = "Run commands under distributed locks (ZooKeeper, Redis, PostgreSQL, MariaDB, SQLite, etcd)"
+)]
+#[command(
+    after_help = "LOCK is a znode path (/locks/orders) or a bare name (orders = /distlock/orders) on ZooKeeper;\non Redis it is the key, as given (Redisson's lock layout; ?layout=simple for redis-py's);\non etcd it is the key prefix, as etcdctl lock takes it.\n\nSee `distlock exec --help` for exit statuses and environment variables."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -114,7 +120,8 @@ pub struct BackendArg {
     /// redis+cluster://node1:7000,node2:7001?lease=30s,
     /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
     /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
-    /// sqlite:///path/locks.db?lease=30s&table=distlock_leases
+    /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
+    /// etcd://host:2379[,host:2379]?ttl=30s (etcd's lock recipe, as etcdctl lock)
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held

@@ -30,6 +30,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("mysql", "mysql"),
     ("mariadb", "mysql"),
     ("sqlite", "sqlite"),
+    ("etcd", "etcd"),
 ];
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
@@ -65,6 +66,8 @@ pub async fn connect(url: &str) -> Result<Client> {
         "mysql" | "mariadb" => Ok(Client { kind: ClientKind::Mysql(crate::mysql::Client::connect(url).await?) }),
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Client { kind: ClientKind::Sqlite(crate::sqlite::Client::connect(url).await?) }),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Client { kind: ClientKind::Etcd(crate::etcd::Client::connect(url).await?) }),
         _ => match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
             Some((_, feature)) => {
                 Err(bad(format!("the {scheme}:// backend is not compiled in (enable distlock's {feature:?} feature)")))
@@ -105,6 +108,8 @@ enum ClientKind {
     Mysql(crate::mysql::Client),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::Client),
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::Client),
 }
 
 #[cfg(feature = "zookeeper")]
@@ -118,6 +123,13 @@ impl From<crate::zookeeper::Client> for Client {
 impl From<crate::postgres::Client> for Client {
     fn from(c: crate::postgres::Client) -> Client {
         Client { kind: ClientKind::Postgres(c) }
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl From<crate::etcd::Client> for Client {
+    fn from(c: crate::etcd::Client) -> Client {
+        Client { kind: ClientKind::Etcd(c) }
     }
 }
 
@@ -151,6 +163,8 @@ impl Client {
             ClientKind::Mysql(_) => "mysql",
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(_) => "sqlite",
+            #[cfg(feature = "etcd")]
+            ClientKind::Etcd(_) => "etcd",
         }
     }
 
@@ -179,6 +193,16 @@ impl Client {
     pub fn sqlite(&self) -> Option<&crate::sqlite::Client> {
         match &self.kind {
             ClientKind::Sqlite(c) => Some(c),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The typed etcd client, if this is one.
+    #[cfg(feature = "etcd")]
+    pub fn etcd(&self) -> Option<&crate::etcd::Client> {
+        match &self.kind {
+            ClientKind::Etcd(c) => Some(c),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -218,6 +242,8 @@ impl Client {
             ClientKind::Mysql(c) => c.lease(),
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.lease(),
+            #[cfg(feature = "etcd")]
+            ClientKind::Etcd(c) => c.lease(),
         }
     }
 
@@ -236,6 +262,8 @@ impl Client {
             ClientKind::Mysql(c) => c.mutex(name).map(|_| name.to_string()),
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.mutex(name).map(|_| name.to_string()),
+            #[cfg(feature = "etcd")]
+            ClientKind::Etcd(c) => c.mutex(name).map(|_| name.to_string()),
         }
     }
 
@@ -309,6 +337,13 @@ impl Client {
                     })
                 }
             },
+            #[cfg(feature = "etcd")]
+            ClientKind::Etcd(c) => match kind {
+                Kind::Mutex => LockKind::Etcd(c.mutex(&name)?),
+                Kind::Read => LockKind::EtcdRead(c.rwlock(&name)?),
+                Kind::Write => LockKind::EtcdWrite(c.rwlock(&name)?),
+                Kind::Permits(n) => LockKind::EtcdPermit(c.semaphore(&name, n)?),
+            },
         };
         Ok(Lock { kind })
     }
@@ -327,6 +362,8 @@ impl Client {
             ClientKind::Mysql(c) => c.close(bound).await,
             #[cfg(feature = "sqlite")]
             ClientKind::Sqlite(c) => c.close(bound).await,
+            #[cfg(feature = "etcd")]
+            ClientKind::Etcd(c) => c.close(bound).await,
         }
     }
 }
@@ -393,6 +430,14 @@ enum LockKind {
     Mysql(crate::mysql::Mutex),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::Mutex),
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::Mutex),
+    #[cfg(feature = "etcd")]
+    EtcdRead(crate::etcd::RwLock),
+    #[cfg(feature = "etcd")]
+    EtcdWrite(crate::etcd::RwLock),
+    #[cfg(feature = "etcd")]
+    EtcdPermit(crate::etcd::Semaphore),
 }
 
 #[cfg(feature = "redis")]
@@ -438,6 +483,12 @@ impl Lock {
             LockKind::Mysql(m) => m.name(),
             #[cfg(feature = "sqlite")]
             LockKind::Sqlite(m) => m.name(),
+            #[cfg(feature = "etcd")]
+            LockKind::Etcd(m) => m.name(),
+            #[cfg(feature = "etcd")]
+            LockKind::EtcdRead(l) | LockKind::EtcdWrite(l) => l.name(),
+            #[cfg(feature = "etcd")]
+            LockKind::EtcdPermit(s) => s.name(),
         }
     }
 
@@ -530,6 +581,34 @@ impl Lock {
                 Some(t) => m.lock_timeout(t).await?,
             }
             .map(GuardKind::Sqlite),
+            #[cfg(feature = "etcd")]
+            LockKind::Etcd(m) => match timeout {
+                None => Some(m.lock().await?),
+                Some(t) if t.is_zero() => m.try_lock().await?,
+                Some(t) => m.lock_timeout(t).await?,
+            }
+            .map(GuardKind::Etcd),
+            #[cfg(feature = "etcd")]
+            LockKind::EtcdRead(l) => match timeout {
+                None => Some(l.read().await?),
+                Some(t) if t.is_zero() => l.try_read().await?,
+                Some(t) => l.read_timeout(t).await?,
+            }
+            .map(GuardKind::Etcd),
+            #[cfg(feature = "etcd")]
+            LockKind::EtcdWrite(l) => match timeout {
+                None => Some(l.write().await?),
+                Some(t) if t.is_zero() => l.try_write().await?,
+                Some(t) => l.write_timeout(t).await?,
+            }
+            .map(GuardKind::Etcd),
+            #[cfg(feature = "etcd")]
+            LockKind::EtcdPermit(s) => match timeout {
+                None => Some(s.acquire().await?),
+                Some(t) if t.is_zero() => s.try_acquire().await?,
+                Some(t) => s.acquire_timeout(t).await?,
+            }
+            .map(GuardKind::Etcd),
         };
         Ok(kind.map(|kind| Guard { kind }))
     }
@@ -573,6 +652,8 @@ enum GuardKind {
     Mysql(crate::mysql::MutexGuard),
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::MutexGuard),
+    #[cfg(feature = "etcd")]
+    Etcd(crate::etcd::LockGuard),
 }
 
 macro_rules! each {
@@ -596,6 +677,8 @@ macro_rules! each {
             GuardKind::Mysql($g) => $e,
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite($g) => $e,
+            #[cfg(feature = "etcd")]
+            GuardKind::Etcd($g) => $e,
         }
     };
 }
@@ -632,6 +715,8 @@ impl Guard {
             GuardKind::Mysql(g) => g.name().to_string(),
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite(g) => g.name().to_string(),
+            #[cfg(feature = "etcd")]
+            GuardKind::Etcd(g) => g.name().to_string(),
         }
     }
 
@@ -657,6 +742,8 @@ impl Guard {
             GuardKind::Mysql(g) => g.holder_id(),
             #[cfg(feature = "sqlite")]
             GuardKind::Sqlite(g) => g.holder_id().to_string(),
+            #[cfg(feature = "etcd")]
+            GuardKind::Etcd(g) => g.key().to_string(),
         }
     }
 

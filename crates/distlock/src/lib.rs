@@ -19,12 +19,17 @@
 //! - `redis` (default): the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`,
 //!   `redis+cluster://`).
 //! - `postgres` (default): PostgreSQL advisory locks (`postgres://`).
+//! - `mysql` (default): MariaDB/MySQL `GET_LOCK` (`mysql://`, `mariadb://`).
+//! - `sqlite` (default): a lease table in a SQLite file (`sqlite://`).
+//! - `etcd` (default): etcd's lock recipe, checked after the wait (`etcd://`).
 //!
 //! # Layout
 //! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend;
 //! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
 //!   lock, semaphore, Redlock);
 //! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a counter row;
+//! - [`etcd`]: etcd's mutex (as `etcdctl lock`), read/write lock and semaphore, fenced by
+//!   create revision;
 //! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
 //!   - [`Mutex`](zookeeper::Mutex): exclusive, FIFO, herd-free;
 //!   - [`ReentrantMutex`](zookeeper::ReentrantMutex): re-entered by the same handle;
@@ -52,15 +57,34 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
 pub(crate) mod any;
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
 pub mod blocking;
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
+    allow(dead_code)
+)]
 mod detach;
 mod duration;
 mod error;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -77,7 +101,14 @@ mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-#[cfg(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
 pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};

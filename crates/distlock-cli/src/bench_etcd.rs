@@ -1,0 +1,129 @@
+//! `distlock bench` on `etcd://`: the server's own floor (a lease-bound put and a delete of one
+//! key per cycle, one at a time and with 8 cycles in flight on the one connection), the
+//! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
+//! woken by its watch alone).
+
+use crate::bench::{contended_on, interleaved, report, Progress, Report};
+use distlock::etcd::etcd_client::{self, PutOptions};
+use std::time::{Duration, Instant};
+
+/// The workloads measured on etcd.
+pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
+
+/// Cycles in flight at once for the pipelined floor.
+const IN_FLIGHT: u32 = 8;
+
+/// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
+pub async fn run(
+    url: &str,
+    workloads: &[String],
+    duration: Duration,
+    clients: u32,
+    json: bool,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Report>> {
+    for w in workloads {
+        if !WORKLOADS.contains(&w.as_str()) {
+            anyhow::bail!("workload {w} is not measured on etcd yet (here: {})", WORKLOADS.join(", "));
+        }
+    }
+    let client = distlock::connect(url).await?;
+    let etcd = client.etcd().ok_or_else(|| anyhow::anyhow!("{url}: not an etcd:// URL"))?.etcd();
+    let base = format!("distlock-bench-{:x}", uuid::Uuid::new_v4().as_u128() as u32);
+    // The floor's keys live under a lease of their own (revoked at the end: nothing is left).
+    let lease = etcd.clone().lease_grant(600, None).await?.id();
+    let result = measure(&client, etcd.clone(), lease, url, &base, workloads, duration, clients, json, progress).await;
+    let _ = etcd.clone().lease_revoke(lease).await;
+    client.close(Duration::from_secs(2)).await;
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    client: &distlock::Client,
+    etcd: etcd_client::Client,
+    lease: i64,
+    url: &str,
+    base: &str,
+    workloads: &[String],
+    duration: Duration,
+    clients: u32,
+    json: bool,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Report>> {
+    let floor_key = format!("{base}/floor");
+    let sequential = floor(&etcd, lease, &floor_key, 1, duration, progress).await?;
+    let mut reports = Vec::new();
+    for w in workloads {
+        let r = match w.as_str() {
+            "raw" => {
+                let pipelined = floor(&etcd, lease, &floor_key, IN_FLIGHT, duration, progress).await?;
+                vec![
+                    report("floor-sequential", sequential, sequential, vec![("pair".into(), PAIR.into())]),
+                    report(
+                        "floor-pipelined",
+                        pipelined,
+                        sequential,
+                        vec![("pair".into(), PAIR.into()), ("in_flight".into(), IN_FLIGHT.to_string())],
+                    ),
+                ]
+            }
+            "uncontended" => {
+                let lock = client.mutex(&format!("{base}/uncontended"))?;
+                let pair = || pair(etcd.clone(), lease, floor_key.clone());
+                vec![interleaved(&lock, pair, duration, vec![("pair".into(), PAIR.into())], progress).await?]
+            }
+            "contended" => {
+                vec![contended_on(url, &format!("{base}/contended"), clients, duration, sequential, progress).await?]
+            }
+            _ => unreachable!("checked above"),
+        };
+        progress.clear();
+        if json {
+            for rep in &r {
+                println!("{}", serde_json::to_string(rep)?);
+            }
+        }
+        reports.extend(r);
+    }
+    Ok(reports)
+}
+
+const PAIR: &str = "put with lease + delete";
+
+async fn pair(mut etcd: etcd_client::Client, lease: i64, key: String) -> anyhow::Result<()> {
+    etcd.put(key.clone(), "", Some(PutOptions::new().with_lease(lease))).await?;
+    etcd.delete(key, None).await?;
+    Ok(())
+}
+
+/// Floor pairs per second with `in_flight` cycles at once (each on its own key).
+async fn floor(
+    etcd: &etcd_client::Client,
+    lease: i64,
+    key: &str,
+    in_flight: u32,
+    duration: Duration,
+    progress: &Progress,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let until = start + duration;
+    let mut tasks = Vec::new();
+    for i in 0..in_flight {
+        let (etcd, key) = (etcd.clone(), format!("{key}-{i}"));
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < until {
+                pair(etcd.clone(), lease, key.clone()).await?;
+                n += 1;
+            }
+            Ok::<u64, anyhow::Error>(n)
+        }));
+    }
+    let mut n = 0;
+    for t in tasks {
+        n += t.await??;
+    }
+    progress.show("floor", n, start.elapsed());
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,162 @@
+//! The guard of every etcd recipe.
+
+use super::session::Session;
+use super::Client;
+use crate::lease::Lease;
+use crate::{Error, LockState, LostReason, Result};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
+use std::sync::Arc;
+use tokio::sync::{watch, OwnedMutexGuard};
+
+/// Proof of holding an etcd lock (a [`Mutex`](super::Mutex), either side of an
+/// [`RwLock`](super::RwLock), or a [`Semaphore`](super::Semaphore) permit): our key, its create
+/// revision as the fencing token, and the session lease's deadline. Released by
+/// [`release`](LockGuard::release) or, in the background, on drop.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(lock: distlock::etcd::Mutex) -> distlock::Result<()> {
+/// use distlock::etcd::etcd_client::TxnOp;
+/// let guard = lock.lock().await?;
+/// // A write that etcd refuses once the lock has passed on:
+/// let done = guard.txn_if_held(vec![TxnOp::put("orders/last", "42", None)]).await?;
+/// assert!(done.succeeded());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LockGuard {
+    hold: Option<Hold>,
+}
+
+struct Hold {
+    client: Client,
+    name: String,
+    key: String,
+    rev: i64,
+    lease: Arc<Lease>,
+    /// Kept so the keeper keeps the lease alive while we hold.
+    _session: Arc<Session>,
+    /// The local queue of session-named keys, held until the key is deleted.
+    gate: Option<OwnedMutexGuard<()>>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold").field("key", &self.key).field("revision", &self.rev).finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        client: Client,
+        name: String,
+        key: String,
+        rev: i64,
+        lease: Arc<Lease>,
+        session: Arc<Session>,
+        gate: Option<OwnedMutexGuard<()>>,
+    ) -> LockGuard {
+        LockGuard { hold: Some(Hold { client, name, key, rev, lease, _session: session, gate }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// The lock's name (its key prefix).
+    pub fn name(&self) -> &str {
+        &self.hold().name
+    }
+
+    /// Our key, e.g. `orders/694d8b5a1c2f3e07` (what `etcdctl lock` puts in `ETCD_LOCK_KEY`).
+    pub fn key(&self) -> &str {
+        &self.hold().key
+    }
+
+    /// Our key's create revision: larger than every earlier holder's.
+    pub fn fencing_token(&self) -> u64 {
+        self.hold().rev as u64
+    }
+
+    /// The comparison that holds while we hold the lock: our key exists with our create revision.
+    pub fn is_owner(&self) -> Compare {
+        let h = self.hold();
+        Compare::create_revision(h.key.clone(), CompareOp::Equal, h.rev)
+    }
+
+    /// Runs `ops` in one transaction only while our key exists as we created it; the response's
+    /// `succeeded()` is false (and nothing was written) once the lock has passed on.
+    pub async fn txn_if_held(&self, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+        let h = self.hold();
+        let mut etcd = h.client.etcd();
+        h.client.call("guarded transaction", &h.name, etcd.txn(Txn::new().when([self.is_owner()]).and_then(ops))).await
+    }
+
+    /// The instant after which the server may expire the session lease (and so our key) unless
+    /// a keep-alive is answered first.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().lease.deadline().into_std()
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LockState {
+        let h = self.hold();
+        h.lease.state(&h.name)
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.hold().lease.subscribe()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the server said the lease is gone, or the
+    /// lease deadline passed without an answered keep-alive.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        let h = self.hold();
+        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
+    }
+
+    /// Deletes our key (only if it is still ours) and waits for the server; [`Error::LockLost`]
+    /// if the lock had been lost before or the key was gone.
+    pub async fn release(mut self) -> Result<()> {
+        let before = self.state();
+        let hold = self.hold.take().expect("a guard holds until released");
+        hold.lease.end();
+        let name = hold.name.clone();
+        let held = crate::detach::detach(unlock(hold)).await?;
+        match (before, held) {
+            (LockState::Lost(reason), _) => Err(Error::LockLost { lock: name, reason }),
+            (_, false) => Err(Error::LockLost { lock: name, reason: LostReason::KeyDeleted }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else { return };
+        hold.lease.end();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let name = hold.name.clone();
+                if let Err(e) = unlock(hold).await {
+                    tracing::warn!(lock = name, error = %e, "release on drop failed; the session lease frees it");
+                }
+            });
+        }
+    }
+}
+
+/// Deletes our key if it is still ours; true if it was. The local gate opens after.
+async fn unlock(hold: Hold) -> Result<bool> {
+    let Hold { client, name, key, rev, gate, .. } = hold;
+    let mut etcd = client.etcd();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+        .and_then([TxnOp::delete(key, None)]);
+    let done = client.call("release", &name, etcd.txn(txn)).await;
+    drop(gate);
+    Ok(done?.succeeded())
+}

@@ -1,0 +1,327 @@
+//! The etcd backend: etcd's lock recipe (the one `etcdctl lock` and Go's `concurrency.Mutex` use)
+//! done on the client with KV, Watch and Lease, including the check after the wait that etcd 3.4's
+//! own client and Lock RPC lack; fenced by the key's create revision.
+//!
+//! # Layout
+//!
+//! Every key is put under the client's session lease, so a client that stops keeping it alive
+//! loses its keys (and locks) when the lease expires on the server.
+//!
+//! | Recipe | Our key | Waits for (keys created before ours) | Held when |
+//! |---|---|---|---|
+//! | [`Mutex`] `name` | `name/<lease id hex>` (as `etcdctl lock name` and Go's `NewMutex(s, "name")`) | the last one under `name/` | no key under `name/` is older |
+//! | [`RwLock`] read | `name/read/<16 hex digits>` (Go's `contrib/recipes` `RWMutex`) | the last one under `name/write` | no writer's key is older |
+//! | [`RwLock`] write | `name/write/<16 hex digits>` | the last one under `name/` | no key under `name/` is older |
+//! | [`Semaphore`] `name`, `n` permits | `name/<lease id hex>_<16 hex digits>` | any deletion under `name/` | fewer than `n` older keys under `name/` |
+//!
+//! The key is created in one transaction (`If CreateRevision(key) == 0 Then Put(key, lease)`)
+//! that also reads the oldest keys it must wait for, so a free lock costs one round trip. A waiter
+//! watches only the key just before it (no herd), except the semaphore's, which recounts after any
+//! deletion. **After the wait** it reads its own key again and refuses the lock if the key is gone
+//! or was re-created (the session expired, or someone deleted it): the Jepsen finding against
+//! etcd 3.4, whose server-side Lock RPC grants in that case (`tests/etcd.rs` shows it). A refused
+//! or session-less waiter queues again on a new session, within its timeout.
+//!
+//! The fencing token is our key's create revision: cluster-wide, it only rises, and a later
+//! holder's key was created after ours. A write guarded by
+//! [`Compare::create_revision(key, Equal, token)`](etcd_client::Compare::create_revision) (see
+//! [`LockGuard::txn_if_held`]) is refused once the lock has passed on.
+//!
+//! # Leases and loss
+//!
+//! One lease per client (the URL's `ttl`), kept alive every third of the TTL by one task for all
+//! locks (see the session's notes in the source). A guard's [`lease_deadline`](LockGuard::lease_deadline)
+//! is the send time of the last answered keep-alive plus the TTL, less a drift margin;
+//! [`lost`](LockGuard::lost) resolves there if no keep-alive was answered since, or at once when
+//! the server says the lease is gone (revoked or expired). A lost session is not revived: the
+//! client grants a new lease for later acquires.
+//!
+//! Two acquires of one mutex through one client queue locally first (they would share the key
+//! `name/<lease id hex>`), then in etcd.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let etcd = distlock::etcd::Client::connect("etcd://127.0.0.1:2379?ttl=10s").await?;
+//! let guard = etcd.mutex("orders")?.lock().await?;
+//! println!("key {}, token {}", guard.key(), guard.fencing_token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod guard;
+mod mutex;
+mod queue;
+mod rwlock;
+mod semaphore;
+mod session;
+mod url;
+
+pub use etcd_client;
+pub use guard::LockGuard;
+pub use mutex::Mutex;
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
+pub use url::EtcdUrl;
+
+use crate::{Error, Result};
+use session::Session;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+/// An etcd cluster to take locks on, with this client's session lease. Cheap to clone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// let etcd = distlock::etcd::Client::connect("etcd://127.0.0.1:2379").await?;
+/// if let Some(g) = etcd.mutex("reports")?.try_lock().await? {
+///     g.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: EtcdUrl,
+    etcd: etcd_client::Client,
+    session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// Local queues for session-named keys, by key prefix.
+    gates: StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("url", &self.inner.url).finish()
+    }
+}
+
+impl Client {
+    /// Connects to the cluster named by an `etcd://` URL (see [`EtcdUrl`]) and grants the
+    /// session lease (which proves the cluster answers).
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_url(EtcdUrl::parse(url)?).await
+    }
+
+    /// Connects with a parsed URL.
+    pub async fn connect_url(url: EtcdUrl) -> Result<Client> {
+        let shown = url.to_string();
+        let failed = |reason: String| Error::Connect { url: shown.clone(), reason };
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(url.connect_timeout)
+            // HTTP/2 pings find a dead connection (etcd refuses pings more often than every 5 s).
+            .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        let etcd =
+            tokio::time::timeout(url.connect_timeout, etcd_client::Client::connect(&url.endpoints, Some(options)))
+                .await
+                .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
+                .map_err(|e| failed(e.to_string()))?;
+        let client = Client {
+            inner: Arc::new(Inner {
+                url,
+                etcd,
+                session: tokio::sync::Mutex::new(None),
+                gates: StdMutex::new(HashMap::new()),
+            }),
+        };
+        let bound = client.inner.url.connect_timeout;
+        tokio::time::timeout(bound, client.session())
+            .await
+            .map_err(|_| failed(format!("no lease granted within {bound:?}")))?
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(client)
+    }
+
+    /// The URL this client connected with.
+    pub fn url(&self) -> &EtcdUrl {
+        &self.inner.url
+    }
+
+    /// The session lease's TTL: how long the server keeps a silent holder's keys at most.
+    pub fn lease(&self) -> Duration {
+        self.inner.url.ttl
+    }
+
+    /// The underlying `etcd-client` handle, for guarded writes and anything else.
+    pub fn etcd(&self) -> etcd_client::Client {
+        self.inner.etcd.clone()
+    }
+
+    /// The current session's lease id, granting a new lease if there is none or it was lost.
+    pub async fn lease_id(&self) -> Result<i64> {
+        Ok(self.session().await?.id)
+    }
+
+    /// A mutex on prefix `name` (as `etcdctl lock name`).
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        check_name(name)?;
+        Ok(Mutex::new(self.clone(), name.to_string()))
+    }
+
+    /// A read/write lock on prefix `name`.
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        check_name(name)?;
+        Ok(RwLock::new(self.clone(), name.to_string()))
+    }
+
+    /// A semaphore of `permits` permits on prefix `name`.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        check_name(name)?;
+        if permits == 0 {
+            return Err(Error::InvalidArgument {
+                what: "permits",
+                reason: "a semaphore needs at least 1 permit".into(),
+            });
+        }
+        Ok(Semaphore::new(self.clone(), name.to_string(), permits))
+    }
+
+    /// Revokes the session lease (deleting every key of this client at once) and stops keeping
+    /// it alive; waits at most `bound`.
+    pub async fn close(self, bound: Duration) {
+        let session = self.inner.session.lock().await.take();
+        if let Some(s) = session {
+            s.stop();
+            let mut etcd = self.inner.etcd.clone();
+            let _ = tokio::time::timeout(bound, etcd.lease_revoke(s.id)).await;
+        }
+    }
+
+    /// The live session, or a new one.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(s) = current.as_ref().filter(|s| s.live()) {
+            return Ok(s.clone());
+        }
+        if let Some(old) = current.take() {
+            tracing::info!(lease = format_args!("{:x}", old.id), "etcd session lost; granting a new lease");
+            old.stop();
+        }
+        let url = &self.inner.url;
+        let s = Session::grant(self.inner.etcd.clone(), url.ttl, url.timeout)
+            .await
+            .map_err(|e| backend("lease grant", "session", e))?;
+        *current = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The local queue for keys named after the session under `prefix`.
+    pub(crate) fn gate(&self, prefix: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.inner.gates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = gates.get(prefix).and_then(Weak::upgrade) {
+            return g;
+        }
+        if gates.len() >= 64 {
+            gates.retain(|_, g| g.strong_count() > 0);
+        }
+        let g = Arc::new(tokio::sync::Mutex::new(()));
+        gates.insert(prefix.to_string(), Arc::downgrade(&g));
+        g
+    }
+
+    /// Runs one request bounded by the URL's `timeout`.
+    pub(crate) async fn call<T, F>(&self, op: &'static str, name: &str, f: F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let bound = self.inner.url.timeout;
+        match tokio::time::timeout(bound, f).await {
+            Ok(r) => r.map_err(|e| backend(op, name, e)),
+            Err(_) => {
+                Err(Error::Backend { op, path: name.to_string(), source: format!("no answer within {bound:?}").into() })
+            }
+        }
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
+    if name.is_empty() {
+        return Err(bad("the lock name is empty"));
+    }
+    if name.ends_with('/') {
+        return Err(bad("the lock name is a key prefix without a trailing '/' (distlock adds it)"));
+    }
+    if name.len() > 1024 {
+        return Err(bad("a lock name has at most 1024 bytes"));
+    }
+    Ok(())
+}
+
+pub(crate) fn backend(op: &'static str, name: &str, e: etcd_client::Error) -> Error {
+    Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}
+
+/// One key of a lock's queue, from [`Client::inspect`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(etcd: distlock::etcd::Client) -> distlock::Result<()> {
+/// for key in etcd.inspect("orders").await?.keys {
+///     println!("{} rev {} lease {:x}", key.key, key.create_revision, key.lease);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyView {
+    /// The key.
+    pub key: String,
+    /// Its create revision (the holder's fencing token).
+    pub create_revision: i64,
+    /// The lease it is put under.
+    pub lease: i64,
+}
+
+/// A lock as the server sees it, from [`Client::inspect`]: every key under `name/`, oldest
+/// first (for a mutex, the first is the holder's and the rest wait in that order).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(etcd: distlock::etcd::Client) -> distlock::Result<()> {
+/// let view = etcd.inspect("orders").await?;
+/// match view.keys.first() {
+///     Some(holder) => println!("held by {} (token {})", holder.key, holder.create_revision),
+///     None => println!("free"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LockView {
+    /// The lock's name (key prefix).
+    pub name: String,
+    /// Every key under `name/`, by create revision.
+    pub keys: Vec<KeyView>,
+    /// The cluster's revision when read.
+    pub revision: i64,
+}
+
+impl Client {
+    /// Every key of lock `name`, oldest first.
+    pub async fn inspect(&self, name: &str) -> Result<LockView> {
+        check_name(name)?;
+        use etcd_client::{GetOptions, SortOrder, SortTarget};
+        let prefix = format!("{name}/");
+        let mut etcd = self.etcd();
+        let options = GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = self.call("inspect", name, etcd.get(prefix, Some(options))).await?;
+        let keys = resp
+            .kvs()
+            .iter()
+            .map(|kv| KeyView {
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+                create_revision: kv.create_revision(),
+                lease: kv.lease(),
+            })
+            .collect();
+        Ok(LockView { name: name.to_string(), keys, revision: resp.header().map_or(0, |h| h.revision()) })
+    }
+}

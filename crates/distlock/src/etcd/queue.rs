@@ -1,0 +1,295 @@
+//! The queue every etcd recipe is built on (written once): create our key under the session
+//! lease, wait until fewer than `limit` older keys under the blocking prefix remain, then check
+//! that our key is still there before calling the lock ours.
+
+use super::guard::LockGuard;
+use super::session::Session;
+use super::Client;
+use crate::{Error, Result};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    WatchFilterType, WatchOptions,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+/// How our key is named under [`Spec::key_prefix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// `<lease id hex>`: etcd's mutex layout; one per session, so acquires through one client
+    /// queue locally first.
+    Session,
+    /// `<16 hex digits>` unique per acquire (the nanosecond clock, moved on past collisions).
+    Unique,
+    /// `<lease id hex>_<16 hex digits>`.
+    SessionUnique,
+}
+
+/// One recipe's shape: where our key goes and what it waits for.
+#[derive(Debug, Clone)]
+pub(crate) struct Spec {
+    /// The lock's name, for messages and guards.
+    pub(crate) name: String,
+    /// Our key is this plus the [`Naming`].
+    pub(crate) key_prefix: String,
+    pub(crate) naming: Naming,
+    /// Keys under this prefix created before ours block us...
+    pub(crate) blockers: String,
+    /// ...while at least this many of them remain.
+    pub(crate) limit: u32,
+}
+
+/// Why a wait ended without the lock.
+enum Turn {
+    Ours,
+    TimedOut,
+    /// The session was lost, or our key went: queue again on a live session.
+    Again(&'static str),
+}
+
+/// Acquires `spec`: `wait` `None` waits forever, `Some(ZERO)` never waits.
+pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Option<Duration>) -> Result<Option<LockGuard>> {
+    let try_only = wait == Some(Duration::ZERO);
+    let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+    let mut gate = None;
+    if spec.naming == Naming::Session {
+        let local = client.gate(&spec.key_prefix);
+        gate = Some(match (try_only, deadline) {
+            (true, _) => match local.try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => return Ok(None),
+            },
+            (false, Some(d)) => match tokio::time::timeout_at(d, local.lock_owned()).await {
+                Ok(g) => g,
+                Err(_) => return Ok(None),
+            },
+            (false, None) => local.lock_owned().await,
+        });
+    }
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let session = client.session().await?;
+        let mut pending = Pending { client: client.clone(), name: spec.name.clone(), key: None, gate: gate.take() };
+        let (key, rev, blocked) = create(client, spec, &session, &mut pending).await?;
+        if blocked {
+            if try_only {
+                pending.remove().await;
+                return Ok(None);
+            }
+            let turn = wait_turn(client, spec, &session, rev);
+            let turn = match deadline {
+                Some(d) => tokio::time::timeout_at(d, turn).await.unwrap_or(Ok(Turn::TimedOut))?,
+                None => turn.await?,
+            };
+            let again = match turn {
+                Turn::Ours => check_own_key(client, spec, &key, rev).await?,
+                Turn::TimedOut => {
+                    pending.remove().await;
+                    return Ok(None);
+                }
+                Turn::Again(why) => Some(why),
+            };
+            if let Some(why) = again {
+                tracing::warn!(lock = spec.name, key, why, "not taking the lock; queueing again on a live session");
+                gate = pending.remove().await;
+                if deadline.is_some_and(|d| Instant::now() + backoff >= d) {
+                    return Ok(None);
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        }
+        match session.guard_lease() {
+            Some(lease) => {
+                let gate = pending.disarm();
+                return Ok(Some(LockGuard::new(client.clone(), spec.name.clone(), key, rev, lease, session, gate)));
+            }
+            None => {
+                tracing::warn!(lock = spec.name, key, "session lost as the lock was granted; queueing again");
+                gate = pending.remove().await;
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Creates our key (one transaction, which also reads the oldest blockers): its key, create
+/// revision, and whether older keys block it.
+async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut Pending) -> Result<(String, i64, bool)> {
+    let mut stale = 0;
+    let mut unique =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    loop {
+        let key = match spec.naming {
+            Naming::Session => format!("{}{:x}", spec.key_prefix, session.id),
+            Naming::Unique => format!("{}{:016x}", spec.key_prefix, unique),
+            Naming::SessionUnique => format!("{}{:x}_{:016x}", spec.key_prefix, session.id, unique),
+        };
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(spec.limit as i64);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(session.id))),
+                TxnOp::get(spec.blockers.clone(), Some(oldest.clone())),
+            ])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        // From here a dropped or failed acquire deletes the key (it may have been created).
+        pending.key = Some(key.clone());
+        let mut etcd = client.etcd();
+        let resp = client.call("acquire", &spec.name, etcd.txn(txn)).await?;
+        let ops = resp.op_responses();
+        let rev = if resp.succeeded() {
+            resp.header().map_or(0, |h| h.revision())
+        } else if spec.naming == Naming::Session {
+            // Our session's key is there already: an earlier acquire's delete failed. Unlike Go's
+            // client we do not queue with it (its holder's token would be handed out twice):
+            // delete it (only that one) and create ours anew.
+            stale += 1;
+            if stale > 3 {
+                return Err(protocol(&spec.name, "our session's key keeps coming back"));
+            }
+            let old = match ops.first() {
+                Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
+                _ => 0,
+            };
+            let remove = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, old)])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            client.call("acquire (stale key)", &spec.name, etcd.txn(remove)).await?;
+            continue;
+        } else {
+            pending.key = None; // someone else's key: not ours to delete
+            unique += 1;
+            continue;
+        };
+        let older = match ops.get(1) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().iter().filter(|kv| kv.create_revision() < rev).count(),
+            _ => return Err(protocol(&spec.name, "the transaction's read is missing")),
+        };
+        return Ok((key, rev, older as u32 >= spec.limit));
+    }
+}
+
+/// Waits until fewer than `limit` keys older than ours remain under the blocking prefix; ends
+/// early when the session is lost.
+async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i64) -> Result<Turn> {
+    let lost = crate::lease::Lease::lost(session.lease.clone(), spec.name.clone(), std::future::pending());
+    tokio::pin!(lost);
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let mut etcd = client.etcd();
+        // What to watch for: the one key just before ours, or (semaphore) the whole prefix.
+        let (watch_key, options, header) = if spec.limit == 1 {
+            let last = GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_max_create_revision(rev - 1);
+            let resp = client.call("wait", &spec.name, etcd.get(spec.blockers.clone(), Some(last))).await?;
+            let Some(kv) = resp.kvs().first() else { return Ok(Turn::Ours) };
+            (kv.key().to_vec(), WatchOptions::new(), resp.header().map_or(0, |h| h.revision()))
+        } else {
+            let count = GetOptions::new().with_prefix().with_count_only().with_max_create_revision(rev - 1);
+            let resp = client.call("wait", &spec.name, etcd.get(spec.blockers.clone(), Some(count))).await?;
+            if resp.count() < spec.limit as i64 {
+                return Ok(Turn::Ours);
+            }
+            (
+                spec.blockers.clone().into_bytes(),
+                WatchOptions::new().with_prefix(),
+                resp.header().map_or(0, |h| h.revision()),
+            )
+        };
+        let options = options.with_start_revision(header + 1).with_filters([WatchFilterType::NoPut]);
+        let deleted = async {
+            let mut stream = etcd.watch(watch_key, Some(options)).await?;
+            while let Some(msg) = stream.message().await? {
+                if msg.canceled() || msg.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                    return Ok::<_, etcd_client::Error>(());
+                }
+            }
+            Err(etcd_client::Error::WatchError("the watch stream ended".into()))
+        };
+        tokio::select! {
+            done = deleted => match done {
+                Ok(()) => backoff = Duration::from_millis(20),
+                Err(e) => {
+                    // A broken watch: look again after a pause (the next read fails or answers).
+                    tracing::debug!(lock = spec.name, error = %e, "watch failed; reading again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            },
+            _ = &mut lost => return Ok(Turn::Again("the session was lost while waiting")),
+        }
+    }
+}
+
+/// The check after the wait: our key must still be there, as we created it. `Some(why)` if not.
+async fn check_own_key(client: &Client, spec: &Spec, key: &str, rev: i64) -> Result<Option<&'static str>> {
+    let mut etcd = client.etcd();
+    let resp = client.call("acquire (own key check)", &spec.name, etcd.get(key, None)).await?;
+    Ok(match resp.kvs().first() {
+        None => Some("our key is gone (the session expired or someone deleted it)"),
+        Some(kv) if kv.create_revision() != rev => Some("our key was deleted and created again"),
+        Some(_) => None,
+    })
+}
+
+fn protocol(name: &str, what: &str) -> Error {
+    Error::Backend { op: "acquire", path: name.to_string(), source: what.to_string().into() }
+}
+
+/// A key being queued: deleted if the acquire is dropped or fails; the local gate goes with it.
+struct Pending {
+    client: Client,
+    name: String,
+    key: Option<String>,
+    gate: Option<OwnedMutexGuard<()>>,
+}
+
+impl Pending {
+    /// Deletes the key now (bounded), handing the gate back.
+    async fn remove(mut self) -> Option<OwnedMutexGuard<()>> {
+        if let Some(key) = self.key.take() {
+            delete(&self.client, &self.name, key).await;
+        }
+        self.gate.take()
+    }
+
+    /// The key is a guard's now.
+    fn disarm(mut self) -> Option<OwnedMutexGuard<()>> {
+        self.key = None;
+        self.gate.take()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let (client, name, gate) = (self.client.clone(), self.name.clone(), self.gate.take());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                delete(&client, &name, key).await;
+                drop(gate); // the next local acquire may use the key only after this
+            });
+        }
+    }
+}
+
+async fn delete(client: &Client, name: &str, key: String) {
+    let mut etcd = client.etcd();
+    if let Err(e) = client.call("cancel", name, etcd.delete(key.clone(), None)).await {
+        tracing::warn!(lock = name, key, error = %e, "deleting a cancelled acquire's key failed; the lease will");
+    }
+}
