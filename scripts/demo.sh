@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The main job: the seeds' demos, with nothing to install. With no backend given, the demos start
+# The main job: the seeds' demos, with nothing to install but the protobuf compiler the build
+# needs (scripts/lib/protoc.sh, only if missing). With no backend given, the demos start
 # distlock's embedded ZooKeeper-protocol server in-process; the `distlock exec`/`inspect` part
 # runs against `distlock serve`. Set DISTLOCK_BACKEND=zk://host:port to use a real ZooKeeper.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/protoc.sh
+source scripts/lib/protoc.sh
 cargo build --quiet --workspace --bins --examples
 bin=target/debug/distlock
 

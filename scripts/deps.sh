@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs from Debian's packages, only if missing:
-# ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis and
-# MariaDB (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
+# ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
+# MariaDB, etcd (server and etcdctl) and protoc, which building the etcd client needs
+# (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
 [[ -f /usr/share/java/zookeeper.jar ]] || need+=(zookeeper)
@@ -10,6 +11,9 @@ command -v javac >/dev/null || need+=(openjdk-17-jdk-headless)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 [[ -x /usr/sbin/mariadbd ]] || need+=(mariadb-server)
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "deps.sh: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -6,8 +6,10 @@
 #                                         3-node Apache ZooKeeper ensemble; one redis-server
 #                                         (scripts/redis.sh) serves the Redis tests throughout,
 #                                         one PostgreSQL (scripts/postgres.sh) the PostgreSQL ones, and
-#                                         one MariaDB (scripts/mariadb.sh) the MariaDB ones (SQLite
-#                                         tests make their own database files)
+#                                         one MariaDB (scripts/mariadb.sh) the MariaDB ones, and one
+#                                         etcd member (scripts/etcd.sh) the etcd ones (SQLite tests
+#                                         make their own database files; etcd's fault tests start
+#                                         3-member clusters of their own)
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
@@ -34,6 +36,7 @@ cleanup() {
     scripts/redis.sh stop .tmp/test-redis
     scripts/postgres.sh stop .tmp/test-postgres
     scripts/mariadb.sh stop .tmp/test-mariadb
+    scripts/etcd.sh stop .tmp/test-etcd
     for s in "${started[@]}"; do
         case "$s" in
             zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
@@ -56,6 +59,10 @@ scripts/mariadb.sh stop .tmp/test-mariadb 2>/dev/null || true
 rm -rf .tmp/test-mariadb; mkdir -p .tmp/test-mariadb
 DISTLOCK_TEST_MYSQL=$(scripts/mariadb.sh start .tmp/test-mariadb)
 export DISTLOCK_TEST_MYSQL
+scripts/etcd.sh stop .tmp/test-etcd 2>/dev/null || true
+rm -rf .tmp/test-etcd; mkdir -p .tmp/test-etcd
+DISTLOCK_TEST_ETCD=$(scripts/etcd.sh start .tmp/test-etcd)
+export DISTLOCK_TEST_ETCD
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"

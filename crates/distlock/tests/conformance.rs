@@ -27,6 +27,10 @@ fn backends() -> Vec<String> {
         Ok(url) => urls.push(format!("{url}?lease=4s")),
         Err(_) => eprintln!("conformance: DISTLOCK_TEST_MYSQL unset, MariaDB skipped"),
     }
+    match std::env::var("DISTLOCK_TEST_ETCD") {
+        Ok(addr) => urls.push(format!("etcd://{addr}?ttl=4s")),
+        Err(_) => eprintln!("conformance: DISTLOCK_TEST_ETCD unset, etcd skipped"),
+    }
     // SQLite needs no server: a database file of this test's own.
     let dir = std::env::temp_dir().join(unique("distlock-conformance-sqlite"));
     std::fs::create_dir_all(&dir).unwrap();

@@ -4,7 +4,7 @@ use super::session::Session;
 use super::Client;
 use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use std::sync::Arc;
 use tokio::sync::{watch, OwnedMutexGuard};
 
@@ -90,8 +90,15 @@ impl LockGuard {
     /// `succeeded()` is false (and nothing was written) once the lock has passed on.
     pub async fn txn_if_held(&self, ops: Vec<TxnOp>) -> Result<TxnResponse> {
         let h = self.hold();
-        let mut etcd = h.client.etcd();
-        h.client.call("guarded transaction", &h.name, etcd.txn(Txn::new().when([self.is_owner()]).and_then(ops))).await
+        // The operations are the caller's, and may not be safe to repeat: sent again only if
+        // they never left.
+        let (etcd, txn) = (h.client.etcd(), Txn::new().when([self.is_owner()]).and_then(ops));
+        h.client
+            .call_once("guarded transaction", &h.name, || {
+                let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                async move { etcd.txn(txn).await }
+            })
+            .await
     }
 
     /// The instant after which the server may expire the session lease (and so our key) unless
@@ -152,11 +159,22 @@ impl Drop for LockGuard {
 /// Deletes our key if it is still ours; true if it was. The local gate opens after.
 async fn unlock(hold: Hold) -> Result<bool> {
     let Hold { client, name, key, rev, gate, .. } = hold;
-    let mut etcd = client.etcd();
+    let etcd = client.etcd();
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
-        .and_then([TxnOp::delete(key, None)]);
-    let done = client.call("release", &name, etcd.txn(txn)).await;
+        .and_then([TxnOp::delete(key.clone(), None)])
+        .or_else([TxnOp::get(key, None)]);
+    // Sent again after a lost answer, "not ours" with the key gone means the first try deleted it.
+    let done = client
+        .call("release", &name, |attempt| {
+            let (mut etcd, txn) = (etcd.clone(), txn.clone());
+            async move {
+                let resp = etcd.txn(txn).await?;
+                let gone = matches!(resp.op_responses().first(), Some(TxnOpResponse::Get(g)) if g.kvs().is_empty());
+                Ok(resp.succeeded() || (attempt > 0 && gone))
+            }
+        })
+        .await;
     drop(gate);
-    Ok(done?.succeeded())
+    done
 }

@@ -226,18 +226,78 @@ impl Client {
         g
     }
 
-    /// Runs one request bounded by the URL's `timeout`.
-    pub(crate) async fn call<T, F>(&self, op: &'static str, name: &str, f: F) -> Result<T>
+    /// Runs a request bounded by the URL's `timeout` in all, sending it again after a
+    /// connection-level failure (see [`retry`]); the request must be safe to send twice (the
+    /// closure gets the attempt number, from 0).
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, name: &str, f: F) -> Result<T>
     where
-        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        let bound = self.inner.url.timeout;
-        match tokio::time::timeout(bound, f).await {
-            Ok(r) => r.map_err(|e| backend(op, name, e)),
+        retry(self.inner.url.timeout, op, name, f).await
+    }
+}
+
+impl Client {
+    /// Runs a request that may not be safe to repeat, bounded by the URL's `timeout`: sent again
+    /// only when it never left (the connection to the member chosen could not be made).
+    pub(crate) async fn call_once<T, F, Fut>(&self, op: &'static str, name: &str, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let unsent = |e: &etcd_client::Error| format!("{e:?}").contains("ConnectError");
+        let result = retry(self.inner.url.timeout, op, name, |_| {
+            let fut = f();
+            async move {
+                match fut.await {
+                    Err(e) if !unsent(&e) => Ok(Err(e)),
+                    other => other.map(Ok),
+                }
+            }
+        })
+        .await?;
+        result.map_err(|e| backend(op, name, e))
+    }
+}
+
+/// Runs `f(attempt)` until it answers, bounded by `bound` in all. A failure of the connection
+/// (a member down or restarting, a reset, "no leader" during an election: gRPC `Unavailable`) is
+/// tried again after a pause (10 ms, doubling), when the channel may pick another member.
+pub(crate) async fn retry<T, F, Fut>(bound: Duration, op: &'static str, name: &str, mut f: F) -> Result<T>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    let (mut attempt, mut pause) = (0, Duration::from_millis(10));
+    loop {
+        match tokio::time::timeout_at(deadline, f(attempt)).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if transient(&e) && tokio::time::Instant::now() + pause < deadline => {
+                tracing::debug!(op, lock = name, error = %e, attempt, "etcd request failed; sending it again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+                attempt += 1;
+            }
+            Ok(Err(e)) => return Err(backend(op, name, e)),
             Err(_) => {
-                Err(Error::Backend { op, path: name.to_string(), source: format!("no answer within {bound:?}").into() })
+                return Err(Error::Backend {
+                    op,
+                    path: name.to_string(),
+                    source: format!("no answer within {bound:?}").into(),
+                })
             }
         }
+    }
+}
+
+/// A failure of the connection or of the cluster's availability, worth another try.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -310,9 +370,15 @@ impl Client {
         check_name(name)?;
         use etcd_client::{GetOptions, SortOrder, SortTarget};
         let prefix = format!("{name}/");
-        let mut etcd = self.etcd();
+        let etcd = self.etcd();
         let options = GetOptions::new().with_prefix().with_keys_only().with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = self.call("inspect", name, etcd.get(prefix, Some(options))).await?;
+        let resp = self
+            .call("inspect", name, |_| {
+                let mut etcd = etcd.clone();
+                let args = (prefix.clone(), Some(options.clone()));
+                async move { etcd.get(args.0, args.1).await }
+            })
+            .await?;
         let keys = resp
             .kvs()
             .iter()

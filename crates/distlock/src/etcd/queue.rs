@@ -122,6 +122,8 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Option<Duration>
 /// revision, and whether older keys block it.
 async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut Pending) -> Result<(String, i64, bool)> {
     let mut stale = 0;
+    // The key's value: tells our own key (created by a try whose answer was lost) from others.
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
     let mut unique =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     loop {
@@ -138,17 +140,29 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(session.id))),
+                TxnOp::put(key.clone(), nonce.as_str(), Some(PutOptions::new().with_lease(session.id))),
                 TxnOp::get(spec.blockers.clone(), Some(oldest.clone())),
             ])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .or_else([TxnOp::get(key.clone(), None), TxnOp::get(spec.blockers.clone(), Some(oldest))]);
         // From here a dropped or failed acquire deletes the key (it may have been created).
         pending.key = Some(key.clone());
-        let mut etcd = client.etcd();
-        let resp = client.call("acquire", &spec.name, etcd.txn(txn)).await?;
+        let etcd = client.etcd();
+        let resp = client
+            .call("acquire", &spec.name, |_| {
+                let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                async move { etcd.txn(txn).await }
+            })
+            .await?;
         let ops = resp.op_responses();
+        let existing = match ops.first() {
+            Some(TxnOpResponse::Get(g)) if !resp.succeeded() => g.kvs().first().cloned(),
+            _ => None,
+        };
         let rev = if resp.succeeded() {
             resp.header().map_or(0, |h| h.revision())
+        } else if let Some(kv) = existing.as_ref().filter(|kv| kv.value() == nonce.as_bytes()) {
+            // Ours, from this acquire: the first try's answer was lost and the request sent again.
+            kv.create_revision()
         } else if spec.naming == Naming::Session {
             // Our session's key is there already: an earlier acquire's delete failed. Unlike Go's
             // client we do not queue with it (its holder's token would be handed out twice):
@@ -157,14 +171,16 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
             if stale > 3 {
                 return Err(protocol(&spec.name, "our session's key keeps coming back"));
             }
-            let old = match ops.first() {
-                Some(TxnOpResponse::Get(g)) => g.kvs().first().map_or(0, |kv| kv.create_revision()),
-                _ => 0,
-            };
+            let old = existing.map_or(0, |kv| kv.create_revision());
             let remove = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, old)])
                 .and_then([TxnOp::delete(key.clone(), None)]);
-            client.call("acquire (stale key)", &spec.name, etcd.txn(remove)).await?;
+            client
+                .call("acquire (stale key)", &spec.name, |_| {
+                    let (mut etcd, txn) = (etcd.clone(), remove.clone());
+                    async move { etcd.txn(txn).await }
+                })
+                .await?;
             continue;
         } else {
             pending.key = None; // someone else's key: not ours to delete
@@ -195,13 +211,26 @@ async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i6
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1)
                 .with_max_create_revision(rev - 1);
-            let resp = client.call("wait", &spec.name, etcd.get(spec.blockers.clone(), Some(last))).await?;
+            let resp = client
+                .call("wait", &spec.name, |_| {
+                    let mut etcd = etcd.clone();
+                    let args = (spec.blockers.clone(), Some(last.clone()));
+                    async move { etcd.get(args.0, args.1).await }
+                })
+                .await?;
             let Some(kv) = resp.kvs().first() else { return Ok(Turn::Ours) };
             (kv.key().to_vec(), WatchOptions::new(), resp.header().map_or(0, |h| h.revision()))
         } else {
-            let count = GetOptions::new().with_prefix().with_count_only().with_max_create_revision(rev - 1);
-            let resp = client.call("wait", &spec.name, etcd.get(spec.blockers.clone(), Some(count))).await?;
-            if resp.count() < spec.limit as i64 {
+            // The keys themselves: etcd's `count` ignores the revision filters.
+            let older = GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1);
+            let resp = client
+                .call("wait", &spec.name, |_| {
+                    let mut etcd = etcd.clone();
+                    let args = (spec.blockers.clone(), Some(older.clone()));
+                    async move { etcd.get(args.0, args.1).await }
+                })
+                .await?;
+            if resp.kvs().len() < spec.limit as usize {
                 return Ok(Turn::Ours);
             }
             (
@@ -237,8 +266,14 @@ async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i6
 
 /// The check after the wait: our key must still be there, as we created it. `Some(why)` if not.
 async fn check_own_key(client: &Client, spec: &Spec, key: &str, rev: i64) -> Result<Option<&'static str>> {
-    let mut etcd = client.etcd();
-    let resp = client.call("acquire (own key check)", &spec.name, etcd.get(key, None)).await?;
+    let etcd = client.etcd();
+    let resp = client
+        .call("acquire (own key check)", &spec.name, |_| {
+            let mut etcd = etcd.clone();
+            let args = (key, None);
+            async move { etcd.get(args.0, args.1).await }
+        })
+        .await?;
     Ok(match resp.kvs().first() {
         None => Some("our key is gone (the session expired or someone deleted it)"),
         Some(kv) if kv.create_revision() != rev => Some("our key was deleted and created again"),
@@ -288,8 +323,15 @@ impl Drop for Pending {
 }
 
 async fn delete(client: &Client, name: &str, key: String) {
-    let mut etcd = client.etcd();
-    if let Err(e) = client.call("cancel", name, etcd.delete(key.clone(), None)).await {
+    let etcd = client.etcd();
+    if let Err(e) = client
+        .call("cancel", name, |_| {
+            let mut etcd = etcd.clone();
+            let args = (key.clone(), None);
+            async move { etcd.delete(args.0, args.1).await }
+        })
+        .await
+    {
         tracing::warn!(lock = name, key, error = %e, "deleting a cancelled acquire's key failed; the lease will");
     }
 }

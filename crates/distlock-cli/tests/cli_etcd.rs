@@ -1,0 +1,111 @@
+//! `distlock exec` and `inspect` on etcd, and `etcdctl lock` on the same names, against the
+//! member from scripts/test.sh (`DISTLOCK_TEST_ETCD=host:port`).
+
+mod common;
+
+use common::{distlock, unique, wait_exit, Lines};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn addr() -> String {
+    std::env::var("DISTLOCK_TEST_ETCD").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_ETCD unset)")
+}
+
+fn backend(query: &str) -> String {
+    format!("etcd://{}{query}", addr())
+}
+
+fn etcdctl(args: &[&str]) -> Command {
+    let mut c = Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", addr())).args(args);
+    c
+}
+
+/// A command that says it holds, then holds until its standard input closes.
+const HOLD: &str = "echo \"held $ETCD_LOCK_KEY $ETCD_LOCK_REV\"; read _ || true";
+
+#[test]
+fn exec_passes_etcdctl_style_variables_and_inspect_shows_the_queue() {
+    let (b, lock) = (backend("?ttl=5s"), unique("cli-"));
+    let mut holder = distlock(&b, &["exec", &lock, "--", "sh", "-c", HOLD])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    let said = lines.next(Duration::from_secs(20), "held");
+    let parts: Vec<&str> = said.split(' ').collect();
+    assert_eq!(parts[0], "held", "{said}");
+    assert!(parts[1].starts_with(&format!("{lock}/")), "ETCD_LOCK_KEY is our key: {said}");
+    let rev: u64 = parts[2].parse().unwrap();
+    let busy = distlock(&b, &["exec", "-n", &lock, "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
+    let view = distlock(&b, &["inspect", "--json", &lock]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["keys"][0]["key"].as_str(), Some(parts[1]), "{view}");
+    assert_eq!(view["keys"][0]["create_revision"].as_u64(), Some(rev), "ETCD_LOCK_REV is the token: {view}");
+    drop(holder.stdin.take());
+    assert!(wait_exit(&mut holder, Duration::from_secs(20)).success());
+    let view = distlock(&b, &["inspect", "--json", &lock]).output().unwrap();
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
+    assert_eq!(view["keys"].as_array().map(Vec::len), Some(0), "nothing left: {view}");
+}
+
+/// The same LOCK name given to `etcdctl lock` and to `distlock exec` is one lock: each waits
+/// for the other, and the one that waited starts only after the other's command ended.
+#[test]
+fn etcdctl_lock_and_distlock_exec_exclude_each_other_both_ways() {
+    for etcdctl_first in [true, false] {
+        let lock = unique("cli-interop-");
+        let dir = std::env::temp_dir().join(unique("distlock-interop-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        // Each appends "<who> in" and, after a pause, "<who> out".
+        let script = |who: &str| format!("echo {who} in >> {0}; sleep 0.5; echo {who} out >> {0}", log.display());
+        let first_script = format!("{}; echo done", script("first"));
+        let mut first = if etcdctl_first {
+            etcdctl(&["lock", &lock, "--", "sh", "-c", &first_script]).stdout(Stdio::piped()).spawn().unwrap()
+        } else {
+            distlock(&backend("?ttl=5s"), &["exec", &lock, "--", "sh", "-c", &first_script])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        // Start the second once the first holds (its "in" line is written).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&log).unwrap_or_default().contains("first in") {
+            assert!(std::time::Instant::now() < deadline, "the first never held");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let second = if etcdctl_first {
+            distlock(&backend("?ttl=5s"), &["exec", "-w", "20s", &lock, "--", "sh", "-c", &script("second")])
+                .output()
+                .unwrap()
+        } else {
+            etcdctl(&["lock", &lock, "--", "sh", "-c", &script("second")]).output().unwrap()
+        };
+        assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+        assert!(wait_exit(&mut first, Duration::from_secs(20)).success());
+        let order = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            order.lines().collect::<Vec<_>>(),
+            ["first in", "first out", "second in", "second out"],
+            "etcdctl first: {etcdctl_first}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Paused past its lease (TTL 2 s, etcd's least), the holder's keys expire and the lock passes
+/// on; its command's late writes are refused by the fence.
+#[test]
+fn a_paused_holder_is_kept_out_by_its_fencing_token() {
+    common::a_paused_holder_is_kept_out_by_its_fencing_token(&backend("?ttl=2s"), &unique("cli-pause-"));
+}
+
+/// A killed holder: nobody revokes its lease, so the lock is free when the lease expires on the
+/// server, not before.
+#[test]
+fn a_killed_holder_frees_the_lock_when_its_lease_expires() {
+    common::a_killed_holder_frees_the_lock(&backend("?ttl=3s"), &unique("cli-killed-"), Duration::from_secs(3), true);
+}

@@ -1,0 +1,514 @@
+//! The etcd backend against real servers: the shared member started by `scripts/test.sh`
+//! (`DISTLOCK_TEST_ETCD=host:port`), and 3-member clusters of the fault tests' own
+//! (`scripts/etcd.sh cluster`).
+#![cfg(feature = "etcd")]
+
+use distlock::etcd::etcd_client::{self, LockOptions, TxnOp};
+use distlock::etcd::Client;
+use distlock::{Error, LockState, LostReason};
+use distlock_faults::{Fault, FaultProxy, FencedResource, Mode};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn addr() -> String {
+    std::env::var("DISTLOCK_TEST_ETCD")
+        .expect("DISTLOCK_TEST_ETCD is not set: run the tests with scripts/test.sh, which starts etcd on a free port")
+}
+
+async fn connect(query: &str) -> Client {
+    Client::connect(&format!("etcd://{}{query}", addr())).await.expect("connect to the test etcd")
+}
+
+/// A plain etcd client, for looking at the server as a third party.
+async fn raw() -> etcd_client::Client {
+    etcd_client::Client::connect([addr()], None).await.unwrap()
+}
+
+fn unique(name: &str) -> String {
+    format!("t-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+/// The keys under `prefix/`, oldest first: (key, create revision, lease).
+async fn keys(raw: &mut etcd_client::Client, prefix: &str) -> Vec<(String, i64, i64)> {
+    use etcd_client::{GetOptions, SortOrder, SortTarget};
+    let opts = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend);
+    let resp = raw.get(format!("{prefix}/"), Some(opts)).await.unwrap();
+    resp.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.create_revision(), kv.lease())).collect()
+}
+
+/// Waits (bounded) until `prefix/` holds `n` keys.
+async fn wait_keys(raw: &mut etcd_client::Client, prefix: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys(raw, prefix).await.len() != n {
+        assert!(Instant::now() < deadline, "{prefix}/ never held {n} keys: {:?}", keys(raw, prefix).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_key_layout_the_token_and_nothing_left_after_release() {
+    let etcd = connect("?ttl=10s").await;
+    let mut raw = raw().await;
+    let name = unique("layout");
+    let g = etcd.mutex(&name).unwrap().lock().await.unwrap();
+    let lease = etcd.lease_id().await.unwrap();
+    // etcdctl's layout: `name/<lease id hex>`, put under the session lease; the token is its
+    // create revision.
+    assert_eq!(g.key(), format!("{name}/{lease:x}"));
+    assert_eq!(keys(&mut raw, &name).await, vec![(g.key().to_string(), g.fencing_token() as i64, lease)]);
+    assert_eq!(g.state(), LockState::Held);
+    assert!(g.lease_deadline() > std::time::Instant::now() + Duration::from_secs(8));
+    // Held: not for anyone else, now or within a bounded wait, and neither leaves a key.
+    let other = connect("?ttl=10s").await;
+    assert!(other.mutex(&name).unwrap().try_lock().await.unwrap().is_none());
+    let began = Instant::now();
+    assert!(other.mutex(&name).unwrap().lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
+    assert!(began.elapsed() >= Duration::from_millis(250), "it waited: {:?}", began.elapsed());
+    assert_eq!(keys(&mut raw, &name).await.len(), 1, "the refused acquires left no key");
+    // The guarded write goes through while held, and not after.
+    let fenced = format!("{name}-data");
+    assert!(g.txn_if_held(vec![TxnOp::put(fenced.clone(), "1", None)]).await.unwrap().succeeded());
+    let token = g.fencing_token();
+    let view = etcd.inspect(&name).await.unwrap();
+    assert_eq!(view.keys.len(), 1);
+    assert_eq!(view.keys[0].create_revision as u64, token);
+    // A second acquire through the same client waits for the first (they would share the key).
+    let mine = etcd.mutex(&name).unwrap();
+    assert!(mine.try_lock().await.unwrap().is_none());
+    let second = tokio::spawn(async move { mine.lock_timeout(Duration::from_secs(10)).await.unwrap() });
+    g.release().await.unwrap();
+    let again = second.await.unwrap().expect("the local waiter follows");
+    assert!(again.fencing_token() > token, "tokens rise");
+    assert_eq!(again.key(), format!("{name}/{lease:x}"));
+    again.release().await.unwrap();
+    assert!(keys(&mut raw, &name).await.is_empty(), "nothing left on the server");
+    raw.delete(fenced, None).await.unwrap();
+    // Bad names are clear errors.
+    assert!(matches!(etcd.mutex(""), Err(Error::InvalidLockPath { .. })));
+    assert!(matches!(etcd.mutex("a/"), Err(Error::InvalidLockPath { .. })));
+    assert!(matches!(etcd.semaphore("a", 0), Err(Error::InvalidArgument { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_with_the_fenced_checker_and_fifo_hand_offs() {
+    const CLIENTS: usize = 4;
+    const CYCLES: u64 = 15;
+    let name = unique("exclusion");
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..CLIENTS {
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let etcd = connect("?ttl=5s").await;
+            let lock = etcd.mutex(&name).unwrap();
+            for seq in 0..CYCLES {
+                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+            etcd.close(Duration::from_secs(2)).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
+    let mut raw = raw().await;
+    assert!(keys(&mut raw, &name).await.is_empty(), "nothing left on the server");
+
+    // FIFO: waiters queued one after another (each key seen on the server before the next
+    // starts) get the lock in that order.
+    let holder = connect("?ttl=10s").await;
+    let g = holder.mutex(&name).unwrap().lock().await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..4usize {
+        let (n, order) = (name.clone(), order.clone());
+        let etcd = connect("?ttl=10s").await;
+        waiters.push(tokio::spawn(async move {
+            let g = etcd.mutex(&n).unwrap().lock_timeout(Duration::from_secs(20)).await.unwrap().expect("in time");
+            order.lock().unwrap().push((i, g.fencing_token()));
+            g.release().await.unwrap();
+        }));
+        wait_keys(&mut raw, &name, i + 2).await;
+    }
+    g.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [0, 1, 2, 3], "served in queue order");
+    assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "tokens rise: {order:?}");
+}
+
+#[tokio::test]
+async fn readers_share_a_waiting_writer_holds_back_later_readers_and_permits_count() {
+    let (a, b, c) = (connect("?ttl=10s").await, connect("?ttl=10s").await, connect("?ttl=10s").await);
+    let mut raw = raw().await;
+    let name = unique("rw");
+    let r1 = a.rwlock(&name).unwrap().read().await.unwrap();
+    assert!(r1.key().starts_with(&format!("{name}/read/")), "{}", r1.key());
+    let r2 = b.rwlock(&name).unwrap().try_read().await.unwrap().expect("readers share");
+    // A writer queues behind the readers; a reader that comes after it waits for it.
+    let writer = c.rwlock(&name).unwrap();
+    let w = tokio::spawn(async move { writer.write_timeout(Duration::from_secs(10)).await.unwrap() });
+    wait_keys(&mut raw, &name, 3).await;
+    assert!(a.rwlock(&name).unwrap().try_read().await.unwrap().is_none(), "a later reader waits for the writer");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = w.await.unwrap().expect("the writer after the readers");
+    assert!(w.key().starts_with(&format!("{name}/write/")));
+    assert!(w.fencing_token() > 0);
+    assert!(b.rwlock(&name).unwrap().try_read().await.unwrap().is_none(), "readers wait for a writer");
+    w.release().await.unwrap();
+    assert!(keys(&mut raw, &name).await.is_empty());
+
+    // A semaphore of 3 under 6 clients: never more than 3 holders in the checker.
+    let pool = unique("pool");
+    let resource = FencedResource::new(false, 3);
+    let mut tasks = Vec::new();
+    for who in 0..6usize {
+        let (pool, resource) = (pool.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let etcd = connect("?ttl=10s").await;
+            let sem = etcd.semaphore(&pool, 3).unwrap();
+            for _ in 0..5 {
+                let p = tokio::time::timeout(Duration::from_secs(30), sem.acquire()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, p.fencing_token());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                resource.end(id);
+                p.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, 30);
+    assert!(keys(&mut raw, &pool).await.is_empty());
+}
+
+/// Jepsen's finding against etcd 3.4, shown on this server, and the recipe refusing the same
+/// case. A waiter whose key vanishes while it waits (its lease expired, or the key was deleted)
+/// must not take the lock: a later waiter queued behind it already holds it.
+///
+/// - etcd's own Lock RPC (3.4.23 here): waiter B's lease expires while it waits behind A; when A
+///   unlocks, B's Lock call still returns success, while C (queued after B) holds the lock too.
+/// - distlock's recipe in B's place: its key is deleted while it waits; when A releases, B reads
+///   its key again, finds it gone, and queues anew behind C: the checker sees no overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_after_the_wait_refuses_what_the_lock_rpc_of_3_4_grants() {
+    let mut raw = raw().await;
+    // The server's Lock RPC, with leases of the test's own.
+    let name = unique("rpc");
+    let lease = |ttl| {
+        let mut raw = raw.clone();
+        async move { raw.lease_grant(ttl, None).await.unwrap().id() }
+    };
+    let (la, lb, lc) = (lease(60).await, lease(2).await, lease(60).await);
+    let mut locks = raw.lock_client();
+    let a = locks.lock(name.clone(), Some(LockOptions::new().with_lease(la))).await.unwrap();
+    let (mut lb_client, mut lc_client) = (raw.lock_client(), raw.lock_client());
+    let (nb, nc) = (name.clone(), name.clone());
+    let b = tokio::spawn(async move { lb_client.lock(nb, Some(LockOptions::new().with_lease(lb))).await });
+    wait_keys(&mut raw, &name, 2).await;
+    let c = tokio::spawn(async move { lc_client.lock(nc, Some(LockOptions::new().with_lease(lc))).await });
+    wait_keys(&mut raw, &name, 3).await;
+    // B's lease runs out (nobody keeps it alive): its key goes.
+    wait_keys(&mut raw, &name, 2).await;
+    locks.unlock(a.key().to_vec()).await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(10), c).await.expect("C granted").unwrap().unwrap();
+    let b = tokio::time::timeout(Duration::from_secs(10), b).await.expect("B answered").unwrap();
+    let rpc_granted_b = b.is_ok();
+    let held_now = keys(&mut raw, &name).await;
+    assert_eq!(held_now.len(), 1, "only C's key is left: {held_now:?}");
+    assert_eq!(held_now[0].0.as_bytes(), c.key());
+    if rpc_granted_b {
+        eprintln!(
+            "etcd's Lock RPC granted B although its key {:?} was gone: B and C both hold {name}",
+            String::from_utf8_lossy(b.as_ref().unwrap().key())
+        );
+    }
+    assert!(rpc_granted_b, "this etcd's Lock RPC refused the expired waiter (fixed server: 3.5 or later?)");
+    for l in [la, lc] {
+        raw.lease_revoke(l).await.unwrap();
+    }
+
+    // The recipe in B's place.
+    let name = unique("recipe");
+    let resource = FencedResource::new(true, 1);
+    let (ea, eb, ec) = (connect("?ttl=10s").await, connect("?ttl=10s").await, connect("?ttl=10s").await);
+    let ga = ea.mutex(&name).unwrap().lock().await.unwrap();
+    let hold_a = resource.begin(0, Mode::Exclusive, ga.fencing_token());
+    let spawn = |who: usize, etcd: Client| {
+        let (name, resource) = (name.clone(), resource.clone());
+        tokio::spawn(async move {
+            let g = etcd.mutex(&name).unwrap().lock_timeout(Duration::from_secs(20)).await.unwrap().expect("in time");
+            let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+            assert!(resource.write(who, g.fencing_token(), 0), "a fresh holder's write refused");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            resource.end(id);
+            let token = g.fencing_token();
+            g.release().await.unwrap();
+            token
+        })
+    };
+    let b = spawn(1, eb.clone());
+    wait_keys(&mut raw, &name, 2).await;
+    let b_key = keys(&mut raw, &name).await[1].0.clone();
+    let c = spawn(2, ec.clone());
+    wait_keys(&mut raw, &name, 3).await;
+    raw.delete(b_key, None).await.unwrap(); // what an expiry B's client has not heard of yet does
+    resource.end(hold_a);
+    ga.release().await.unwrap();
+    let (tb, tc) = (b.await.unwrap(), c.await.unwrap());
+    assert!(tb > tc, "B queued again behind C: tokens {tb} after {tc}");
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, 3);
+    assert!(keys(&mut raw, &name).await.is_empty());
+}
+
+/// A holder cut off by a silent partition (a proxy that drops everything) is `Lost` at its
+/// lease deadline while its key is still on the server; the server expires the lease only later,
+/// and the next holder's token is larger.
+#[tokio::test]
+async fn a_partitioned_holder_is_lost_before_the_server_expires_its_key() {
+    let proxy = FaultProxy::start(addr().parse().unwrap()).await.unwrap();
+    let a = Client::connect(&format!("etcd://{}?ttl=3s&timeout=1s", proxy.addr())).await.unwrap();
+    let mut raw = raw().await;
+    let name = unique("partition");
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let lost = held.lost();
+    proxy.set(Fault::Blackhole);
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost).await.expect("lost within the lease");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    let told = Instant::now();
+    assert_eq!(keys(&mut raw, &name).await.len(), 1, "the server still had our key when we were told");
+    let b = connect("?ttl=10s").await;
+    let g = b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("the lease expires");
+    assert!(told.elapsed() > Duration::from_millis(1), "granted only after the loss was told");
+    assert!(g.fencing_token() > held.fencing_token());
+    assert!(
+        !held.txn_if_held(vec![]).await.map(|r| r.succeeded()).unwrap_or(false),
+        "the fence refuses the old holder"
+    );
+    g.release().await.unwrap();
+    proxy.heal();
+}
+
+/// A session lease revoked on the server is `Lost(SessionExpired)` at the next keep-alive (a
+/// third of the TTL), and the client grants a new lease for the next acquire.
+#[tokio::test]
+async fn a_revoked_session_is_lost_and_replaced() {
+    let etcd = connect("?ttl=3s").await;
+    let mut raw = raw().await;
+    let name = unique("revoked");
+    let g = etcd.mutex(&name).unwrap().lock().await.unwrap();
+    let old = etcd.lease_id().await.unwrap();
+    let lost = g.lost();
+    raw.lease_revoke(old).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), lost).await.expect("lost at the next keep-alive");
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+    let again = etcd.mutex(&name).unwrap().try_lock().await.unwrap().expect("free: the key went with the lease");
+    assert_ne!(etcd.lease_id().await.unwrap(), old, "a new session");
+    again.release().await.unwrap();
+}
+
+/// Acquires dropped while waiting, or cut off mid-request, leave no key behind.
+#[tokio::test]
+async fn dropped_waits_leave_no_key() {
+    let (a, b) = (connect("?ttl=10s").await, connect("?ttl=10s").await);
+    let mut raw = raw().await;
+    let name = unique("dropped");
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    for kind in 0..3 {
+        let lock_b = b.clone();
+        let n = name.clone();
+        let mut wait: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match kind {
+            0 => Box::pin(async move { lock_b.mutex(&n).unwrap().lock().await.map(drop) }),
+            1 => Box::pin(async move { lock_b.rwlock(&n).unwrap().write().await.map(drop) }),
+            _ => Box::pin(async move { lock_b.semaphore(&n, 1).unwrap().acquire().await.map(drop) }),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            tokio::select! {
+                r = &mut wait => panic!("granted while held: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            if keys(&mut raw, &name).await.len() == 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the wait never showed on the server");
+        }
+        drop(wait);
+        wait_keys(&mut raw, &name, 1).await;
+    }
+    for i in 0..20u64 {
+        let _ = tokio::time::timeout(Duration::from_micros(100 * i), b.mutex(&name).unwrap().lock()).await;
+    }
+    g.release().await.unwrap();
+    wait_keys(&mut raw, &name, 0).await;
+    let next = b.mutex(&name).unwrap().try_lock().await.unwrap().expect("nobody else took it");
+    next.release().await.unwrap();
+}
+
+// --- Clusters of the tests' own ---------------------------------------------------------------
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/etcd.sh")
+}
+
+/// A 3-member cluster in a directory of its own, stopped on drop.
+struct Cluster {
+    dir: PathBuf,
+    addrs: Vec<String>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = std::env::temp_dir().join(format!("distlock-etcd-cluster-{}", uuid::Uuid::new_v4().simple()));
+        let out = Command::new(script()).arg("cluster").arg(&dir).output().expect("scripts/etcd.sh");
+        assert!(out.status.success(), "etcd.sh cluster: {}", String::from_utf8_lossy(&out.stderr));
+        let addrs = String::from_utf8(out.stdout).unwrap().trim().split(',').map(String::from).collect();
+        Cluster { dir, addrs }
+    }
+
+    fn member(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("n{}", i + 1))
+    }
+
+    /// The index of the leader.
+    fn leader(&self) -> usize {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = Command::new(script()).arg("leader").arg(&self.dir).output().unwrap();
+            if out.status.success() {
+                let dir = String::from_utf8(out.stdout).unwrap();
+                return (0..3).find(|&i| self.member(i) == dir.trim()).unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "no leader within 10 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        std::fs::read_to_string(self.member(i).join("etcd.pid")).unwrap().trim().parse().unwrap()
+    }
+
+    fn run(&self, what: &str, i: usize) {
+        let out = Command::new(script()).arg(what).arg(self.member(i)).output().unwrap();
+        assert!(out.status.success(), "etcd.sh {what}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn url(&self, members: &[usize], query: &str) -> String {
+        let hosts: Vec<&str> = members.iter().map(|&i| self.addrs[i].as_str()).collect();
+        format!("etcd://{}{query}", hosts.join(","))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("stop").arg(&self.dir).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The leader killed under a holder: a new leader is elected within the TTL, the keep-alives go
+/// on through the survivors, and the holder keeps its lock (no false loss) while nobody else
+/// gets it; after the restart, the lock passes on with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_under_a_holder_is_no_loss_and_no_second_holder() {
+    let cluster = Cluster::start();
+    let all = [0, 1, 2];
+    let a = Client::connect(&cluster.url(&all, "?ttl=6s&timeout=2s")).await.unwrap();
+    let b = Client::connect(&cluster.url(&all, "?ttl=6s&timeout=2s")).await.unwrap();
+    let name = unique("leader");
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let leader = cluster.leader();
+    cluster.run("kill", leader);
+    // Twice the TTL later the holder still holds, and nobody else got the lock meanwhile.
+    let watch_until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < watch_until {
+        assert!(!held.state().is_lost(), "a false loss after the leader died: {:?}", held.state());
+        let other = b.mutex(&name).unwrap().lock_timeout(Duration::from_millis(500)).await;
+        assert!(matches!(other, Ok(None) | Err(_)), "a second holder while the first holds: {other:?}");
+    }
+    assert!(held.txn_if_held(vec![]).await.unwrap().succeeded(), "still ours on the server");
+    cluster.run("restart", leader);
+    let token = held.fencing_token();
+    held.release().await.unwrap();
+    let next = b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("passed on");
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+/// A minority member isolated (paused with SIGSTOP) while our holder talks only to it: the
+/// holder is `Lost` at its lease deadline, the majority expires the lease after it and hands the
+/// lock to a client of theirs with a larger token; the old holder's fenced write is refused once
+/// the member is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_an_isolated_minority_member_is_lost_before_the_majority_hands_the_lock_on() {
+    let cluster = Cluster::start();
+    // The member to isolate: not the leader (so the majority keeps its leader).
+    let leader = cluster.leader();
+    let minority = (leader + 1) % 3;
+    let majority: Vec<usize> = (0..3).filter(|&i| i != minority).collect();
+    let a = Client::connect(&cluster.url(&[minority], "?ttl=3s&timeout=1s")).await.unwrap();
+    let b = Client::connect(&cluster.url(&majority, "?ttl=10s&timeout=2s")).await.unwrap();
+    let name = unique("minority");
+    let resource = FencedResource::new(true, 1);
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let id_a = resource.begin(0, Mode::Exclusive, held.fencing_token());
+    let lost = held.lost();
+    distlock_faults::pause(cluster.pid(minority)).unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), lost).await.expect("lost within the lease");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    resource.end(id_a);
+    let g = b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(15)).await.unwrap().expect("the lease expired");
+    let id_b = resource.begin(1, Mode::Exclusive, g.fencing_token());
+    assert!(resource.write(1, g.fencing_token(), 0));
+    let mut view = etcd_client::Client::connect(&cluster.addrs[majority[0]..=majority[0]], None).await.unwrap();
+    eprintln!(
+        "while paused: A {} rev {}, B {} rev {}, keys {:?}",
+        held.key(),
+        held.fencing_token(),
+        g.key(),
+        g.fencing_token(),
+        keys(&mut view, &name).await
+    );
+    distlock_faults::resume(cluster.pid(minority)).unwrap();
+    // The old holder, back in touch, is refused by the fence in etcd and in the checker. The
+    // fence is a write (a compare-only transaction is a read, which the member just back answered
+    // from its old state in our runs: it said "held").
+    let data = format!("{name}-data");
+    let (late_read, late_write) = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let read = held.txn_if_held(vec![]).await;
+            let write = held.txn_if_held(vec![TxnOp::put(data.clone(), "late write", None)]).await;
+            if let (Ok(r), Ok(w)) = (read, write) {
+                return (r.succeeded(), w.succeeded());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the member answers again");
+    eprintln!("after resume: the old holder's compare-only read said held={late_read}, its fenced write went through={late_write}; keys {:?}", keys(&mut view, &name).await);
+    assert!(!late_write, "etcd refused the old holder's fenced write");
+    assert!(!resource.write(0, held.fencing_token(), 1), "the checker refused it too");
+    resource.end(id_b);
+    g.release().await.unwrap();
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+}
