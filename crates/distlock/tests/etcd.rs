@@ -395,7 +395,7 @@ impl Cluster {
             let out = Command::new(script()).arg("leader").arg(&self.dir).output().unwrap();
             if out.status.success() {
                 let dir = String::from_utf8(out.stdout).unwrap();
-                return (0..3).find(|&i| self.member(i) == dir.trim()).unwrap();
+                return (0..3).find(|&i| self.member(i).as_path() == std::path::Path::new(dir.trim())).unwrap();
             }
             assert!(std::time::Instant::now() < deadline, "no leader within 10 s");
             std::thread::sleep(Duration::from_millis(100));
