@@ -202,9 +202,9 @@ async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i6
     tokio::pin!(lost);
     let mut backoff = Duration::from_millis(20);
     loop {
-        let mut etcd = client.etcd();
+        let etcd = client.etcd();
         // What to watch for: the one key just before ours, or (semaphore) the whole prefix.
-        let (watch_key, options, header) = if spec.limit == 1 {
+        let (watch_key, options) = if spec.limit == 1 {
             let last = GetOptions::new()
                 .with_prefix()
                 .with_keys_only()
@@ -219,7 +219,7 @@ async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i6
                 })
                 .await?;
             let Some(kv) = resp.kvs().first() else { return Ok(Turn::Ours) };
-            (kv.key().to_vec(), WatchOptions::new(), resp.header().map_or(0, |h| h.revision()))
+            (kv.key().to_vec(), WatchOptions::new())
         } else {
             // The keys themselves: etcd's `count` ignores the revision filters.
             let older = GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1);
@@ -233,18 +233,30 @@ async fn wait_turn(client: &Client, spec: &Spec, session: &Arc<Session>, rev: i6
             if resp.kvs().len() < spec.limit as usize {
                 return Ok(Turn::Ours);
             }
-            (
-                spec.blockers.clone().into_bytes(),
-                WatchOptions::new().with_prefix(),
-                resp.header().map_or(0, |h| h.revision()),
-            )
+            (spec.blockers.clone().into_bytes(), WatchOptions::new().with_prefix())
         };
-        let options = options.with_start_revision(header + 1).with_filters([WatchFilterType::NoPut]);
+        // The watch starts at the current revision (a watch from an older one is served by
+        // etcd's catch-up loop, every 100 ms); what happened between the read and the watch is
+        // read again once the watch is in place.
+        let options = options.with_filters([WatchFilterType::NoPut]);
+        let recheck = if spec.limit == 1 {
+            GetOptions::new().with_keys_only()
+        } else {
+            GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1)
+        };
         let deleted = async {
-            let mut stream = etcd.watch(watch_key, Some(options)).await?;
+            let mut stream = etcd.clone().watch(watch_key.clone(), Some(options)).await?;
+            let mut checked = false;
             while let Some(msg) = stream.message().await? {
                 if msg.canceled() || msg.events().iter().any(|e| e.event_type() == EventType::Delete) {
                     return Ok::<_, etcd_client::Error>(());
+                }
+                if msg.created() && !checked {
+                    checked = true;
+                    let now = etcd.clone().get(watch_key.clone(), Some(recheck.clone())).await?;
+                    if now.kvs().len() < spec.limit as usize {
+                        return Ok(()); // gone before the watch began
+                    }
                 }
             }
             Err(etcd_client::Error::WatchError("the watch stream ended".into()))
