@@ -140,97 +140,53 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
             "bench does not run on a cluster yet (its floor is one server's): point it at one master with redis://"
         );
     }
-    if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
-        if cfg!(debug_assertions) {
-            eprintln!(
-                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
-            );
-        }
-        let mut workloads = args.workloads.clone();
-        if workloads.is_empty() {
-            workloads = crate::bench_redis::WORKLOADS.map(String::from).to_vec();
-        }
-        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-        let settings = crate::bench_redis::Settings {
-            duration: args.duration,
-            clients: args.clients,
-            locks: args.locks,
-            tasks: args.tasks,
-            json: args.json,
-            plot: args.plot.clone(),
-        };
-        let reports = crate::bench_redis::run(backend, &workloads, &settings, &progress).await?;
-        if !args.json {
-            print_table(&reports);
-        }
-        return Ok(0);
-    }
-    if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
-        if cfg!(debug_assertions) {
-            eprintln!(
-                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
-            );
-        }
-        let mut workloads = args.workloads.clone();
-        if workloads.is_empty() {
-            workloads = crate::bench_sql::WORKLOADS.map(String::from).to_vec();
-        }
-        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-        let reports =
-            crate::bench_sql::run(backend, &workloads, args.duration, args.clients, args.json, &progress).await?;
-        if !args.json {
-            print_table(&reports);
-        }
-        return Ok(0);
-    }
-    if backend.starts_with("etcd://") {
-        if cfg!(debug_assertions) {
-            eprintln!(
-                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
-            );
-        }
-        let mut workloads = args.workloads.clone();
-        if workloads.is_empty() {
-            workloads = crate::bench_etcd::WORKLOADS.map(String::from).to_vec();
-        }
-        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-        let reports =
-            crate::bench_etcd::run(backend, &workloads, args.duration, args.clients, args.json, &progress).await?;
-        if !args.json {
-            print_table(&reports);
-        }
-        return Ok(0);
-    }
-    if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
-        if cfg!(debug_assertions) {
-            eprintln!(
-                "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
-            );
-        }
-        let mut workloads = args.workloads.clone();
-        if workloads.is_empty() {
-            workloads = crate::bench_postgres::WORKLOADS.map(String::from).to_vec();
-        }
-        let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-        let reports =
-            crate::bench_postgres::run(backend, &workloads, args.duration, args.clients, args.json, &progress).await?;
-        if !args.json {
-            print_table(&reports);
-        }
-        return Ok(0);
-    }
-    let mut workloads = args.workloads.clone();
-    if workloads.is_empty() {
-        workloads = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd"].map(String::from).to_vec();
-    }
-    if workloads.iter().any(|w| w == "optimistic") {
-        anyhow::bail!(
-            "workload optimistic is measured on mysql:// and sqlite:// backends (a version column needs a table)"
-        );
-    }
     if cfg!(debug_assertions) {
         eprintln!(
             "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+        );
+    }
+    let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+    // The workloads asked for, or the backend's own list.
+    let chosen = |defaults: &[&str]| -> Vec<String> {
+        if args.workloads.is_empty() {
+            defaults.iter().map(|w| w.to_string()).collect()
+        } else {
+            args.workloads.clone()
+        }
+    };
+    let (duration, clients, json) = (args.duration, args.clients, args.json);
+    let reports = if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
+        let settings = crate::bench_redis::Settings {
+            duration,
+            clients,
+            locks: args.locks,
+            tasks: args.tasks,
+            json,
+            plot: args.plot.clone(),
+        };
+        Some(crate::bench_redis::run(backend, &chosen(&crate::bench_redis::WORKLOADS), &settings, &progress).await?)
+    } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
+        let workloads = chosen(&crate::bench_sql::WORKLOADS);
+        Some(crate::bench_sql::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else if backend.starts_with("etcd://") {
+        let workloads = chosen(&crate::bench_etcd::WORKLOADS);
+        Some(crate::bench_etcd::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
+        let workloads = chosen(&crate::bench_postgres::WORKLOADS);
+        Some(crate::bench_postgres::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else {
+        None
+    };
+    if let Some(reports) = reports {
+        if !json {
+            print_table(&reports);
+        }
+        return Ok(0);
+    }
+    let workloads = chosen(&["raw", "uncontended", "contended", "many-locks", "waiters", "herd"]);
+    if workloads.iter().any(|w| w == "optimistic") {
+        anyhow::bail!(
+            "workload optimistic is measured on mysql:// and sqlite:// backends (a version column needs a table)"
         );
     }
     if args.plot.is_some() {
@@ -260,7 +216,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         _embedded = None;
         backend.to_string()
     };
-    let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
     let prefix = format!("{BENCH_ROOT}/{}", uuid::Uuid::new_v4().simple());
     // This session measures the raw limit, then removes what the run created, whether the
     // workloads succeed, fail or are interrupted. (Nothing is created before it connects.)
