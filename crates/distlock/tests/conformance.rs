@@ -59,7 +59,11 @@ async fn exclusion_fencing_and_nothing_left_behind() {
                 let client = connect(&url).await;
                 let lock = client.mutex(&name).unwrap();
                 for seq in 0..10u64 {
-                    let g = lock.lock_timeout(Duration::from_secs(30)).await.unwrap().expect("granted in time");
+                    let g = lock
+                        .lock_timeout(Duration::from_secs(30))
+                        .await
+                        .unwrap()
+                        .unwrap_or_else(|| panic!("{url}: client {who}, cycle {seq}: not granted within 30 s"));
                     let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
                     assert!(resource.write(who, g.fencing_token(), seq), "{url}: a fresh holder's write refused");
                     tokio::task::yield_now().await;
