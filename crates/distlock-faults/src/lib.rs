@@ -35,4 +35,4 @@ pub mod proxy;
 
 pub use checker::{mono_now, FencedResource, Hold, HoldId, Mode, Report, WriteRecord};
 pub use process::{kill, pause, resume};
-pub use proxy::{zk_reply, Fault, FaultProxy};
+pub use proxy::{zk_reply, ClientWrite, Fault, FaultProxy};

@@ -183,12 +183,45 @@ struct Inner {
     lose_reply: Mutex<Option<ReplyPredicate>>,
     frames_to_upstream: AtomicU64,
     writes_to_upstream: AtomicU64,
+    /// Client writes recorded since [`FaultProxy::record_writes`]; `None`: not recording.
+    wire_log: Mutex<Option<Vec<ClientWrite>>>,
     accepted: AtomicU64,
     next_id: AtomicU64,
 }
 
+/// Most client writes [`FaultProxy::record_writes`] keeps (later ones are counted, not kept).
+const WIRE_LOG_MAX: usize = 1 << 20;
+
+/// One chunk read from a client socket (one write, or writes that arrived together), as
+/// [`FaultProxy::recorded_writes`] reports it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(proxy: distlock_faults::FaultProxy) {
+/// proxy.record_writes();
+/// // ... run the client ...
+/// for w in proxy.recorded_writes() {
+///     println!("connection {} sent {:?}", w.conn, w.ops);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientWrite {
+    /// Which connection (numbered from 0 in order of acceptance).
+    pub conn: u64,
+    /// When the proxy read it.
+    pub at: Instant,
+    /// The ZooKeeper op code (the request header's type) of each request frame that was
+    /// completed by this chunk, in order. A connection's first frame (the connect request, which
+    /// has no request header) is not listed.
+    pub ops: Vec<i32>,
+}
+
 /// What the proxy can tell a running connection.
 struct Conn {
+    /// Its number, as [`ClientWrite::conn`] gives it.
+    id: u64,
     reset: Notify,
     /// Bytes still allowed to the client before a [`Fault::CutAfter`] reset; `None`: no limit.
     cut_budget: Mutex<Option<u64>>,
@@ -225,6 +258,7 @@ impl FaultProxy {
             lose_reply: Mutex::new(None),
             frames_to_upstream: AtomicU64::new(0),
             writes_to_upstream: AtomicU64::new(0),
+            wire_log: Mutex::new(None),
             accepted: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
         });
@@ -370,6 +404,38 @@ impl FaultProxy {
         self.inner.writes_to_upstream.load(Ordering::SeqCst)
     }
 
+    /// Starts (or restarts, clearing what was kept) recording every chunk read from clients,
+    /// with the op codes of the ZooKeeper requests in it: see [`FaultProxy::recorded_writes`].
+    /// Up to about a million chunks are kept.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: distlock_faults::FaultProxy) {
+    /// proxy.record_writes();
+    /// # }
+    /// ```
+    pub fn record_writes(&self) {
+        *lock(&self.inner.wire_log) = Some(Vec::new());
+    }
+
+    /// The client chunks recorded since [`FaultProxy::record_writes`], in the order read. A
+    /// chunk is what one `read()` on a client socket returned: one write of the client, or
+    /// several that arrived before the proxy read (so two requests in one chunk do not prove one
+    /// write, but two chunks prove two writes).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: distlock_faults::FaultProxy) {
+    /// const CREATE2: i32 = 15;
+    /// let creates_alone = proxy.recorded_writes().iter().filter(|w| w.ops == [CREATE2]).count();
+    /// # }
+    /// ```
+    pub fn recorded_writes(&self) -> Vec<ClientWrite> {
+        lock(&self.inner.wire_log).clone().unwrap_or_default()
+    }
+
     /// Number of client connections open now.
     ///
     /// # Examples
@@ -474,8 +540,8 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>, mut stop: watch::
                         Fault::CutAfter { to_client_bytes } => Some(to_client_bytes),
                         _ => None,
                     };
-                    let conn = Arc::new(Conn { reset: Notify::new(), cut_budget: Mutex::new(budget) });
                     let id = inner.next_id.fetch_add(1, Ordering::SeqCst);
+                    let conn = Arc::new(Conn { id, reset: Notify::new(), cut_budget: Mutex::new(budget) });
                     conns.insert(id, conn.clone());
                     Some((id, conn))
                 }
@@ -553,7 +619,7 @@ enum Dir {
 
 async fn run(inner: &Inner, conn: &Conn, client: &mut TcpStream, upstream: &mut Option<TcpStream>) -> End {
     let mut fault = inner.fault.subscribe();
-    let client_frames = Framer::default();
+    let client_frames = Framer { record_ops: true, ..Framer::default() };
 
     // During a partition the server is not contacted; what the client sends waits in the socket.
     wait_healed(&mut fault).await;
@@ -574,8 +640,8 @@ async fn run(inner: &Inner, conn: &Conn, client: &mut TcpStream, upstream: &mut 
 
     let readers = async {
         tokio::join!(
-            read_side(inner, Dir::ToUpstream, client_read, to_upstream, client_frames),
-            read_side(inner, Dir::ToClient, upstream_read, to_client, Framer::default()),
+            read_side(inner, conn.id, Dir::ToUpstream, client_read, to_upstream, client_frames),
+            read_side(inner, conn.id, Dir::ToClient, upstream_read, to_client, Framer::default()),
         );
         std::future::pending::<End>().await
     };
@@ -600,11 +666,17 @@ async fn run(inner: &Inner, conn: &Conn, client: &mut TcpStream, upstream: &mut 
     }
 }
 
-fn count_from_client(inner: &Inner, frames: &mut Framer, chunk: &[u8]) {
+fn count_from_client(inner: &Inner, conn: u64, frames: &mut Framer, chunk: &[u8]) {
     inner.writes_to_upstream.fetch_add(1, Ordering::SeqCst);
     let before = frames.frames;
     frames.feed(chunk, None, None);
     inner.frames_to_upstream.fetch_add(frames.frames - before, Ordering::SeqCst);
+    let ops = std::mem::take(&mut frames.ops);
+    if let Some(log) = lock(&inner.wire_log).as_mut() {
+        if log.len() < WIRE_LOG_MAX {
+            log.push(ClientWrite { conn, at: Instant::now(), ops });
+        }
+    }
 }
 
 async fn wait_healed(fault: &mut watch::Receiver<Fault>) {
@@ -616,7 +688,14 @@ async fn wait_healed(fault: &mut watch::Receiver<Fault>) {
 }
 
 /// Reads one direction, applies the read-time part of the fault, and queues what is to be sent.
-async fn read_side(inner: &Inner, dir: Dir, mut from: ReadHalf<'_>, queue: mpsc::Sender<Timed>, mut framer: Framer) {
+async fn read_side(
+    inner: &Inner,
+    conn: u64,
+    dir: Dir,
+    mut from: ReadHalf<'_>,
+    queue: mpsc::Sender<Timed>,
+    mut framer: Framer,
+) {
     let mut buf = vec![0u8; CHUNK];
     let mut fault = inner.fault.subscribe();
     loop {
@@ -632,7 +711,7 @@ async fn read_side(inner: &Inner, dir: Dir, mut from: ReadHalf<'_>, queue: mpsc:
                 let chunk = &buf[..n];
                 match dir {
                     Dir::ToUpstream => {
-                        count_from_client(inner, &mut framer, chunk);
+                        count_from_client(inner, conn, &mut framer, chunk);
                         (Item::Data(chunk.to_vec()), false)
                     }
                     Dir::ToClient => {
@@ -742,6 +821,12 @@ struct Framer {
     broken: bool,
     /// The current frame, held back whole while a lost reply is armed.
     held: Option<Vec<u8>>,
+    /// The first 8 body bytes of the current frame (a request header: xid, then op code).
+    head: [u8; 8],
+    /// Op codes of the request frames completed since the owner last took them (not the
+    /// stream's first frame, a connect request without a header); only with `record_ops`.
+    ops: Vec<i32>,
+    record_ops: bool,
 }
 
 impl Framer {
@@ -780,6 +865,11 @@ impl Framer {
                 }
             } else {
                 take = self.remaining.min(chunk.len());
+                let len = i32::from_be_bytes(self.header) as usize;
+                let seen = len - self.remaining;
+                for (i, b) in chunk[..take].iter().enumerate().take(8usize.saturating_sub(seen)) {
+                    self.head[seen + i] = *b;
+                }
                 self.remaining -= take;
             }
             match self.held.as_mut() {
@@ -799,6 +889,9 @@ impl Framer {
             }
             if self.have == 4 && self.remaining == 0 {
                 self.have = 0;
+                if self.record_ops && self.frames > 0 && i32::from_be_bytes(self.header) >= 8 {
+                    self.ops.push(i32::from_be_bytes([self.head[4], self.head[5], self.head[6], self.head[7]]));
+                }
                 self.frames += 1;
                 if let Some(frame) = self.held.take() {
                     if let Some(lose) = lose {
@@ -826,6 +919,22 @@ mod tests {
         let mut f = (body.len() as u32).to_be_bytes().to_vec();
         f.extend_from_slice(body);
         f
+    }
+
+    #[test]
+    fn framer_reads_request_op_codes_split_anywhere() {
+        let mut stream = frame(b"connect request, no header");
+        // Two requests: xid 1 op 15 (create2) with a body, xid 2 op 8 (getChildren) without.
+        stream.extend(frame(&[0, 0, 0, 1, 0, 0, 0, 15, 9, 9, 9]));
+        stream.extend(frame(&[0, 0, 0, 2, 0, 0, 0, 8]));
+        for split in 0..stream.len() {
+            let mut f = Framer { record_ops: true, ..Framer::default() };
+            f.feed(&stream[..split], None, None);
+            let mut ops = std::mem::take(&mut f.ops);
+            f.feed(&stream[split..], None, None);
+            ops.extend(std::mem::take(&mut f.ops));
+            assert_eq!(ops, [15, 8], "split at {split}");
+        }
     }
 
     #[test]

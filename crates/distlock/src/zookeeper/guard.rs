@@ -105,7 +105,14 @@ impl HeldNode {
     /// lease deadline and the session's state itself, so that no caller is told `Held` after the
     /// deadline, however late the monitor task runs (or on the very first call, which starts it).
     pub(crate) fn state(&self) -> LockState {
-        let published = *self.watch().borrow();
+        let _ = self.watch();
+        self.state_now()
+    }
+
+    /// [`HeldNode::state`] without starting the monitor (for a release, whose delete finds out
+    /// itself whether the node is still there).
+    fn state_now(&self) -> LockState {
+        let published = *self.shared.tx.borrow();
         if published.is_lost() {
             return published;
         }
@@ -145,7 +152,7 @@ impl HeldNode {
     /// someone else, the session ended, or the lease deadline passed while the server was
     /// unreachable): the caller's work under it was not protected to the end.
     pub(crate) async fn release(mut self) -> Result<()> {
-        let before = self.state();
+        let before = self.state_now();
         self.released = true;
         self.stop_monitor();
         // In a task of its own: a caller that stops waiting (a timeout, a select) does not stop

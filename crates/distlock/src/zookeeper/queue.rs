@@ -537,8 +537,12 @@ impl Queue {
             metrics.sent(2);
             let sent = Instant::now();
             let data = self.data.as_deref().unwrap_or(self.client.owner_data());
-            let create = zk.create(&node_prefix, data, &options);
-            let list = zk.list_children(&self.dir);
+            // Handed to the session as one, so both leave in one write: requests made one by one
+            // can be written apart when the session task runs on another thread in between.
+            let batch = zk.batch();
+            let create = batch.create(&node_prefix, data, &options);
+            let list = batch.list_children(&self.dir);
+            batch.send();
             let (created, listed) = futures::join!(create, list);
             self.client.lease().observe(sent, &created);
             match created {
