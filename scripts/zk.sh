@@ -12,6 +12,9 @@
 # Settings chosen for tests: tickTime 500 ms (so sessions may be as short as 1 s), the admin
 # HTTP server off (it would take port 8080), every four-letter word allowed, containers checked
 # every second so emptied lock directories are reaped quickly.
+#
+# ZK_FORCE_SYNC=no (environment, at start) turns off the fsync of the transaction log
+# (ZooKeeper's forceSync), for benchmarks of the server with and without it; default yes.
 set -euo pipefail
 
 cmd=${1:-}
@@ -51,6 +54,7 @@ maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=*
 extendedTypesEnabled=true
+forceSync=${ZK_FORCE_SYNC:-yes}
 CFG
     write_log4j "$dir/log4j.properties"
     echo "127.0.0.1:$port" > "$dir/zk.addr"

@@ -39,6 +39,17 @@ pub struct BenchArgs {
     /// Other workloads have nothing to plot.
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
+    /// Run through the project's fault proxy, which holds back every reply this long, as a
+    /// network between machines would (e.g. 1ms); `uncontended` and `contended` then also report
+    /// the client's writes per cycle counted on the wire (`0ms` counts without delaying). Needs
+    /// one server: a URL with one host, or `embedded`.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
+    rtt: Option<Duration>,
+    /// Also measure Apache Curator's InterProcessMutex (zk:// and embedded): `uncontended` and
+    /// `contended` then run three rounds each, distlock and Curator in turns, on the same server
+    /// (and proxy). Needs Java 17 and Debian's Curator jars (libcurator-recipes-java).
+    #[arg(long)]
+    curator: bool,
     /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic (default: all the
     /// backend has).
     #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic"])]
@@ -155,6 +166,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
     };
     let (duration, clients, json) = (args.duration, args.clients, args.json);
+    let is_zk = backend == "embedded" || backend.starts_with("zk://");
+    if args.curator && !is_zk {
+        anyhow::bail!("--curator measures Apache Curator, a ZooKeeper client: use a zk:// backend or embedded");
+    }
+    // Other backends run through the proxy too (their reports do not count the wire yet).
+    let (_proxy, proxied);
+    let backend = match args.rtt {
+        Some(rtt) if !is_zk => {
+            let (p, u) = through_proxy(backend, rtt).await?;
+            (_proxy, proxied) = (Some(p), u);
+            proxied.as_str()
+        }
+        _ => backend,
+    };
     let reports = if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
         let settings = crate::bench_redis::Settings {
             duration,
@@ -216,13 +241,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         _embedded = None;
         backend.to_string()
     };
+    let (url, wire) = match args.rtt {
+        Some(rtt) => {
+            let (proxy, url) = through_proxy(&url, rtt).await?;
+            (url, Wire(Some(proxy)))
+        }
+        None => (url, Wire(None)),
+    };
+    let mut curator = match args.curator {
+        true => Some(crate::bench_curator::Curator::start(&curator_connect(&url)?).await?),
+        false => None,
+    };
     let prefix = format!("{BENCH_ROOT}/{}", uuid::Uuid::new_v4().simple());
     // This session measures the raw limit, then removes what the run created, whether the
     // workloads succeed, fail or are interrupted. (Nothing is created before it connects.)
     let admin = raw_client(&url).await?;
     let mut stop = StopSignals::new();
     let measured = tokio::select! {
-        r = measure(&args, &workloads, &url, &prefix, &admin, &progress) => Ok(r),
+        r = measure(&args, &workloads, &url, &prefix, &admin, &progress, &wire, curator.as_mut()) => Ok(r),
         sig = stop.next() => Err(sig),
     };
     progress.clear();
@@ -286,6 +322,7 @@ impl StopSignals {
 }
 
 /// Runs `workloads` in order under `prefix`, printing each one's JSON lines as it ends.
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     args: &BenchArgs,
     workloads: &[String],
@@ -293,6 +330,8 @@ async fn measure(
     prefix: &str,
     admin: &Client,
     progress: &Progress,
+    wire: &Wire,
+    mut curator: Option<&mut crate::bench_curator::Curator>,
 ) -> anyhow::Result<Vec<Report>> {
     // The limit is always measured first, in the same run, on the same server.
     let limits = raw_limits(admin, prefix, args.duration, progress).await?;
@@ -315,13 +354,26 @@ async fn measure(
                     ..Default::default()
                 },
             ],
-            "uncontended" => uncontended(url, prefix, args.duration, &limits, progress, args.plot.as_deref()).await?,
+            "uncontended" => {
+                let mut v =
+                    uncontended(url, prefix, args.duration, &limits, progress, args.plot.as_deref(), wire).await?;
+                if let Some(c) = curator.as_deref_mut() {
+                    v.extend(uncontended_vs_curator(url, prefix, args.duration, &limits, progress, wire, c).await?);
+                }
+                v
+            }
             "contended" => {
-                let mut v = vec![contended(url, prefix, args.clients, args.duration, &limits, progress).await?];
+                let mut v = vec![contended(url, prefix, args.clients, args.duration, &limits, progress, wire).await?];
+                if let Some(c) = curator.as_deref_mut() {
+                    v.extend(
+                        contended_vs_curator(url, prefix, args.clients, args.duration, &limits, progress, wire, c)
+                            .await?,
+                    );
+                }
                 if let Some(dir) = &args.plot {
                     let mut points = Vec::new();
                     for n in [1u32, 2, 4, 8, 16, 32] {
-                        let r = contended(url, prefix, n, args.duration, &limits, progress).await?;
+                        let r = contended(url, prefix, n, args.duration, &limits, progress, wire).await?;
                         points.push((n as f64, r.ops_per_sec));
                     }
                     plot_lines(
@@ -485,12 +537,14 @@ async fn uncontended(
     limits: &Limits,
     progress: &Progress,
     plot: Option<&std::path::Path>,
+    wire: &Wire,
 ) -> anyhow::Result<Vec<Report>> {
     let client = raw_client(url).await?;
     let lock = client.mutex(&format!("{prefix}/uncontended"))?;
     lock.lock().await?.release().await?; // create the directory outside the measurement
     let (mut acq, mut rel) = (Vec::new(), Vec::new());
     let before = client.metrics().snapshot();
+    let wire_before = wire.writes();
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < duration {
@@ -508,6 +562,7 @@ async fn uncontended(
     let elapsed = start.elapsed().as_secs_f64();
     let m: MetricsSnapshot = client.metrics().snapshot() - before;
     let rtt_per_cycle = m.round_trips as f64 / n as f64;
+    let on_wire = wire.per(wire_before, n);
     let mut plotted = None;
     if let Some(dir) = plot {
         let mut sorted = acq.clone();
@@ -545,6 +600,7 @@ async fn uncontended(
     let drop_ops = d as f64 / start.elapsed().as_secs_f64();
     let md = client.metrics().snapshot() - before;
     let mut acquire_extra = vec![("round_trips_per_acquire+release".into(), format!("{rtt_per_cycle:.2}"))];
+    acquire_extra.extend(on_wire);
     acquire_extra.extend(plotted.map(|p| ("plot".to_string(), p)));
     Ok(vec![
         Report {
@@ -586,8 +642,9 @@ async fn contended(
     duration: Duration,
     limits: &Limits,
     progress: &Progress,
+    wire: &Wire,
 ) -> anyhow::Result<Report> {
-    let path = format!("{prefix}/contended-{clients}");
+    let path = format!("{prefix}/contended-{clients}-{}", uuid::Uuid::new_v4().simple());
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let waits = Arc::new(StdMutex::new(Vec::new()));
@@ -598,6 +655,7 @@ async fn contended(
         sessions.push(raw_client(url).await?);
     }
     let start = Instant::now();
+    let wire_before = wire.writes();
     for c in &sessions {
         let c = c.clone();
         let (path, stop, total, waits) = (path.clone(), stop.clone(), total.clone(), waits.clone());
@@ -632,6 +690,7 @@ async fn contended(
     let (p50, p99, p999) = summarize(std::mem::take(&mut *waits.lock().unwrap()));
     let (min, max) = (per_client.iter().min().copied().unwrap_or(0), per_client.iter().max().copied().unwrap_or(0));
     let wakeups: u64 = sessions.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
+    let on_wire = wire.per(wire_before, n);
     Ok(Report {
         workload: format!("contended-{clients}"),
         ops_per_sec: ops,
@@ -643,7 +702,10 @@ async fn contended(
         extra: vec![
             ("fairness_min/max".into(), format!("{min}/{max}")),
             ("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
-        ],
+        ]
+        .into_iter()
+        .chain(on_wire)
+        .collect(),
         ..Default::default()
     })
 }
@@ -1006,4 +1068,168 @@ pub(crate) async fn contended_on(
             ("limit".into(), "floor sequential".into()),
         ],
     ))
+}
+
+/// The fault proxy a `--rtt` run goes through, which counts the client's writes as they arrive.
+pub(crate) struct Wire(Option<distlock_faults::FaultProxy>);
+
+impl Wire {
+    /// Client writes so far (all connections), when running through the proxy.
+    fn writes(&self) -> Option<u64> {
+        self.0.as_ref().map(|p| p.writes_to_upstream())
+    }
+
+    /// Client writes per operation since `before`, as a report's extra (nothing without proxy).
+    fn per(&self, before: Option<u64>, ops: u64) -> Vec<(String, String)> {
+        match (self.writes(), before) {
+            (Some(now), Some(before)) => {
+                vec![("wire_writes_per_op".into(), format!("{:.2}", (now - before) as f64 / ops.max(1) as f64))]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;
+/// returns it and the URL that goes through it.
+pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(distlock_faults::FaultProxy, String)> {
+    let bad = |why: &str| anyhow::anyhow!("--rtt: {why} in {url}");
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme://"))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    if hostport.is_empty() || scheme == "sqlite" {
+        return Err(bad("no server to put a proxy in front of"));
+    }
+    if hostport.contains(',') {
+        return Err(bad("more than one server (the proxy stands in front of one)"));
+    }
+    let upstream = tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| bad(&format!("cannot resolve {hostport} ({e})")))?
+        .next()
+        .ok_or_else(|| bad(&format!("{hostport} resolves to no address")))?;
+    let proxy = distlock_faults::FaultProxy::start(upstream).await?;
+    proxy.set(distlock_faults::Fault::Delay { to_client: rtt, to_upstream: Duration::ZERO });
+    let proxied = format!("{scheme}://{user}{}{tail}", proxy.addr());
+    Ok((proxy, proxied))
+}
+
+/// ZooKeeper's connect string (`host:port[/chroot]`) of a zk:// URL, for Curator.
+fn curator_connect(url: &str) -> anyhow::Result<String> {
+    let rest = url.strip_prefix("zk://").ok_or_else(|| anyhow::anyhow!("--curator needs a zk:// URL, not {url}"))?;
+    Ok(rest.split('?').next().unwrap_or(rest).to_string())
+}
+
+/// Rounds of distlock and Curator in turns, for `--curator`.
+const CURATOR_ROUNDS: usize = 3;
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+fn joined(v: &[f64]) -> String {
+    v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join("/")
+}
+
+/// A compared pair of reports: distlock's and Curator's medians over the rounds.
+#[allow(clippy::too_many_arguments)]
+fn compared(
+    name: &str,
+    limit: f64,
+    ours: &[f64],
+    ours_wire: &[f64],
+    theirs: &[f64],
+    theirs_wire: &[f64],
+    mut ours_extra: Vec<(String, String)>,
+    mut theirs_extra: Vec<(String, String)>,
+) -> Vec<Report> {
+    let (o, t) = (median(ours), median(theirs));
+    ours_extra.push(("rounds".into(), joined(ours)));
+    ours_extra.push(("over_curator".into(), format!("{:.2}", o / t)));
+    theirs_extra.push(("rounds".into(), joined(theirs)));
+    if !ours_wire.is_empty() {
+        ours_extra.push(("wire_writes_per_op".into(), format!("{:.2}", median(ours_wire))));
+        theirs_extra.push(("wire_writes_per_op".into(), format!("{:.2}", median(theirs_wire))));
+    }
+    vec![
+        report(&format!("{name}-vs-curator"), o, limit, ours_extra),
+        report(&format!("curator-{name}"), t, limit, theirs_extra),
+    ]
+}
+
+/// Uncontended cycles of distlock and of Curator in turns (medians of [`CURATOR_ROUNDS`]).
+async fn uncontended_vs_curator(
+    url: &str,
+    prefix: &str,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+    wire: &Wire,
+    curator: &mut crate::bench_curator::Curator,
+) -> anyhow::Result<Vec<Report>> {
+    let client = raw_client(url).await?;
+    let lock = client.mutex(&format!("{prefix}/uncontended-vs-curator"))?;
+    let theirs_path = format!("{prefix}/curator-uncontended");
+    // Outside the rounds: the directories, and the JVM's warm-up (its JIT).
+    lock.lock().await?.release().await?;
+    curator.uncontended(&theirs_path, Duration::from_secs(2)).await?;
+    let (mut ours, mut ours_wire, mut theirs, mut theirs_wire) = (vec![], vec![], vec![], vec![]);
+    for round in 1..=CURATOR_ROUNDS {
+        let before = wire.writes();
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < duration {
+            lock.lock().await?.release().await?;
+            n += 1;
+        }
+        ours.push(n as f64 / start.elapsed().as_secs_f64());
+        ours_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / n.max(1) as f64));
+        progress.show(&format!("uncontended vs Curator, round {round}"), n, start.elapsed());
+        let before = wire.writes();
+        let (m, elapsed) = curator.uncontended(&theirs_path, duration).await?;
+        theirs.push(m as f64 / elapsed.as_secs_f64());
+        theirs_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / m.max(1) as f64));
+    }
+    Ok(compared("uncontended", limits.sequential, &ours, &ours_wire, &theirs, &theirs_wire, vec![], vec![]))
+}
+
+/// Contended hand-offs of distlock and of Curator in turns (medians of [`CURATOR_ROUNDS`]).
+#[allow(clippy::too_many_arguments)]
+async fn contended_vs_curator(
+    url: &str,
+    prefix: &str,
+    clients: u32,
+    duration: Duration,
+    limits: &Limits,
+    progress: &Progress,
+    wire: &Wire,
+    curator: &mut crate::bench_curator::Curator,
+) -> anyhow::Result<Vec<Report>> {
+    curator.contended(&format!("{prefix}/curator-warm-up"), clients, Duration::from_secs(2)).await?;
+    let (mut ours, mut ours_wire, mut theirs, mut theirs_wire) = (vec![], vec![], vec![], vec![]);
+    let mut fairness = (vec![], vec![]);
+    for round in 1..=CURATOR_ROUNDS {
+        let before = wire.writes();
+        let r = contended(url, prefix, clients, duration, limits, progress, &Wire(None)).await?;
+        let handoffs = (r.ops_per_sec * duration.as_secs_f64()).max(1.0);
+        ours.push(r.ops_per_sec);
+        ours_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / handoffs));
+        fairness.0.extend(r.extra.into_iter().filter(|(k, _)| k == "fairness_min/max").map(|(_, v)| v));
+        progress.show(&format!("contended vs Curator, round {round}"), handoffs as u64, duration);
+        let before = wire.writes();
+        let c = curator.contended(&format!("{prefix}/curator-contended-{clients}-{round}"), clients, duration).await?;
+        theirs.push(c.handoffs as f64 / c.elapsed.as_secs_f64());
+        theirs_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / c.handoffs.max(1) as f64));
+        fairness.1.push(format!("{}/{}", c.min, c.max));
+    }
+    let name = format!("contended-{clients}");
+    let ours_extra = vec![("fairness_min/max".into(), fairness.0.join(" "))];
+    let theirs_extra = vec![("fairness_min/max".into(), fairness.1.join(" "))];
+    Ok(compared(&name, limits.sequential, &ours, &ours_wire, &theirs, &theirs_wire, ours_extra, theirs_extra))
 }

@@ -4,6 +4,7 @@
 
 mod alloc;
 mod bench;
+mod bench_curator;
 mod bench_etcd;
 mod bench_postgres;
 mod bench_redis;

@@ -452,7 +452,19 @@ impl Queue {
             }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
-            let grant_on_delete = policy.proceeds_without(&children, ours, blocker);
+            let mut grant_on_delete = policy.proceeds_without(&children, ours, blocker);
+            // If not, watch the node just ahead of the blocker too, when its deletion alone would
+            // settle it: then the blocker's deletion grants us the lock without listing again, as
+            // a hand-off needs (the listing then comes while the lock is held, off its path).
+            // Never on a write node's deletion: a downgrading writer puts a read node in its place.
+            let lookahead = (!grant_on_delete && blocker >= 1).then(|| blocker - 1).map(|s| {
+                let mut without = children[..=ours].to_vec();
+                without.remove(s);
+                let settles = node_kind(&children[s]) != NodeKind::Write
+                    && policy.blocker(&without, ours - 1) == Some(blocker - 1)
+                    && policy.proceeds_without(&without, ours - 1, blocker - 1);
+                (format!("{}/{}", self.dir, children[s]), settles)
+            });
             let queue_len = children.len();
             let blocker_path = format!("{}/{}", self.dir, children[blocker]);
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
@@ -464,10 +476,49 @@ impl Queue {
             // A reconnection between here and the blocker's deletion voids the no-re-read grant:
             // the server then fires re-registered watches in no particular order.
             let mut states = zk.state_watcher();
+            // Only changes from now on count: a fresh watcher may still show an older change
+            // (the connection made before this acquire) as unseen, which voided every grant.
+            states.state();
+            let batch = zk.batch();
             let (blocker_watch, own_watch) =
-                futures::join!(zk.get_and_watch_data(&blocker_path), zk.get_and_watch_data(&acquired.path));
+                (batch.get_and_watch_data(&blocker_path), batch.get_and_watch_data(&acquired.path));
+            let ahead_watch = lookahead.as_ref().map(|(path, _)| batch.get_and_watch_data(path));
+            metrics.sent(lookahead.is_some() as u64);
+            batch.send();
+            let (blocker_watch, own_watch, ahead_watch) = futures::join!(blocker_watch, own_watch, async {
+                match ahead_watch {
+                    Some(w) => Some(w.await),
+                    None => None,
+                }
+            });
+            // The node ahead of the blocker: gone already (it settles it now, or we list again),
+            // or watched.
+            let mut ahead_changed = match (ahead_watch, &lookahead) {
+                (Some(Ok((_, _, w))), _) => Some(Box::pin(w.changed())),
+                (Some(Err(zk::Error::NoNode)), Some((_, true))) => {
+                    grant_on_delete = true;
+                    None
+                }
+                _ => None,
+            };
+            let relist_when_ahead_goes = matches!(lookahead, Some((_, false)));
             let (blocker_watcher, own_watcher) = match (blocker_watch, own_watch) {
                 (Ok((_, _, b)), Ok((_, _, o))) => (b, o),
+                // The blocker left before our watch (as a hand-off without work under the lock
+                // does): read in server order after our listing, that is its deletion, and our
+                // node was there after it. A deletion of ours since would have been notified
+                // before the last of these replies.
+                (Err(zk::Error::NoNode), Ok((_, _, o))) if grant_on_delete => {
+                    if futures::FutureExt::now_or_never(Box::pin(o.changed())).is_none() {
+                        tracing::trace!(node = %acquired.path, "predecessor gone before our watch; granted");
+                        if let Some(p) = progress {
+                            p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
+                        }
+                        return Ok(Some(acquired));
+                    }
+                    children = Box::pin(self.list()).await?;
+                    continue;
+                }
                 (Err(e), _) | (_, Err(e)) => match Failure::of(&e) {
                     // Gone before the watch was set (the blocker, or our own node): look again.
                     Failure::Server if e == zk::Error::NoNode => {
@@ -484,11 +535,22 @@ impl Queue {
                 },
             };
             let mut own_changed = Box::pin(own_watcher.changed());
-            let event = tokio::select! {
-                biased;
-                // Events arrive in zxid order: if our node went first, this is seen first.
-                _ = &mut own_changed => None,
-                event = blocker_watcher.changed() => Some(event),
+            let mut blocker_changed = Box::pin(blocker_watcher.changed());
+            let event = loop {
+                tokio::select! {
+                    biased;
+                    // Events arrive in zxid order: if our node went first, this is seen first.
+                    _ = &mut own_changed => break None,
+                    event = &mut blocker_changed => break Some(event),
+                    event = async { ahead_changed.as_mut().expect("guarded").await }, if ahead_changed.is_some() => {
+                        ahead_changed = None;
+                        if event.event_type == zk::EventType::NodeDeleted && !relist_when_ahead_goes {
+                            grant_on_delete = true; // keep waiting for the blocker, knowing more
+                            continue;
+                        }
+                        break None; // list again while the blocker still holds
+                    }
+                }
             };
             metrics.woke();
             match event {
