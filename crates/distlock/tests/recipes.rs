@@ -374,7 +374,9 @@ async fn wakeups_for_one_release(naive: bool, waiters: usize) -> (u64, usize) {
     (woke, acquired)
 }
 
-/// The seeds' naive lock wakes every waiter on a release; the queue lock wakes one.
+/// The seeds' naive lock wakes every waiter on a release; the queue lock wakes the next waiter,
+/// and the one after it (whose watch on the node ahead of its predecessor tells it that it is
+/// now second), never more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn naive_lock_herds_queue_lock_does_not() {
     const WAITERS: usize = 6;
@@ -383,7 +385,7 @@ async fn naive_lock_herds_queue_lock_does_not() {
     println!("one release woke {naive} naive waiters and {queue} queue waiter(s)");
     assert_eq!((naive_holders, queue_holders), (1, 1), "one holder at a time either way");
     assert_eq!(naive, WAITERS as u64, "herd: every naive waiter wakes");
-    assert_eq!(queue, 1, "queue lock: exactly one waiter wakes");
+    assert!((1..=2).contains(&queue), "queue lock: {queue} waiters woke, not one or two");
 }
 
 /// Holders of a read lock and of semaphore permits that vanish (partitioned beyond their session)

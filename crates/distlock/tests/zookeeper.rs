@@ -52,7 +52,7 @@ async fn mutual_exclusion_eight_sessions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifo_order_and_one_wakeup_per_release() {
+async fn fifo_order_and_at_most_two_wakeups_per_release() {
     const WAITERS: usize = 6;
     let path = unique_path("fifo");
     let holder_client = connect().await;
@@ -85,9 +85,13 @@ async fn fifo_order_and_one_wakeup_per_release() {
     assert_eq!(order.iter().map(|(i, _)| *i).collect::<Vec<_>>(), (0..WAITERS).collect::<Vec<_>>());
     assert!(order.windows(2).all(|w| w[0].1 < w[1].1), "tokens rise: {order:?}");
     // WAITERS releases happened while someone waited (the first holder's and WAITERS-1 more);
-    // each must have woken exactly one waiter.
+    // each woke its successor, and at most one more waiter: the one two behind, which watches
+    // the node ahead of its predecessor (`LOOKAHEAD_DEPTH` in queue.rs). Never a herd.
     let wakeups: u64 = clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
-    assert_eq!(wakeups, WAITERS as u64, "watch events delivered to waiters");
+    assert!(
+        (WAITERS as u64..=2 * WAITERS as u64).contains(&wakeups),
+        "{wakeups} watch events delivered to waiters for {WAITERS} releases"
+    );
     assert!(children(&holder_client, &path).await.is_empty());
 }
 

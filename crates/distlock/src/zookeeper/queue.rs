@@ -27,6 +27,11 @@ const MAX_ATTEMPTS: u32 = 5;
 /// First backoff between attempts; doubles each time, capped at [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How deep in the queue a waiter also watches the node ahead of its blocker. Deeper waiters
+/// would each list the whole directory once per hand-off, concurrently: with 10,000 waiters
+/// those listings (up to 10,000 names each) piled up faster than they were served, and Apache
+/// ZooKeeper with a 512 MB heap died during the drain. Within this depth the listings are few.
+const LOOKAHEAD_DEPTH: usize = 16;
 
 pub use crate::QueueStatus;
 
@@ -457,14 +462,15 @@ impl Queue {
             // settle it: then the blocker's deletion grants us the lock without listing again, as
             // a hand-off needs (the listing then comes while the lock is held, off its path).
             // Never on a write node's deletion: a downgrading writer puts a read node in its place.
-            let lookahead = (!grant_on_delete && blocker >= 1).then(|| blocker - 1).map(|s| {
-                let mut without = children[..=ours].to_vec();
-                without.remove(s);
-                let settles = node_kind(&children[s]) != NodeKind::Write
-                    && policy.blocker(&without, ours - 1) == Some(blocker - 1)
-                    && policy.proceeds_without(&without, ours - 1, blocker - 1);
-                (format!("{}/{}", self.dir, children[s]), settles)
-            });
+            let lookahead =
+                (!grant_on_delete && blocker >= 1 && ours <= LOOKAHEAD_DEPTH).then(|| blocker - 1).map(|s| {
+                    let mut without = children[..=ours].to_vec();
+                    without.remove(s);
+                    let settles = node_kind(&children[s]) != NodeKind::Write
+                        && policy.blocker(&without, ours - 1) == Some(blocker - 1)
+                        && policy.proceeds_without(&without, ours - 1, blocker - 1);
+                    (format!("{}/{}", self.dir, children[s]), settles)
+                });
             let queue_len = children.len();
             let blocker_path = format!("{}/{}", self.dir, children[blocker]);
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
@@ -545,6 +551,7 @@ impl Queue {
                     event = async { ahead_changed.as_mut().expect("guarded").await }, if ahead_changed.is_some() => {
                         ahead_changed = None;
                         if event.event_type == zk::EventType::NodeDeleted && !relist_when_ahead_goes {
+                            metrics.woke(); // an event delivered, though it costs no request
                             grant_on_delete = true; // keep waiting for the blocker, knowing more
                             continue;
                         }
