@@ -67,6 +67,21 @@ struct Inner {
     owner: Vec<u8>,
     metrics: Metrics,
     lease: Arc<session::Lease>,
+    /// Listings of lock directories this session may have in flight at once. A listing's reply
+    /// grows with the queue, and the server buffers every reply it has not yet sent: 10,000
+    /// waiters queueing at once, each listing up to 10,000 names, ran Apache ZooKeeper (512 MB
+    /// heap) out of memory.
+    listings: tokio::sync::Semaphore,
+}
+
+/// See `Inner::listings`.
+const LISTINGS_IN_FLIGHT: usize = 32;
+
+impl Client {
+    /// Leave to send one listing of a lock directory (with the create it travels with).
+    pub(crate) async fn listing_permit(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.inner.listings.acquire().await.expect("the semaphore is never closed")
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -160,7 +175,14 @@ impl Client {
             });
         }
         let lease = Arc::new(session::Lease::new(started, timeout, margin));
-        let inner = Arc::new(Inner { zk, url, owner: Owner::current().encode(), metrics: Metrics::default(), lease });
+        let inner = Arc::new(Inner {
+            zk,
+            url,
+            owner: Owner::current().encode(),
+            metrics: Metrics::default(),
+            lease,
+            listings: tokio::sync::Semaphore::new(LISTINGS_IN_FLIGHT),
+        });
         tokio::spawn(session::heartbeat(Arc::downgrade(&inner)));
         Ok(Client { inner })
     }

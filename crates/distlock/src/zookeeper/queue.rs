@@ -346,7 +346,10 @@ pub(crate) async fn list_dir(client: &Client, dir: &str) -> Result<Vec<String>> 
     loop {
         client.inner.metrics.sent(1);
         // A read: it renews no lease (a follower may answer it on its own).
-        let result = zk.list_children(dir).await;
+        let result = {
+            let _permit = client.listing_permit().await;
+            zk.list_children(dir).await
+        };
         match result {
             Ok(children) => return Ok(children),
             Err(e) => match Failure::of(&e) {
@@ -417,7 +420,7 @@ impl Queue {
             // read/write nodes share one queue). The directories outlive their users for a while
             // (containers are reaped late): only a semaphore in use makes the path its own.
             if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers())) {
-                if !semaphore_checked && !self.semaphore_idle().await? {
+                if !semaphore_checked && !Box::pin(self.semaphore_idle()).await? {
                     return Err(Error::InvalidLockPath {
                         path: self.dir.clone(),
                         reason: format!("already in use as {other}; one path holds one kind of lock"),
@@ -485,18 +488,24 @@ impl Queue {
             // Only changes from now on count: a fresh watcher may still show an older change
             // (the connection made before this acquire) as unseen, which voided every grant.
             states.state();
-            let batch = zk.batch();
-            let (blocker_watch, own_watch) =
-                (batch.get_and_watch_data(&blocker_path), batch.get_and_watch_data(&acquired.path));
-            let ahead_watch = lookahead.as_ref().map(|(path, _)| batch.get_and_watch_data(path));
-            metrics.sent(lookahead.is_some() as u64);
-            batch.send();
-            let (blocker_watch, own_watch, ahead_watch) = futures::join!(blocker_watch, own_watch, async {
-                match ahead_watch {
-                    Some(w) => Some(w.await),
-                    None => None,
-                }
-            });
+            // The batch (a client of its own) is dropped once answered, and these requests'
+            // futures live in a box of their own (inline, they would size the whole acquire
+            // future for as long as it waits): a waiter keeps only its watches while it sleeps.
+            let (blocker_watch, own_watch, ahead_watch) = Box::pin(async {
+                let batch = zk.batch();
+                let (blocker_watch, own_watch) =
+                    (batch.get_and_watch_data(&blocker_path), batch.get_and_watch_data(&acquired.path));
+                let ahead_watch = lookahead.as_ref().map(|(path, _)| batch.get_and_watch_data(path));
+                metrics.sent(lookahead.is_some() as u64);
+                batch.send();
+                futures::join!(blocker_watch, own_watch, async {
+                    match ahead_watch {
+                        Some(w) => Some(w.await),
+                        None => None,
+                    }
+                })
+            })
+            .await;
             // The node ahead of the blocker: gone already (it settles it now, or we list again),
             // or watched.
             let mut ahead_changed = match (ahead_watch, &lookahead) {
@@ -540,6 +549,7 @@ impl Queue {
                     Failure::Server | Failure::Local => return Err(backend("getData", &blocker_path, e)),
                 },
             };
+            drop(blocker_path);
             let mut own_changed = Box::pin(own_watcher.changed());
             let mut blocker_changed = Box::pin(blocker_watcher.changed());
             let event = loop {
@@ -608,11 +618,14 @@ impl Queue {
             let data = self.data.as_deref().unwrap_or(self.client.owner_data());
             // Handed to the session as one, so both leave in one write: requests made one by one
             // can be written apart when the session task runs on another thread in between.
-            let batch = zk.batch();
-            let create = batch.create(&node_prefix, data, &options);
-            let list = batch.list_children(&self.dir);
-            batch.send();
-            let (created, listed) = futures::join!(create, list);
+            let (created, listed) = {
+                let _permit = self.client.listing_permit().await;
+                let batch = zk.batch();
+                let create = batch.create(&node_prefix, data, &options);
+                let list = batch.list_children(&self.dir);
+                batch.send();
+                futures::join!(create, list)
+            };
             self.client.lease().observe(sent, &created);
             match created {
                 Ok((stat, seq)) => {
