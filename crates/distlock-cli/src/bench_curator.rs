@@ -3,34 +3,13 @@
 //! Curator jars) that runs InterProcessMutex cycles on command, so that both are measured on the
 //! same server, through the same proxy, in turns.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 const SOURCE: &str = include_str!("peers/CuratorBench.java");
-
-/// Debian's jars that Curator 5 and its ZooKeeper client need (packages
-/// `libcurator-recipes-java` and `zookeeper`).
-const JARS: &[&str] = &[
-    "curator-client",
-    "curator-framework",
-    "curator-recipes",
-    "zookeeper",
-    "zookeeper-jute",
-    "guava",
-    "slf4j-api",
-    "slf4j-nop",
-    "netty-handler",
-    "netty-transport",
-    "netty-common",
-    "netty-buffer",
-    "netty-resolver",
-    "netty-codec",
-    "netty-transport-native-epoll",
-    "netty-transport-native-unix-common",
-];
 
 /// A running Curator peer.
 pub(crate) struct Curator {
@@ -48,16 +27,11 @@ pub(crate) struct Contended {
 }
 
 fn classpath() -> anyhow::Result<String> {
-    let mut jars = Vec::new();
-    for j in JARS {
-        let p = format!("/usr/share/java/{j}.jar");
-        anyhow::ensure!(
-            Path::new(&p).exists(),
-            "--curator: {p} is missing (install Debian's libcurator-recipes-java, libslf4j-java and zookeeper)"
-        );
-        jars.push(p);
-    }
-    Ok(jars.join(":"))
+    distlock_faults::peers::curator_classpath().map_err(|missing| {
+        anyhow::anyhow!(
+            "--curator: {missing} is missing (install Debian's libcurator-recipes-java, libslf4j-java and zookeeper)"
+        )
+    })
 }
 
 /// Compiles the peer once per version of its source (kept in the temporary directory).

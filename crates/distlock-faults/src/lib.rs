@@ -30,6 +30,7 @@
 //! ```
 
 pub mod checker;
+pub mod peers;
 pub mod process;
 pub mod proxy;
 

@@ -14,38 +14,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 const BOUND: Duration = Duration::from_secs(60);
-const JARS: &[&str] = &[
-    "curator-client",
-    "curator-framework",
-    "curator-recipes",
-    "zookeeper",
-    "zookeeper-jute",
-    "guava",
-    "slf4j-api",
-    "slf4j-nop",
-    "netty-handler",
-    "netty-transport",
-    "netty-common",
-    "netty-buffer",
-    "netty-resolver",
-    "netty-codec",
-    "netty-transport-native-epoll",
-    "netty-transport-native-unix-common",
-];
 
 fn classpath() -> String {
-    let jars: Vec<String> = JARS
-        .iter()
-        .map(|j| {
-            let p = format!("/usr/share/java/{j}.jar");
-            assert!(
-                Path::new(&p).exists(),
-                "{p} missing: install Debian's libcurator-recipes-java and zookeeper (scripts/test.sh does)"
-            );
-            p
-        })
-        .collect();
-    jars.join(":")
+    distlock_faults::peers::curator_classpath().unwrap_or_else(|missing| {
+        panic!("{missing} missing: install Debian's libcurator-recipes-java and zookeeper (scripts/test.sh does)")
+    })
 }
 
 /// Compiles the Java peer once per test process; returns its class directory.
