@@ -1079,14 +1079,14 @@ impl Wire {
         self.0.as_ref().map(|p| p.writes_to_upstream())
     }
 
-    /// Client writes per operation since `before`, as a report's extra (nothing without proxy).
+    /// Client writes per operation since `before` (nothing without the proxy).
+    fn per_op(&self, before: Option<u64>, ops: u64) -> Option<f64> {
+        Some((self.writes()? - before?) as f64 / ops.max(1) as f64)
+    }
+
+    /// [`Wire::per_op`] as a report's extra.
     fn per(&self, before: Option<u64>, ops: u64) -> Vec<(String, String)> {
-        match (self.writes(), before) {
-            (Some(now), Some(before)) => {
-                vec![("wire_writes_per_op".into(), format!("{:.2}", (now - before) as f64 / ops.max(1) as f64))]
-            }
-            _ => Vec::new(),
-        }
+        self.per_op(before, ops).map(|w| ("wire_writes_per_op".into(), format!("{w:.2}"))).into_iter().collect()
     }
 }
 
@@ -1189,12 +1189,12 @@ async fn uncontended_vs_curator(
             n += 1;
         }
         ours.push(n as f64 / start.elapsed().as_secs_f64());
-        ours_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / n.max(1) as f64));
+        ours_wire.extend(wire.per_op(before, n));
         progress.show(&format!("uncontended vs Curator, round {round}"), n, start.elapsed());
         let before = wire.writes();
         let (m, elapsed) = curator.uncontended(&theirs_path, duration).await?;
         theirs.push(m as f64 / elapsed.as_secs_f64());
-        theirs_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / m.max(1) as f64));
+        theirs_wire.extend(wire.per_op(before, m));
     }
     Ok(compared("uncontended", limits.sequential, &ours, &ours_wire, &theirs, &theirs_wire, vec![], vec![]))
 }
@@ -1219,13 +1219,13 @@ async fn contended_vs_curator(
         let r = contended(url, prefix, clients, duration, limits, progress, &Wire(None)).await?;
         let handoffs = (r.ops_per_sec * duration.as_secs_f64()).max(1.0);
         ours.push(r.ops_per_sec);
-        ours_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / handoffs));
+        ours_wire.extend(wire.per_op(before, handoffs as u64));
         fairness.0.extend(r.extra.into_iter().filter(|(k, _)| k == "fairness_min/max").map(|(_, v)| v));
         progress.show(&format!("contended vs Curator, round {round}"), handoffs as u64, duration);
         let before = wire.writes();
         let c = curator.contended(&format!("{prefix}/curator-contended-{clients}-{round}"), clients, duration).await?;
         theirs.push(c.handoffs as f64 / c.elapsed.as_secs_f64());
-        theirs_wire.extend(before.zip(wire.writes()).map(|(b, a)| (a - b) as f64 / c.handoffs.max(1) as f64));
+        theirs_wire.extend(wire.per_op(before, c.handoffs));
         fairness.1.push(format!("{}/{}", c.min, c.max));
     }
     let name = format!("contended-{clients}");
