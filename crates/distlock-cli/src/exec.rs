@@ -176,11 +176,62 @@ impl Held {
         env
     }
 
-    /// Releases every lock and closes the session (so the server has deleted our nodes).
-    pub async fn release(self) {
+    /// Releases every lock and closes the session (so the server has deleted our nodes), within
+    /// a bound: a server that does not answer cannot keep us from exiting (closing our
+    /// connections frees what they held, and a lease ends on its own). Says what went wrong;
+    /// returns [`Released::Lost`] when the release found a lock already lost, so that the caller
+    /// exits with the lost status (the command may have run part of the time without it).
+    pub async fn release(self) -> Released {
         let Held { client, guard, shown } = self;
-        guard.release().await.unwrap_or_else(|e| eprintln!("distlock: releasing {shown}: {e}"));
-        client.close(Duration::from_secs(2)).await;
+        let bound = release_bound(client.lease());
+        let outcome = match tokio::time::timeout(bound, guard.release()).await {
+            Ok(Ok(())) => Released::Clean,
+            Ok(Err(e @ distlock::Error::LockLost { .. })) => {
+                eprintln!("distlock: releasing {shown}: {e}");
+                Released::Lost
+            }
+            Ok(Err(e)) => {
+                eprintln!("distlock: releasing {shown}: {e}");
+                Released::Unconfirmed
+            }
+            Err(_) => {
+                eprintln!(
+                    "distlock: releasing {shown}: no answer from the server within {}; it frees the lock when our \
+                     connection closes or the lease ends",
+                    humantime::format_duration(bound)
+                );
+                Released::Unconfirmed
+            }
+        };
+        client.close(Duration::from_secs(2).min(bound)).await;
+        outcome
+    }
+}
+
+/// What a release found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The server confirmed every release.
+    Clean,
+    /// A lock was already lost when it was released.
+    Lost,
+    /// The server did not confirm (an error or no answer in time); the lock ends with our
+    /// connection or its lease.
+    Unconfirmed,
+}
+
+/// How long a release may wait for the server: a fifth of the lease, between 1 s and 5 s.
+pub fn release_bound(lease: Duration) -> Duration {
+    (lease / 5).clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
+
+impl Released {
+    /// The exit status for a command that exited with `status` under the lock.
+    pub fn status(self, status: u8) -> u8 {
+        match self {
+            Released::Lost => EXIT_LOST,
+            Released::Clean | Released::Unconfirmed => status,
+        }
     }
 }
 
@@ -437,7 +488,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let mut terminal = terminal;
     // Signals received after the command itself exited, while its leftovers run.
     let mut late_signals = 0;
-    let lost_reason: Option<String> = loop {
+    let lost_reason: Option<(String, bool)> = loop {
         let lease_deadline = held.guard.lease_deadline().unwrap_or_else(far);
         let term_at = lease_deadline.checked_sub(grace + kill_margin).unwrap_or_else(Instant::now);
         tokio::select! {
@@ -468,18 +519,18 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
                     to_group(sig);
                 }
             }
-            reason = &mut lost => break Some(reason.to_string()),
+            reason = &mut lost => break Some((reason.to_string(), true)),
             _ = tokio::time::sleep_until(term_at.into()) => {
                 let left = held.guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
                 if left <= grace + kill_margin {
-                    break Some(format!("no answer from the server; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))));
+                    break Some((format!("no answer from the server; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))), false));
                 }
             }
         }
     };
-    let Some(reason) = lost_reason else {
+    let Some((reason, already_lost)) = lost_reason else {
         command_ended(watchdog, terminal);
-        held.release().await;
+        let released = held.release().await;
         let status = status.expect("the loop ends normally only after the command exited");
         // Killed by Ctrl-C (or Ctrl-\\): distlock dies the same way, so a calling shell stops its
         // script. When the command had the terminal, the keypress reached only its group; it is
@@ -490,11 +541,19 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             }
             die_of(sig);
         }
-        return Ok(exit_code(status));
+        return Ok(released.status(exit_code(status)));
     };
-    // Lost, or about to be: stop the command group before anyone else can hold the lock.
-    let kill_at = held.guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now);
-    match args.on_lost {
+    // Lost, or about to be: stop the command group before anyone else can hold the lock. A lock
+    // reported lost may be someone else's already (the server ended our session, the key was
+    // deleted): no grace is left, whatever the lease deadline says. Only a lock about to be lost
+    // (the server silent, the lease running out) leaves time for SIGTERM to work.
+    let kill_at = if already_lost {
+        Instant::now()
+    } else {
+        held.guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now)
+    };
+    let on_lost = if already_lost && args.on_lost == OnLost::Term { OnLost::Kill } else { args.on_lost };
+    match on_lost {
         OnLost::Ignore => {
             eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
             let Held { client, guard, .. } = held;
@@ -505,7 +564,12 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             return Ok(exit_code(status));
         }
         OnLost::Kill => {
-            eprintln!("distlock: lock {path} lost ({reason}); killing the command");
+            let why = if args.on_lost == OnLost::Term {
+                " at once (it may be held by another already: no grace)"
+            } else {
+                ""
+            };
+            eprintln!("distlock: lock {path} lost ({reason}); killing the command{why}");
             to_group(libc::SIGKILL);
         }
         OnLost::Term => {

@@ -64,6 +64,5 @@ pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
             return Ok(EXIT_LOST);
         }
     }
-    held.release().await;
-    Ok(0)
+    Ok(held.release().await.status(0))
 }

@@ -253,6 +253,10 @@ fn main() -> ExitCode {
             Command::Supervise { .. } => unreachable!("handled before the runtime starts"),
         }
     });
+    // Work left in the background (a release on drop, a blocking connect or a close that a silent
+    // server never answers) must not keep us from exiting: what it held ends with our
+    // connections, or with its lease.
+    rt.shutdown_timeout(std::time::Duration::from_millis(200));
     match code {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

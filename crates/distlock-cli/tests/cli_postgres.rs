@@ -97,3 +97,40 @@ fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
 fn a_killed_holder_frees_the_lock() {
     common::a_killed_holder_frees_the_lock(&backend(), &name(), Duration::from_secs(5), false);
 }
+
+/// `psql URL -Atc SQL`: the output, trimmed.
+fn psql(sql: &str) -> String {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES").unwrap();
+    let out = Command::new("psql").args([url.as_str(), "-Atc", sql]).output().expect("psql runs");
+    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// The sessions of lock `lock` as `inspect --json` shows them: (pid, granted).
+fn sessions(lock: &str) -> Vec<(i64, bool)> {
+    let out = distlock(&["inspect", "--json", lock]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    view["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["pid"].as_i64().unwrap(), s["granted"].as_bool().unwrap()))
+        .collect()
+}
+
+/// `pg_terminate_backend` of the holder while another exec waits: the server frees the lock at
+/// once, and so the holder's command is stopped at once (it ran on for the whole --grace before).
+#[test]
+fn a_holder_whose_backend_is_terminated_stops_its_command_at_once() {
+    let lock = name();
+    common::a_holder_whose_session_the_server_ended_stops_at_once(
+        &backend(),
+        &lock,
+        || sessions(&lock).iter().any(|(_, granted)| !granted),
+        || {
+            let (pid, _) = *sessions(&lock).iter().find(|(_, granted)| *granted).expect("a holder");
+            assert_eq!(psql(&format!("SELECT pg_terminate_backend({pid})")), "t");
+        },
+    );
+}

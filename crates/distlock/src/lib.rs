@@ -75,6 +75,8 @@ pub(crate) mod any;
     feature = "etcd"
 ))]
 pub mod blocking;
+#[cfg(feature = "mysql")]
+mod closed;
 #[cfg_attr(
     not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
     allow(dead_code)

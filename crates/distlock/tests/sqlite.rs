@@ -185,3 +185,63 @@ async fn the_seeds_optimistic_account_on_sqlite() {
     assert_eq!((balance, version), (1050, 3));
     assert_eq!(attempts, vec![1, 2], "one conflict, one retry");
 }
+
+/// Deleting a lock's row by hand (or a whole cleanup of the table) does not bring old fencing
+/// tokens back: the counter is kept apart from the lock rows. (Before, the next holder got
+/// token 1 again.)
+#[tokio::test]
+async fn a_deleted_row_does_not_bring_an_old_token_back() {
+    let (url, _dir) = db("?lease=10s");
+    let a = Client::connect(&url).await.unwrap();
+    let lock = a.mutex("deleted").unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let g = lock.lock().await.unwrap();
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        g.release().await.unwrap();
+    }
+    let mut raw = raw(&url).await;
+    sqlx::query("DELETE FROM distlock_leases WHERE name = 'deleted'").execute(&mut raw).await.unwrap();
+    let g = lock.lock().await.unwrap();
+    assert!(g.fencing_token() > last, "token {} after the row was deleted, {last} before", g.fencing_token());
+    last = g.fencing_token();
+    g.release().await.unwrap();
+    // The counter deleted too: the row's own last token still bounds the next one from below.
+    sqlx::query("DELETE FROM distlock_leases_fencing").execute(&mut raw).await.unwrap();
+    let g = lock.lock().await.unwrap();
+    assert!(g.fencing_token() > last, "token {} after the counter was deleted, {last} before", g.fencing_token());
+    // Held, its row deleted: the holder learns at its next extension that the row is gone.
+    sqlx::query("DELETE FROM distlock_leases WHERE name = 'deleted'").execute(&mut raw).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), g.lost()).await.expect("loss reported");
+    assert_eq!(reason, LostReason::KeyDeleted);
+}
+
+/// Another process keeps SQLite's write lock longer than the lease while we wait: the acquire is
+/// granted once the file is free, with a full lease from then (before, the lease was counted from
+/// the request's send and the new holder was reported lost at once while its row stayed taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_a_long_wait_for_the_file_has_its_whole_lease() {
+    let (url, _dir) = db("?lease=1s&busy_timeout=20s");
+    let a = Client::connect(&url).await.unwrap();
+    let lock = a.mutex("busy").unwrap();
+    lock.lock().await.unwrap().release().await.unwrap();
+    let mut raw = raw(&url).await;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut raw).await.unwrap();
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock().await }
+    });
+    // Past the lease, the file still write-locked: the acquire cannot have run yet.
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the fault's duration, not a condition
+    assert!(!waiting.is_finished(), "the acquire could not write while the file was locked");
+    sqlx::query("COMMIT").execute(&mut raw).await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("granted").unwrap().unwrap();
+    let left = g.lease_deadline().saturating_duration_since(std::time::Instant::now());
+    assert!(left > Duration::from_millis(700), "the lease runs from the grant: {left:?} left");
+    assert_eq!(g.state(), LockState::Held);
+    // And it is kept: held through two more leases.
+    let held = tokio::time::timeout(Duration::from_millis(2500), g.lost()).await;
+    assert!(held.is_err(), "lost after a grant that waited for the file: {held:?}");
+    g.release().await.unwrap();
+}

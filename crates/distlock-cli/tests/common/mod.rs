@@ -138,3 +138,59 @@ pub fn a_killed_holder_frees_the_lock(backend: &str, lock: &str, lease: Duration
     assert!(view.status.success(), "free again after the next holder: {}", String::from_utf8_lossy(&view.stderr));
     assert!(waited < lease + Duration::from_secs(5), "soon after it: {waited:?}");
 }
+
+/// The server ends the holder's session (PostgreSQL's `pg_terminate_backend`, MariaDB's `KILL`)
+/// while another exec waits: the server frees the lock at that moment and the waiter's command
+/// starts, so the holder's command (which ignores SIGTERM) must be stopped at once, whatever
+/// `--grace` says (it used to run on for the whole grace: 5 s of two commands at once). `queued`
+/// tells when the waiter waits on the server; `end_session` ends the holder's session.
+pub fn a_holder_whose_session_the_server_ended_stops_at_once(
+    backend: &str,
+    lock: &str,
+    queued: impl Fn() -> bool,
+    end_session: impl FnOnce(),
+) {
+    let script = "trap '' TERM; echo held; while :; do date +%s%N; sleep 0.005; done";
+    let mut holder = distlock(backend, &["exec", "--grace", "10s", lock, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    let waiter = distlock(backend, &["exec", "-w", "60s", lock, "--", "sh", "-c", "date +%s%N"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !queued() {
+        assert!(Instant::now() < deadline, "the waiter did not queue");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ended = Instant::now();
+    end_session();
+    let status = wait_exit(&mut holder, Duration::from_secs(30));
+    let took = ended.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(3), "exec reports the lock lost: {stderr}");
+    let mut last = 0u128;
+    while let Ok(line) = lines.0.recv_timeout(Duration::from_secs(2)) {
+        if let Ok(t) = line.parse() {
+            last = t;
+        }
+    }
+    assert!(last > 0, "the command ran");
+    let waited = waiter.wait_with_output().unwrap();
+    assert!(waited.status.success());
+    let next: u128 = String::from_utf8(waited.stdout).unwrap().trim().parse().unwrap();
+    assert!(
+        last < next,
+        "the holder's command ran {:.1} ms after the next holder's started (exec exited {took:?} after the session ended): {stderr}",
+        (last - next) as f64 / 1e6
+    );
+    println!(
+        "exec exited {took:?} after its session ended; its command's last line came {:.1} ms before the next holder's first",
+        (next - last) as f64 / 1e6
+    );
+}

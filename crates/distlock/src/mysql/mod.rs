@@ -16,8 +16,10 @@
 //! its [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last answered ping
 //! plus the lease, less a drift margin, and [`lost`](MutexGuard::lost) resolves there if no ping
 //! was answered since, before the server can give the lock to anyone else. A connection the server
-//! closed (`KILL`, a restart) is `Lost` at the next ping (a sixth of the lease at most): sqlx's
-//! MariaDB connection has no signal of its own for that.
+//! closed (`KILL`, a restart, a reset) is `Lost` the moment its socket says so: sqlx's MariaDB
+//! connection has no signal of its own for that, so a duplicate of its socket is watched (and
+//! where the socket cannot be found, a Unix socket for one, at the next ping, a sixth of the lease
+//! at most). The server frees a `GET_LOCK` lock the moment the connection ends.
 //!
 //! # Connections
 //!
@@ -85,6 +87,9 @@ impl std::fmt::Debug for Client {
 pub(crate) struct Conn {
     pub(crate) conn: MySqlConnection,
     pub(crate) id: u64,
+    /// The connection's socket, watched for the server closing it (`None` if it could not be
+    /// found: then the next ping finds out).
+    pub(crate) watch: Option<Arc<crate::closed::SocketWatch>>,
 }
 
 impl Client {
@@ -131,11 +136,16 @@ impl Client {
     }
 
     /// Drops this handle's idle connections.
-    pub async fn close(self, _bound: Duration) {
+    pub async fn close(self, bound: Duration) {
         let idle = std::mem::take(&mut *self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()));
-        for c in idle {
-            let _ = c.conn.close().await;
-        }
+        // A silent server would keep each polite close waiting: past the bound, the rest are
+        // dropped, which closes their sockets all the same.
+        let _ = tokio::time::timeout(bound, async move {
+            for c in idle {
+                let _ = c.conn.close().await;
+            }
+        })
+        .await;
     }
 
     /// An idle connection, or a new one.
@@ -160,13 +170,15 @@ impl Client {
         let url = &self.inner.url;
         let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
         let setup = async {
-            let mut conn = MySqlConnection::connect_with(&url.options).await?;
+            let (host, port) = (url.options.get_host(), url.options.get_port());
+            let (mut conn, watch) =
+                crate::closed::SocketWatch::around(host, port, MySqlConnection::connect_with(&url.options)).await?;
             let secs = url.lease.as_secs();
             sqlx::query(&format!("SET SESSION wait_timeout = {secs}, SESSION interactive_timeout = {secs}"))
                 .execute(&mut conn)
                 .await?;
             let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn).await?;
-            Ok::<_, sqlx::Error>(Conn { conn, id })
+            Ok::<_, sqlx::Error>(Conn { conn, id, watch: watch.map(Arc::new) })
         };
         tokio::time::timeout(url.connect_timeout, setup)
             .await

@@ -159,9 +159,9 @@ impl std::fmt::Debug for Hold {
 impl MutexGuard {
     fn new(client: Client, conn: Conn, name: String, token: u64, sent: Instant) -> MutexGuard {
         let lease = Arc::new(Lease::new(sent, client.lease()));
-        let id = conn.id;
+        let (id, watch) = (conn.id, conn.watch.clone());
         let conn = Arc::new(tokio::sync::Mutex::new(conn));
-        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), name.clone(), client.lease()));
+        let monitor = tokio::spawn(monitor(conn.clone(), watch, lease.clone(), name.clone(), client.lease()));
         MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, monitor }) }
     }
 
@@ -263,22 +263,40 @@ async fn unlock(client: Client, conn: Arc<tokio::sync::Mutex<Conn>>, name: Strin
 }
 
 /// Pings the holding connection every sixth of the lease (see [`Lease::keep`]); a connection
-/// error means the connection is gone.
-async fn monitor(conn: Arc<tokio::sync::Mutex<Conn>>, lease: Arc<Lease>, name: String, bound: Duration) {
+/// error means the connection is gone, and so does its socket closing, noticed at once. (The
+/// monitor's handle on the socket goes with it: it must end before the connection is dropped.)
+async fn monitor(
+    conn: Arc<tokio::sync::Mutex<Conn>>,
+    watch: Option<Arc<crate::closed::SocketWatch>>,
+    lease: Arc<Lease>,
+    name: String,
+    bound: Duration,
+) {
     use sqlx::Connection;
-    lease
-        .keep(&name, bound / 6, || async {
-            match conn.lock().await.conn.ping().await {
-                Ok(()) => Renewal::Renewed,
-                Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)) => {
-                    tracing::debug!(lock = name, error = %e, "the lock connection is gone");
-                    Renewal::Gone(LostReason::ConnectionClosed)
-                }
-                Err(e) => {
-                    tracing::debug!(lock = name, error = %e, "health check failed");
-                    Renewal::Failed
-                }
+    let closed = async {
+        match &watch {
+            Some(w) => w.closed().await,
+            None => std::future::pending().await,
+        }
+    };
+    let keep = lease.keep(&name, bound / 6, || async {
+        match conn.lock().await.conn.ping().await {
+            Ok(()) => Renewal::Renewed,
+            Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)) => {
+                tracing::debug!(lock = name, error = %e, "the lock connection is gone");
+                Renewal::Gone(LostReason::ConnectionClosed)
             }
-        })
-        .await
+            Err(e) => {
+                tracing::debug!(lock = name, error = %e, "health check failed");
+                Renewal::Failed
+            }
+        }
+    });
+    tokio::select! {
+        _ = keep => {}
+        _ = closed => {
+            tracing::debug!(lock = name, "the server closed the lock connection");
+            lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
+        }
+    }
 }

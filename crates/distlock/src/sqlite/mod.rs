@@ -12,12 +12,16 @@
 //! | `lock_until` | the lease's end, UTC, `YYYY-MM-DD HH:MM:SS.SSS` (SQLite's clock) |
 //! | `locked_at` | when the holder took it |
 //! | `locked_by` | the holder: `host:pid:random` |
-//! | `fencing_token` | one more for every holder, never reset |
+//! | `fencing_token` | one more than the table's fencing counter and the row's last token |
+//!
+//! The fencing counter is one row of table `distlock_leases_fencing` (`<table>_fencing`), moved up
+//! by triggers whenever a lock row gets a token: a lock row deleted by hand does not bring an old
+//! token back, and neither does a deleted counter while the lock rows stand.
 //!
 //! A lock is free when `lock_until <= now`. Taking it is one upsert that succeeds only if the row
 //! is missing or expired, and advances the token; the guard's watchdog extends `lock_until` every
 //! third of the lease while the row is still ours; a release sets `lock_until` to now. Rows are
-//! never deleted (the token lives in them).
+//! never deleted by distlock.
 //!
 //! # Leases and loss
 //!
@@ -92,19 +96,26 @@ struct Statements {
 /// `strftime` of SQLite's clock now, and `?3` (a modifier such as `+30.000 seconds`) later.
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 const UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)";
+/// A row's `lock_until` in Unix milliseconds.
+const UNTIL_MS: &str = "CAST(round((julianday(lock_until) - 2440587.5) * 86400000.0) AS INTEGER)";
 
 impl Statements {
     fn new(t: &str) -> Statements {
         Statements {
             // ?1 name, ?2 holder, ?3 the lease as a modifier.
+            // The token is one more than both the table's counter (kept apart from the lock
+            // rows, so deleting a row cannot bring a token back) and the row's own last token
+            // (so a deleted counter cannot either); a trigger moves the counter up. The lease's
+            // end comes back in Unix milliseconds: the statement may have waited for the file
+            // lock, and the lease runs from when it ran, not from when it was sent.
             acquire: format!(
                 "INSERT INTO {t} (name, lock_until, locked_at, locked_by, fencing_token) \
-                 VALUES (?1, {UNTIL}, {NOW}, ?2, 1) \
+                 VALUES (?1, {UNTIL}, {NOW}, ?2, coalesce((SELECT token FROM {t}_fencing WHERE id = 1), 0) + 1) \
                  ON CONFLICT (name) DO UPDATE SET lock_until = excluded.lock_until, \
                  locked_at = excluded.locked_at, locked_by = excluded.locked_by, \
-                 fencing_token = {t}.fencing_token + 1 \
+                 fencing_token = max(excluded.fencing_token, {t}.fencing_token + 1) \
                  WHERE {t}.lock_until <= excluded.locked_at \
-                 RETURNING fencing_token"
+                 RETURNING fencing_token, {UNTIL_MS}"
             ),
             extend: format!(
                 "UPDATE {t} SET lock_until = {UNTIL} WHERE name = ?1 AND locked_by = ?2 AND lock_until > {NOW}"
@@ -136,11 +147,28 @@ impl Client {
             .busy_timeout(url.busy_timeout);
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
         let t = &url.table;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
-             fencing_token BIGINT NOT NULL)"
-        );
+        let create = [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+                 lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
+                 fencing_token BIGINT NOT NULL)"
+            ),
+            // The fencing counter, apart from the lock rows (a table made by an older version
+            // starts from its rows' highest token).
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_fencing (id INTEGER PRIMARY KEY CHECK (id = 1), token BIGINT NOT NULL)"
+            ),
+            format!("INSERT OR IGNORE INTO {t}_fencing (id, token) SELECT 1, coalesce(max(fencing_token), 0) FROM {t}"),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS {t}_fencing_up AFTER UPDATE OF fencing_token ON {t} \
+                 BEGIN UPDATE {t}_fencing SET token = NEW.fencing_token WHERE id = 1 AND token < NEW.fencing_token; END"
+            ),
+            format!(
+                "CREATE TRIGGER IF NOT EXISTS {t}_fencing_new AFTER INSERT ON {t} \
+                 BEGIN INSERT INTO {t}_fencing (id, token) VALUES (1, NEW.fencing_token) \
+                 ON CONFLICT (id) DO UPDATE SET token = max(token, excluded.token); END"
+            ),
+        ];
         // Switching a new file to WAL needs the file to itself for a moment, before the busy
         // timeout is in force: clients opening at once retry (with a bound) instead of failing.
         let give_up = tokio::time::Instant::now() + url.busy_timeout;
@@ -151,7 +179,9 @@ impl Client {
                     .acquire_timeout(url.busy_timeout)
                     .connect_with(options.clone())
                     .await?;
-                sqlx::query(&create).execute(&pool).await?;
+                for statement in &create {
+                    sqlx::query(statement).execute(&pool).await?;
+                }
                 Ok::<_, sqlx::Error>(pool)
             };
             match opened.await {

@@ -112,8 +112,11 @@ impl Mutex {
             tokio::pin!(woken);
             woken.as_mut().enable();
             let sent = Instant::now();
-            if let Some(token) = self.try_once(&holder).await? {
-                return Ok(Some(MutexGuard::new(self.client.clone(), self.name.clone(), holder, token, sent)));
+            if let Some((token, until_ms)) = self.try_once(&holder).await? {
+                // The lease runs from when the statement ran (it may have waited for SQLite's
+                // file lock), which the row's lock_until tells; never from before it was sent.
+                let confirmed = lease_start(sent, until_ms, self.client.lease());
+                return Ok(Some(MutexGuard::new(self.client.clone(), self.name.clone(), holder, token, confirmed)));
             }
             let now = Instant::now();
             let until = match (wait, deadline) {
@@ -129,17 +132,33 @@ impl Mutex {
         }
     }
 
-    /// One upsert: the token if we took the row, `None` if someone holds it.
-    async fn try_once(&self, holder: &str) -> Result<Option<u64>> {
+    /// One upsert: the token and the lease's end (Unix ms) if we took the row, `None` if
+    /// someone holds it.
+    async fn try_once(&self, holder: &str) -> Result<Option<(u64, i64)>> {
         let inner = &self.client.inner;
-        let token: Option<i64> = sqlx::query_scalar(&inner.sql.acquire)
+        let row: Option<(i64, i64)> = sqlx::query_as(&inner.sql.acquire)
             .bind(&self.name)
             .bind(holder)
             .bind(inner.url.lease_modifier())
             .fetch_optional(&inner.pool)
             .await
             .map_err(|e| backend("acquire", &self.name, e))?;
-        Ok(token.map(|t| t as u64))
+        Ok(row.map(|(t, until)| (t as u64, until)))
+    }
+}
+
+/// The instant a lease of `lease` that ends at `until_ms` (Unix ms, SQLite's clock, which is this
+/// process's own) started, as this process's monotonic clock tells it; never before `sent`.
+fn lease_start(sent: Instant, until_ms: i64, lease: Duration) -> Instant {
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let left = Duration::from_millis(until_ms.saturating_sub(now_ms).max(0) as u64);
+    let now = Instant::now();
+    // The row's end, less the lease, on our monotonic clock; a lease whose end is already
+    // behind us is at most as old as the request.
+    match (now + left).checked_sub(lease) {
+        Some(start) if start > sent => start.min(now),
+        _ => sent,
     }
 }
 
