@@ -99,3 +99,19 @@ fn a_holder_whose_connection_is_killed_stops_its_command_at_once() {
         },
     );
 }
+
+/// The server silent (a proxy drops everything) while exec holds: exec exits 3 soon after the
+/// lease deadline (it used to hang for as long as the server stayed silent).
+#[test]
+fn a_silent_server_ends_the_hold_promptly() {
+    let url = std::env::var("DISTLOCK_TEST_MYSQL").unwrap();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (auth, rest) = rest.split_once('@').unwrap();
+    let (hostport, path) = rest.split_once('/').unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let upstream = hostport.replace("localhost", "127.0.0.1").parse().unwrap();
+    let proxy = rt.block_on(distlock_faults::FaultProxy::start(upstream)).unwrap();
+    let via = format!("{scheme}://{auth}@{}/{path}?lease=3s", proxy.addr());
+    common::a_silent_server_ends_the_hold_promptly(&via, &unique("cli-silent-"), &proxy, Duration::from_secs(3));
+    drop(proxy);
+}

@@ -194,3 +194,27 @@ pub fn a_holder_whose_session_the_server_ended_stops_at_once(
         (next - last) as f64 / 1e6
     );
 }
+
+/// The server goes silent while exec holds (every packet dropped by a proxy: a silent partition,
+/// or a server that is stopped): exec stops its command by the lease deadline and exits 3
+/// promptly after it, not when the server answers again (before, it never exited while the
+/// server stayed silent: its release waited for an answer). `url` names a server reached through
+/// `proxy`, with a lease of `lease`.
+pub fn a_silent_server_ends_the_hold_promptly(url: &str, lock: &str, proxy: &distlock_faults::FaultProxy, lease: Duration) {
+    let mut holder = distlock(url, &["exec", lock, "--", "sh", "-c", "echo held; exec sleep 300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut holder);
+    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    let silent = Instant::now();
+    proxy.set(distlock_faults::Fault::Blackhole);
+    let status = wait_exit(&mut holder, lease + Duration::from_secs(15));
+    let took = silent.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(3), "exec reports the lock lost: {stderr}");
+    assert!(took < lease + Duration::from_secs(8), "exec exited {took:?} after the server went silent (lease {lease:?})");
+    println!("exec exited 3 {took:?} after the server went silent (lease {lease:?})");
+}
