@@ -115,98 +115,47 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
-    /// Backend URL: zk://host:2181,host2:2181/chroot?session_timeout=10s,
+    /// Backend URL: zk://host:2181,host2:2181/chroot?lease=10s,
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
     /// redis+cluster://node1:7000,node2:7001?lease=30s,
     /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
     /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
     /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
-    /// etcd://host:2379[,host:2379]?ttl=30s (etcd's lock recipe, as etcdctl lock)
+    /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock);
+    /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
-    /// ZooKeeper session timeout (overrides the URL's session_timeout; default 10s). A lock held
-    /// by a process that dies is passed on after about this long. On redis:// the same role is
-    /// played by the lease (`?lease=30s`).
-    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
-    pub session_timeout: Option<Duration>,
-    /// Give up connecting after this long (overrides the URL's connect_timeout; default 10s).
-    /// A refused connection is reported at once.
+    /// The lease, on every backend: how long the server keeps the lock of a holder it no longer
+    /// hears from (ZooKeeper's session timeout, etcd's lease TTL, the lease of Redis keys and of
+    /// the SQL backends). A lock held by a process that dies is passed on after about this long.
+    /// Overrides the URL's `lease` (or its aliases `session_timeout`, `ttl`).
+    #[arg(long, visible_alias = "session-timeout", value_name = "DURATION", value_parser = duration_arg)]
+    pub lease: Option<Duration>,
+    /// Give up connecting after this long, on every backend (overrides the URL's
+    /// connect_timeout). A refused connection is reported at once.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub connect_timeout: Option<Duration>,
 }
 
 impl BackendArg {
-    /// The ZooKeeper URL with the flags applied.
-    pub fn url(&self) -> anyhow::Result<distlock::zookeeper::ZkUrl> {
-        let mut url = distlock::zookeeper::ZkUrl::parse(backend_or_default(&self.backend))?;
-        if let Some(t) = self.session_timeout {
-            if t.is_zero() {
-                anyhow::bail!("invalid --session-timeout: must be greater than zero");
-            }
-            url.session_timeout = t;
+    /// The options the flags give, for any backend.
+    pub fn options(&self) -> distlock::ConnectOptions {
+        let mut options = distlock::ConnectOptions::new();
+        if let Some(lease) = self.lease {
+            options = options.lease(lease);
         }
         if let Some(t) = self.connect_timeout {
-            if t.is_zero() {
-                anyhow::bail!("invalid --connect-timeout: must be greater than zero");
-            }
-            url.connect_timeout = t;
+            options = options.connect_timeout(t);
         }
-        if let Some(m) = url.lease_margin.filter(|m| *m >= url.session_timeout) {
-            anyhow::bail!("lease_margin ({m:?}) must be shorter than the session timeout ({:?})", url.session_timeout);
-        }
-        Ok(url)
+        options
     }
 
-    /// Connects to the backend the URL names, with the flags applied. A ZooKeeper that is not
-    /// there at all (every address refuses) is reported at once rather than after the connect
-    /// timeout.
+    /// Connects to the backend the URL names, with the flags applied (one way for every
+    /// backend: the library applies them).
     pub async fn connect(&self) -> anyhow::Result<distlock::Client> {
         let backend = backend_or_default(&self.backend);
-        if ["redis://", "rediss://", "redis+sentinel://", "redis+cluster://"].iter().any(|s| backend.starts_with(s)) {
-            let mut url = distlock::redis::RedisUrl::parse(backend)?;
-            if self.session_timeout.is_some() {
-                anyhow::bail!(
-                    "--session-timeout is for zk:// backends; on redis:// set the lease in the URL (?lease=30s)"
-                );
-            }
-            if let Some(t) = self.connect_timeout {
-                if t.is_zero() {
-                    anyhow::bail!("invalid --connect-timeout: must be greater than zero");
-                }
-                url.connect_timeout = t;
-            }
-            return Ok(distlock::redis::Client::connect_url(url).await?.into());
-        }
-        if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
-            let mut url = distlock::postgres::PgUrl::parse(backend)?;
-            if self.session_timeout.is_some() {
-                anyhow::bail!(
-                    "--session-timeout is for zk:// backends; on postgres:// set the lease in the URL (?lease=30s)"
-                );
-            }
-            if let Some(t) = self.connect_timeout {
-                if t.is_zero() {
-                    anyhow::bail!("invalid --connect-timeout: must be greater than zero");
-                }
-                url.connect_timeout = t;
-            }
-            return Ok(distlock::postgres::Client::connect_url(url).await?.into());
-        }
-        if !backend.starts_with("zk://") {
-            // Unknown or compiled-out schemes: the library's error names them.
-            return Ok(distlock::connect(backend).await?);
-        }
-        Ok(self.connect_zookeeper().await?.into())
-    }
-
-    /// Connects to ZooKeeper (for the commands that only it serves).
-    pub async fn connect_zookeeper(&self) -> anyhow::Result<distlock::zookeeper::Client> {
-        let url = self.url()?;
-        tokio::select! {
-            client = distlock::zookeeper::Client::connect_url(url.clone()) => Ok(client?),
-            why = distlock::zookeeper::nobody_listens(&url) => anyhow::bail!("cannot connect to {url}: {why}"),
-        }
+        Ok(distlock::connect_with(backend, &self.options()).await?)
     }
 }
 

@@ -150,3 +150,22 @@ fn a_silent_server_ends_the_hold_promptly() {
     common::a_silent_server_ends_the_hold_promptly(&via, &name(), &proxy, Duration::from_secs(3));
     drop(proxy);
 }
+
+/// Connection errors name their cause (they said only "db error" or "error connecting to
+/// server"), and a bad URL duration names its key.
+#[test]
+fn connection_errors_name_their_cause() {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES").unwrap();
+    let hostport = url.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    for (backend, says) in [
+        (format!("postgres://no_such_role@{hostport}/postgres"), "no_such_role"),
+        (format!("postgres://postgres@{hostport}/no_such_db"), "no_such_db"),
+        ("postgres://postgres@127.0.0.1:1/db".to_string(), "refused"),
+        (format!("{url}?lease=abc"), "lease=abc"),
+    ] {
+        let out = common::distlock(&backend, &["exec", "-n", "x", "--", "true"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{backend}: {stderr}");
+        assert!(stderr.contains(says), "{backend}: {stderr}");
+    }
+}

@@ -53,7 +53,18 @@ pub async fn connect(url: &str) -> Result<Client> {
     let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
     match scheme {
         #[cfg(feature = "zookeeper")]
-        "zk" => Ok(Client { kind: ClientKind::ZooKeeper(crate::zookeeper::Client::connect(url).await?) }),
+        "zk" => {
+            // A ZooKeeper that is not there at all (every address refuses) is reported at once
+            // rather than after the connect timeout.
+            let parsed = crate::zookeeper::ZkUrl::parse(url)?;
+            let client = tokio::select! {
+                client = crate::zookeeper::Client::connect_url(parsed.clone()) => client?,
+                why = crate::zookeeper::nobody_listens(&parsed) => {
+                    return Err(Error::Connect { url: parsed.to_string(), reason: why })
+                }
+            };
+            Ok(Client { kind: ClientKind::ZooKeeper(client) })
+        }
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Client { kind: ClientKind::Redis(crate::redis::Client::connect(url).await?) })

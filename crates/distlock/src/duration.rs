@@ -27,3 +27,11 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     }
     humantime::parse_duration(trimmed).map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
 }
+
+/// A duration given as `key=value` in a URL's query: an error names the key.
+pub(crate) fn url_duration(key: &str, value: &str) -> Result<Duration> {
+    parse_duration(value).map_err(|e| match e {
+        Error::InvalidDuration { reason, .. } => Error::InvalidDuration { value: format!("{key}={value}"), reason },
+        e => e,
+    })
+}

@@ -91,6 +91,7 @@ mod lease;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod optimistic;
+mod options;
 mod owner;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -114,6 +115,7 @@ pub mod zookeeper;
 pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
+pub use options::{connect_with, ConnectOptions};
 pub use owner::Owner;
 pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};

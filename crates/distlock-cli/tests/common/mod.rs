@@ -200,7 +200,12 @@ pub fn a_holder_whose_session_the_server_ended_stops_at_once(
 /// promptly after it, not when the server answers again (before, it never exited while the
 /// server stayed silent: its release waited for an answer). `url` names a server reached through
 /// `proxy`, with a lease of `lease`.
-pub fn a_silent_server_ends_the_hold_promptly(url: &str, lock: &str, proxy: &distlock_faults::FaultProxy, lease: Duration) {
+pub fn a_silent_server_ends_the_hold_promptly(
+    url: &str,
+    lock: &str,
+    proxy: &distlock_faults::FaultProxy,
+    lease: Duration,
+) {
     let mut holder = distlock(url, &["exec", lock, "--", "sh", "-c", "echo held; exec sleep 300"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -215,6 +220,9 @@ pub fn a_silent_server_ends_the_hold_promptly(url: &str, lock: &str, proxy: &dis
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut holder.stderr.take().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(3), "exec reports the lock lost: {stderr}");
-    assert!(took < lease + Duration::from_secs(8), "exec exited {took:?} after the server went silent (lease {lease:?})");
+    assert!(
+        took < lease + Duration::from_secs(8),
+        "exec exited {took:?} after the server went silent (lease {lease:?})"
+    );
     println!("exec exited 3 {took:?} after the server went silent (lease {lease:?})");
 }

@@ -1,6 +1,6 @@
 //! `mysql://` URLs.
 
-use crate::{parse_duration, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// Default lease: how long after the last request from a silent holder the server closes its
@@ -61,8 +61,8 @@ impl MysqlUrl {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
-                "lease" => lease = parse_duration(v)?,
-                "connect_timeout" => connect_timeout = parse_duration(v)?,
+                "lease" => lease = crate::duration::url_duration(k, v)?,
+                "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
                 _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, connect_timeout)"))),
             }
         }

@@ -326,7 +326,7 @@ impl Client {
         let (client, connection) = tokio::time::timeout(url.connect_timeout, url.config.connect(tokio_postgres::NoTls))
             .await
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(cause(&e)))?;
         let (tx, closed) = watch::channel(false);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -339,7 +339,7 @@ impl Client {
         tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
             .await
             .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(format!("setting the session's loss bounds: {e}")))?;
+            .map_err(|e| failed(format!("setting the session's loss bounds: {}", cause(&e))))?;
         let floor_sql = fencing_floor_sql();
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {
@@ -359,9 +359,27 @@ impl Client {
         tokio::time::timeout(url.connect_timeout, floor)
             .await
             .map_err(|_| failed(format!("no answer to the fencing floor within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(format!("raising the fencing sequence {FENCING_SEQUENCE} to the clock: {e}")))?;
+            .map_err(|e| {
+                failed(format!("raising the fencing sequence {FENCING_SEQUENCE} to the clock: {}", cause(&e)))
+            })?;
         Ok(conn)
     }
+}
+
+/// What went wrong, named: the server's own message and SQLSTATE (a wrong password, a missing
+/// database), or the cause under tokio-postgres's summary ("error connecting to server:
+/// Connection refused"), where its `Display` alone says only "db error".
+fn cause(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
 }
 
 pub(crate) fn backend(op: &'static str, name: &str, e: tokio_postgres::Error) -> Error {

@@ -1,6 +1,6 @@
 //! `postgres://` URLs.
 
-use crate::{parse_duration, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// Default lease: how long after it last heard from a silent holder the server ends its session.
@@ -233,8 +233,8 @@ impl PgUrl {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
-                "lease" => lease = parse_duration(v)?,
-                "connect_timeout" => connect_timeout = parse_duration(v)?,
+                "lease" => lease = crate::duration::url_duration(k, v)?,
+                "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
                 "keys" => {
                     keys = match v {
                         "distributedlock" => KeyScheme::DistributedLock,
@@ -243,7 +243,7 @@ impl PgUrl {
                     }
                 }
                 "application_name" => application_name = v.to_string(),
-                "rescan" => rescan = parse_duration(v)?,
+                "rescan" => rescan = crate::duration::url_duration(k, v)?,
                 _ => {
                     return Err(bad(format!(
                         "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan)"

@@ -171,27 +171,32 @@ impl Client {
         ];
         // Switching a new file to WAL needs the file to itself for a moment, before the busy
         // timeout is in force: clients opening at once retry (with a bound) instead of failing.
-        let give_up = tokio::time::Instant::now() + url.busy_timeout;
-        let pool = loop {
-            let opened = async {
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .acquire_timeout(url.busy_timeout)
-                    .connect_with(options.clone())
-                    .await?;
-                for statement in &create {
-                    sqlx::query(statement).execute(&pool).await?;
+        let give_up = tokio::time::Instant::now() + url.busy_timeout.min(url.connect_timeout);
+        let open = async {
+            loop {
+                let opened = async {
+                    let pool = SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .acquire_timeout(url.busy_timeout)
+                        .connect_with(options.clone())
+                        .await?;
+                    for statement in &create {
+                        sqlx::query(statement).execute(&pool).await?;
+                    }
+                    Ok::<_, sqlx::Error>(pool)
+                };
+                match opened.await {
+                    Ok(pool) => break Ok(pool),
+                    Err(e) if busy(&e) && tokio::time::Instant::now() < give_up => {
+                        tokio::time::sleep(Duration::from_millis(5)).await
+                    }
+                    Err(e) => return Err(failed(format!("opening the database and table {t}: {e}"))),
                 }
-                Ok::<_, sqlx::Error>(pool)
-            };
-            match opened.await {
-                Ok(pool) => break pool,
-                Err(e) if busy(&e) && tokio::time::Instant::now() < give_up => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                Err(e) => return Err(failed(format!("opening the database and table {t}: {e}"))),
             }
         };
+        let pool = tokio::time::timeout(url.connect_timeout, open)
+            .await
+            .map_err(|_| failed(format!("opening took longer than connect_timeout ({:?})", url.connect_timeout)))??;
         let sql = Statements::new(t);
         Ok(Client { inner: Arc::new(Inner { url, pool, sql }) })
     }

@@ -1,6 +1,6 @@
 //! `sqlite://` URLs.
 
-use crate::{parse_duration, Error, Result};
+use crate::{Error, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,7 +15,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 ///   a day; the watchdog extends it every third);
 /// - `table`: the lease table (default `distlock_leases`; `shedlock` shares ShedLock's table if it
 ///   has the `fencing_token` column);
-/// - `busy_timeout`: how long a statement waits for SQLite's file lock (default 5 s).
+/// - `busy_timeout`: how long a statement waits for SQLite's file lock (default 5 s);
+/// - `connect_timeout`: how long opening the database (and making the table) may take (default
+///   5 s).
 ///
 /// # Examples
 ///
@@ -36,6 +38,8 @@ pub struct SqliteUrl {
     pub table: String,
     /// SQLite's busy timeout.
     pub busy_timeout: Duration,
+    /// The bound on opening the database.
+    pub connect_timeout: Duration,
 }
 
 impl std::fmt::Display for SqliteUrl {
@@ -64,15 +68,24 @@ impl SqliteUrl {
             lease: DEFAULT_LEASE,
             table: "distlock_leases".into(),
             busy_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
-                "lease" => out.lease = parse_duration(v)?,
-                "busy_timeout" => out.busy_timeout = parse_duration(v)?,
+                "lease" => out.lease = crate::duration::url_duration(k, v)?,
+                "busy_timeout" => out.busy_timeout = crate::duration::url_duration(k, v)?,
+                "connect_timeout" => out.connect_timeout = crate::duration::url_duration(k, v)?,
                 "table" => out.table = v.to_string(),
-                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, table, busy_timeout)"))),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown URL key {k:?} (known: lease, table, busy_timeout, connect_timeout)"
+                    )))
+                }
             }
+        }
+        if out.connect_timeout.is_zero() {
+            return Err(bad("connect_timeout must be more than 0".into()));
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&out.lease) {
             return Err(bad(format!("lease={} must be from 1s to 1 day", humantime::format_duration(out.lease))));

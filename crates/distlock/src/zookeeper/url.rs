@@ -78,14 +78,14 @@ impl ZkUrl {
         let mut lease_margin = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
-            if !["session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
+            if !["lease", "session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: session_timeout, connect_timeout, lease_margin)"
+                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
             let slot = match key {
-                "session_timeout" => &mut session_timeout,
+                "lease" | "session_timeout" => &mut session_timeout,
                 "connect_timeout" => &mut connect_timeout,
                 "lease_margin" => {
                     lease_margin = Some(d);

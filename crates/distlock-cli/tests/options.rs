@@ -1,0 +1,77 @@
+//! The options every backend honours, given the same way on every scheme: `--connect-timeout`
+//! gives up on a server that accepts and never answers after the timeout, and `--lease` (alias
+//! `--session-timeout`) is taken or refused with a message that names it.
+
+mod common;
+
+use common::distlock;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+/// A server that accepts connections and never answers: its address. The listener thread keeps
+/// every connection open (and ends with the test process).
+fn silent_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().map_while(Result::ok) {
+            held.push(conn);
+        }
+    });
+    addr
+}
+
+#[test]
+fn connect_timeout_is_honoured_on_every_scheme() {
+    let timeout = Duration::from_secs(2);
+    let mut report = Vec::new();
+    for scheme in ["zk://{}", "redis://{}", "postgres://u@{}/db", "mysql://u@{}/db", "etcd://{}"] {
+        let url = scheme.replace("{}", &silent_server().to_string());
+        let started = Instant::now();
+        let out =
+            distlock(&url, &["exec", "--connect-timeout", "2s", "-n", "options-test", "--", "true"]).output().unwrap();
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        report.push(format!("{url}: gave up after {took:?}"));
+        // ± 10 %, and a little for starting the process on a loaded machine.
+        assert!(
+            took >= timeout * 9 / 10 && took <= timeout * 11 / 10 + Duration::from_millis(300),
+            "{url}: gave up after {took:?}, not {timeout:?}: {stderr}"
+        );
+    }
+    println!("{}", report.join("\n"));
+}
+
+#[test]
+fn lease_is_one_flag_on_every_scheme() {
+    // A zero lease is refused by name before anything is contacted, whatever the scheme.
+    for url in [
+        "zk://127.0.0.1:1",
+        "redis://127.0.0.1:1",
+        "postgres://u@127.0.0.1:1/db",
+        "mysql://u@127.0.0.1:1/db",
+        "etcd://127.0.0.1:1",
+        "sqlite:///nonexistent-dir/x.db",
+    ] {
+        for flag in ["--lease", "--session-timeout"] {
+            let out = distlock(url, &["exec", flag, "0s", "-n", "options-test", "--", "true"]).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{url} {flag}: {stderr}");
+            assert!(stderr.contains("lease"), "{url} {flag}: {stderr}");
+        }
+    }
+    // A lease a backend cannot keep is refused with its reason (etcd counts whole seconds).
+    let out = distlock("etcd://127.0.0.1:1", &["exec", "--lease", "1500ms", "-n", "x", "--", "true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("whole seconds"), "{stderr}");
+    // And a lease in range is taken.
+    let dir = std::env::temp_dir().join(common::unique("distlock-options-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/locks.db", dir.display());
+    let out = distlock(&url, &["exec", "--lease", "7s", "leased", "--", "true"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,111 @@
+//! The options every backend honours, given once for any URL: how long connecting may take, and
+//! the lease (how long the server keeps a silent holder's lock: ZooKeeper's session timeout,
+//! etcd's lease TTL, the lease of Redis keys and of the SQL backends).
+//!
+//! They are applied to the URL's query under the names every backend's URL accepts (`lease`,
+//! `connect_timeout`), replacing what the URL says under those names or their aliases
+//! (`session_timeout`, `ttl`): one piece of code for every scheme, and each backend's own checks
+//! (etcd's whole seconds, SQLite's one-second minimum) judge the value as they judge a URL.
+
+use crate::{Client, Error, Result};
+use std::time::Duration;
+
+/// The keys that mean the lease, in any backend's URL.
+const LEASE_KEYS: &[&str] = &["lease", "session_timeout", "ttl"];
+
+/// Options for [`connect_with`], honoured by every backend (a value a backend cannot take is
+/// refused with its reason, never ignored).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::ConnectOptions;
+/// use std::time::Duration;
+/// let o = ConnectOptions::new().lease(Duration::from_secs(20)).connect_timeout(Duration::from_secs(2));
+/// assert_eq!(
+///     o.apply("zk://127.0.0.1:2181?session_timeout=10s").unwrap(),
+///     "zk://127.0.0.1:2181?lease=20000ms&connect_timeout=2000ms"
+/// );
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnectOptions {
+    connect_timeout: Option<Duration>,
+    lease: Option<Duration>,
+}
+
+impl ConnectOptions {
+    /// No options: the URL's values, or each backend's defaults.
+    pub fn new() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    /// Give up connecting after this long (a refused connection is reported at once).
+    pub fn connect_timeout(mut self, timeout: Duration) -> ConnectOptions {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// How long the server keeps the lock of a holder it no longer hears from.
+    pub fn lease(mut self, lease: Duration) -> ConnectOptions {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// `url` with these options in its query.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero duration.
+    pub fn apply(&self, url: &str) -> Result<String> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut pairs: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
+        let mut set = |keys: &[&str], name: &'static str, value: Option<Duration>| -> Result<()> {
+            let Some(d) = value else { return Ok(()) };
+            if d.is_zero() {
+                return Err(Error::InvalidArgument { what: name, reason: "must be greater than zero".into() });
+            }
+            pairs.retain(|p| !keys.contains(&p.split_once('=').map_or(p.as_str(), |(k, _)| k)));
+            pairs.push(format!("{}={}ms", keys[0], d.as_millis().max(1)));
+            Ok(())
+        };
+        set(LEASE_KEYS, "lease", self.lease)?;
+        set(&["connect_timeout"], "connect timeout", self.connect_timeout)?;
+        Ok(if pairs.is_empty() { base.to_string() } else { format!("{base}?{}", pairs.join("&")) })
+    }
+}
+
+/// Connects to the backend `url` names, with `options` in force on every backend.
+///
+/// # Errors
+///
+/// As [`connect`](crate::connect), and [`Error::InvalidArgument`] or [`Error::InvalidUrl`] for an
+/// option the backend cannot take (the message names it).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::ConnectOptions;
+/// use std::time::Duration;
+/// let options = ConnectOptions::new().connect_timeout(Duration::from_secs(1));
+/// let client = distlock::connect_with("etcd://127.0.0.1:2379", &options).await?;
+/// # let _ = client; Ok(()) }
+/// ```
+pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client> {
+    crate::connect(&options.apply(url)?).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_replace_the_keys_and_their_aliases() {
+        let o = ConnectOptions::new().lease(Duration::from_secs(3));
+        assert_eq!(o.apply("etcd://h:1?ttl=30s&timeout=1s").unwrap(), "etcd://h:1?timeout=1s&lease=3000ms");
+        assert_eq!(o.apply("redis://h:1/0").unwrap(), "redis://h:1/0?lease=3000ms");
+        assert_eq!(ConnectOptions::new().apply("sqlite:///a.db?lease=2s").unwrap(), "sqlite:///a.db?lease=2s");
+        let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).apply("zk://h:1").unwrap_err();
+        assert!(zero.to_string().contains("connect timeout"), "{zero}");
+    }
+}
