@@ -42,3 +42,7 @@ if $bin exec -n demo -- true; then echo "   unexpected: -n acquired a held lock"
 touch "$flags/release"
 wait $holder $waiter
 $bin inspect demo
+echo
+echo "== 4. The seeds' optimistic lock: an account row with a version column (SQLite, no server)"
+# Its own SQLite file, whatever DISTLOCK_BACKEND says (a postgres:// URL as argument uses PostgreSQL).
+DISTLOCK_BACKEND= target/debug/examples/optimistic_account
