@@ -1,36 +1,53 @@
-//! The fault matrix: every fault × mutex, read/write lock and semaphore, with contenders that
-//! record what they believe and write through a fenced resource (`distlock-faults`).
+//! The fault matrix, one for every backend: every fault × every recipe the backend has (mutex,
+//! read/write lock, semaphore), with contenders that record what they believe and write through
+//! a fenced resource (`distlock-faults`). The contenders use only the one API
+//! (`distlock::connect(url)`), so the same cells, pass criteria and checker judge every backend.
 //!
-//! Each cell runs three contenders (each its own session, each behind its own fault proxy) that
-//! acquire, write with their fencing token while the guard is not lost, and release, while a
-//! fault is injected into whoever holds. Afterwards the cell checks the fenced resource (no
-//! overlapping believed holds, no stale write accepted) and the server (no node left behind).
-//! A paused holder (SIGSTOP, in a child process) is the one fault no lock can cover: there the
-//! table shows the fence rejecting its stale writes, and an unfenced run of the same cell shows
-//! the checker catching the violation.
+//! Each cell runs three contenders (each its own client, each behind its own fault proxy on
+//! network backends) that acquire, write with their fencing token while the guard is not lost,
+//! and release, while a fault is injected into whoever holds. Afterwards the cell checks the
+//! fenced resource (no overlapping believed holds, no stale write accepted) and the server
+//! (nothing left behind: ZooKeeper's lock directory empty; elsewhere, the lock free again within
+//! a lease). A paused holder (SIGSTOP, in a child process) is the one fault no lock can cover:
+//! there the table shows the fence rejecting its stale writes, and an unfenced run of the same
+//! cell shows the checker catching the violation. A cell that cannot pass on a backend by the
+//! backend's nature (a Redis without persistence restarted empty forgets its locks) is judged
+//! the same way, and the table says so.
 //!
-//! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2). `matrix_single_server` uses the
-//! server of `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the `scripts/zk.sh` directory) adds the
-//! server crash-and-restart cells. `matrix_ensemble` runs when `DISTLOCK_TEST_ENSEMBLE_DIR` names
-//! a running `scripts/zk-ensemble.sh` ensemble. Results go to stdout and to
-//! `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown table per server.
+//! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
+//! only the scenarios whose names contain TEXT.
+//! - `matrix_single_server`: ZooKeeper at `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the
+//!   `scripts/zk.sh` directory) adds the server crash-and-restart cells.
+//! - `matrix_ensemble`: when `DISTLOCK_TEST_ENSEMBLE_DIR` names a running `scripts/zk-ensemble.sh`
+//!   ensemble.
+//! - `matrix_redis`, `matrix_postgres`, `matrix_mariadb`, `matrix_etcd`, `matrix_sqlite`: when
+//!   `DISTLOCK_MATRIX_BACKENDS` is set (scripts/test.sh runs them once, not in every ZooKeeper
+//!   pass), on the servers of `DISTLOCK_TEST_REDIS`, `_POSTGRES`, `_MYSQL`, `_ETCD` (and their
+//!   `_DIR`s for the restart cells); SQLite on a file of its own.
+//!
+//! Results go to stdout and to `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown
+//! table per server.
 
 mod common;
 
-use common::*;
-use distlock::zookeeper::{Client, LockState};
-use distlock::Error;
+use distlock::{Client, Guard};
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
 
-const SESSION: &str = "2s";
+/// The lease in the matrix (ZooKeeper's session timeout), where the backend allows it (the SQL
+/// servers' session timeouts count whole seconds from 3 s: `SQL_LEASE`). Faults last a share of
+/// it: a short partition half a lease, a long one and a pause one and a half.
+const LEASE: &str = "2s";
+const SQL_LEASE: &str = "3s";
 const CONTENDERS: usize = 3;
 /// How long a contender holds; it writes every `WRITE_EVERY` meanwhile.
 const HOLD: Duration = Duration::from_millis(150);
 const WRITE_EVERY: Duration = Duration::from_millis(20);
+/// How long an in-process contender rests after a release.
+const REST: Duration = Duration::from_millis(30);
 /// Gap between faults, so the lock moves on between them.
 const GAP: Duration = Duration::from_millis(700);
 const BOUND: Duration = Duration::from_secs(60);
@@ -63,23 +80,24 @@ impl Recipe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scenario {
     None,
-    /// A silent partition of the holder shorter than its session (1 s).
+    /// A silent partition of the holder for half its lease.
     BlackholeShort,
-    /// A silent partition of the holder longer than its session (3 s).
+    /// A silent partition of the holder for one and a half leases.
     BlackholeLong,
     /// The holder's connections reset and reconnection refused for 0.5 s.
     Reset,
-    /// One reply to the holder lost (applied on the server, never delivered), with a reset.
+    /// One reply to the holder lost (applied on the server, never delivered), with a reset
+    /// (ZooKeeper: the proxy frames its protocol).
     LostReply,
     /// 300 ms added to every reply to the holder for 2 s.
     Delay,
-    /// The holder (a child process) stopped for 3 s (longer than its session), then resumed.
+    /// The holder (a child process) stopped for one and a half leases, then resumed.
     Pause {
         fenced: bool,
     },
     /// The holder (a child process) killed.
     Kill,
-    /// The server killed and restarted (Apache ZooKeeper keeps sessions across restarts).
+    /// The server killed and restarted.
     ServerRestart,
     /// Ensemble: the leader killed, restarted 3 s later.
     KillLeader,
@@ -91,13 +109,13 @@ impl Scenario {
     fn name(self) -> String {
         match self {
             Scenario::None => "no fault".into(),
-            Scenario::BlackholeShort => "holder partitioned 1 s (silent)".into(),
-            Scenario::BlackholeLong => "holder partitioned 3 s > session (silent)".into(),
+            Scenario::BlackholeShort => "holder partitioned ½ lease (silent)".into(),
+            Scenario::BlackholeLong => "holder partitioned 1½ leases (silent)".into(),
             Scenario::Reset => "holder reset, reconnect refused 0.5 s".into(),
             Scenario::LostReply => "holder loses one reply".into(),
             Scenario::Delay => "holder's replies delayed 300 ms".into(),
-            Scenario::Pause { fenced: true } => "holder paused 3 s (SIGSTOP), fenced".into(),
-            Scenario::Pause { fenced: false } => "holder paused 3 s (SIGSTOP), unfenced".into(),
+            Scenario::Pause { fenced: true } => "holder paused 1½ leases (SIGSTOP), fenced".into(),
+            Scenario::Pause { fenced: false } => "holder paused 1½ leases (SIGSTOP), unfenced".into(),
             Scenario::Kill => "holder killed (SIGKILL)".into(),
             Scenario::ServerRestart => "server killed and restarted".into(),
             Scenario::KillLeader => "leader killed, restarted".into(),
@@ -108,6 +126,11 @@ impl Scenario {
     /// Whether a contender runs in a child process (the fault acts on the process).
     fn needs_child(self) -> bool {
         matches!(self, Scenario::Pause { .. } | Scenario::Kill)
+    }
+
+    /// Whether the fault needs the contenders behind proxies.
+    fn needs_proxy(self) -> bool {
+        !matches!(self, Scenario::ServerRestart | Scenario::KillLeader | Scenario::IsolateFollower)
     }
 }
 
@@ -124,6 +147,10 @@ struct Row {
     leaked: usize,
     recovery_ms: u64,
     losses: usize,
+    /// The cell cannot keep exclusion by the backend's nature: judged by the fence.
+    by_nature: bool,
+    /// A paused holder keeps the lock on this backend (its connection stays up: nothing to fence).
+    pause_holds: bool,
 }
 
 fn faults_per_cell() -> usize {
@@ -148,30 +175,63 @@ impl Shared {
     }
 }
 
+/// A backend and how the matrix reaches and hurts it.
+#[derive(Clone)]
+struct Target {
+    /// The server's name in the table.
+    server: String,
+    /// The backend URL with `{addr}` where the server's address goes (directly or a proxy's);
+    /// without it (SQLite), no network faults apply.
+    url: String,
+    /// The server's own address.
+    addr: Option<String>,
+    /// The script and directory that kill and restart the server.
+    restart: Option<(&'static str, String)>,
+    /// A ZooKeeper ensemble's `scripts/zk-ensemble.sh` directory.
+    ensemble: Option<String>,
+    /// A restart loses every lock by the server's nature (Redis without persistence).
+    restart_forgets: bool,
+    /// The lease in the URL.
+    lease: Duration,
+    /// A paused holder keeps its lock: the server frees it only when the connection ends, and a
+    /// stopped process's kernel keeps the connection up (PostgreSQL's session locks).
+    pause_holds: bool,
+}
+
+impl Target {
+    fn url_via(&self, addr: &str) -> String {
+        self.url.replace("{addr}", addr)
+    }
+
+    fn direct_url(&self) -> String {
+        self.url_via(self.addr.as_deref().unwrap_or(""))
+    }
+
+    fn is_zk(&self) -> bool {
+        self.url.starts_with("zk://")
+    }
+}
+
+/// The lock of `recipe` on `name`; `shared` takes the read side of a read/write lock.
+fn lock_of(c: &Client, recipe: Recipe, name: &str, shared: bool) -> distlock::Result<distlock::Lock> {
+    match recipe {
+        Recipe::Mutex => c.mutex(name),
+        Recipe::RwLock if shared => c.read_lock(name),
+        Recipe::RwLock => c.write_lock(name),
+        Recipe::Semaphore => c.semaphore_permit(name, 2),
+    }
+}
+
 /// Runs one in-process contender until `stop`: acquire, write while not lost, release.
-async fn contender(
-    id: usize,
-    recipe: Recipe,
-    path: String,
-    proxy: Option<Arc<FaultProxy>>,
-    direct: String,
-    shared: Arc<Shared>,
-) {
-    let url = match &proxy {
-        Some(p) => format!("zk://{}?session_timeout={SESSION}", p.addr()),
-        None => direct,
-    };
+async fn contender(id: usize, recipe: Recipe, name: String, url: String, shared: Arc<Shared>, rest: Duration) {
     let mut client: Option<Client> = None;
     let mut round = 0usize;
     while !shared.stop.load(Ordering::SeqCst) {
         round += 1;
         let c = match &client {
             Some(c) => c.clone(),
-            None => match Client::connect(&url).await {
-                Ok(c) => {
-                    client = Some(c.clone());
-                    c
-                }
+            None => match distlock::connect(&url).await {
+                Ok(c) => client.insert(c).clone(),
                 Err(_) => {
                     // The server or the path to it is down: try again shortly.
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -181,44 +241,29 @@ async fn contender(
         };
         // Readers and writers alternate on the read/write lock (contender 0 always writes).
         let shared_mode = recipe == Recipe::RwLock && id != 0 && round % 2 == 0;
-        let acquired = acquire(&c, recipe, &path, shared_mode).await;
+        let acquired = match lock_of(&c, recipe, &name, shared_mode) {
+            Ok(lock) => lock.lock_timeout(Duration::from_secs(5)).await,
+            Err(e) => Err(e),
+        };
         let guard = match acquired {
             Ok(Some(g)) => g,
             Ok(None) => continue,
-            Err(Error::SessionExpired) | Err(Error::Closed) => {
-                client = None;
-                continue;
-            }
             Err(e) => {
-                tracing::info!(id, error = %e, "acquire failed; retrying");
+                tracing::info!(id, error = %e, "acquire failed; reconnecting");
                 client = None;
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let token = guard.token();
+        let token = guard.fencing_token();
         let mode = if shared_mode { Mode::Shared } else { Mode::Exclusive };
         let hold = shared.resource.begin(id, mode, token);
         shared.grants.lock().unwrap().push(mono_now());
         shared.holding[id].store(true, Ordering::SeqCst);
-        let lost = guard.lost();
-        let work = async {
-            let until = tokio::time::Instant::now() + HOLD;
-            while tokio::time::Instant::now() < until {
-                // A careful holder checks before each write; the fence covers what a check cannot.
-                if guard.state().is_lost() {
-                    return;
-                }
-                if mode == Mode::Exclusive && recipe != Recipe::Semaphore {
-                    shared.resource.write(id, token, shared.seq.fetch_add(1, Ordering::SeqCst));
-                }
-                tokio::time::sleep(WRITE_EVERY).await;
-            }
-        };
-        let was_lost = tokio::select! {
-            _ = work => guard.state().is_lost(),
-            _ = lost => true,
-        };
+        let was_lost = hold_and_write(&guard, recipe, mode, |token| {
+            shared.resource.write(id, token, shared.seq.fetch_add(1, Ordering::SeqCst));
+        })
+        .await;
         shared.holding[id].store(false, Ordering::SeqCst);
         shared.resource.end(hold);
         if was_lost {
@@ -227,69 +272,39 @@ async fn contender(
             continue;
         }
         // Release errors (a loss found at release) are counted, not fatal.
-        if guard.release().await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(10), guard.release()).await.map_or(true, |r| r.is_err()) {
             shared.losses.fetch_add(1, Ordering::SeqCst);
         }
+        // A rest between holds: on a lock without a queue (Redis wakes every waiter and the
+        // quickest wins) the child holder of the pause and kill cells would never get a turn.
+        tokio::time::sleep(rest).await;
     }
     if let Some(c) = client {
         c.close(Duration::from_secs(2)).await;
     }
 }
 
-/// A held lock of any of the three recipes.
-enum Held {
-    Mutex(distlock::zookeeper::MutexGuard),
-    Read(distlock::zookeeper::ReadGuard),
-    Write(distlock::zookeeper::WriteGuard),
-    Permit(distlock::zookeeper::SemaphorePermit),
-}
-
-impl Held {
-    fn token(&self) -> u64 {
-        match self {
-            Held::Mutex(g) => g.fencing_token(),
-            Held::Read(g) => g.fencing_token(),
-            Held::Write(g) => g.fencing_token(),
-            Held::Permit(g) => g.fencing_token(),
+/// Holds for `HOLD`, writing with the token every `WRITE_EVERY` while the guard is not lost;
+/// true if it was lost.
+async fn hold_and_write(guard: &Guard, recipe: Recipe, mode: Mode, write: impl Fn(u64)) -> bool {
+    let lost = guard.lost();
+    let work = async {
+        let until = tokio::time::Instant::now() + HOLD;
+        while tokio::time::Instant::now() < until {
+            // A careful holder checks before each write; the fence covers what a check cannot.
+            if guard.state().is_lost() {
+                return;
+            }
+            if mode == Mode::Exclusive && recipe != Recipe::Semaphore {
+                write(guard.fencing_token());
+            }
+            tokio::time::sleep(WRITE_EVERY).await;
         }
+    };
+    tokio::select! {
+        _ = work => guard.state().is_lost(),
+        _ = lost => true,
     }
-
-    fn state(&self) -> LockState {
-        match self {
-            Held::Mutex(g) => g.state(),
-            Held::Read(g) => g.state(),
-            Held::Write(g) => g.state(),
-            Held::Permit(g) => g.state(),
-        }
-    }
-
-    fn lost(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = distlock::LostReason> + Send>> {
-        match self {
-            Held::Mutex(g) => Box::pin(g.lost()),
-            Held::Read(g) => Box::pin(g.lost()),
-            Held::Write(g) => Box::pin(g.lost()),
-            Held::Permit(g) => Box::pin(g.lost()),
-        }
-    }
-
-    async fn release(self) -> distlock::Result<()> {
-        match self {
-            Held::Mutex(g) => g.release().await,
-            Held::Read(g) => g.release().await,
-            Held::Write(g) => g.release().await,
-            Held::Permit(g) => g.release().await,
-        }
-    }
-}
-
-async fn acquire(c: &Client, recipe: Recipe, path: &str, shared_mode: bool) -> distlock::Result<Option<Held>> {
-    let wait = Duration::from_secs(5);
-    Ok(match recipe {
-        Recipe::Mutex => c.mutex(path)?.lock_timeout(wait).await?.map(Held::Mutex),
-        Recipe::RwLock if shared_mode => c.rwlock(path)?.read_timeout(wait).await?.map(Held::Read),
-        Recipe::RwLock => c.rwlock(path)?.write_timeout(wait).await?.map(Held::Write),
-        Recipe::Semaphore => c.semaphore(path, 2)?.acquire_timeout(1, wait).await?.map(Held::Permit),
-    })
 }
 
 /// The child process side of the pause and kill cells: holds a mutex in cycles and reports on
@@ -298,7 +313,7 @@ async fn acquire(c: &Client, recipe: Recipe, path: &str, shared_mode: bool) -> d
 #[test]
 #[ignore = "run by the fault matrix as a child process"]
 fn child_holder() {
-    let (Ok(url), Ok(path)) = (std::env::var("DISTLOCK_CHILD_URL"), std::env::var("DISTLOCK_CHILD_PATH")) else {
+    let (Ok(url), Ok(name)) = (std::env::var("DISTLOCK_CHILD_URL"), std::env::var("DISTLOCK_CHILD_PATH")) else {
         return;
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -309,7 +324,7 @@ fn child_holder() {
         loop {
             let c = match &client {
                 Some(c) => c.clone(),
-                None => match Client::connect(&url).await {
+                None => match distlock::connect(&url).await {
                     Ok(c) => client.insert(c).clone(),
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -317,11 +332,11 @@ fn child_holder() {
                     }
                 },
             };
-            let guard = match c.mutex(&path).unwrap().lock_timeout(Duration::from_secs(5)).await {
+            let guard = match c.mutex(&name).unwrap().lock_timeout(Duration::from_secs(5)).await {
                 Ok(Some(g)) => g,
                 Ok(None) => continue,
                 Err(_) => {
-                    // After a pause longer than the session: a new session.
+                    // After a pause longer than the lease: a new client.
                     client = None;
                     continue;
                 }
@@ -350,12 +365,12 @@ fn say(out: &mut std::io::Stdout, line: &str) {
 }
 
 /// Starts the child holder and feeds its reports into the shared state as contender `id`.
-async fn spawn_child(id: usize, url: String, path: String, shared: Arc<Shared>) -> (u32, tokio::process::Child) {
+async fn spawn_child(id: usize, url: String, name: String, shared: Arc<Shared>) -> (u32, tokio::process::Child) {
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
         .args(["--exact", "child_holder", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("DISTLOCK_CHILD_URL", url)
-        .env("DISTLOCK_CHILD_PATH", path)
+        .env("DISTLOCK_CHILD_PATH", name)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -396,24 +411,6 @@ async fn spawn_child(id: usize, url: String, path: String, shared: Arc<Shared>) 
     (pid, child)
 }
 
-/// How the cell reaches the server(s).
-#[derive(Clone)]
-enum Target {
-    /// One server at `addr`; `dir` is its scripts/zk.sh directory when it can be restarted.
-    Single { addr: String, dir: Option<String> },
-    /// The ensemble of scripts/zk-ensemble.sh in `dir`, reached by `connect`.
-    Ensemble { connect: String, dir: String },
-}
-
-impl Target {
-    fn direct_url(&self) -> String {
-        match self {
-            Target::Single { addr, .. } => format!("zk://{addr}?session_timeout={SESSION}"),
-            Target::Ensemble { connect, .. } => format!("zk://{connect}?session_timeout={SESSION}"),
-        }
-    }
-}
-
 fn script(args: &[&str]) -> String {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let out = std::process::Command::new("bash")
@@ -427,7 +424,12 @@ fn script(args: &[&str]) -> String {
 
 /// Runs one cell and returns its row.
 async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
-    let path = unique_path(&format!("matrix-{}", recipe.name().trim_end_matches("(2)")));
+    let name = format!(
+        "matrix-{}-{}",
+        recipe.name().trim_end_matches("(2)"),
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let name = if target.is_zk() { format!("/distlock-test/{name}") } else { name };
     let fenced = !matches!(scenario, Scenario::Pause { fenced: false });
     let shared = Arc::new(Shared {
         resource: FencedResource::new(fenced, recipe.permits()),
@@ -438,31 +440,34 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         seq: AtomicU64::new(0),
     });
     let mut proxies = Vec::new();
+    let mut urls = Vec::new();
     let mut tasks = Vec::new();
     let mut child = None;
     for id in 0..CONTENDERS {
-        let proxy = match target {
-            Target::Single { addr, .. } if scenario != Scenario::ServerRestart => {
+        let proxy = match &target.addr {
+            Some(addr) if scenario.needs_proxy() => {
                 Some(Arc::new(FaultProxy::start(addr.parse().unwrap()).await.unwrap()))
             }
             _ => None,
         };
-        proxies.push(proxy.clone());
+        let url = match &proxy {
+            Some(p) => target.url_via(&p.addr().to_string()),
+            None => target.direct_url(),
+        };
+        proxies.push(proxy);
+        urls.push(url.clone());
         if id == 0 && scenario.needs_child() {
-            let url = match &proxy {
-                Some(p) => format!("zk://{}?session_timeout={SESSION}", p.addr()),
-                None => target.direct_url(),
-            };
-            child = Some(spawn_child(id, url, path.clone(), shared.clone()).await);
+            child = Some(spawn_child(id, url, name.clone(), shared.clone()).await);
             continue;
         }
-        tasks.push(tokio::spawn(contender(id, recipe, path.clone(), proxy, target.direct_url(), shared.clone())));
+        // Beside a child holder, in-process contenders rest longer, so that it gets its turns.
+        let rest = if scenario.needs_child() { REST * 10 } else { REST };
+        tasks.push(tokio::spawn(contender(id, recipe, name.clone(), url, shared.clone(), rest)));
     }
     // Inject the faults.
-    let faults = faults_per_cell();
     let mut fault_starts = Vec::new();
     let mut injected = 0;
-    for _ in 0..faults {
+    for _ in 0..faults_per_cell() {
         tokio::time::sleep(GAP).await;
         let victim = if scenario.needs_child() {
             // Wait (bounded) until the child holds.
@@ -482,8 +487,8 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
             Scenario::BlackholeShort | Scenario::BlackholeLong => {
                 let p = proxy.unwrap();
                 p.set(Fault::Blackhole);
-                let d = if scenario == Scenario::BlackholeShort { 1000 } else { 3000 };
-                tokio::time::sleep(Duration::from_millis(d)).await;
+                let d = if scenario == Scenario::BlackholeShort { target.lease / 2 } else { target.lease * 3 / 2 };
+                tokio::time::sleep(d).await;
                 p.heal();
             }
             Scenario::Reset => {
@@ -503,7 +508,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
             Scenario::Pause { .. } => {
                 let pid = child.as_ref().unwrap().0;
                 distlock_faults::pause(pid).unwrap();
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                tokio::time::sleep(target.lease * 3 / 2).await;
                 distlock_faults::resume(pid).unwrap();
             }
             Scenario::Kill => {
@@ -511,27 +516,23 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
                 distlock_faults::kill(pid).unwrap();
                 drop(c);
                 // A new child takes its place for the next fault.
-                let url = match &proxies[0] {
-                    Some(p) => format!("zk://{}?session_timeout={SESSION}", p.addr()),
-                    None => target.direct_url(),
-                };
-                child = Some(spawn_child(0, url, path.clone(), shared.clone()).await);
+                child = Some(spawn_child(0, urls[0].clone(), name.clone(), shared.clone()).await);
             }
             Scenario::ServerRestart => {
-                let Target::Single { dir: Some(dir), .. } = target else { unreachable!() };
-                script(&["scripts/zk.sh", "kill", dir]);
+                let (tool, dir) = target.restart.as_ref().expect("a restartable server");
+                script(&[tool, "kill", dir]);
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                script(&["scripts/zk.sh", "restart", dir]);
+                script(&[tool, "restart", dir]);
             }
             Scenario::KillLeader => {
-                let Target::Ensemble { dir, .. } = target else { unreachable!() };
+                let dir = target.ensemble.as_ref().unwrap();
                 let leader = script(&["scripts/zk-ensemble.sh", "leader", dir]);
                 script(&["scripts/zk-ensemble.sh", "kill", dir, &leader]);
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 script(&["scripts/zk-ensemble.sh", "restart", dir, &leader]);
             }
             Scenario::IsolateFollower => {
-                let Target::Ensemble { dir, .. } = target else { unreachable!() };
+                let dir = target.ensemble.as_ref().unwrap();
                 let leader = script(&["scripts/zk-ensemble.sh", "leader", dir]);
                 let follower = if leader == "1" { "2" } else { "1" };
                 script(&["scripts/zk-ensemble.sh", "pause", dir, follower]);
@@ -551,9 +552,9 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         distlock_faults::kill(pid).ok();
         drop(c);
     }
-    // Nothing may be left on the server once every session has released or ended.
-    let observer = Client::connect(&target.direct_url()).await.expect("observer connects");
-    let leaked = leaked_after(&observer, &path, Duration::from_secs(8)).await;
+    drop(proxies);
+    // Nothing may be left on the server once every client has released or ended.
+    let leaked = leaked_after(target, recipe, &name, Duration::from_secs(8)).await;
     let grants = shared.grants.lock().unwrap().clone();
     let recovery_ms = fault_starts
         .iter()
@@ -572,33 +573,65 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         leaked,
         recovery_ms,
         losses: shared.losses.load(Ordering::SeqCst),
+        by_nature: scenario == Scenario::ServerRestart && target.restart_forgets,
+        pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds,
     }
 }
 
-/// Nodes still under `path` (and its semaphore subdirectories) after waiting up to `bound` for
-/// sessions that ended to be cleaned up.
-async fn leaked_after(observer: &Client, path: &str, bound: Duration) -> usize {
+/// What is left of the lock after waiting up to `bound` for clients that ended to be cleaned
+/// up: on ZooKeeper the nodes under its path (and its semaphore's subdirectories); elsewhere 1
+/// if the lock (every permit of it) could not be taken by a fresh client, else 0.
+async fn leaked_after(target: &Target, recipe: Recipe, name: &str, bound: Duration) -> usize {
     let deadline = tokio::time::Instant::now() + bound;
-    loop {
-        let mut left = 0;
-        for dir in [path.to_string(), format!("{path}/leases"), format!("{path}/locks")] {
-            left += children(observer, &dir).await.iter().filter(|n| *n != "leases" && *n != "locks").count();
-        }
+    let observer = distlock::connect(&target.direct_url()).await.expect("observer connects");
+    let left = loop {
+        let left = match observer.zookeeper() {
+            Some(zk) => {
+                let mut left = 0;
+                for dir in [name.to_string(), format!("{name}/leases"), format!("{name}/locks")] {
+                    left += common::children(zk, &dir).await.iter().filter(|n| *n != "leases" && *n != "locks").count();
+                }
+                left
+            }
+            None => {
+                let mut taken = Vec::new();
+                for _ in 0..recipe.permits() {
+                    let lock = lock_of(&observer, recipe, name, false).expect("the lock");
+                    if let Ok(Some(g)) = lock.try_lock().await {
+                        taken.push(g);
+                    }
+                }
+                let free = taken.len() == recipe.permits();
+                for g in taken {
+                    let _ = g.release().await;
+                }
+                usize::from(!free)
+            }
+        };
         if left == 0 || tokio::time::Instant::now() >= deadline {
-            return left;
+            break left;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    observer.close(Duration::from_secs(2)).await;
+    left
 }
 
 fn table(server: &str, rows: &[Row]) -> String {
     let mut t = format!(
-        "### {server}\n\n| scenario | recipe | acquisitions | faults | overlaps | stale writes accepted | stale writes rejected | leaked nodes | losses reported | recovery (ms) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "### {server}\n\n| scenario | recipe | acquisitions | faults | overlaps | stale writes accepted | stale writes rejected | left on the server | losses reported | recovery (ms) |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
+        let scenario = if r.by_nature {
+            format!("{} (forgets its locks: fenced)", r.scenario)
+        } else if r.pause_holds {
+            format!("{} (the paused holder keeps the lock)", r.scenario)
+        } else {
+            r.scenario.clone()
+        };
         t += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.scenario,
+            scenario,
             r.recipe,
             r.acquisitions,
             r.faults,
@@ -626,17 +659,22 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
     for r in rows {
         let what = format!("{} / {}", r.scenario, r.recipe);
         if r.leaked > 0 {
-            bad.push(format!("{what}: {} nodes left behind", r.leaked));
+            bad.push(format!("{what}: {} left on the server", r.leaked));
         }
         if r.acquisitions == 0 {
             bad.push(format!("{what}: no acquisition at all"));
         }
-        if r.scenario.contains("unfenced") {
+        if r.pause_holds {
+            // Nothing to catch: the lock stayed with the paused holder until it resumed.
+            if r.overlaps > 0 || r.stale_accepted > 0 {
+                bad.push(format!("{what}: {} overlaps, {} stale writes accepted", r.overlaps, r.stale_accepted));
+            }
+        } else if r.scenario.contains("unfenced") {
             // The checker must catch the paused holder when nothing fences it.
             if r.stale_accepted == 0 && r.overlaps == 0 {
                 bad.push(format!("{what}: the unfenced pause went unnoticed (the checker cannot fail?)"));
             }
-        } else if r.scenario.contains("paused") {
+        } else if r.scenario.contains("paused") || r.by_nature {
             if r.stale_accepted > 0 {
                 bad.push(format!("{what}: {} stale writes accepted despite fencing", r.stale_accepted));
             }
@@ -647,47 +685,72 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
     bad
 }
 
-async fn run_matrix(server: &str, target: Target, scenarios: &[Scenario]) {
+/// Runs every scenario × every recipe the backend has.
+async fn run_matrix(target: Target, scenarios: &[Scenario]) {
+    let probe = distlock::connect(&target.direct_url()).await.expect("connect to the backend");
+    let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore]
+        .into_iter()
+        .filter(|&r| lock_of(&probe, r, "matrix-probe", false).is_ok())
+        .collect();
+    probe.close(Duration::from_secs(2)).await;
     let mut rows = Vec::new();
-    for &scenario in scenarios {
-        let recipes: &[Recipe] =
-            if scenario.needs_child() { &[Recipe::Mutex] } else { &[Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore] };
+    // `DISTLOCK_MATRIX_ONLY=paused` runs only the cells whose scenario names contain it.
+    let only = std::env::var("DISTLOCK_MATRIX_ONLY").unwrap_or_default();
+    for &scenario in scenarios.iter().filter(|s| s.name().contains(&only)) {
+        let recipes: &[Recipe] = if scenario.needs_child() { &[Recipe::Mutex] } else { &recipes };
         for &recipe in recipes {
             let started = std::time::Instant::now();
-            let row = tokio::time::timeout(Duration::from_secs(180), cell(&target, scenario, recipe))
-                .await
-                .unwrap_or_else(|_| panic!("cell {} / {} did not finish", scenario.name(), recipe.name()));
-            println!("{:?} in {:.1?}", row, started.elapsed());
+            let row =
+                tokio::time::timeout(Duration::from_secs(180), cell(&target, scenario, recipe)).await.unwrap_or_else(
+                    |_| panic!("{}: cell {} / {} did not finish", target.server, scenario.name(), recipe.name()),
+                );
+            println!("{}: {:?} in {:.1?}", target.server, row, started.elapsed());
             rows.push(row);
         }
     }
-    let text = table(server, &rows);
+    let text = table(&target.server, &rows);
     println!("{text}");
-    write_table(&format!("{}.md", server.replace(' ', "-")), &text);
+    write_table(&format!("{}.md", target.server.replace([' ', '/'], "-")), &text);
     let bad = verdicts(&rows);
-    assert!(bad.is_empty(), "fault matrix on {server}:\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "fault matrix on {}:\n{}", target.server, bad.join("\n"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn matrix_single_server() {
-    let addr = zk_addr();
-    let dir = std::env::var("DISTLOCK_TEST_ZK_DIR").ok();
-    let server = std::env::var("DISTLOCK_TEST_SERVER_NAME").unwrap_or_else(|_| format!("server at {addr}"));
-    let mut scenarios = vec![
+/// The cells every network backend runs (the server restart when its directory is known).
+fn network_scenarios(restart: bool) -> Vec<Scenario> {
+    let mut s = vec![
         Scenario::None,
         Scenario::BlackholeShort,
         Scenario::BlackholeLong,
         Scenario::Reset,
-        Scenario::LostReply,
         Scenario::Delay,
         Scenario::Pause { fenced: true },
         Scenario::Pause { fenced: false },
         Scenario::Kill,
     ];
-    if dir.is_some() {
-        scenarios.push(Scenario::ServerRestart);
+    if restart {
+        s.push(Scenario::ServerRestart);
     }
-    run_matrix(&server, Target::Single { addr, dir }, &scenarios).await;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_single_server() {
+    let addr = common::zk_addr();
+    let dir = std::env::var("DISTLOCK_TEST_ZK_DIR").ok();
+    let server = std::env::var("DISTLOCK_TEST_SERVER_NAME").unwrap_or_else(|_| format!("server at {addr}"));
+    let mut scenarios = network_scenarios(dir.is_some());
+    scenarios.insert(4, Scenario::LostReply);
+    let target = Target {
+        server,
+        url: format!("zk://{{addr}}?lease={LEASE}"),
+        addr: Some(addr),
+        restart: dir.map(|d| ("scripts/zk.sh", d)),
+        ensemble: None,
+        restart_forgets: false,
+        lease: distlock::parse_duration(LEASE).unwrap(),
+        pause_holds: false,
+    };
+    run_matrix(target, &scenarios).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -697,6 +760,104 @@ async fn matrix_ensemble() {
         return;
     };
     let connect = std::fs::read_to_string(format!("{dir}/ensemble.addr")).expect("ensemble.addr").trim().to_string();
-    let scenarios = [Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower];
-    run_matrix("Apache ZooKeeper 3-node ensemble", Target::Ensemble { connect, dir }, &scenarios).await;
+    let target = Target {
+        server: "Apache ZooKeeper 3-node ensemble".into(),
+        url: format!("zk://{connect}?lease={LEASE}"),
+        addr: None,
+        restart: None,
+        ensemble: Some(dir),
+        restart_forgets: false,
+        lease: distlock::parse_duration(LEASE).unwrap(),
+        pause_holds: false,
+    };
+    run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower]).await;
+}
+
+/// A network backend's matrix, when `DISTLOCK_MATRIX_BACKENDS` is set and its server is given:
+/// `url` has `{addr}` for the server's address; `env` names its address's variable, whose
+/// `_DIR` twin is the script's directory for the restart cell.
+async fn backend_matrix(
+    server: &str,
+    env: &str,
+    lease: &str,
+    url: impl Fn(&str) -> String,
+    tool: &'static str,
+    forgets: bool,
+    pause_holds: bool,
+) {
+    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
+        println!("{server}: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
+        return;
+    }
+    let given = std::env::var(env).unwrap_or_else(|_| panic!("{env} unset: run the tests with scripts/test.sh"));
+    // The address inside the URL (redis and etcd give host:port; SQL backends a URL).
+    let addr = match given.split_once('@') {
+        Some((_, rest)) => rest.split('/').next().unwrap().to_string(),
+        None => given.clone(),
+    };
+    let dir = std::env::var(format!("{env}_DIR")).ok();
+    let target = Target {
+        server: server.to_string(),
+        url: url(&given).replace(&addr, "{addr}"),
+        addr: Some(addr.replace("localhost", "127.0.0.1")),
+        restart: dir.clone().map(|d| (tool, d)),
+        ensemble: None,
+        restart_forgets: forgets,
+        lease: distlock::parse_duration(lease).unwrap(),
+        pause_holds,
+    };
+    run_matrix(target, &network_scenarios(dir.is_some())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_redis() {
+    let url = |addr: &str| format!("redis://{addr}?lease={LEASE}");
+    let server = "Redis 7 (standalone, no persistence)";
+    backend_matrix(server, "DISTLOCK_TEST_REDIS", LEASE, url, "scripts/redis.sh", true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_postgres() {
+    let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
+    backend_matrix("PostgreSQL 15", "DISTLOCK_TEST_POSTGRES", SQL_LEASE, url, "scripts/postgres.sh", false, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_mariadb() {
+    let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
+    backend_matrix("MariaDB", "DISTLOCK_TEST_MYSQL", SQL_LEASE, url, "scripts/mariadb.sh", false, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_etcd() {
+    let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
+    backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", false, false).await;
+}
+
+/// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
+/// the lease running out under them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_sqlite() {
+    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
+        println!("SQLite: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("distlock-matrix-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = Target {
+        server: "SQLite (one file)".into(),
+        url: format!("sqlite://{}/locks.db?lease={LEASE}", dir.display()),
+        addr: None,
+        restart: None,
+        ensemble: None,
+        restart_forgets: false,
+        lease: distlock::parse_duration(LEASE).unwrap(),
+        pause_holds: false,
+    };
+    run_matrix(
+        target,
+        &[Scenario::None, Scenario::Pause { fenced: true }, Scenario::Pause { fenced: false }, Scenario::Kill],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
