@@ -691,6 +691,73 @@ async fn an_ended_holds_late_release_cannot_touch_the_next_hold() {
     assert_eq!(exists, 0);
 }
 
+/// A release that finds the lock no longer ours says so (`LockLost`, which `distlock exec` turns
+/// into its status 3), on every recipe, whatever is at the key now: nothing, someone else's
+/// lock of the same layout, or a key of another type (not an error either). A permit whose
+/// expiry passed by the server's clock is no longer ours even before it is pruned.
+#[tokio::test]
+async fn every_release_that_finds_the_lock_gone_or_taken_says_it_was_lost() {
+    let redis = connect("?lease=20s").await;
+    let mut conn = raw().await;
+    let mut leftovers = Vec::new();
+    for with in ["nothing", "string", "hash", "zset"] {
+        let key = unique(&format!("taken-by-{with}"));
+        let name = |recipe: &str| format!("{key}-{recipe}");
+        let g = redis.mutex(&name("mutex")).unwrap().lock().await.unwrap();
+        replace_key(&mut conn, &name("mutex"), with).await;
+        says_lost("mutex", with, g.release().await);
+        let g = redis.simple_lock(&name("simple")).unwrap().lock().await.unwrap();
+        replace_key(&mut conn, &name("simple"), with).await;
+        says_lost("simple", with, g.release().await);
+        let g = redis.rwlock(&name("read")).unwrap().read().await.unwrap();
+        replace_key(&mut conn, &name("read"), with).await;
+        says_lost("read", with, g.release().await);
+        let g = redis.rwlock(&name("write")).unwrap().write().await.unwrap();
+        replace_key(&mut conn, &name("write"), with).await;
+        says_lost("write", with, g.release().await);
+        let g = redis.fair_lock(&name("fair")).unwrap().lock().await.unwrap();
+        replace_key(&mut conn, &name("fair"), with).await;
+        says_lost("fair", with, g.release().await);
+        let g = redis.semaphore(&name("permit"), 2).unwrap().acquire().await.unwrap();
+        replace_key(&mut conn, &name("permit"), with).await;
+        says_lost("permit", with, g.release().await);
+        leftovers.extend(["mutex", "simple", "read", "write", "fair", "permit"].map(name));
+    }
+    // Our permit, its expiry passed by the server's clock but not yet pruned.
+    let pool = unique("expired-permit");
+    let p = redis.semaphore(&pool, 2).unwrap().acquire().await.unwrap();
+    let _: i64 = cmd(&mut conn, &["ZADD", &pool, "XX", "1", p.holder_id()]).await;
+    says_lost("permit", "its own expired entry", p.release().await);
+    leftovers.push(pool);
+    for key in &leftovers {
+        let _: i64 = cmd(&mut conn, &["DEL", key]).await;
+    }
+}
+
+/// Deletes `key` and, unless `with` is `nothing`, puts someone else's key of type `with` there.
+async fn replace_key(conn: &mut redis::aio::MultiplexedConnection, key: &str, with: &str) {
+    let _: i64 = cmd(conn, &["DEL", key]).await;
+    match with {
+        "string" => {
+            let _: String = cmd(conn, &["SET", key, "someone-else"]).await;
+        }
+        "hash" => {
+            let _: i64 = cmd(conn, &["HSET", key, "someone-else:1", "1"]).await;
+        }
+        "zset" => {
+            let _: i64 = cmd(conn, &["ZADD", key, "1", "someone-else"]).await;
+        }
+        _ => {}
+    }
+}
+
+fn says_lost(recipe: &str, with: &str, released: distlock::Result<()>) {
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "{recipe}'s release, its key replaced by {with}: {released:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_acquire_whose_answer_was_lost_is_not_counted_twice() {
     // The acquire reaches the server, its answer is held back, and the connection is cut: the

@@ -1,8 +1,10 @@
 //! Tests that need redis-servers of their own, started with `scripts/redis.sh` (the shared test
-//! server must not be restarted or replicated): a restart without persistence under a held lock,
-//! acquires that must be confirmed by a replica (`WAIT`), Redlock over three masters, a
-//! Sentinel failover, and a 6-node cluster (locks over its slots, a master failover, and a
-//! failover before replication caught up, through the fenced checker).
+//! server must not be restarted or replicated): a restart without persistence under held locks
+//! (reported at once, and by every release), acquires that must be confirmed by a replica
+//! (`WAIT`), Redlock over three masters, a Sentinel failover (followed by holders, by waiters and
+//! by a client connecting meanwhile), and a 6-node cluster (locks over its slots, a master
+//! failover with a wait riding through it, and a failover before replication caught up, through
+//! the fenced checker).
 #![cfg(feature = "redis")]
 
 use distlock::redis::Client;
@@ -94,6 +96,71 @@ async fn a_restart_without_persistence_is_a_loss_and_tokens_keep_rising() {
     drop(held);
 }
 
+/// A server restarted empty under held locks of every recipe: each holder is told at once (the
+/// client's connection to the server ended, and the server's run id is another), not at its
+/// next renewal a third of the lease later, and each release says the lock was lost. Holds
+/// released right after a restart, before the client can have noticed it, report the loss too.
+#[tokio::test]
+async fn a_restart_without_persistence_is_reported_at_once_and_by_every_release() {
+    let server = Server::start();
+    // Renewals every 10 s: a loss reported sooner comes from the restart checks.
+    let redis = Client::connect(&format!("redis://{}?lease=30s", server.addr)).await.unwrap();
+    let mutex = redis.mutex("restart-mutex").unwrap().lock().await.unwrap();
+    let simple = redis.simple_lock("restart-simple").unwrap().lock().await.unwrap();
+    let read = redis.rwlock("restart-read").unwrap().read().await.unwrap();
+    let write = redis.rwlock("restart-write").unwrap().write().await.unwrap();
+    let fair = redis.fair_lock("restart-fair").unwrap().lock().await.unwrap();
+    let permit = redis.semaphore("restart-pool", 2).unwrap().acquire().await.unwrap();
+    let granted = std::time::Instant::now();
+    server.restart(); // empty: every lock is gone
+    let back = std::time::Instant::now();
+    let reasons = tokio::time::timeout(Duration::from_secs(5), async {
+        vec![
+            mutex.lost().await,
+            simple.lost().await,
+            read.lost().await,
+            write.lost().await,
+            fair.lost().await,
+            permit.lost().await,
+        ]
+    })
+    .await
+    .expect("every holder is told within 5 s of the server's return");
+    eprintln!(
+        "restart: every holder told {:?} after the server was back, {:?} after the grants",
+        back.elapsed(),
+        granted.elapsed()
+    );
+    assert!(reasons.iter().all(|r| *r == LostReason::KeyDeleted), "{reasons:?}");
+    assert!(granted.elapsed() < Duration::from_secs(8), "told before the first renewal (10 s after the grants)");
+    let releases = [
+        mutex.release().await,
+        simple.release().await,
+        read.release().await,
+        write.release().await,
+        fair.release().await,
+        permit.release().await,
+    ];
+    for r in &releases {
+        assert!(matches!(r, Err(Error::LockLost { .. })), "a release after the loss: {r:?}");
+    }
+
+    // Released at once after another restart, whether or not the client noticed it yet: the
+    // lock is not ours on the server any more, and the release says so.
+    let mutex = redis.mutex("restart-mutex").unwrap().lock().await.unwrap();
+    let simple = redis.simple_lock("restart-simple").unwrap().lock().await.unwrap();
+    let permit = redis.semaphore("restart-pool", 2).unwrap().acquire().await.unwrap();
+    server.restart();
+    let releases = [mutex.release().await, simple.release().await, permit.release().await];
+    for r in &releases {
+        assert!(matches!(r, Err(Error::LockLost { .. })), "a release right after the restart: {r:?}");
+    }
+    // The client goes on: a new hold on the restarted server is an ordinary one.
+    let again = redis.mutex("restart-mutex").unwrap().lock().await.unwrap();
+    assert_eq!(again.state(), distlock::LockState::Held);
+    again.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
     let master = Server::start();
@@ -167,6 +234,20 @@ async fn redlock_holds_with_a_majority_and_not_without() {
     assert_eq!(n, 0, "a failed round leaves nothing on the masters that said yes");
     distlock_faults::resume(masters[1].pid()).unwrap();
     distlock_faults::resume(masters[2].pid()).unwrap();
+
+    // A release that finds our value gone from one master: the two others still held it. Gone
+    // from two: no majority can have held it to the end, and the release says so. (The paused
+    // masters may first run the rounds sent to them while paused: wait out their TTL.)
+    let g = a.lock_timeout("report", Duration::from_secs(10)).await.unwrap().expect("every master is back");
+    let _: i64 = redis::cmd("DEL").arg("report").query_async(&mut conn).await.unwrap();
+    g.release().await.expect("2 of 3 masters still had it");
+    let g = a.lock_timeout("report", Duration::from_secs(10)).await.unwrap().expect("free again");
+    for m in &masters[..2] {
+        let mut c = raw_conn(&m.addr).await;
+        let _: i64 = redis::cmd("DEL").arg("report").query_async(&mut c).await.unwrap();
+    }
+    let r = g.release().await;
+    assert!(matches!(r, Err(Error::LockLost { reason: LostReason::KeyDeleted, .. })), "gone from 2 of 3: {r:?}");
 }
 
 async fn raw_conn(addr: &str) -> redis::aio::MultiplexedConnection {
@@ -263,6 +344,91 @@ async fn a_sentinel_failover_moves_the_client_and_its_locks_to_the_new_master() 
     eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
     follows_the_promotion(&redis, "orders", t1, held).await;
     distlock_faults::resume(master.pid()).unwrap();
+}
+
+/// Waits and connects with time left ride through a Sentinel failover. A waiter queued on the
+/// master before it went silent (its wake-up is lost with it) is granted soon after the lock is
+/// freed on the new master, not when some request to the silent one times out; a client that
+/// connects while the Sentinels still name the silent master connects once they name the new
+/// one, within its `connect_timeout`, and waits for the lock there.
+#[tokio::test]
+async fn a_sentinel_failover_ends_no_wait_or_connect_with_time_left() {
+    let group = SentinelGroup::start().await;
+    let holder = Client::connect(&group.url()).await.unwrap();
+    let held = holder.mutex("queue").unwrap().lock().await.unwrap();
+    eventually(Duration::from_secs(10), "the lock to reach the replica", || async {
+        let mut conn = raw_conn(&group.replica.addr).await;
+        redis::cmd("EXISTS").arg("queue").query_async::<i64>(&mut conn).await.unwrap_or(0) == 1
+    })
+    .await;
+    let waiter = Client::connect(&group.url()).await.unwrap();
+    let queued = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.mutex("queue").unwrap().lock_timeout(Duration::from_secs(40)).await })
+    };
+    eventually(Duration::from_secs(10), "the waiter to subscribe on the master", || async {
+        let mut conn = raw_conn(&group.master.addr).await;
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("redisson_lock__channel:{queue}")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        n > 0
+    })
+    .await;
+
+    distlock_faults::pause(group.master.pid()).unwrap();
+    let silent = std::time::Instant::now();
+    // Connects while the Sentinels still name the silent master (they take seconds to agree).
+    let late = {
+        let hosts: Vec<&str> = group.sentinels.iter().map(|s| s.addr.as_str()).collect();
+        let url = format!("redis+sentinel://{}/mymaster?lease=10s&connect_timeout=30s", hosts.join(","));
+        tokio::spawn(async move { Client::connect(&url).await })
+    };
+    group.promoted().await;
+    let promoted = std::time::Instant::now();
+    eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
+    // The holder follows the new master (a renewal there succeeds), and frees the lock there.
+    eventually(Duration::from_secs(15), "the held lock to be renewed on the new master", || async {
+        held.lease_deadline() > promoted + Duration::from_secs(9) && held.state() == distlock::LockState::Held
+    })
+    .await;
+    if queued.is_finished() {
+        let ended = queued.await;
+        panic!("the failover ended the wait: {ended:?}");
+    }
+    let freed = std::time::Instant::now();
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(20), queued)
+        .await
+        .expect("the waiter is granted within its wait")
+        .unwrap()
+        .expect("the wait rides through the failover")
+        .expect("granted, not timed out");
+    let after = freed.elapsed();
+    eprintln!("failover: the queued waiter granted {after:?} after the lock was freed on the new master");
+    assert!(after < Duration::from_secs(4), "granted {after:?} after the lock was freed");
+
+    let late = tokio::time::timeout(Duration::from_secs(40), late)
+        .await
+        .expect("the connect ends within its connect_timeout")
+        .unwrap()
+        .expect("a client connecting during the failover reaches the new master");
+    eprintln!("failover: a client connecting meanwhile connected {:?} after the master went silent", silent.elapsed());
+    let third = {
+        let late = late.clone();
+        tokio::spawn(async move { late.mutex("queue").unwrap().lock_timeout(Duration::from_secs(20)).await })
+    };
+    granted.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(25), third)
+        .await
+        .expect("the late client's wait ends")
+        .unwrap()
+        .unwrap()
+        .expect("granted once the waiter released");
+    g.release().await.unwrap();
+    distlock_faults::resume(group.master.pid()).unwrap();
 }
 
 /// After a promotion: a new acquire of `name` through `redis` reaches the new master with a
@@ -447,6 +613,61 @@ async fn a_cluster_master_failover_keeps_replicated_locks_and_rising_tokens() {
     promoted(&replica).await;
     eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
     follows_the_promotion(&redis, "orders{held}", t1, held).await;
+}
+
+/// A wait with time left rides through a cluster failover (requests to the silent master time
+/// out, the cluster answers CLUSTERDOWN, then MOVED, while the replica takes over): the waiter
+/// is granted once the lock is freed on the new master.
+#[tokio::test]
+async fn a_cluster_failover_ends_no_wait_with_time_left() {
+    let cluster = Cluster::start();
+    let holder = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
+    let waiter = Client::connect(&cluster.url("?lease=10s&connect_timeout=10s")).await.unwrap();
+    let (master, replica) = cluster.owners("queue").await;
+    let held = holder.mutex("queue").unwrap().lock().await.unwrap();
+    eventually(Duration::from_secs(10), "the held lock to reach the replica", || async {
+        count_in_slot(&replica, "queue").await >= 2 // the lock and its token counter
+    })
+    .await;
+    let queued = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.mutex("queue").unwrap().lock_timeout(Duration::from_secs(60)).await })
+    };
+    eventually(Duration::from_secs(10), "the waiter to SSUBSCRIBE on the slot's master", || async {
+        let mut conn = raw_conn(&master).await;
+        let v: Vec<redis::Value> = redis::cmd("PUBSUB")
+            .arg("SHARDNUMSUB")
+            .arg("redisson_lock__channel:{queue}")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        matches!(v.get(1), Some(redis::Value::Int(n)) if *n > 0)
+    })
+    .await;
+    distlock_faults::pause(cluster.pid(&master)).unwrap();
+    let silent = std::time::Instant::now();
+    promoted(&replica).await;
+    let promoted_at = std::time::Instant::now();
+    eprintln!("failover: replica promoted {:?} after the master went silent", silent.elapsed());
+    eventually(Duration::from_secs(20), "the held lock to be renewed on the new master", || async {
+        held.lease_deadline() > promoted_at + Duration::from_secs(9) && held.state() == distlock::LockState::Held
+    })
+    .await;
+    if queued.is_finished() {
+        let ended = queued.await;
+        panic!("the failover ended the wait: {ended:?}");
+    }
+    let freed = std::time::Instant::now();
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(30), queued)
+        .await
+        .expect("the waiter is granted within its wait")
+        .unwrap()
+        .expect("the wait rides through the failover")
+        .expect("granted, not timed out");
+    eprintln!("failover: the queued waiter granted {:?} after the lock was freed", freed.elapsed());
+    assert!(freed.elapsed() < Duration::from_secs(10), "granted {:?} after the lock was freed", freed.elapsed());
+    granted.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -110,7 +110,12 @@ impl FairLock {
         // From here on we may be queued: leave the queue however this ends, unless granted.
         let mut queued = Queued { inner: Some((inner.clone(), fresh.clone())) };
         let heartbeat = inner.client.lease() / 3;
+        // Whether the last wait ended without a message (a re-check on our own initiative).
+        let mut unprompted = false;
         loop {
+            if unprompted {
+                inner.client.look_for_failover();
+            }
             let ensure = inner.client.inner.wake.ensure(&channel);
             let subscribed = match deadline {
                 Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
@@ -119,6 +124,8 @@ impl FairLock {
             let notified = registration.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // A connection error or a failover does not end a wait with time left: try again.
+            let mut failed = false;
             let ttl = match self.attempt(&fresh, true).await {
                 Ok(Outcome::Granted(g)) => {
                     queued.inner = None;
@@ -130,7 +137,11 @@ impl FairLock {
                     }
                     ttl_ms
                 }
-                Err(e) if e.is_transient() => 0,
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(key = %inner.key, error = %e, "fair lock attempt failed; retrying");
+                    failed = true;
+                    0
+                }
                 Err(e) => return Err(e),
             };
             let now = Instant::now();
@@ -139,19 +150,19 @@ impl FairLock {
                 return Ok(None);
             }
             // Wake on our message, when the holder's lease runs out, or in time to keep our
-            // place in the queue.
-            let mut wait = heartbeat;
+            // place in the queue; at the latest at the fallback poll (our message may be lost).
+            let mut wait = heartbeat.min(super::FALLBACK_POLL);
             if ttl > 0 {
                 wait = wait.min(Duration::from_millis(ttl as u64 + 1));
             }
-            if !subscribed {
+            if !subscribed || failed {
                 wait = wait.min(Duration::from_millis(100));
             }
             let until = deadline.map_or(now + wait, |d| d.min(now + wait));
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until) => {}
-            }
+            unprompted = tokio::select! {
+                _ = &mut notified => false,
+                _ = tokio::time::sleep_until(until) => true,
+            };
         }
     }
 

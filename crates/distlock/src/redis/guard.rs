@@ -6,6 +6,8 @@
 //! the lease. A failed renewal makes the guard `Suspended` and is retried until the deadline; at
 //! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
 //! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
+//! Renewals also run at once, out of turn, when the client sees a sign that the server may have
+//! lost its keys (`sentry.rs`, [`Watchdog::check_now`](super::watchdog::Watchdog::check_now)).
 
 use super::watchdog::Slot;
 use super::{scripts, Answer, Client, Replication};
@@ -42,6 +44,16 @@ pub(crate) struct Shared {
     slot: StdMutex<Option<Slot>>,
     /// Released or dropped: never renewed again.
     ended: AtomicBool,
+    /// The run id of the server the hold was last confirmed on (as the client knew it then):
+    /// a release whose first try failed, and whose retry finds nothing, counts as released only
+    /// on that same server.
+    server: StdMutex<Option<Arc<str>>>,
+}
+
+impl Shared {
+    fn server(&self) -> Option<Arc<str>> {
+        self.server.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// The state every Redis guard shares.
@@ -63,7 +75,9 @@ impl Hold {
             lease: Arc::new(Lease::new(sent, lease)),
             slot: StdMutex::new(None),
             ended: AtomicBool::new(false),
+            server: StdMutex::new(client.server_id()),
         });
+        client.hold_started();
         {
             let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
             let renewal =
@@ -73,8 +87,9 @@ impl Hold {
         Hold { client, key, holder, token, shared, released: false }
     }
 
-    /// No more renewals: the hold is released or dropped.
+    /// No more renewals: the hold is released or dropped (called once per hold).
     fn end(&self) {
+        self.client.hold_ended();
         self.shared.ended.store(true, Ordering::SeqCst);
         let slot = self.shared.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(slot) = slot {
@@ -118,10 +133,12 @@ impl Hold {
         self.end();
         let before = self.state();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
-        let deadline = self.shared.lease.deadline();
+        let (deadline, server) = (self.shared.lease.deadline(), self.shared.server());
         // A caller that stops waiting does not stop the release: it finishes in the background.
-        let outcome =
-            crate::detach::detach(async move { release_on_server(&client, &key, &holder, deadline).await }).await;
+        let outcome = crate::detach::detach(async move {
+            release_on_server(&client, &key, &holder, deadline, server.as_deref()).await
+        })
+        .await;
         let lost = |reason| Err(Error::LockLost { lock: self.key.clone(), reason });
         match (before, outcome) {
             // Lost before: that is the news, whatever the release found.
@@ -142,10 +159,10 @@ impl Drop for Hold {
         }
         self.end();
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
-        let deadline = self.shared.lease.deadline();
+        let (deadline, server) = (self.shared.lease.deadline(), self.shared.server());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                if let Err(e) = release_on_server(&client, &key, &holder, deadline).await {
+                if let Err(e) = release_on_server(&client, &key, &holder, deadline, server.as_deref()).await {
                     tracing::warn!(key, error = %e, "release on drop failed; the lease frees the lock");
                 }
             });
@@ -154,8 +171,15 @@ impl Drop for Hold {
 }
 
 /// One release; true if it was ours. Connection errors are retried until the lease deadline
-/// (after which the server frees the lock anyway).
-async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline: Instant) -> Result<bool> {
+/// (after which the server frees the lock anyway). `server` is the run id of the server the hold
+/// was last confirmed on, if known.
+async fn release_on_server(
+    client: &Client,
+    key: &str,
+    holder: &Holder,
+    deadline: Instant,
+    server: Option<&str>,
+) -> Result<bool> {
     let lease = client.lease_ms().to_string();
     let k = key.to_string();
     // Redisson's unlock latch (the same for every retry of this release) where the layout has one.
@@ -209,10 +233,15 @@ async fn release_on_server(client: &Client, key: &str, holder: &Holder, deadline
                 if latched && matches!(r, Ok(Some(0))) {
                     client.forget(&latch); // written only for a re-entrant decrement
                 }
-                // After a failed try (whose answer may have been lost after it released), "not
-                // ours" is what that first release left: released. A hold lost before the
-                // release is reported from the guard's state, not from here.
-                return r.map(|v| v.is_some() || attempt > 1);
+                let ours = r?.is_some();
+                if ours || attempt == 1 {
+                    return Ok(ours);
+                }
+                // A retry found nothing of ours. Either the failed try released it and its answer
+                // was lost, or the server lost the lock meanwhile (restarted without persistence,
+                // or replaced by another master). Only the same server can have done the first.
+                // (A hold lost before the release is reported from the guard's state.)
+                return Ok(client.same_server(server).await);
             }
         }
     }
@@ -261,6 +290,7 @@ pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, renewal
     let next = match outcome {
         Ok(true) => {
             shared.lease.confirmed(sent, key);
+            *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
             sent + lease / 3
         }
         Ok(false) => {

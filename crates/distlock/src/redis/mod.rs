@@ -30,12 +30,22 @@
 //! deadline if no renewal was confirmed by then: before the server can expire the key and give
 //! the lock to anyone else. A renewal that finds the key gone resolves it at once.
 //!
+//! Every hold is also checked at once, whatever its turn, when the server may have lost it: the
+//! connection to the server ended (a restart or crash closes it), a request failed with a
+//! connection error and the next one succeeded, the server's run id changed, or Sentinel named
+//! another master. A server restarted without persistence is so reported within a round trip of
+//! its return, not up to a third of a lease later. A release that finds the lock no longer ours
+//! returns [`Error::LockLost`].
+//!
 //! # Waiting
 //!
 //! Waiters subscribe to the lock's channel and try again when a release is published, or when
-//! the holder's TTL (returned by the failed attempt) runs out: no polling. A holder that releases
-//! without publishing (redis-py) is seen when its TTL runs out, or, for the simple layout, at the
-//! next re-check (every 100 ms, redis-py's own interval).
+//! the holder's TTL (returned by the failed attempt) runs out, and at least every second in case
+//! a message was lost (a master that went silent, a failover). A holder that releases without
+//! publishing (redis-py) is seen at that re-check, or, for the simple layout, at the next one of
+//! every 100 ms (redis-py's own interval). A wait with time left rides through connection errors
+//! and failovers: with Sentinel the waiter also asks the Sentinels at those re-checks, and on a
+//! cluster `CLUSTERDOWN`, `MOVED` and `TRYAGAIN` are retried until the caller's deadline.
 //!
 //! # Examples
 //!
@@ -57,6 +67,7 @@ mod redlock;
 mod rwlock;
 mod scripts;
 mod semaphore;
+mod sentry;
 mod simple;
 mod url;
 mod wake;
@@ -71,7 +82,7 @@ pub use simple::{SimpleGuard, SimpleLock};
 pub use url::{Layout, RedisUrl, SentinelUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE};
 
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -155,6 +166,15 @@ struct Inner {
     /// The same without dashes (the simple layout's values start with it).
     id_hex: String,
     next_handle: AtomicU64,
+    /// The run id (`INFO server`) of the server the connection reached when last asked; `None`
+    /// if unknown (and always on a cluster).
+    server_id: std::sync::Mutex<Option<Arc<str>>>,
+    /// A request failed with a connection error since the last one that succeeded.
+    conn_failed: AtomicBool,
+    /// Holds of this client not yet released or dropped.
+    holds: AtomicUsize,
+    /// The sentry's task, while it runs (`sentry.rs`).
+    sentry: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -203,28 +223,33 @@ pub(crate) async fn open_cluster(
     Ok(conn)
 }
 
-/// Opens a connection to the master: the URL's server, or the one the Sentinels name (checked
-/// to be a master with ROLE).
-async fn open_master(url: &RedisUrl) -> Result<(String, redis::Client, redis::aio::ConnectionManager)> {
+/// The master a client talks to: its `host:port`, the redis crate's client and connection for
+/// it, and its run id (if the server told it).
+struct Master {
+    addr: String,
+    client: redis::Client,
+    conn: redis::aio::ConnectionManager,
+    run_id: Option<Arc<str>>,
+}
+
+/// Opens a connection to the master at `host:port` (with Sentinel, the one they named: checked
+/// to be a master with ROLE). Each step waits at most `bound` for an answer.
+async fn open_master(url: &RedisUrl, host: &str, port: u16, bound: Duration) -> Result<Master> {
     let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
-    let (host, port) = match &url.sentinel {
-        None => (url.host.clone(), url.port),
-        Some(s) => ask_sentinels(url, s).await?,
-    };
-    let client = redis::Client::open(url.connection_string_for(&host, port)).map_err(|e| failed(e.to_string()))?;
+    let client = redis::Client::open(url.connection_string_for(host, port)).map_err(|e| failed(e.to_string()))?;
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(url.connect_timeout))
         .set_response_timeout(Some(response_timeout(url)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
-    let conn = tokio::time::timeout(url.connect_timeout, client.get_connection_manager_with_config(config))
+    let conn = tokio::time::timeout(bound, client.get_connection_manager_with_config(config))
         .await
-        .map_err(|_| failed(format!("no answer from {host}:{port} within {:?}", url.connect_timeout)))?
+        .map_err(|_| failed(format!("no answer from {host}:{port} within {bound:?}")))?
         .map_err(|e| failed(format!("{host}:{port}: {e}")))?;
     let mut probe = conn.clone();
-    let role: redis::Value = tokio::time::timeout(url.connect_timeout, redis::cmd("ROLE").query_async(&mut probe))
+    let role: redis::Value = tokio::time::timeout(bound, redis::cmd("ROLE").query_async(&mut probe))
         .await
-        .map_err(|_| failed(format!("no answer to ROLE from {host}:{port} within {:?}", url.connect_timeout)))?
+        .map_err(|_| failed(format!("no answer to ROLE from {host}:{port} within {bound:?}")))?
         .map_err(|e| failed(format!("{host}:{port}: {e}")))?;
     if url.sentinel.is_some() {
         let is_master = matches!(&role, redis::Value::Array(v) if matches!(v.first(), Some(redis::Value::BulkString(b)) if b == b"master"));
@@ -232,12 +257,67 @@ async fn open_master(url: &RedisUrl) -> Result<(String, redis::Client, redis::ai
             return Err(failed(format!("{host}:{port}, named master by the Sentinels, is not a master (yet)")));
         }
     }
-    Ok((format!("{host}:{port}"), client, conn))
+    // Not fatal if refused (an ACL without INFO): only the restart checks go without it.
+    let run_id: Option<Arc<str>> = match tokio::time::timeout(bound, run_id(&mut probe)).await {
+        Ok(Ok(id)) => Some(Arc::from(id.as_str())),
+        _ => None,
+    };
+    Ok(Master { addr: format!("{host}:{port}"), client, conn, run_id })
 }
 
-/// The master's address, from the first Sentinel that knows it.
+/// Connects to the master. With Sentinel, tries again until `connect_timeout` runs out, asking
+/// the Sentinels each time: a master they still name while it is silent (paused, cut off) must
+/// not use up the whole time when they are about to name another. The first try waits a second
+/// for each answer, every next one twice as long as the last. A master name no Sentinel knows
+/// is not tried again.
+async fn connect_master(url: &RedisUrl) -> Result<Master> {
+    let Some(sentinel) = &url.sentinel else {
+        return open_master(url, &url.host, url.port, url.connect_timeout).await;
+    };
+    let until = Instant::now() + url.connect_timeout;
+    let mut bound = Duration::from_secs(1);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let attempt = async {
+            match ask_sentinels(url, sentinel).await {
+                Ok((host, port)) => open_master(url, &host, port, bound.min(left)).await,
+                Err(e) => Err(e),
+            }
+        };
+        let e = match tokio::time::timeout(left, attempt).await {
+            Ok(Ok(master)) => return Ok(master),
+            Ok(Err(e @ Error::InvalidArgument { .. })) => return Err(e),
+            Ok(Err(e)) => e,
+            Err(_) => Error::Connect {
+                url: url.to_string(),
+                reason: format!("no master answered within {:?}", url.connect_timeout),
+            },
+        };
+        let pause = Duration::from_millis(200);
+        if Instant::now() + pause >= until {
+            return Err(e);
+        }
+        tracing::debug!(error = %e, "the master the Sentinels named did not answer; asking them again");
+        tokio::time::sleep(pause).await;
+        bound *= 2;
+    }
+}
+
+/// The server's run id, from `INFO server` (a new one after every restart).
+async fn run_id(conn: &mut (impl redis::aio::ConnectionLike + Send)) -> redis::RedisResult<String> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_string())
+        .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "INFO server without a run_id")))
+}
+
+/// The master's address, from the first Sentinel that knows it. When none named it and some said
+/// they do not know the name (and none failed to answer), the name is wrong:
+/// [`Error::InvalidArgument`].
 async fn ask_sentinels(url: &RedisUrl, sentinel: &SentinelUrl) -> Result<(String, u16)> {
     let mut why = Vec::new();
+    let mut unanswered = 0;
     for hp in &sentinel.hosts {
         let asked = async {
             let client = redis::Client::open(format!("redis://{hp}"))?;
@@ -251,9 +331,21 @@ async fn ask_sentinels(url: &RedisUrl, sentinel: &SentinelUrl) -> Result<(String
         match tokio::time::timeout(url.connect_timeout.min(Duration::from_secs(2)), asked).await {
             Ok(Ok(Some(addr))) => return Ok(addr),
             Ok(Ok(None)) => why.push(format!("{hp} does not know master {:?}", sentinel.master)),
-            Ok(Err(e)) => why.push(format!("{hp}: {e}")),
-            Err(_) => why.push(format!("{hp}: no answer")),
+            Ok(Err(e)) => {
+                unanswered += 1;
+                why.push(format!("{hp}: {e}"));
+            }
+            Err(_) => {
+                unanswered += 1;
+                why.push(format!("{hp}: no answer"));
+            }
         }
+    }
+    if unanswered == 0 {
+        return Err(Error::InvalidArgument {
+            what: "Sentinel master name",
+            reason: format!("no Sentinel monitors a master named {:?} ({})", sentinel.master, why.join("; ")),
+        });
     }
     Err(Error::Connect { url: url.to_string(), reason: format!("no Sentinel named the master ({})", why.join("; ")) })
 }
@@ -262,20 +354,22 @@ impl Client {
     /// Connects to the server named by a `redis://` or `redis+sentinel://` URL (see
     /// [`RedisUrl`]). With Sentinel, the client follows the master: when a request fails, or the
     /// server says it is a replica now, it asks the Sentinels again and moves to the new master.
+    /// Connecting itself asks them again until `connect_timeout` if the master they name does
+    /// not answer (a failover may be under way).
     pub async fn connect(url: &str) -> Result<Client> {
         Client::connect_url(RedisUrl::parse(url)?).await
     }
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: RedisUrl) -> Result<Client> {
-        let (master, conn, wake) = match &url.cluster {
+        let (master, conn, wake, server_id) = match &url.cluster {
             None => {
-                let (master, client, conn) = open_master(&url).await?;
-                (master, Connection::Server(conn), wake::Wakeups::new(client, url.connect_timeout))
+                let m = connect_master(&url).await?;
+                (m.addr, Connection::Server(m.conn), wake::Wakeups::new(m.client, url.connect_timeout), m.run_id)
             }
             Some(nodes) => {
                 let conn = open_cluster(&url, nodes, None).await?;
-                (nodes.join(","), Connection::Cluster(conn), wake::Wakeups::cluster(url.clone()))
+                (nodes.join(","), Connection::Cluster(conn), wake::Wakeups::cluster(url.clone()), None)
             }
         };
         let wake = Arc::new(wake);
@@ -291,6 +385,10 @@ impl Client {
                 id: id.to_string(),
                 id_hex: id.simple().to_string(),
                 next_handle: AtomicU64::new(1),
+                server_id: std::sync::Mutex::new(server_id),
+                conn_failed: AtomicBool::new(false),
+                holds: AtomicUsize::new(0),
+                sentry: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -325,9 +423,24 @@ impl Client {
     /// With Sentinel: asks again which server is the master (at most every 200 ms) and moves
     /// there if it changed. Called when a request failed in a way a failover explains.
     async fn follow_master(&self) {
+        self.follow_master_every(Duration::from_millis(200), true).await
+    }
+
+    /// [`follow_master`](Client::follow_master), asking the Sentinels at most once per `gap`;
+    /// unless `patient`, not at all while someone else is asking them. Moving to a new master
+    /// has every hold checked there at once (a grant the old master had not replicated is gone)
+    /// and every waiter re-subscribe there and try again.
+    async fn follow_master_every(&self, gap: Duration, patient: bool) {
         let Some(sentinel) = &self.inner.url.sentinel else { return };
-        let mut master = self.inner.master.lock().await;
-        if master.1.is_some_and(|at| at.elapsed() < Duration::from_millis(200)) {
+        let mut master = if patient {
+            self.inner.master.lock().await
+        } else {
+            match self.inner.master.try_lock() {
+                Ok(master) => master,
+                Err(_) => return,
+            }
+        };
+        if master.1.is_some_and(|at| at.elapsed() < gap) {
             return;
         }
         master.1 = Some(Instant::now());
@@ -335,14 +448,125 @@ impl Client {
         if format!("{host}:{port}") == master.0 {
             return;
         }
-        match open_master(&self.inner.url).await {
-            Ok((addr, client, conn)) => {
-                tracing::warn!(from = %master.0, to = %addr, "Sentinel named a new master; following it");
-                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = Connection::Server(conn);
-                self.inner.wake.retarget(client).await;
-                master.0 = addr;
+        match open_master(&self.inner.url, &host, port, response_timeout(&self.inner.url)).await {
+            Ok(m) => {
+                tracing::warn!(from = %master.0, to = %m.addr, "Sentinel named a new master; following it");
+                *self.inner.conn.write().unwrap_or_else(|e| e.into_inner()) = Connection::Server(m.conn);
+                *self.inner.server_id.lock().unwrap_or_else(|e| e.into_inner()) = m.run_id;
+                self.inner.wake.retarget(m.client).await;
+                master.0 = m.addr;
+                self.inner.watchdog.check_now();
             }
             Err(e) => tracing::debug!(error = %e, "cannot reach the new master yet"),
+        }
+    }
+
+    /// At a waiter's re-check that no message prompted: with Sentinel, asks the Sentinels in the
+    /// background (at most once per [`FALLBACK_POLL`]) whether they named another master. A
+    /// master that went silent publishes no release, and its silence would otherwise show only
+    /// as a request timing out. Moving to a new master wakes the waiters to try there; the
+    /// waiter does not wait for the answer (a Sentinel that is down takes seconds to give up on).
+    pub(crate) fn look_for_failover(&self) {
+        if self.inner.url.sentinel.is_none() {
+            return;
+        }
+        let client = self.clone();
+        tokio::spawn(async move { client.follow_master_every(FALLBACK_POLL, false).await });
+    }
+
+    /// The run id of the server the connection reached when last asked.
+    pub(crate) fn server_id(&self) -> Option<Arc<str>> {
+        self.inner.server_id.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Asks the server for its run id. One other than we knew (a restart, or another server at
+    /// the address) is remembered, and has every hold checked at once: the server may not have
+    /// them. Called by the sentry when it (re)opens its connection, and after a connection error
+    /// is followed by an answer. False if the server did not say (a server whose ACL refuses
+    /// INFO counts as having said: nothing more can be learnt from it).
+    pub(crate) async fn revalidate(&self) -> bool {
+        if self.sharded() {
+            return true;
+        }
+        let mut conn = self.conn();
+        let id = match run_id(&mut conn).await {
+            Ok(id) => id,
+            Err(e) => {
+                let e = backend("INFO", "", e);
+                if e.is_transient() {
+                    self.inner.conn_failed.store(true, Ordering::SeqCst); // checked when it answers
+                    return false;
+                }
+                return true;
+            }
+        };
+        let changed = {
+            let mut known = self.inner.server_id.lock().unwrap_or_else(|e| e.into_inner());
+            let changed = known.as_deref() != Some(id.as_str());
+            if changed {
+                *known = Some(Arc::from(id.as_str()));
+            }
+            changed
+        };
+        if changed && self.inner.holds.load(Ordering::SeqCst) > 0 {
+            tracing::info!(
+                url = %self.inner.url,
+                run_id = %id,
+                "the Redis server was restarted or replaced; checking every held lock at once"
+            );
+            self.inner.watchdog.check_now();
+        }
+        true
+    }
+
+    /// Whether the server now is the one with run id `confirmed_on` (the one a hold was last
+    /// confirmed on). True when that cannot be told (no run id known, or on a cluster); if the
+    /// server cannot be asked now, by the run id we know.
+    pub(crate) async fn same_server(&self, confirmed_on: Option<&str>) -> bool {
+        let Some(confirmed_on) = confirmed_on else { return true };
+        if self.sharded() {
+            return true;
+        }
+        let mut conn = self.conn();
+        let asked = tokio::time::timeout(response_timeout(&self.inner.url), run_id(&mut conn)).await;
+        let now: Option<Arc<str>> = match asked {
+            Ok(Ok(id)) => Some(Arc::from(id.as_str())),
+            _ => self.server_id(),
+        };
+        now.as_deref().is_none_or(|id| id == confirmed_on)
+    }
+
+    /// A hold began: counted, and the sentry started if it is not running.
+    pub(crate) fn hold_started(&self) {
+        self.inner.holds.fetch_add(1, Ordering::SeqCst);
+        if self.sharded() {
+            return;
+        }
+        let mut task = self.inner.sentry.lock().unwrap_or_else(|e| e.into_inner());
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *task = Some(runtime.spawn(sentry::run(Arc::downgrade(&self.inner))));
+        }
+    }
+
+    /// A hold ended (released or dropped).
+    pub(crate) fn hold_ended(&self) {
+        self.inner.holds.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A request was answered. The first answer after a connection error comes on a connection
+    /// made since (the redis crate reconnects without telling), to a server that may have lost
+    /// our keys: every hold is checked at once, and the server's run id is asked again.
+    fn answered(&self) {
+        if self.inner.conn_failed.load(Ordering::Relaxed) && self.inner.conn_failed.swap(false, Ordering::SeqCst) {
+            tracing::debug!("the server answers again after a connection error; checking every held lock");
+            self.inner.watchdog.check_now();
+            let client = self.clone();
+            tokio::spawn(async move {
+                client.revalidate().await;
+            });
         }
     }
 
@@ -526,7 +750,10 @@ impl Client {
                 .arg(timeout_ms);
             let mut conn = self.conn();
             match pipe.query_async::<(T, i64)>(&mut conn).await {
-                Ok((value, acked)) => return Ok((value, Replication { wanted, acked })),
+                Ok((value, acked)) => {
+                    self.answered();
+                    return Ok((value, Replication { wanted, acked }));
+                }
                 Err(e) if e.code() == Some("NOSCRIPT") && !loaded => {
                     script.load_async(&mut conn).await.map_err(|e| backend("SCRIPT LOAD", key, e))?;
                 }
@@ -539,9 +766,15 @@ impl Client {
     /// Maps a reply's error, following the master first if a failover may explain it.
     async fn after<T>(&self, r: redis::RedisResult<T>, op: &'static str, key: &str) -> Result<T> {
         match r {
-            Ok(v) => Ok(v),
+            Ok(v) => {
+                self.answered();
+                Ok(v)
+            }
             Err(e) => {
                 let e = backend(op, key, e);
+                if e.is_transient() {
+                    self.inner.conn_failed.store(true, Ordering::SeqCst);
+                }
                 if self.inner.url.sentinel.is_some() && e.is_transient() {
                     self.follow_master().await;
                 } else if self.inner.url.cluster.is_some() && e.is_transient() {
@@ -680,7 +913,8 @@ fn backend(op: &'static str, key: &str, e: redis::RedisError) -> Error {
     Error::Backend { op, path: key.to_string(), source: Box::new(e) }
 }
 
-/// True for errors worth retrying: the connection failed or the server did not answer in time.
+/// True for errors worth retrying: the connection failed, the server did not answer in time, or
+/// a failover is under way.
 pub(crate) fn is_transient(e: &Error) -> bool {
     match e {
         Error::Backend { source, .. } => source.downcast_ref::<redis::RedisError>().is_some_and(|r| {
@@ -690,6 +924,10 @@ pub(crate) fn is_transient(e: &Error) -> bool {
                 || r.is_connection_refusal()
                 // A demoted master (after a failover) refuses writes: ask again, elsewhere.
                 || matches!(r.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+                // A cluster between layouts (CLUSTERDOWN, MOVED, ASK, TRYAGAIN after the redis
+                // crate's own retries), or without a connection to the slot's node yet.
+                || r.is_cluster_error()
+                || r.kind() == redis::ErrorKind::ClusterConnectionNotFound
         }),
         _ => false,
     }
@@ -701,17 +939,24 @@ impl Error {
     }
 }
 
-/// `Ok(-1)` (try again) for a connection error, unless connection errors have lasted
-/// `give_up_after`; the error otherwise.
-fn retryable(e: Error, failing_since: &mut Option<Instant>, give_up_after: Duration) -> Result<i64> {
+/// The longest a waiter sleeps between two attempts, whatever the holder's TTL: a release
+/// message can be lost (a master that went silent, a failover, a pub/sub connection cut without
+/// a word), and the holder's lease can be long.
+pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(1);
+
+/// True if a failed attempt may be tried again: a connection error or a failover's refusal,
+/// unless such errors have lasted `give_up_after` (`None`: until the caller's deadline, which
+/// the caller checks).
+fn may_retry(e: &Error, failing_since: &mut Option<Instant>, give_up_after: Option<Duration>) -> bool {
     if !e.is_transient() {
-        return Err(e);
+        return false;
     }
-    if failing_since.get_or_insert_with(Instant::now).elapsed() >= give_up_after {
-        return Err(e);
+    let since = *failing_since.get_or_insert_with(Instant::now);
+    if give_up_after.is_some_and(|limit| since.elapsed() >= limit) {
+        return false;
     }
     tracing::debug!(error = %e, "acquire attempt failed; retrying");
-    Ok(-1)
+    true
 }
 
 /// What an acquire script answered (the codes in `scripts.rs`).
@@ -759,7 +1004,16 @@ pub(crate) enum Attempt<G> {
 }
 
 /// The wait loop every Redis recipe shares: subscribe to `channel`, try, and on a refusal wait
-/// for a release message or the holder's TTL, until `deadline` (`None`: forever).
+/// for a release message or the holder's TTL (at most [`FALLBACK_POLL`]), until `deadline`
+/// (`None`: forever).
+///
+/// Connection errors and failovers do not end a wait with time left: the attempt is tried again
+/// (after the client followed the master, or learnt the cluster's layout afresh) until the
+/// deadline, and the deadline passing after a failed attempt returns that attempt's error (the
+/// lock could not be asked for, which is not the same as "held by someone else"). A wait
+/// without deadline gives up when errors have lasted the longer of `connect_timeout` and the
+/// lease. With Sentinel, a re-check that no message prompted also asks the Sentinels (in the
+/// background) whether the master moved.
 ///
 /// Each attempt builds its guard itself and is finished in the background if this future is
 /// dropped while it is in flight ([`detach`](crate::detach::detach)): the guard is then dropped
@@ -779,9 +1033,19 @@ where
     // In place, finished in the background if this acquire is dropped meanwhile: a grant that
     // comes after that is dropped with the attempt's output, and so released.
     let try_once = || crate::detach::detach(attempt());
-    // A connection that keeps failing this long ends the acquire with its error.
-    let give_up_after = client.inner.url.connect_timeout;
+    let give_up_after = match deadline {
+        Some(_) => None,
+        None => Some(client.inner.url.connect_timeout.max(client.lease())),
+    };
     let mut failing_since: Option<Instant> = None;
+    // The last attempt's error, while attempts fail.
+    let mut failed: Option<Error> = None;
+    let out_of_time = |failed: Option<Error>| -> Result<Option<G>> {
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    };
     // First a plain attempt: an uncontended acquire costs one round trip and no subscription. A
     // connection error is tried again at once (the connection is re-established), then as below.
     let mut first = try_once().await;
@@ -792,14 +1056,22 @@ where
         Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
         Ok(Attempt::Held(_)) => {}
         Err(e) => {
-            retryable(e, &mut failing_since, give_up_after)?;
+            if !may_retry(&e, &mut failing_since, give_up_after) {
+                return Err(e);
+            }
+            failed = Some(e);
         }
     }
     if deadline.is_some_and(|d| Instant::now() >= d) {
-        return Ok(None);
+        return out_of_time(failed);
     }
     let registration = client.inner.wake.register(channel);
+    // Whether the last wait ended without a message (a re-check on our own initiative).
+    let mut unprompted = false;
     loop {
+        if unprompted {
+            client.look_for_failover();
+        }
         // Neither (re)connecting the pub/sub side nor a slow attempt may hold us past the deadline.
         let ensure = client.inner.wake.ensure(channel);
         let subscribed = match deadline {
@@ -813,7 +1085,8 @@ where
         let attempt = match deadline {
             Some(d) => match tokio::time::timeout_at(d, try_once()).await {
                 Ok(outcome) => outcome,
-                Err(_) => return Ok(None), // a grant that comes after this is dropped and released
+                // A grant that comes after this is dropped and released.
+                Err(_) => return out_of_time(failed),
             },
             None => try_once().await,
         };
@@ -821,16 +1094,24 @@ where
             Ok(Attempt::Acquired(g)) => return Ok(Some(g)),
             Ok(Attempt::Held(pttl)) => {
                 failing_since = None;
+                failed = None;
                 pttl
             }
-            Err(e) => retryable(e, &mut failing_since, give_up_after)?,
+            Err(e) => {
+                if !may_retry(&e, &mut failing_since, give_up_after) {
+                    return Err(e);
+                }
+                failed = Some(e);
+                -1
+            }
         };
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
-            return Ok(None);
+            return out_of_time(failed);
         }
         // Wait for a release message, or until the holder's TTL runs out. Without a confirmed
-        // subscription, or with no TTL to go by, re-check sooner.
+        // subscription, after a failed attempt, or with no TTL to go by, re-check sooner; never
+        // later than the fallback poll.
         let mut wait = if pttl > 0 { Duration::from_millis(pttl as u64 + 1) } else { Duration::from_millis(100) };
         if !subscribed {
             wait = wait.min(Duration::from_millis(100));
@@ -838,13 +1119,14 @@ where
         if let Some(r) = recheck {
             wait = wait.min(r);
         }
+        wait = wait.min(FALLBACK_POLL);
         let until = match deadline {
             Some(d) => d.min(now + wait),
             None => now + wait,
         };
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = tokio::time::sleep_until(until) => {}
-        }
+        unprompted = tokio::select! {
+            _ = &mut notified => false,
+            _ = tokio::time::sleep_until(until) => true,
+        };
     }
 }

@@ -132,7 +132,8 @@ impl Redlock {
     }
 }
 
-/// Compare-and-delete on every master (errors ignored: the TTL frees what this misses).
+/// Compare-and-delete on every master (errors ignored: the TTL frees what this misses). Returns
+/// how many masters answered that the value was not ours (any more).
 async fn release_all(nodes: &[Client], name: &str, value: &str) -> usize {
     let replies = join_all(nodes.iter().map(|node| async move {
         let channel = super::simple_channel(name);
@@ -145,10 +146,10 @@ async fn release_all(nodes: &[Client], name: &str, value: &str) -> usize {
                 name,
             )
             .await;
-        matches!(r, Ok(Some(_)))
+        matches!(r, Ok(None))
     }))
     .await;
-    replies.into_iter().filter(|ok| *ok).count()
+    replies.into_iter().filter(|not_ours| *not_ours).count()
 }
 
 /// A Redlock held by a majority of masters. It has **no fencing token** (see [`Redlock`]); it has
@@ -249,13 +250,18 @@ impl RedlockGuard {
         Ok(new.into_std())
     }
 
-    /// Deletes our value on every master. [`Error::LockLost`] if the validity had run out before.
+    /// Deletes our value on every master. [`Error::LockLost`] if the validity had run out before,
+    /// or if so many masters answered that our value was gone (expired, deleted, or replaced by
+    /// someone else's) that fewer than a majority can still have held it.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         let expired = Instant::now() >= self.deadline();
-        release_all(&self.redlock.nodes, &self.name, &self.value).await;
+        let not_ours = release_all(&self.redlock.nodes, &self.name, &self.value).await;
         if expired {
             return Err(Error::LockLost { lock: self.name.clone(), reason: LostReason::LeaseExpired });
+        }
+        if not_ours > self.redlock.nodes.len() - self.redlock.quorum() {
+            return Err(Error::LockLost { lock: self.name.clone(), reason: LostReason::KeyDeleted });
         }
         Ok(())
     }

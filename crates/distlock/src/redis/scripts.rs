@@ -100,7 +100,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 /// written only then and read only by retries, since a first try cannot have a latch: a
 /// retried final release finds the field gone, which is as good, since every hold has a field
 /// of its own). The last hold deletes the hash without decrementing it first, as Redisson's
-/// decrement to 0 would.
+/// decrement to 0 would. A key of another type (someone else's lock in another layout, taken
+/// after ours was lost) is not ours either: nil, not an error.
 pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
@@ -108,7 +109,9 @@ if ARGV[5] == '1' then
   local done = redis.call('get', KEYS[3])
   if done then return tonumber(done) end
 end
-local count = tonumber(redis.call('hget', KEYS[1], ARGV[3]))
+local held = redis.pcall('hget', KEYS[1], ARGV[3])
+if type(held) ~= 'string' then return nil end
+local count = tonumber(held)
 if count == nil then return nil end
 if count > 1 then
   redis.call('hincrby', KEYS[1], ARGV[3], -1)
@@ -123,11 +126,12 @@ return 1
     )
 });
 
-/// Redisson's watchdog renewal. KEYS: lock. ARGV: lease ms, field. 1 if renewed, 0 if not ours.
+/// Redisson's watchdog renewal. KEYS: lock. ARGV: lease ms, field. 1 if renewed, 0 if not ours
+/// (also when the key is of another type: someone else's, in another layout).
 pub(crate) static REDISSON_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
-if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
+if redis.pcall('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   return 1
 end
@@ -156,11 +160,11 @@ return {HELD, redis.call('pttl', KEYS[1])}
 });
 
 /// Compare-and-delete, then a wake-up for our waiters. KEYS: lock, channel. ARGV: value.
-/// 1 if it was ours, nil if not.
+/// 1 if it was ours, nil if not (also for a key of another type).
 pub(crate) static SIMPLE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
-if redis.call('get', KEYS[1]) == ARGV[1] then
+if redis.pcall('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', KEYS[2], '0')
   return 1
@@ -170,11 +174,12 @@ return nil
     )
 });
 
-/// Compare-and-pexpire. KEYS: lock. ARGV: value, lease ms.
+/// Compare-and-pexpire. KEYS: lock. ARGV: value, lease ms. 1 if renewed, 0 if not ours (also
+/// for a key of another type).
 pub(crate) static SIMPLE_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
-if redis.call('get', KEYS[1]) == ARGV[1] then
+if redis.pcall('get', KEYS[1]) == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 1
 end
@@ -220,12 +225,14 @@ return {HELD, redis.call('pttl', KEYS[1])}
 });
 
 /// Redisson RReadWriteLock read unlock. KEYS: lock, channel, this handle's timeout key prefix,
-/// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours, 0 when the lock remains
-/// (other holds), 1 when it was deleted (and the message published).
+/// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours (also for a key of another
+/// type), 0 when the lock remains (other holds), 1 when it was deleted (and the message
+/// published).
 pub(crate) static READ_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
-local mode = redis.call('hget', KEYS[1], 'mode')
+local mode = redis.pcall('hget', KEYS[1], 'mode')
+if type(mode) == 'table' then return nil end
 if mode == false then
   redis.call('publish', KEYS[2], ARGV[1])
   return nil
@@ -258,12 +265,12 @@ return 1
 });
 
 /// Read renewal (Redisson's ReadLockTask). KEYS: lock, this handle's timeout key prefix.
-/// ARGV: lease ms, F. 1 if renewed, 0 if not ours.
+/// ARGV: lease ms, F. 1 if renewed, 0 if not ours (also for a key of another type).
 pub(crate) static READ_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
-local n = redis.call('hget', KEYS[1], ARGV[2])
-if n == false then return 0 end
+local n = redis.pcall('hget', KEYS[1], ARGV[2])
+if type(n) ~= 'string' then return 0 end
 redis.call('pexpire', KEYS[1], ARGV[1])
 for i = tonumber(n), 1, -1 do
   redis.call('pexpire', KEYS[2] .. ':' .. i, ARGV[1])
@@ -300,12 +307,14 @@ return {HELD, redis.call('pttl', KEYS[1])}
 });
 
 /// Redisson RReadWriteLock write unlock. KEYS: lock, channel. ARGV: message (`1`: wake every
-/// waiter), lease ms, F's write field. nil when not ours, 0 when a re-entrant hold remains, 1
-/// when released (the lock deleted, or left to this handle's own read holds).
+/// waiter), lease ms, F's write field. nil when not ours (also for a key of another type), 0 when
+/// a re-entrant hold remains, 1 when released (the lock deleted, or left to this handle's own
+/// read holds).
 pub(crate) static WRITE_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
-local mode = redis.call('hget', KEYS[1], 'mode')
+local mode = redis.pcall('hget', KEYS[1], 'mode')
+if type(mode) == 'table' then return nil end
 if mode == false then
   redis.call('publish', KEYS[2], ARGV[1])
   return nil
@@ -359,14 +368,15 @@ return {HELD, math.max(1, tonumber(first[2]) - now)}
 });
 
 /// Semaphore renewal. KEYS: permit set, permit count key. ARGV: permit id, lease ms. 1 if our
-/// permit was still valid (and now runs for another lease), 0 if it expired or was removed.
+/// permit was still valid (and now runs for another lease), 0 if it expired or was removed (or
+/// the key is of another type).
 pub(crate) static SEMAPHORE_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = redis.call('zscore', KEYS[1], ARGV[1])
-if expiry == false or tonumber(expiry) <= now then return 0 end
+local expiry = redis.pcall('zscore', KEYS[1], ARGV[1])
+if type(expiry) ~= 'string' or tonumber(expiry) <= now then return 0 end
 redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('pexpire', KEYS[1], ARGV[2])
 redis.call('pexpire', KEYS[2], ARGV[2])
@@ -376,16 +386,22 @@ return 1
 });
 
 /// Semaphore release. KEYS: permit set, permit count key, channel. ARGV: permit id. 1 if it was
-/// ours, nil if not; the last permit out deletes both keys.
+/// ours, nil if not: not there, or there but expired by the server's clock (not pruned yet, but
+/// no longer ours either), or the key is of another type. The last permit out deletes both keys.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
     Publishing::new(
         r#"
+local expiry = redis.pcall('zscore', KEYS[1], ARGV[1])
+if type(expiry) == 'table' then return nil end
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local removed = redis.call('zrem', KEYS[1], ARGV[1])
 if redis.call('zcard', KEYS[1]) == 0 then
   redis.call('del', KEYS[1], KEYS[2])
 end
 redis.call('publish', KEYS[3], '1')
 if removed == 0 then return nil end
+if tonumber(expiry) <= now then return nil end
 return 1
 "#,
     )
@@ -470,7 +486,7 @@ if ARGV[4] == '1' then
   local done = redis.call('get', KEYS[4])
   if done then return tonumber(done) end
 end
-if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then return nil end
+if redis.pcall('hexists', KEYS[1], ARGV[2]) ~= 1 then return nil end
 local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
 if left > 0 then
   redis.call('pexpire', KEYS[1], ARGV[1])

@@ -10,6 +10,11 @@
 //!
 //! On a cluster the channels are sharded (SSUBSCRIBE, answered by SPUBLISH in the release
 //! scripts), on a RESP3 cluster connection of the client's own whose push messages land here.
+//!
+//! The same connection tells the client's sentry (`sentry.rs`) when the server went away: while
+//! locks are held it is kept open, subscribed or not, and its end ([`Wakeups::ended`]) comes as
+//! soon as the server closes it (a restart, a crash), long before the next renewal would fail.
+//! A connection that is replaced (the master moved) or whose client is gone is closed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -29,6 +34,12 @@ struct Shared {
     channels: StdMutex<HashMap<String, Channel>>,
     /// The latest connection generation whose message stream has ended.
     ended: std::sync::atomic::AtomicU64,
+    /// Told whenever a connection's message stream ends.
+    ended_notify: Notify,
+    /// Connections of this generation and older are to be closed (replaced, or the client is
+    /// gone); `retire` tells their readers.
+    retired: std::sync::atomic::AtomicU64,
+    retire: Notify,
 }
 
 /// The pub/sub side of a client.
@@ -189,28 +200,8 @@ impl Wakeups {
             return self.ensure_sharded(url, channel).await;
         }
         let mut sink = self.sink.lock().await;
-        if sink.is_none() {
-            let Some(client) = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return false };
-            match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
-                Ok(Ok(pubsub)) => {
-                    let (s, stream) = pubsub.split();
-                    let generation = self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    tokio::spawn(read_messages(stream, self.shared.clone(), generation));
-                    *sink = Some((s, generation));
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "cannot open the pub/sub connection");
-                    return false;
-                }
-                Err(_) => return false,
-            }
-        }
-        if sink.as_ref().is_some_and(|(_, g)| self.shared.ended.load(std::sync::atomic::Ordering::SeqCst) >= *g) {
-            *sink = None; // its connection ended: open another on the next call
-            return false;
-        }
-        let Some((s, generation)) = sink.as_mut() else { return false };
-        let generation = *generation;
+        let Some(generation) = self.open(&mut sink).await else { return false };
+        let Some((s, _)) = sink.as_mut() else { return false };
         let confirmed = {
             let map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
             map.get(channel).map(|c| c.subscribed == generation)
@@ -231,6 +222,7 @@ impl Wakeups {
             failed => {
                 tracing::debug!(channel, ?failed, "SUBSCRIBE failed; the pub/sub connection is reopened");
                 *sink = None;
+                self.retire(generation);
                 false
             }
         }
@@ -238,11 +230,74 @@ impl Wakeups {
 }
 
 impl Wakeups {
+    /// The live pub/sub connection's generation, opening one if there is none (or the last one
+    /// ended); `None` if none can be opened now. Called with the sink locked.
+    async fn open(&self, sink: &mut Option<(redis::aio::PubSubSink, u64)>) -> Option<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if sink.as_ref().is_some_and(|(_, g)| self.shared.ended.load(SeqCst) >= *g) {
+            *sink = None; // its connection ended: open another
+        }
+        if let Some((_, generation)) = sink.as_ref() {
+            return Some(*generation);
+        }
+        let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => {
+                let (s, stream) = pubsub.split();
+                let generation = self.generation.fetch_add(1, SeqCst) + 1;
+                tokio::spawn(read_messages(stream, self.shared.clone(), generation));
+                *sink = Some((s, generation));
+                Some(generation)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot open the pub/sub connection");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// For the sentry: the pub/sub connection's generation, opened if needed (not on a cluster,
+    /// whose nodes each have their own); `None` if it cannot be opened now.
+    pub(crate) async fn watch(&self) -> Option<u64> {
+        if self.cluster.is_some() {
+            return None;
+        }
+        let mut sink = self.sink.lock().await;
+        self.open(&mut sink).await
+    }
+
+    /// Closes the connections of `generation` and older (their readers end, and say so).
+    fn retire(&self, generation: u64) {
+        self.shared.retired.fetch_max(generation, std::sync::atomic::Ordering::SeqCst);
+        self.shared.retire.notify_waiters();
+    }
+
+    /// Resolves once the connection of `generation` has ended (the server closed it, or it was
+    /// replaced). Holds nothing of the client's.
+    pub(crate) fn ended(&self, generation: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let shared = self.shared.clone();
+        async move {
+            loop {
+                let notified = shared.ended_notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if shared.ended.load(std::sync::atomic::Ordering::SeqCst) >= generation {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+
     /// The master moved: subscribe there from now on, and wake every waiter to re-check.
     pub(crate) async fn retarget(&self, client: redis::Client) {
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
         let mut sink = self.sink.lock().await;
         *sink = None;
+        // The old master's connection is closed (it would otherwise linger while that server
+        // lives, silent: no release is published there any more).
+        self.retire(self.generation.load(std::sync::atomic::Ordering::SeqCst));
         let mut map = self.shared.channels.lock().unwrap_or_else(|e| e.into_inner());
         for c in map.values_mut() {
             c.subscribed = 0;
@@ -251,25 +306,50 @@ impl Wakeups {
     }
 }
 
-/// Delivers messages until the connection ends; then wakes everyone (they may have missed one)
-/// and marks the subscriptions made on it as gone (not those of a newer connection).
+/// Delivers messages until the connection ends (or is retired, and then closed); then wakes
+/// everyone (they may have missed one), marks the subscriptions made on it as gone (not those of
+/// a newer connection), and tells the sentry.
 async fn read_messages(mut stream: redis::aio::PubSubStream, shared: Arc<Shared>, generation: u64) {
     use futures::StreamExt;
-    while let Some(msg) = stream.next().await {
-        let channel = msg.get_channel_name().to_string();
-        let map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = map.get(&channel) {
+    loop {
+        let retire = shared.retire.notified();
+        tokio::pin!(retire);
+        retire.as_mut().enable();
+        if shared.retired.load(std::sync::atomic::Ordering::SeqCst) >= generation {
+            break;
+        }
+        tokio::select! {
+            msg = stream.next() => {
+                let Some(msg) = msg else { break };
+                let channel = msg.get_channel_name().to_string();
+                let map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(c) = map.get(&channel) {
+                    c.notify.notify_waiters();
+                }
+            }
+            _ = &mut retire => {}
+        }
+    }
+    drop(stream); // closes the connection, if it was retired while open
+    tracing::debug!(generation, "pub/sub connection ended; waiters re-check");
+    shared.ended.fetch_max(generation, std::sync::atomic::Ordering::SeqCst);
+    {
+        let mut map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
+        for c in map.values_mut() {
+            if c.subscribed == generation {
+                c.subscribed = 0;
+            }
             c.notify.notify_waiters();
         }
     }
-    tracing::debug!(generation, "pub/sub connection ended; waiters re-check");
-    shared.ended.fetch_max(generation, std::sync::atomic::Ordering::SeqCst);
-    let mut map = shared.channels.lock().unwrap_or_else(|e| e.into_inner());
-    for c in map.values_mut() {
-        if c.subscribed == generation {
-            c.subscribed = 0;
-        }
-        c.notify.notify_waiters();
+    shared.ended_notify.notify_waiters();
+}
+
+impl Drop for Wakeups {
+    fn drop(&mut self) {
+        // The client is gone: close its pub/sub connection (its reader would keep it open).
+        self.shared.retired.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        self.shared.retire.notify_waiters();
     }
 }
 
@@ -300,9 +380,11 @@ impl Drop for Registration {
             // reached the server, and UNSUBSCRIBE from a channel not subscribed is harmless.
             if let (true, Some(conn)) = (removed, wakeups.sharded_conn()) {
                 let _ = tokio::time::timeout(wakeups.timeout, conn.clone().sunsubscribe(&channel)).await;
-            } else if let (true, Some((s, _))) = (removed, sink.as_mut()) {
+            } else if let (true, Some((s, generation))) = (removed, sink.as_mut()) {
+                let generation = *generation;
                 if tokio::time::timeout(wakeups.timeout, s.unsubscribe(&channel)).await.is_err() {
                     *sink = None;
+                    wakeups.retire(generation);
                 }
             }
         });

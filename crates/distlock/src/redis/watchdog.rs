@@ -8,6 +8,11 @@
 //! so a new entry (due a third of a lease from now) never needs to wake it; only an earlier one
 //! (a retry after a failed renewal) does. Each due renewal runs in a task of its own, so a slow
 //! server delays no other hold's renewal.
+//!
+//! When the client has reason to think the server may have lost its keys (its connection was
+//! re-established, the server behind it restarted, Sentinel named another master), every hold is
+//! renewed at once ([`Watchdog::check_now`]) instead of at its turn, so that a lost lock is
+//! reported within a round trip of the reconnection rather than up to a third of a lease later.
 
 use super::guard::{renew_once, Renewal};
 use std::collections::BTreeMap;
@@ -33,7 +38,15 @@ struct Schedule {
     wake_at: Option<Instant>,
     /// The driving task (started again if it ended: its runtime may have shut down).
     driver: Option<tokio::task::JoinHandle<()>>,
+    /// When every hold is to be renewed, whatever its turn (set by [`Watchdog::check_now`]).
+    all_at: Option<Instant>,
+    /// When that last happened: such sweeps come at most every [`SWEEP_GAP`].
+    all_last: Option<Instant>,
 }
+
+/// The shortest time between two sweeps that renew every hold at once, so that a connection
+/// that keeps failing and recovering cannot make the renewals run back to back.
+const SWEEP_GAP: Duration = Duration::from_millis(100);
 
 /// Where a hold's entry is in the schedule (to take it out again).
 pub(crate) type Slot = (Instant, u64);
@@ -74,6 +87,27 @@ impl Watchdog {
     pub(crate) fn cancel(&self, slot: Slot) {
         self.lock().due.remove(&slot);
     }
+
+    /// Renews every hold now (or, right after such a sweep, [`SWEEP_GAP`] after it), whenever its
+    /// turn would have come: the server may have lost them. A renewal that finds its key gone
+    /// reports the hold lost; one that fails is retried as usual.
+    pub(crate) fn check_now(&self) {
+        let mut s = self.lock();
+        let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());
+        if s.due.is_empty() && !running {
+            return; // nothing held
+        }
+        let now = Instant::now();
+        let at = s.all_last.map_or(now, |last| (last + SWEEP_GAP).max(now));
+        if s.all_at.is_some_and(|pending| pending <= at) {
+            return; // a sweep is coming soon enough
+        }
+        s.all_at = Some(at);
+        if running && s.wake_at.is_none_or(|w| at < w) {
+            s.wake_at = Some(at);
+            self.wake.notify_one();
+        }
+    }
 }
 
 /// Runs due renewals until the client is gone.
@@ -86,9 +120,19 @@ async fn drive(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
         let now = Instant::now();
         let (ready, next) = {
             let mut s = w.lock();
-            let later = s.due.split_off(&(now, u64::MAX));
-            let ready = std::mem::replace(&mut s.due, later);
-            let next = s.due.keys().next().map_or(now + w.period, |(at, _)| (*at).min(now + w.period));
+            let ready = if s.all_at.is_some_and(|at| at <= now) {
+                // A sweep: every hold, whatever its turn.
+                s.all_at = None;
+                s.all_last = Some(now);
+                std::mem::take(&mut s.due)
+            } else {
+                let later = s.due.split_off(&(now, u64::MAX));
+                std::mem::replace(&mut s.due, later)
+            };
+            let mut next = s.due.keys().next().map_or(now + w.period, |(at, _)| (*at).min(now + w.period));
+            if let Some(at) = s.all_at {
+                next = next.min(at);
+            }
             s.wake_at = Some(next);
             (ready, next)
         };
