@@ -504,22 +504,74 @@ impl Lock {
     }
 
     /// Waits as long as it takes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe on every backend: a dropped acquire leaves nothing behind (ZooKeeper and etcd
+    /// delete the queue node or key it made, PostgreSQL cancels the waiting statement, MariaDB
+    /// closes the waiting connection, Redis and SQLite write nothing until they grant, and a grant
+    /// that raced the drop is released in the background).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] or [`Error::Connect`] when the server fails or cannot be reached,
+    /// [`Error::SessionExpired`] when the client's session ended meanwhile (connect again), and
+    /// the backend's refusals of the request (for example [`Error::WouldDeadlock`]).
     pub async fn lock(&self) -> Result<Guard> {
         Ok(self.acquire(None, None).await?.expect("waiting without a deadline ends only with the lock"))
     }
 
-    /// Never waits.
+    /// Never waits: `None` if someone else holds it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe on every backend: a dropped acquire leaves nothing behind (ZooKeeper and etcd
+    /// delete the queue node or key it made, PostgreSQL cancels the waiting statement, MariaDB
+    /// closes the waiting connection, Redis and SQLite write nothing until they grant, and a grant
+    /// that raced the drop is released in the background).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] or [`Error::Connect`] when the server fails or cannot be reached,
+    /// [`Error::SessionExpired`] when the client's session ended meanwhile (connect again), and
+    /// the backend's refusals of the request (for example [`Error::WouldDeadlock`]).
     pub async fn try_lock(&self) -> Result<Option<Guard>> {
         self.acquire(Some(Duration::ZERO), None).await
     }
 
-    /// Waits at most `timeout`.
+    /// Waits at most `timeout`: `None` if not had in time (nothing is left waiting or held).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe on every backend: a dropped acquire leaves nothing behind (ZooKeeper and etcd
+    /// delete the queue node or key it made, PostgreSQL cancels the waiting statement, MariaDB
+    /// closes the waiting connection, Redis and SQLite write nothing until they grant, and a grant
+    /// that raced the drop is released in the background).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] or [`Error::Connect`] when the server fails or cannot be reached,
+    /// [`Error::SessionExpired`] when the client's session ended meanwhile (connect again), and
+    /// the backend's refusals of the request (for example [`Error::WouldDeadlock`]).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<Guard>> {
         self.acquire(Some(timeout), None).await
     }
 
     /// `timeout` `None` waits forever, `Some(ZERO)` never waits; `progress` receives the queue
     /// position while waiting, where the backend has a queue (ZooKeeper).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe on every backend: a dropped acquire leaves nothing behind (ZooKeeper and etcd
+    /// delete the queue node or key it made, PostgreSQL cancels the waiting statement, MariaDB
+    /// closes the waiting connection, Redis and SQLite write nothing until they grant, and a grant
+    /// that raced the drop is released in the background).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] or [`Error::Connect`] when the server fails or cannot be reached,
+    /// [`Error::SessionExpired`] when the client's session ended meanwhile (connect again), and
+    /// the backend's refusals of the request (for example [`Error::WouldDeadlock`]).
     pub async fn acquire(
         &self,
         timeout: Option<Duration>,
@@ -638,6 +690,8 @@ impl Lock {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct Guard {
     kind: GuardKind,
@@ -782,7 +836,19 @@ impl Guard {
         })
     }
 
-    /// Releases and waits for the server; [`Error::LockLost`] if it had been lost before.
+    /// Releases and waits for the server.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the release future (or the guard, unreleased) still releases: the release goes
+    /// on in the background, and if the server cannot be reached the lock ends with the
+    /// client's session, connection or lease.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] if the lock had been lost before, or the server no longer had it as
+    /// ours (the work done under it may have overlapped another holder's: check the fencing
+    /// token's use); [`Error::Backend`] if the server failed to answer.
     pub async fn release(self) -> Result<()> {
         each!(self.kind, g => g.release().await)
     }
@@ -890,6 +956,7 @@ pub(crate) async fn acquire_all(
 /// # }
 /// ```
 #[must_use = "if unused the locks are released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MultiGuard {
     parts: Vec<Guard>,

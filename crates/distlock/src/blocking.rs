@@ -146,6 +146,7 @@ impl Lock {
 /// # }
 /// ```
 #[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 pub struct Guard {
     inner: Option<crate::Guard>,
     rt: Arc<tokio::runtime::Runtime>,

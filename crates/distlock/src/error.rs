@@ -10,17 +10,17 @@ use std::time::Duration;
 ///
 /// ```
 /// use distlock::LostReason;
-/// assert_eq!(LostReason::SessionExpired.to_string(), "the ZooKeeper session expired");
+/// assert_eq!(LostReason::SessionExpired.to_string(), "the session (or lease) that held the lock expired on the server");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// The session that owned the lock node expired; the server has deleted the node and another
-    /// contender may already hold the lock.
+    /// The session (ZooKeeper) or lease (etcd) that owned the lock expired on the server, which
+    /// has removed the lock's node or key: another contender may already hold the lock.
     SessionExpired,
-    /// The session was closed (the client shut down) while the lock was held.
+    /// The client's session was closed (the client shut down) while the lock was held.
     SessionClosed,
-    /// The lock node was deleted by someone else (an operator, or a revoker).
+    /// The lock's node or key was deleted by someone else (an operator, or a revoker).
     NodeDeleted,
     /// Authentication with the server failed; the session is unusable.
     AuthFailed,
@@ -39,10 +39,10 @@ pub enum LostReason {
 impl std::fmt::Display for LostReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            LostReason::SessionExpired => "the ZooKeeper session expired",
-            LostReason::SessionClosed => "the ZooKeeper session was closed",
-            LostReason::NodeDeleted => "the lock node was deleted by someone else",
-            LostReason::AuthFailed => "authentication with ZooKeeper failed",
+            LostReason::SessionExpired => "the session (or lease) that held the lock expired on the server",
+            LostReason::SessionClosed => "the client's session was closed while the lock was held",
+            LostReason::NodeDeleted => "the lock's node or key was deleted by someone else",
+            LostReason::AuthFailed => "authentication with the server failed",
             LostReason::LeaseExpired => "no answer from the server within the lease; the lock may be handed on",
             LostReason::KeyDeleted => "the lock key expired or was deleted on the server",
             LostReason::ConnectionClosed => "the database connection holding the lock closed",

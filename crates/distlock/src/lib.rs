@@ -124,3 +124,50 @@ pub use template::{with_lock, DistributedGuard, DistributedLock};
 #[cfg(all(doctest, feature = "zookeeper", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// Every lock and guard type of every backend can move between tasks and threads and be shared
+/// (`Send + Sync + 'static`): one list, so a new guard type is added here or the omission shows.
+#[cfg(test)]
+mod bounds {
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+
+    #[test]
+    fn every_lock_and_guard_is_send_sync_static() {
+        send_sync_static::<crate::Client>();
+        send_sync_static::<crate::Lock>();
+        send_sync_static::<crate::Guard>();
+        send_sync_static::<crate::MultiLock>();
+        send_sync_static::<crate::MultiGuard>();
+        send_sync_static::<crate::blocking::Guard>();
+        #[cfg(feature = "zookeeper")]
+        {
+            use crate::zookeeper as z;
+            send_sync_static::<z::MutexGuard>();
+            send_sync_static::<z::ReadGuard>();
+            send_sync_static::<z::WriteGuard>();
+            send_sync_static::<z::SemaphorePermit>();
+            send_sync_static::<z::ReentrantGuard>();
+            send_sync_static::<z::MultiGuard>();
+            send_sync_static::<z::NaiveGuard>();
+        }
+        #[cfg(feature = "redis")]
+        {
+            use crate::redis as r;
+            send_sync_static::<r::MutexGuard>();
+            send_sync_static::<r::ReadGuard>();
+            send_sync_static::<r::WriteGuard>();
+            send_sync_static::<r::FairGuard>();
+            send_sync_static::<r::SemaphorePermit>();
+            send_sync_static::<r::SimpleGuard>();
+            send_sync_static::<r::RedlockGuard>();
+        }
+        #[cfg(feature = "postgres")]
+        send_sync_static::<crate::postgres::MutexGuard>();
+        #[cfg(feature = "mysql")]
+        send_sync_static::<crate::mysql::MutexGuard>();
+        #[cfg(feature = "sqlite")]
+        send_sync_static::<crate::sqlite::MutexGuard>();
+        #[cfg(feature = "etcd")]
+        send_sync_static::<crate::etcd::LockGuard>();
+    }
+}

@@ -25,6 +25,8 @@ use tokio::sync::{watch, OwnedMutexGuard};
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct LockGuard {
     hold: Option<Hold>,

@@ -131,6 +131,8 @@ impl Mutex {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MutexGuard {
     hold: Option<Hold>,

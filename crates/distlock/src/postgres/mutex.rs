@@ -235,6 +235,8 @@ impl<T: Send + 'static> Drop for Cancelling<T> {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MutexGuard {
     hold: Option<Hold>,

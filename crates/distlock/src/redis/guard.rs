@@ -499,6 +499,8 @@ pub(crate) use hold_methods;
 macro_rules! reentrant_guard {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
+        #[must_use = "if unused the lock is released at once"]
+        #[clippy::has_significant_drop]
         #[derive(Debug)]
         pub struct $name {
             hold: Option<$crate::redis::guard::Hold>,

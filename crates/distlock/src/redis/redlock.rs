@@ -165,6 +165,8 @@ async fn release_all(nodes: &[Client], name: &str, value: &str) -> usize {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct RedlockGuard {
     redlock: Redlock,

@@ -141,6 +141,8 @@ impl Semaphore {
 /// p.release().await
 /// # }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct SemaphorePermit {
     hold: Option<Hold>,

@@ -119,6 +119,8 @@ impl SimpleLock {
 /// g.release().await
 /// # }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct SimpleGuard {
     hold: Option<Hold>,

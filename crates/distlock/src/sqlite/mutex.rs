@@ -176,6 +176,8 @@ fn lease_start(sent: Instant, until_ms: i64, lease: Duration) -> Instant {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MutexGuard {
     hold: Option<Hold>,

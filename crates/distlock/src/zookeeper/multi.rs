@@ -249,6 +249,7 @@ impl MultiLock {
 /// # }
 /// ```
 #[must_use = "if unused the locks are released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MultiGuard {
     parts: Vec<AnyGuard>,

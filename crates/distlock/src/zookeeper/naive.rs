@@ -107,6 +107,7 @@ impl NaiveLock {
 /// # }
 /// ```
 #[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct NaiveGuard {
     client: Client,

@@ -140,6 +140,7 @@ impl ReentrantMutex {
 /// # }
 /// ```
 #[must_use = "if unused the acquisition is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct ReentrantGuard {
     shared: Arc<Shared>,

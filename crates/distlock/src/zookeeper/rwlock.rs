@@ -193,6 +193,7 @@ impl Drop for DowngradeNode {
 /// # }
 /// ```
 #[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct ReadGuard {
     node: HeldNode,
@@ -231,6 +232,7 @@ impl ReadGuard {
 /// # }
 /// ```
 #[must_use = "if unused the lock is released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct WriteGuard {
     node: HeldNode,

@@ -303,6 +303,7 @@ const MARKERS: &[&str] = &["leases", "locks"];
 /// # }
 /// ```
 #[must_use = "if unused the permits are released at once"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct SemaphorePermit {
     client: Client,
