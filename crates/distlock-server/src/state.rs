@@ -520,7 +520,12 @@ impl State {
     }
 
     /// Validates ACLs of a create/setACL, expanding the `auth` scheme to the session's ids.
+    ///
+    /// As ZooKeeper's `fixupACL` does, the list as sent is first rid of repeated entries (same
+    /// perms, scheme and id; the first of each is kept, in order). Only the list as sent: entries
+    /// that the `auth` expansion happens to repeat stay, as they do in ZooKeeper.
     fn fix_acl(&self, sid: i64, acl: Vec<Acl>) -> OpResult<Vec<Acl>> {
+        let acl = without_repeats(acl);
         if acl.is_empty() {
             return Err(err::INVALID_ACL);
         }
@@ -928,8 +933,9 @@ impl State {
         match req {
             WriteOp::Create { opcode, path, data, acl, flags, ttl } => {
                 // ZooKeeper's order: the mode (the flags decide it; the opcode only what the
-                // reply carries), the TTL, a path with a parent, the ACL, the parent, the
-                // permission, then the whole path, existence and an ephemeral parent.
+                // reply carries, and only outside a multi), the TTL, a path with a parent, the
+                // ACL, the parent, the permission, then the whole path, existence and an
+                // ephemeral parent.
                 if !(0..=6).contains(flags) {
                     return Err(err::BAD_ARGUMENTS);
                 }
@@ -983,7 +989,7 @@ impl State {
                 muts.push(m);
                 events.push((actual.clone(), event::NODE_CREATED));
                 events.push((parent_path, event::NODE_CHILDREN_CHANGED));
-                Ok(WriteResult::Create { opcode: *opcode, path: actual, stat })
+                Ok(WriteResult::Create { opcode: *opcode, flags: *flags, path: actual, stat })
             }
             WriteOp::Delete { path, version } => {
                 // ZooKeeper's order: a path with a parent that is not one of the server's own
@@ -1102,8 +1108,7 @@ impl State {
                 self.deliver(events);
                 header(&mut w, xid, zxid, 0);
                 for res in results {
-                    w.i32(res.opcode()).bool(false).i32(0);
-                    res.encode(&mut w);
+                    res.encode_in_multi(&mut w);
                 }
                 w.i32(-1).bool(true).i32(-1);
             }
@@ -1197,6 +1202,19 @@ impl State {
     }
 }
 
+/// `acl` with every entry equal to an earlier one left out, order otherwise kept (ZooKeeper's
+/// `PrepRequestProcessor.removeDuplicates`). A frame may carry tens of thousands of entries, so
+/// earlier ones are looked up in a set rather than by scanning the list for each.
+fn without_repeats(acl: Vec<Acl>) -> Vec<Acl> {
+    if acl.len() < 2 {
+        return acl;
+    }
+    let mut seen: HashSet<(i32, &str, &str)> = HashSet::with_capacity(acl.len());
+    let first: Vec<bool> = acl.iter().map(|a| seen.insert((a.perms, a.scheme.as_str(), a.id.as_str()))).collect();
+    drop(seen); // it borrows from `acl`, which is taken apart next
+    acl.into_iter().zip(first).filter_map(|(a, keep)| keep.then_some(a)).collect()
+}
+
 fn ip_matches(spec: &str, ip: IpAddr) -> bool {
     let (addr, bits) = match spec.split_once('/') {
         Some((a, b)) => (a, b.parse::<u32>().ok()),
@@ -1266,28 +1284,25 @@ impl WriteOp {
 }
 
 enum WriteResult {
-    Create { opcode: i32, path: String, stat: Stat },
+    /// `opcode` as sent and the mode's `flags`: a request on its own is answered by the one, an
+    /// op inside a multi by the other.
+    Create {
+        opcode: i32,
+        flags: i32,
+        path: String,
+        stat: Stat,
+    },
     Delete,
     SetData(Stat),
     Check,
 }
 
 impl WriteResult {
-    fn opcode(&self) -> i32 {
-        match self {
-            // As ZooKeeper answers in a multi: a create with a stat (create2, container, TTL) is a
-            // create2 result (the Java client disconnects on "Invalid type 19 in MultiResponse").
-            WriteResult::Create { opcode, .. } if *opcode == op::CREATE => op::CREATE,
-            WriteResult::Create { .. } => op::CREATE2,
-            WriteResult::Delete => op::DELETE,
-            WriteResult::SetData(_) => op::SET_DATA,
-            WriteResult::Check => op::CHECK,
-        }
-    }
-
+    /// The reply body of a request on its own: a create answers with the stat unless it was sent
+    /// as a plain create (opcode 1), whatever its mode.
     fn encode(&self, w: &mut Writer) {
         match self {
-            WriteResult::Create { opcode, path, stat } => {
+            WriteResult::Create { opcode, path, stat, .. } => {
                 w.string(path);
                 if *opcode != op::CREATE {
                     w.stat(stat);
@@ -1297,6 +1312,42 @@ impl WriteResult {
                 w.stat(stat);
             }
             WriteResult::Delete | WriteResult::Check => {}
+        }
+    }
+
+    /// The result type inside a multi reply. A create's is chosen by its mode, not by the opcode
+    /// it was sent with, as ZooKeeper 3.8.0 and 3.8.1 do: their `MultiOperationRecord` rebuilds
+    /// each create op from its flags alone (`Op.create(path, data, acl, flags)`, or the TTL form
+    /// for createTTL), and `Op.Create` takes the opcode createTTL for a TTL mode, createContainer
+    /// for the container mode and create for every other. `FinalRequestProcessor` then answers
+    /// create with the path alone and createContainer or createTTL with the path and the stat, as
+    /// a create2 result (the Java client disconnects on "Invalid type 19 in MultiResponse").
+    /// (From 3.8.2 on, ZOOKEEPER-4026, a non-container, non-TTL create keeps the opcode it was
+    /// sent with, so create2 there answers with the stat; Debian's 3.8.0, the ZooKeeper the
+    /// differential test runs against, does as here.)
+    fn multi_type(&self) -> i32 {
+        match self {
+            // 4 container, 5 persistent with TTL, 6 persistent sequential with TTL.
+            WriteResult::Create { flags: 4..=6, .. } => op::CREATE2,
+            WriteResult::Create { .. } => op::CREATE,
+            WriteResult::Delete => op::DELETE,
+            WriteResult::SetData(_) => op::SET_DATA,
+            WriteResult::Check => op::CHECK,
+        }
+    }
+
+    /// The result's header and body inside a multi reply.
+    fn encode_in_multi(&self, w: &mut Writer) {
+        let typ = self.multi_type();
+        w.i32(typ).bool(false).i32(0);
+        match self {
+            WriteResult::Create { path, stat, .. } => {
+                w.string(path);
+                if typ == op::CREATE2 {
+                    w.stat(stat);
+                }
+            }
+            other => other.encode(w),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 mod common;
-use common::{attach, create_body, jute, request, BOUND};
+use common::{attach, create_body, jute, multi_create_cases, multi_with_one_create, one_create_result, request, BOUND};
 
 /// Differences allowed, by step name, each with why.
 const KNOWN: &[(&str, &str)] = &[];
@@ -239,6 +239,28 @@ async fn script(addr: &str) -> Vec<(String, String)> {
     log("get-acl-admin", err(a.get_acl(&format!("{base}/mixed")).await.map(|(acl, _)| acl_text(&acl))));
     log("get-acl-no-admin", err(b.get_acl(&format!("{base}/mixed")).await.map(|(acl, _)| acl_text(&acl))));
 
+    // Repeated ACL entries, kept once each in the order first given (A is alice by now).
+    let all = zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("world", "anyone"));
+    let read = zk::Acl::new(zk::Permission::READ, zk::AuthId::new("world", "anyone"));
+    let creator = zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("auth", ""));
+    let dup = format!("{base}/dup");
+    a.create(&dup, b"", &persistent_with(&[all.clone(), read.clone(), all.clone()])).await.unwrap();
+    log("acl-repeats-create", err(a.get_acl(&dup).await.map(|(acl, _)| acl_in_order(&acl))));
+    a.set_acl(&dup, &[read.clone(), all.clone(), read.clone(), all.clone()], None).await.unwrap();
+    log("acl-repeats-set-acl", err(a.get_acl(&dup).await.map(|(acl, _)| acl_in_order(&acl))));
+    let mut m = a.new_multi_writer();
+    m.add_create(&format!("{dup}/m"), b"", &persistent_with(&[all.clone(), all.clone()])).unwrap();
+    log("acl-repeats-multi", m.commit().await.map(|r| format!("ok {}", r.len())).unwrap_or_else(|e| format!("{e:?}")));
+    log("acl-repeats-multi-acl", err(a.get_acl(&format!("{dup}/m")).await.map(|(acl, _)| acl_in_order(&acl))));
+    // The auth scheme twice expands once; an entry that the expansion repeats is kept twice.
+    a.create(&format!("{dup}/auth"), b"", &persistent_with(&[creator.clone(), creator.clone()])).await.unwrap();
+    let (expanded, _) = a.get_acl(&format!("{dup}/auth")).await.unwrap();
+    log("acl-repeats-auth", acl_in_order(&expanded));
+    let mut both = expanded.clone();
+    both.push(creator.clone());
+    a.create(&format!("{dup}/auth-and-digest"), b"", &persistent_with(&both)).await.unwrap();
+    log("acl-repeats-after-auth", err(a.get_acl(&format!("{dup}/auth-and-digest")).await.map(|(acl, _)| acl.len())));
+
     // On raw frames: what clients cannot send through zookeeper-client.
     let (mut raw, _, _, _) = attach(addr.parse().unwrap(), 0, &[0; 16], 10_000).await;
     for (name, data) in [("null", None), ("empty", Some(&b""[..])), ("one", Some(&b"1"[..]))] {
@@ -266,6 +288,13 @@ async fn script(addr: &str) -> Vec<(String, String)> {
         let path = format!("{base}/flags-{opcode}-{flags}");
         let (e, _) = request(&mut raw, 8, opcode, &create_body(&path, Some(b""), flags)).await;
         log("create-flags", format!("opcode {opcode} flags {flags}: {e}"));
+    }
+    // Each create opcode with each mode it may carry, alone in a multi: the result's type and
+    // whether a stat follows the path.
+    for (opcode, flags, ttl) in multi_create_cases() {
+        let path = format!("{base}/in-a-multi-{opcode}-{flags}");
+        let (e, body) = request(&mut raw, 11, 14, &multi_with_one_create(opcode, &path, flags, ttl)).await;
+        log("multi-create-result", format!("opcode {opcode} flags {flags}: err {e}, {}", one_create_result(&body)));
     }
     // checkWatches (17) and removeWatches (18): 1 children, 2 data, 3 any.
     let (e, _) = request(&mut raw, 9, 4, &path_watch(&base, true)).await;
@@ -338,6 +367,16 @@ thread_local! {
     /// ZooKeeper's (no invented names).
     static MNTR_KEYS: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
     static CONF_KEYS: std::cell::RefCell<Vec<Vec<String>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A create of a persistent node with `acl`.
+fn persistent_with(acl: &[zk::Acl]) -> zk::CreateOptions<'_> {
+    zk::CreateMode::Persistent.with_acls(zk::Acls::new(acl))
+}
+
+/// An ACL list as the server returned it, order kept.
+fn acl_in_order(acl: &[zk::Acl]) -> String {
+    acl.iter().map(|x| format!("{}:{}={:?}", x.scheme(), x.id(), x.permission())).collect::<Vec<_>>().join(",")
 }
 
 fn acl_text(acl: &[zk::Acl]) -> String {

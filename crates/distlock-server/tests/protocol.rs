@@ -7,7 +7,10 @@ use tokio::net::TcpStream;
 use zookeeper_client as zk;
 
 mod common;
-use common::{attach, connect_frame, create_frame, create_record, frame, jute_string, raw, BOUND};
+use common::{
+    attach, connect_frame, create_body, create_frame, frame, jute_string, multi_create_cases, multi_with_one_create,
+    one_create_result, raw, request, BOUND,
+};
 
 async fn server() -> EmbeddedServer {
     EmbeddedServer::start_with(Config { tick: Duration::from_millis(500), ..Default::default() }).await.unwrap()
@@ -19,6 +22,10 @@ async fn client(s: &EmbeddedServer) -> zk::Client {
 
 fn open() -> zk::CreateOptions<'static> {
     zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all())
+}
+
+fn persistent_with(acl: &[zk::Acl]) -> zk::CreateOptions<'_> {
+    zk::CreateMode::Persistent.with_acls(zk::Acls::new(acl))
 }
 
 #[tokio::test]
@@ -284,30 +291,69 @@ async fn four_letter_words() {
     assert!(cons.contains(&format!("sid={:#x}", c.session_id().0)), "{cons}");
 }
 
-/// In a multi, a container (or TTL, or create2) create is answered as a create2 result, as
-/// ZooKeeper does: the Java client disconnects on any other type ("Invalid type 19").
+/// In a multi, each create is answered by its mode, whatever opcode carried it, as ZooKeeper 3.8.0
+/// does: a container or TTL create as a create2 result (path and stat; the Java client disconnects
+/// on "Invalid type 19 in MultiResponse"), any other as a create result (the path alone), even
+/// when sent as create2 or createContainer. A create on its own still answers by its opcode.
 #[tokio::test]
-async fn a_multi_answers_container_creates_as_create2() {
+async fn a_multi_answers_each_create_by_its_mode() {
     let s = server().await;
-    let (mut sock, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
-    let mut multi = Vec::new();
-    multi.extend_from_slice(&5i32.to_be_bytes()); // xid
-    multi.extend_from_slice(&14i32.to_be_bytes()); // multi
-    multi.extend_from_slice(&19i32.to_be_bytes()); // op header: createContainer
-    multi.push(0); // not done
-    multi.extend_from_slice(&(-1i32).to_be_bytes());
-    create_record(&mut multi, "/container-in-a-multi", 4); // container flags
-    multi.extend_from_slice(&(-1i32).to_be_bytes()); // end header
-    multi.push(1);
-    multi.extend_from_slice(&(-1i32).to_be_bytes());
-    sock.write_all(&frame(&multi)).await.unwrap();
-    let mut len = [0u8; 4];
-    tokio::time::timeout(BOUND, sock.read_exact(&mut len)).await.unwrap().unwrap();
-    let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
-    sock.read_exact(&mut body).await.unwrap();
-    assert_eq!(i32::from_be_bytes(body[0..4].try_into().unwrap()), 5, "our reply");
-    assert_eq!(i32::from_be_bytes(body[12..16].try_into().unwrap()), 0, "no error");
-    assert_eq!(i32::from_be_bytes(body[16..20].try_into().unwrap()), 15, "a create2 result");
+    let (mut sock, _, session, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    for (xid, (opcode, flags, ttl)) in (1..).zip(multi_create_cases()) {
+        let path = format!("/in-a-multi-{opcode}-{flags}");
+        let (e, body) = request(&mut sock, xid, 14, &multi_with_one_create(opcode, &path, flags, ttl)).await;
+        let expected = if (4..=6).contains(&flags) { "type 15 with stat" } else { "type 1 without stat" };
+        assert_eq!((e, one_create_result(&body).as_str()), (0, expected), "opcode {opcode}, flags {flags}");
+    }
+    // The flags made the node, not the opcode: createContainer with the ephemeral flag.
+    let c = client(&s).await;
+    let made = c.check_stat("/in-a-multi-19-1").await.unwrap().expect("created by the multi");
+    assert_eq!(made.ephemeral_owner, session);
+    // On its own: create2 answers with the stat even for a plain node, create without it even
+    // for a container (their replies are the path, 4 + length bytes, and the stat, 68).
+    let (e, body) = request(&mut sock, 100, 15, &create_body("/alone-create2", Some(b""), 0)).await;
+    assert_eq!((e, body.len()), (0, 4 + "/alone-create2".len() + 68));
+    let (e, body) = request(&mut sock, 101, 1, &create_body("/alone-container", Some(b""), 4)).await;
+    assert_eq!((e, body.len()), (0, 4 + "/alone-container".len()));
+}
+
+/// An ACL list given to create (on its own or in a multi) or setACL keeps one of each repeated
+/// entry (same perms, scheme and id), in the order first given, as ZooKeeper's fixupACL does
+/// (kazoo's test_create_acl_duplicate).
+#[tokio::test]
+async fn repeated_acl_entries_are_kept_once() {
+    let s = server().await;
+    let c = zk::Client::connector().with_auth("digest", b"alice:secret").connect(&s.addr().to_string()).await.unwrap();
+    let all = zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("world", "anyone"));
+    let read = zk::Acl::new(zk::Permission::READ, zk::AuthId::new("world", "anyone"));
+    let digest = zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("digest", "bob:aGFzaA=="));
+    let creator = zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("auth", ""));
+    // kazoo's case: one entry given twice.
+    c.create("/dup", b"", &persistent_with(&[all.clone(), all.clone()])).await.unwrap();
+    assert_eq!(c.get_acl("/dup").await.unwrap().0, vec![all.clone()]);
+    // Repeats anywhere in the list; each kept where it first appears.
+    let mixed = [all.clone(), read.clone(), all.clone(), digest.clone(), read.clone(), digest.clone()];
+    c.create("/dup/mixed", b"", &persistent_with(&mixed)).await.unwrap();
+    assert_eq!(c.get_acl("/dup/mixed").await.unwrap().0, vec![all.clone(), read.clone(), digest.clone()]);
+    // Same scheme and id with other perms is another entry.
+    c.set_acl("/dup", &[read.clone(), all.clone(), read.clone(), all.clone()], None).await.unwrap();
+    assert_eq!(c.get_acl("/dup").await.unwrap().0, vec![read.clone(), all.clone()]);
+    // A create inside a multi.
+    let mut w = c.new_multi_writer();
+    w.add_create("/dup/in-a-multi", b"", &persistent_with(&[digest.clone(), digest.clone(), all.clone()])).unwrap();
+    w.commit().await.unwrap();
+    assert_eq!(c.get_acl("/dup/in-a-multi").await.unwrap().0, vec![digest.clone(), all.clone()]);
+    // The auth scheme given twice expands once, to the session's digest id.
+    c.create("/dup/creator", b"", &persistent_with(&[creator.clone(), creator.clone()])).await.unwrap();
+    let (acl, _) = c.get_acl("/dup/creator").await.unwrap();
+    assert_eq!(acl.len(), 1, "{acl:?}");
+    assert_eq!((acl[0].scheme(), acl[0].permission()), ("digest", zk::Permission::ALL));
+    assert!(acl[0].id().starts_with("alice:"), "{acl:?}");
+    // Only the list as sent is rid of repeats: an entry the auth expansion repeats stays twice,
+    // as in ZooKeeper.
+    let alice = acl[0].clone();
+    c.create("/dup/expanded", b"", &persistent_with(&[alice.clone(), creator.clone()])).await.unwrap();
+    assert_eq!(c.get_acl("/dup/expanded").await.unwrap().0, vec![alice.clone(), alice.clone()]);
 }
 
 #[tokio::test]

@@ -329,6 +329,81 @@ async fn a_revoked_session_is_lost_and_replaced() {
     again.release().await.unwrap();
 }
 
+/// The holder's key deleted by someone else while a waiter is queued: the waiter is granted at
+/// that moment, and the holder is told at once (before, it was never told: `exec` ran on for 6 s
+/// beside the next holder and exited 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_key_deleted_by_someone_else_is_a_loss_told_at_once() {
+    let (a, b) = (connect("?ttl=30s").await, connect("?ttl=30s").await);
+    let mut raw = raw().await;
+    let name = unique("deleted");
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        let name = name.clone();
+        async move { b.mutex(&name).unwrap().lock().await.unwrap() }
+    });
+    wait_keys(&mut raw, &name, 2).await;
+    let lost = g.lost();
+    let deleted = Instant::now();
+    raw.delete(g.key(), None).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost).await.expect("the holder is told within 2 s");
+    let told = deleted.elapsed();
+    assert_eq!(reason, LostReason::NodeDeleted);
+    assert!(g.state().is_lost());
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("the waiter is granted").unwrap();
+    assert!(next.fencing_token() > g.fencing_token());
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })), "the release reports the loss");
+    next.release().await.unwrap();
+    println!("the holder was told {told:?} after its key was deleted");
+    // The key made again by someone else under the same name counts as deleted too.
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    let lost = g.lost();
+    raw.delete(g.key(), None).await.unwrap();
+    raw.put(g.key(), "not ours", None).await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(2), lost).await.unwrap(), LostReason::NodeDeleted);
+    drop(g);
+    raw.delete(name.clone(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+}
+
+/// Acquires cut off at every stage (before the create leaves, while it is in flight, after its
+/// answer, while waiting) leave no key behind while the client lives. The cut-offs are spread
+/// over two round trips of the create, 400 of them, so every stage is hit in every run. (A delete
+/// sent at the drop could overtake the create still in flight, on another HTTP/2 stream, and the
+/// key stayed for the session's life: "a cancelled acquire kept the lock".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_cut_off_at_every_stage_leave_no_key() {
+    let (etcd, other) = (connect("?ttl=30s").await, connect("?ttl=30s").await);
+    let mut raw = raw().await;
+    for recipe in ["mutex", "semaphore"] {
+        let name = unique(&format!("cutoff-{recipe}"));
+        let lock = |c: &Client| -> distlock::Lock {
+            let c = distlock::Client::from(c.clone());
+            if recipe == "mutex" {
+                c.mutex(&name).unwrap()
+            } else {
+                c.semaphore_permit(&name, 2).unwrap()
+            }
+        };
+        // One create's round trip, to spread the cut-offs over.
+        let started = Instant::now();
+        drop(lock(&etcd).lock().await.unwrap());
+        let rtt = started.elapsed().max(Duration::from_micros(200));
+        // A holder makes every cut-off acquire wait once it is queued.
+        let holder = if recipe == "mutex" { Some(lock(&other).lock().await.unwrap()) } else { None };
+        for i in 0..400u32 {
+            let cut = rtt * 2 * i / 400;
+            let l = lock(&etcd);
+            let _ = tokio::time::timeout(cut, l.lock()).await; // a guard got in time is dropped too
+        }
+        drop(holder);
+        // Nothing left once the background clean-ups have run (bounded), while both clients live.
+        wait_keys(&mut raw, &name, 0).await;
+        let g = lock(&other).try_lock().await.unwrap().expect("free for another client");
+        g.release().await.unwrap();
+    }
+}
+
 /// Acquires dropped while waiting, or cut off mid-request, leave no key behind.
 #[tokio::test]
 async fn dropped_waits_leave_no_key() {

@@ -133,3 +133,56 @@ pub fn jute(s: &str) -> Vec<u8> {
     jute_string(&mut out, s);
     out
 }
+
+/// The create opcodes with each mode (flags) a multi accepts them with, and the TTL to send:
+/// create (1), create2 (15) and createContainer (19) with every mode but the TTL ones (0
+/// persistent, 1 ephemeral, 2 and 3 their sequential forms, 4 container); createTTL (21) with
+/// every mode, the TTL ones (5, 6) with a TTL of a minute and the others with none (-1).
+pub fn multi_create_cases() -> Vec<(i32, i32, i64)> {
+    let mut cases = Vec::new();
+    for opcode in [1, 15, 19] {
+        for flags in 0..=4 {
+            cases.push((opcode, flags, -1));
+        }
+    }
+    for flags in 0..=6 {
+        cases.push((21, flags, if flags >= 5 { 60_000 } else { -1 }));
+    }
+    cases
+}
+
+/// A multi request's record holding one create sent as `opcode` (createTTL, 21, also carries
+/// `ttl`), with empty data and an open ACL.
+pub fn multi_with_one_create(opcode: i32, path: &str, flags: i32, ttl: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&opcode.to_be_bytes()); // op header: type, not done, no error
+    out.push(0);
+    out.extend_from_slice(&(-1i32).to_be_bytes());
+    create_record(&mut out, path, flags);
+    if opcode == 21 {
+        out.extend_from_slice(&ttl.to_be_bytes());
+    }
+    out.extend_from_slice(&(-1i32).to_be_bytes()); // closing header
+    out.push(1);
+    out.extend_from_slice(&(-1i32).to_be_bytes());
+    out
+}
+
+/// What the reply body to [`multi_with_one_create`] holds: the result's type and whether a stat
+/// (68 bytes) follows the path, as "type 1 without stat" or "type 15 with stat"; "error CODE"
+/// when the op failed.
+pub fn one_create_result(body: &[u8]) -> String {
+    let word = |at: usize| body.get(at..at + 4).map_or(i32::MIN, |w| i32::from_be_bytes(w.try_into().unwrap()));
+    // type (4 bytes), done (1), error (4), then the result's own record.
+    let typ = word(0);
+    if typ == -1 {
+        return format!("error {}", word(9));
+    }
+    let path_len = word(9).max(0) as usize;
+    // What is left between the path and the closing header (type, done, error: 9 bytes).
+    match body.len().checked_sub(13 + path_len + 9) {
+        Some(0) => format!("type {typ} without stat"),
+        Some(68) => format!("type {typ} with stat"),
+        other => format!("type {typ}, {other:?} bytes between the path and the closing header"),
+    }
+}

@@ -132,7 +132,7 @@ impl Client {
             }),
         };
         let bound = client.inner.url.connect_timeout;
-        tokio::time::timeout(bound, client.session())
+        tokio::time::timeout(bound, client.session_within(bound))
             .await
             .map_err(|_| failed(format!("no lease granted within {bound:?}")))?
             .map_err(|e| failed(e.to_string()))?;
@@ -196,6 +196,13 @@ impl Client {
 
     /// The live session, or a new one.
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        self.session_within(self.inner.url.timeout).await
+    }
+
+    /// The live session, or a new one granted within `bound`: a grant that fails on the
+    /// connection (a member down: the channel may have picked it) is sent again, when the channel
+    /// may pick another member, until the bound.
+    async fn session_within(&self, bound: Duration) -> Result<Arc<Session>> {
         let mut current = self.inner.session.lock().await;
         if let Some(s) = current.as_ref().filter(|s| s.live()) {
             return Ok(s.clone());
@@ -205,9 +212,20 @@ impl Client {
             old.stop();
         }
         let url = &self.inner.url;
-        let s = Session::grant(self.inner.etcd.clone(), url.ttl, url.timeout)
-            .await
-            .map_err(|e| backend("lease grant", "session", e))?;
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut pause = Duration::from_millis(10);
+        let s = loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match Session::grant(self.inner.etcd.clone(), url.ttl, left).await {
+                Ok(s) => break s,
+                Err(e) if transient(&e) && tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(error = %e, "lease grant failed on the connection; sending it again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(backend("lease grant", "session", e)),
+            }
+        };
         *current = Some(s.clone());
         Ok(s)
     }

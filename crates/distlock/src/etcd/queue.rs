@@ -145,14 +145,28 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
             ])
             .or_else([TxnOp::get(key.clone(), None), TxnOp::get(spec.blockers.clone(), Some(oldest))]);
         // From here a dropped or failed acquire deletes the key (it may have been created).
-        pending.key = Some(key.clone());
+        pending.key = Some((key.clone(), nonce.clone()));
         let etcd = client.etcd();
-        let resp = client
-            .call("acquire", &spec.name, |_| {
-                let (mut etcd, txn) = (etcd.clone(), txn.clone());
-                async move { etcd.txn(txn).await }
-            })
-            .await?;
+        // The create runs in a task of its own, so that an acquire dropped while the create is
+        // in flight cannot leave it unsettled: a delete sent at the drop could reach the server
+        // before the create (another HTTP/2 stream) and the key would stay for the session's
+        // life. The task deletes the key itself once the create has answered, if nobody took it.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (task_client, task_name, task_key, task_nonce) =
+            (client.clone(), spec.name.clone(), key.clone(), nonce.clone());
+        tokio::spawn(async move {
+            let etcd = task_client.etcd();
+            let resp = task_client
+                .call("acquire", &task_name, |_| {
+                    let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                    async move { etcd.txn(txn).await }
+                })
+                .await;
+            if tx.send(resp).is_err() {
+                delete(&task_client, &task_name, task_key, task_nonce).await;
+            }
+        });
+        let resp = rx.await.map_err(|_| protocol(&spec.name, "the create's task ended without an answer"))??;
         let ops = resp.op_responses();
         let existing = match ops.first() {
             Some(TxnOpResponse::Get(g)) if !resp.succeeded() => g.kvs().first().cloned(),
@@ -303,15 +317,16 @@ fn protocol(name: &str, what: &str) -> Error {
 struct Pending {
     client: Client,
     name: String,
-    key: Option<String>,
+    /// The key we may have created, and the nonce in its value (only a key with it is ours).
+    key: Option<(String, String)>,
     gate: Option<OwnedMutexGuard<()>>,
 }
 
 impl Pending {
     /// Deletes the key now (bounded), handing the gate back.
     async fn remove(mut self) -> Option<OwnedMutexGuard<()>> {
-        if let Some(key) = self.key.take() {
-            delete(&self.client, &self.name, key).await;
+        if let Some((key, nonce)) = self.key.take() {
+            delete(&self.client, &self.name, key, nonce).await;
         }
         self.gate.take()
     }
@@ -325,24 +340,28 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
+        let Some((key, nonce)) = self.key.take() else { return };
         let (client, name, gate) = (self.client.clone(), self.name.clone(), self.gate.take());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                delete(&client, &name, key).await;
+                delete(&client, &name, key, nonce).await;
                 drop(gate); // the next local acquire may use the key only after this
             });
         }
     }
 }
 
-async fn delete(client: &Client, name: &str, key: String) {
+/// Deletes `key` if it is ours (its value is our `nonce`): a session-named key may be another
+/// local acquire's by the time a late cleanup runs.
+async fn delete(client: &Client, name: &str, key: String, nonce: String) {
     let etcd = client.etcd();
+    let txn = Txn::new()
+        .when([Compare::value(key.clone(), CompareOp::Equal, nonce.as_str())])
+        .and_then([TxnOp::delete(key.clone(), None)]);
     if let Err(e) = client
         .call("cancel", name, |_| {
-            let mut etcd = etcd.clone();
-            let args = (key.clone(), None);
-            async move { etcd.delete(args.0, args.1).await }
+            let (mut etcd, txn) = (etcd.clone(), txn.clone());
+            async move { etcd.txn(txn).await }
         })
         .await
     {
