@@ -4,11 +4,6 @@
 
 mod alloc;
 mod bench;
-mod bench_curator;
-mod bench_etcd;
-mod bench_postgres;
-mod bench_redis;
-mod bench_sql;
 mod exec;
 mod hold;
 mod inspect;

@@ -2,7 +2,7 @@
 //! `pg_advisory_unlock` pairs on one connection, one at a time and many in flight), the
 //! uncontended lock interleaved with that floor, and contended hand-offs between clients.
 
-use crate::bench::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{contended_on, interleaved, report, Progress, Report};
 use distlock::postgres::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
 //! woken by its watch alone).
 
-use crate::bench::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{contended_on, interleaved, report, Progress, Report};
 use distlock::etcd::etcd_client::{self, PutOptions};
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-const SOURCE: &str = include_str!("peers/CuratorBench.java");
+const SOURCE: &str = include_str!("../peers/CuratorBench.java");
 
 /// A running Curator peer.
 pub(crate) struct Curator {

@@ -3,7 +3,7 @@
 //! release update, on one connection), the uncontended lock interleaved with it, contended
 //! hand-offs, and the optimistic (version column) helper alone and under contention.
 
-use crate::bench::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{contended_on, interleaved, report, Progress, Report};
 use distlock::optimistic::optimistic_update;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

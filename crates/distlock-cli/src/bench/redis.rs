@@ -3,7 +3,7 @@
 //! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
 //! each lock workload against its floor, and redis-py's `Lock` beside us.
 
-use crate::bench::{report, summarize, Progress, Report};
+use super::harness::{report, summarize, Progress, Report};
 use distlock::redis::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -317,7 +317,7 @@ async fn uncontended(
     reports.push(peer_redis_py(url, &format!("{prefix}:redis-py"), 1, duration, limits, "uncontended-redis-py")?);
     if let Some(dir) = plot {
         let path = dir.join("uncontended-latency.svg");
-        crate::bench::plot_lines(
+        super::harness::plot_lines(
             &path,
             "Uncontended cycle latency (CDF)",
             "microseconds",
@@ -381,7 +381,7 @@ async fn contended(
             series.push((label, points));
         }
         let path = dir.join("contended-throughput.svg");
-        crate::bench::plot_lines(
+        super::harness::plot_lines(
             &path,
             "Contended hand-offs/s against clients",
             "clients",

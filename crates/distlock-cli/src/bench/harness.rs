@@ -1,0 +1,323 @@
+//! The shared, backend-neutral part of `distlock bench`, below every backend's file: the
+//! arguments, the report (one JSON line with --json, or the table), percentiles, progress, the
+//! SVG plots, the workloads measured alike on several backends (interleaved uncontended cycles,
+//! contended hand-offs), and the `--rtt` fault proxy.
+
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Backend URL, or `embedded` for an in-process server. Defaults to $DISTLOCK_BACKEND, then
+    /// zk://127.0.0.1:2181.
+    #[arg(long, env = "DISTLOCK_BACKEND", default_value = "zk://127.0.0.1:2181")]
+    pub(super) backend: String,
+    /// How long each workload runs.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
+    pub(super) duration: Duration,
+    /// One JSON object per workload per line instead of a table.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Sessions for `contended` and `herd`.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(super) clients: u32,
+    /// Distinct locks for `many-locks`.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(super) locks: u32,
+    /// Tasks for `many-locks`.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(super) tasks: u32,
+    /// Waiting handles for `waiters`.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(super) count: u32,
+    /// Also write SVG plots here: acquire latency distribution (uncontended) and throughput
+    /// against sessions (contended; runs the workload at 1, 2, 4, 8, 16 and 32 sessions too).
+    /// Other workloads have nothing to plot.
+    #[arg(long, value_name = "DIR")]
+    pub(super) plot: Option<std::path::PathBuf>,
+    /// Run through the project's fault proxy, which holds back every reply this long, as a
+    /// network between machines would (e.g. 1ms); `uncontended` and `contended` then also report
+    /// the client's writes per cycle counted on the wire (`0ms` counts without delaying). Needs
+    /// one server: a URL with one host, or `embedded`.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
+    pub(super) rtt: Option<Duration>,
+    /// Also measure Apache Curator's InterProcessMutex (zk:// and embedded): `uncontended` and
+    /// `contended` then run three rounds each, distlock and Curator in turns, on the same server
+    /// (and proxy). Needs Java 17 and Debian's Curator jars (libcurator-recipes-java).
+    #[arg(long)]
+    pub(super) curator: bool,
+    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic (default: all the
+    /// backend has).
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic"])]
+    pub(super) workloads: Vec<String>,
+}
+
+/// One workload's result (one JSON line with --json).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub workload: String,
+    pub ops_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub limit_ops_per_sec: f64,
+    pub ratio_to_limit: f64,
+    /// `debug` or `release`: the build of distlock that measured (debug figures mean little).
+    pub build_profile: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for Report {
+    fn default() -> Self {
+        Report {
+            workload: String::new(),
+            ops_per_sec: 0.0,
+            p50_us: 0,
+            p99_us: 0,
+            p999_us: 0,
+            limit_ops_per_sec: 0.0,
+            ratio_to_limit: 0.0,
+            build_profile: BUILD_PROFILE,
+            extra: Vec::new(),
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// A report of `ops` per second against the backend's `limit` (its floor).
+pub(crate) fn report(workload: &str, ops: f64, limit: f64, extra: Vec<(String, String)>) -> Report {
+    Report {
+        workload: workload.into(),
+        ops_per_sec: ops,
+        limit_ops_per_sec: limit,
+        ratio_to_limit: ops / limit,
+        extra,
+        ..Default::default()
+    }
+}
+
+pub(crate) fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
+    samples.sort_unstable();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99), percentile(&samples, 0.999))
+}
+
+pub(crate) struct Progress {
+    pub(super) on: bool,
+}
+
+impl Progress {
+    pub(crate) fn show(&self, what: &str, done: u64, elapsed: Duration) {
+        if self.on {
+            eprint!("\r\x1b[Kbench: {what}: {done} ops in {:.1}s", elapsed.as_secs_f64());
+        }
+    }
+    pub(crate) fn clear(&self) {
+        if self.on {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+/// The build profile of this binary, as `--json` reports it.
+const BUILD_PROFILE: &str = if cfg!(debug_assertions) { "debug" } else { "release" };
+
+pub(super) fn print_table(reports: &[Report]) {
+    println!(
+        "{:<26} {:>12} {:>9} {:>9} {:>9} {:>12} {:>7}  NOTES",
+        "WORKLOAD", "OPS/S", "P50 us", "P99 us", "P999 us", "LIMIT OPS/S", "RATIO"
+    );
+    for r in reports {
+        let notes: Vec<String> = r.extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<26} {:>12.0} {:>9} {:>9} {:>9} {:>12.0} {:>7.2}  {}",
+            r.workload,
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.limit_ops_per_sec,
+            r.ratio_to_limit,
+            notes.join(" ")
+        );
+    }
+}
+
+/// A minimal SVG line chart, written by distlock itself.
+pub(crate) fn plot_lines(
+    path: &std::path::Path,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+    (hline, hline_label): (f64, &str),
+) -> anyhow::Result<()> {
+    let (w, h, m) = (640.0, 400.0, 60.0);
+    let pts: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+    let xmax = pts.iter().map(|p| p.0).fold(1.0, f64::max);
+    let ymax = pts.iter().map(|p| p.1).fold(hline, f64::max) * 1.1;
+    let sx = |x: f64| m + x / xmax * (w - 2.0 * m);
+    let sy = |y: f64| h - m - y / ymax.max(1e-9) * (h - 2.0 * m);
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>{title}</text>\n<line x1='{m}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n<line x1='{m}' y1='{m}' x2='{m}' y2='{}' stroke='black'/>\n<text x='{}' y='{}' text-anchor='middle'>{xlabel}</text>\n<text x='15' y='{}' transform='rotate(-90 15 {})' text-anchor='middle'>{ylabel}</text>\n",
+        w / 2.0, h - m, w - m, h - m, h - m, w / 2.0, h - 15.0, h / 2.0, h / 2.0
+    );
+    for i in 0..=4 {
+        let (xv, yv) = (xmax * i as f64 / 4.0, ymax * i as f64 / 4.0);
+        svg += &format!("<text x='{}' y='{}' text-anchor='middle'>{:.0}</text>\n", sx(xv), h - m + 15.0, xv);
+        svg += &format!(
+            "<text x='{}' y='{}' text-anchor='end'>{}</text>\n",
+            m - 5.0,
+            sy(yv) + 4.0,
+            if ymax < 10.0 { format!("{yv:.2}") } else { format!("{yv:.0}") }
+        );
+    }
+    if hline > 0.0 {
+        svg += &format!("<line x1='{m}' y1='{y}' x2='{}' y2='{y}' stroke='gray' stroke-dasharray='4'/><text x='{}' y='{}' text-anchor='end' fill='gray'>{hline_label}</text>\n", w - m, w - m, sy(hline) - 4.0, y = sy(hline));
+    }
+    let colors = ["#1f77b4", "#d62728", "#2ca02c"];
+    for (i, (name, p)) in series.iter().enumerate() {
+        let d: Vec<String> = p.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
+        svg +=
+            &format!("<polyline fill='none' stroke='{}' stroke-width='2' points='{}'/>\n", colors[i % 3], d.join(" "));
+        for (x, y) in p.iter().filter(|_| p.len() < 50) {
+            svg += &format!("<circle cx='{:.1}' cy='{:.1}' r='3' fill='{}'/>\n", sx(*x), sy(*y), colors[i % 3]);
+        }
+        svg += &format!(
+            "<text x='{}' y='{}' fill='{}'>{name}</text>\n",
+            m + 10.0,
+            m + 15.0 * (i as f64 + 1.0),
+            colors[i % 3]
+        );
+    }
+    svg += "</svg>\n";
+    std::fs::create_dir_all(path.parent().unwrap_or(std::path::Path::new(".")))
+        .and_then(|()| std::fs::write(path, svg))
+        .map_err(|e| anyhow::anyhow!("--plot: cannot write {}: {e}", path.display()))
+}
+
+/// Lock + release cycles of `lock`, one at a time, taking turns slice by slice (20 of them) with
+/// the backend's floor pair, so that both see the same server weather: the `uncontended` report.
+pub(crate) async fn interleaved<F, Fut>(
+    lock: &distlock::Lock,
+    mut floor_pair: F,
+    duration: Duration,
+    extra: Vec<(String, String)>,
+    progress: &Progress,
+) -> anyhow::Result<Report>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let slice = (duration / 20).max(Duration::from_millis(20));
+    let (mut ours, mut ours_time, mut floor, mut floor_time) = (0u64, Duration::ZERO, 0u64, Duration::ZERO);
+    let mut samples = Vec::new();
+    let start = std::time::Instant::now();
+    while ours_time < duration {
+        let began = std::time::Instant::now();
+        while began.elapsed() < slice {
+            floor_pair().await?;
+            floor += 1;
+        }
+        floor_time += began.elapsed();
+        let began = std::time::Instant::now();
+        while began.elapsed() < slice {
+            let t = std::time::Instant::now();
+            lock.lock().await?.release().await?;
+            samples.push(t.elapsed().as_micros() as u64);
+            ours += 1;
+        }
+        ours_time += began.elapsed();
+        progress.show("uncontended", ours, start.elapsed());
+    }
+    let (p50, p99, p999) = summarize(samples);
+    let mut extra = extra;
+    extra.push(("limit".into(), format!("floor sequential, interleaved in {slice:?} slices")));
+    Ok(Report {
+        p50_us: p50,
+        p99_us: p99,
+        p999_us: p999,
+        ..report("uncontended", ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64(), extra)
+    })
+}
+
+/// `clients` clients of `url` (each its own connection) take and release lock `name` for
+/// `duration`: hand-offs per second against `floor`, and how evenly the clients got it.
+pub(crate) async fn contended_on(
+    url: &str,
+    name: &str,
+    clients: u32,
+    duration: Duration,
+    floor: f64,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let start = std::time::Instant::now();
+    let until = start + duration;
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let (url, name) = (url.to_string(), name.to_string());
+        handles.push(tokio::spawn(async move {
+            let client = distlock::connect(&url).await?;
+            let lock = client.mutex(&name)?;
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                lock.lock().await?.release().await?;
+                n += 1;
+            }
+            Ok::<u64, anyhow::Error>(n)
+        }));
+    }
+    let mut counts = Vec::new();
+    for h in handles {
+        counts.push(h.await??);
+        progress.show("contended", counts.iter().sum(), start.elapsed());
+    }
+    let ops = counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64();
+    let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
+    Ok(report(
+        "contended",
+        ops,
+        floor,
+        vec![
+            ("clients".into(), clients.to_string()),
+            ("per_client_min".into(), min.to_string()),
+            ("per_client_max".into(), max.to_string()),
+            ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+            ("limit".into(), "floor sequential".into()),
+        ],
+    ))
+}
+
+/// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;
+/// returns it and the URL that goes through it.
+pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(distlock_faults::FaultProxy, String)> {
+    let bad = |why: &str| anyhow::anyhow!("--rtt: {why} in {url}");
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme://"))?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (user, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    if hostport.is_empty() || scheme == "sqlite" {
+        return Err(bad("no server to put a proxy in front of"));
+    }
+    if hostport.contains(',') {
+        return Err(bad("more than one server (the proxy stands in front of one)"));
+    }
+    let upstream = tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| bad(&format!("cannot resolve {hostport} ({e})")))?
+        .next()
+        .ok_or_else(|| bad(&format!("{hostport} resolves to no address")))?;
+    let proxy = distlock_faults::FaultProxy::start(upstream).await?;
+    proxy.set(distlock_faults::Fault::Delay { to_client: rtt, to_upstream: Duration::ZERO });
+    let proxied = format!("{scheme}://{user}{}{tail}", proxy.addr());
+    Ok((proxy, proxied))
+}

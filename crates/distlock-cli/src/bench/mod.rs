@@ -1,0 +1,78 @@
+//! `distlock bench`: every lock against the server's own limit, measured in one run. This file
+//! is the entry point, which picks the backend by URL; the shared harness is in `harness`, and
+//! each backend's workloads in a file of its own above it.
+
+mod curator;
+mod etcd;
+mod harness;
+mod postgres;
+mod redis;
+mod sql;
+mod zookeeper;
+
+use harness::{print_table, through_proxy, Progress};
+use std::io::IsTerminal;
+
+pub(crate) use harness::BenchArgs;
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    let backend = crate::backend_or_default(&args.backend);
+    if backend.starts_with("redis+cluster://") {
+        anyhow::bail!(
+            "bench does not run on a cluster yet (its floor is one server's): point it at one master with redis://"
+        );
+    }
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+        );
+    }
+    let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
+    // The workloads asked for, or the backend's own list.
+    let chosen = |defaults: &[&str]| -> Vec<String> {
+        if args.workloads.is_empty() {
+            defaults.iter().map(|w| w.to_string()).collect()
+        } else {
+            args.workloads.clone()
+        }
+    };
+    let (duration, clients, json) = (args.duration, args.clients, args.json);
+    let is_zk = backend == "embedded" || backend.starts_with("zk://");
+    if args.curator && !is_zk {
+        anyhow::bail!("--curator measures Apache Curator, a ZooKeeper client: use a zk:// backend or embedded");
+    }
+    // Other backends run through the proxy too (their reports do not count the wire yet).
+    let (_proxy, proxied);
+    let backend = match args.rtt {
+        Some(rtt) if !is_zk => {
+            let (p, u) = through_proxy(backend, rtt).await?;
+            (_proxy, proxied) = (Some(p), u);
+            proxied.as_str()
+        }
+        _ => backend,
+    };
+    let reports = if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
+        let settings =
+            redis::Settings { duration, clients, locks: args.locks, tasks: args.tasks, json, plot: args.plot.clone() };
+        Some(redis::run(backend, &chosen(&redis::WORKLOADS), &settings, &progress).await?)
+    } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
+        let workloads = chosen(&sql::WORKLOADS);
+        Some(sql::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else if backend.starts_with("etcd://") {
+        let workloads = chosen(&etcd::WORKLOADS);
+        Some(etcd::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
+        let workloads = chosen(&postgres::WORKLOADS);
+        Some(postgres::run(backend, &workloads, duration, clients, json, &progress).await?)
+    } else {
+        None
+    };
+    if let Some(reports) = reports {
+        if !json {
+            print_table(&reports);
+        }
+        return Ok(0);
+    }
+    let workloads = chosen(&["raw", "uncontended", "contended", "many-locks", "waiters", "herd"]);
+    zookeeper::run(&args, backend, workloads, &progress).await
+}
