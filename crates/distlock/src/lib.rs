@@ -77,6 +77,15 @@ pub(crate) mod any;
 pub mod blocking;
 #[cfg(feature = "mysql")]
 mod closed;
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
+pub(crate) mod contract;
 #[cfg_attr(
     not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
     allow(dead_code)
@@ -88,6 +97,15 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
+mod multi;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod optimistic;
@@ -112,9 +130,18 @@ pub mod zookeeper;
     feature = "sqlite",
     feature = "etcd"
 ))]
-pub use any::{connect, Client, Guard, Lock, MultiGuard, MultiLock, SCHEMES};
+pub use any::{connect, Client, Guard, Lock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd"
+))]
+pub use multi::{MultiGuard, MultiLock};
 pub use options::{connect_with, ConnectOptions};
 pub use owner::Owner;
 pub use state::{LockState, QueueStatus};

@@ -81,6 +81,11 @@ impl LockGuard {
         &self.hold().key
     }
 
+    /// Our mark on the server: our key, as on every backend's guards.
+    pub fn holder_id(&self) -> &str {
+        &self.hold().key
+    }
+
     /// Our key's create revision: larger than every earlier holder's.
     pub fn fencing_token(&self) -> u64 {
         self.hold().rev as u64

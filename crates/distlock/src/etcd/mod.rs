@@ -50,6 +50,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod contract;
 mod guard;
 mod mutex;
 mod queue;

@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod contract;
 mod mutex;
 mod url;
 

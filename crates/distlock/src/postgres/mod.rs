@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod contract;
 mod inspect;
 mod mutex;
 mod rwlock;

@@ -462,6 +462,11 @@ macro_rules! hold_methods {
             &self.$m().key
         }
 
+        /// The lock's name: its key, as on every backend's guards.
+        pub fn name(&self) -> &str {
+            &self.$m().key
+        }
+
         /// Our identity on the server: the hash field (Redisson layout) or the key's value
         /// (simple layout).
         pub fn holder_id(&self) -> &str {

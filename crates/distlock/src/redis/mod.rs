@@ -60,6 +60,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod contract;
 mod fair;
 mod guard;
 mod mutex;

@@ -47,6 +47,7 @@
 //! # Ok(()) }
 //! ```
 
+pub(crate) mod contract;
 mod mutex;
 mod url;
 

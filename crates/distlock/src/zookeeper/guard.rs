@@ -379,6 +379,16 @@ macro_rules! guard_methods {
             self.node.node_path()
         }
 
+        /// The lock's name: its path, as on every backend's guards.
+        pub fn name(&self) -> &str {
+            self.node.lock_path()
+        }
+
+        /// Our mark on the server: our node's full path, as on every backend's guards.
+        pub fn holder_id(&self) -> &str {
+            self.node.node_path()
+        }
+
         /// The lease deadline: the last instant at which the server provably cannot yet have
         /// expired our session and handed this lock on, given the replies received so far. It
         /// moves forward while the server answers (a heartbeat renews it while locks are held);

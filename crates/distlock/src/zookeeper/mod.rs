@@ -9,6 +9,7 @@
 //! - [`Mutex`]: the exclusive lock (Curator's InterProcessMutex node layout);
 //! - [`inspect`](Client::inspect): who holds and who waits.
 
+pub(crate) mod contract;
 mod guard;
 mod inspect;
 mod multi;

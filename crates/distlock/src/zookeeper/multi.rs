@@ -2,8 +2,9 @@
 
 use super::queue::QueueStatus;
 use super::{Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, WriteGuard};
+use crate::contract::Wait;
 use crate::LockState;
-use crate::{Error, LostReason, Result};
+use crate::{LostReason, Result};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -45,14 +46,14 @@ impl LockSpec {
 
     pub(crate) async fn acquire(
         &self,
-        timeout: Option<Duration>,
+        wait: Wait,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<AnyGuard>> {
         Ok(match self {
-            LockSpec::Exclusive(m) => m.lock_with(timeout, progress).await?.map(AnyGuard::Exclusive),
-            LockSpec::Read(l) => l.read_with(timeout, progress).await?.map(AnyGuard::Read),
-            LockSpec::Write(l) => l.write_with(timeout, progress).await?.map(AnyGuard::Write),
-            LockSpec::Permits(s, n) => s.acquire_with(*n, timeout).await?.map(AnyGuard::Permits),
+            LockSpec::Exclusive(m) => m.lock_with(wait.timeout(), progress).await?.map(AnyGuard::Exclusive),
+            LockSpec::Read(l) => l.read_with(wait.timeout(), progress).await?.map(AnyGuard::Read),
+            LockSpec::Write(l) => l.write_with(wait.timeout(), progress).await?.map(AnyGuard::Write),
+            LockSpec::Permits(s, n) => s.acquire_with(*n, wait.timeout()).await?.map(AnyGuard::Permits),
         })
     }
 }
@@ -100,6 +101,16 @@ impl AnyGuard {
                 p[..p.rfind("/leases/").unwrap_or(p.len())].to_string()
             }
         }
+    }
+
+    /// The lock's name: its path, as on every backend's guards.
+    pub fn name(&self) -> String {
+        self.lock_path()
+    }
+
+    /// Our mark on the server: our node's full path, as on every backend's guards.
+    pub fn holder_id(&self) -> String {
+        self.node_path()
     }
 
     /// Our node's full path (for a semaphore permit, its first lease node), e.g.
@@ -185,7 +196,7 @@ pub struct MultiLock {
 impl MultiLock {
     /// Orders the members; a path named twice is refused (it would wait for itself).
     pub fn new(mut specs: Vec<LockSpec>) -> Result<MultiLock> {
-        crate::any::order_members(&mut specs, LockSpec::path)?;
+        crate::multi::order_members(&mut specs, LockSpec::path)?;
         Ok(MultiLock { specs })
     }
 
@@ -221,17 +232,8 @@ impl MultiLock {
         timeout: Option<Duration>,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<MultiGuard>> {
-        let locks: Vec<crate::Lock> = self.specs.iter().cloned().map(crate::Lock::from).collect();
-        let Some(parts) = crate::any::acquire_all(&locks, timeout, progress).await? else { return Ok(None) };
-        let parts = parts
-            .into_iter()
-            .map(|g| {
-                g.into_zookeeper().ok_or_else(|| Error::Unsupported {
-                    backend: "zookeeper",
-                    what: "guards of other backends in a ZooKeeper multi-lock".into(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let wait = crate::contract::Wait::from_timeout(timeout);
+        let Some(parts) = crate::multi::acquire_all(&self.specs, wait, progress).await? else { return Ok(None) };
         Ok(Some(MultiGuard { parts }))
     }
 }
@@ -274,12 +276,28 @@ impl MultiGuard {
 
     /// Resolves when any member can no longer be trusted.
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let all: Vec<_> = self.parts.iter().map(|p| p.lost()).collect();
-        async move { futures::future::select_all(all).await.0 }
+        crate::multi::lost_any(self.parts.iter().map(|p| p.lost()).collect())
     }
 
     /// Releases every member in reverse order; reports the first error after trying all.
     pub async fn release(self) -> Result<()> {
-        crate::any::release_all(self.parts, AnyGuard::release).await
+        crate::multi::release_all(self.parts, AnyGuard::release).await
+    }
+}
+
+impl crate::multi::Member for LockSpec {
+    type Held = AnyGuard;
+    fn name(&self) -> &str {
+        self.path()
+    }
+    fn take<'a>(
+        &'a self,
+        wait: Wait,
+        progress: Option<&'a watch::Sender<QueueStatus>>,
+    ) -> impl std::future::Future<Output = Result<Option<AnyGuard>>> + Send + 'a {
+        self.acquire(wait, progress)
+    }
+    fn give_back(held: AnyGuard) -> impl std::future::Future<Output = Result<()>> + Send {
+        held.release()
     }
 }

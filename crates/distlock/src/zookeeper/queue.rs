@@ -35,34 +35,7 @@ const LOOKAHEAD_DEPTH: usize = 16;
 
 pub use crate::QueueStatus;
 
-/// How long an acquire may wait.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Wait {
-    /// Give up at once if anyone is ahead.
-    Never,
-    /// Wait until this instant.
-    Until(Instant),
-    /// Wait as long as it takes.
-    Forever,
-}
-
-impl Wait {
-    /// The public API's timeout: `None` waits forever, zero never waits, else until now + t.
-    pub(crate) fn from_timeout(timeout: Option<Duration>) -> Wait {
-        match timeout {
-            None => Wait::Forever,
-            Some(t) if t.is_zero() => Wait::Never,
-            Some(t) => deadline_after(t).map_or(Wait::Forever, Wait::Until),
-        }
-    }
-
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Until(d) => Some(d),
-            _ => None,
-        }
-    }
-}
+pub(crate) use crate::contract::Wait;
 
 /// `now + t`, or `None` when that is too far to represent (a timeout of centuries: forever).
 pub(crate) fn deadline_after(t: Duration) -> Option<Instant> {

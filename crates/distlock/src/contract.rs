@@ -1,0 +1,234 @@
+//! The one lock contract every backend implements, and the pieces written once over it.
+//!
+//! A backend is three traits:
+//! - [`Backend`]: a connected client. It names its backend, reports its lease, checks a lock
+//!   name, makes a [`Recipe`] of a [`Kind`] (or refuses the kind with [`Error::Unsupported`]),
+//!   and closes;
+//! - [`Recipe`]: a lock that acquires with one [`Wait`] and returns a [`Held`];
+//! - [`Held`]: a held lock. Its name and holder id, its fencing token, its lease deadline and
+//!   state, a `lost()` future, and a release. Dropping it releases in the background.
+//!
+//! [`crate::Client`], [`crate::Lock`] and [`crate::Guard`] are thin over these. Each backend
+//! implements them in its own `contract.rs` from its typed recipes, with the [`recipe!`] and
+//! [`held!`] macros where the typed API has the usual shape. Nothing above this module matches
+//! on a backend.
+
+use crate::{Error, LockState, LostReason, QueueStatus, Result};
+use std::any::Any;
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A boxed, sendable future: what the contract's methods return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How long an acquire may wait: the one meaning of a wait on every backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Give up at once if the lock is not free.
+    Never,
+    /// Wait until this instant.
+    Until(Instant),
+    /// Wait as long as it takes.
+    Forever,
+}
+
+impl Wait {
+    /// The public API's timeout: `None` waits forever, zero never waits, else until now + t (a
+    /// timeout too far to represent is forever).
+    pub(crate) fn from_timeout(timeout: Option<Duration>) -> Wait {
+        match timeout {
+            None => Wait::Forever,
+            Some(t) if t.is_zero() => Wait::Never,
+            Some(t) => Instant::now().checked_add(t).map_or(Wait::Forever, Wait::Until),
+        }
+    }
+
+    /// The instant to stop waiting at, if it is a bounded wait (`Never` has none: it does not
+    /// wait at all).
+    pub(crate) fn deadline(self) -> Option<Instant> {
+        match self {
+            Wait::Until(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The public API's timeout for this wait: `None` forever, zero never (also for a deadline
+    /// already passed: one try).
+    pub(crate) fn timeout(self) -> Option<Duration> {
+        match self {
+            Wait::Never => Some(Duration::ZERO),
+            Wait::Until(d) => Some(d.saturating_duration_since(Instant::now())),
+            Wait::Forever => None,
+        }
+    }
+
+    /// When to give up: now for `Never`, `None` for `Forever`.
+    pub(crate) fn give_up_at(self) -> Option<Instant> {
+        match self {
+            Wait::Never => Some(Instant::now()),
+            Wait::Until(d) => Some(d),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// Which lock a [`Backend`] makes for a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// An exclusive lock.
+    Mutex,
+    /// The shared side of a read/write lock.
+    Read,
+    /// The exclusive side of a read/write lock.
+    Write,
+    /// One permit of a semaphore with this many permits.
+    Permits(u32),
+}
+
+impl Kind {
+    /// The refusal of a backend that offers only the mutex.
+    pub(crate) fn mutex_only(self, backend: &'static str, name: &str, why: &str) -> Result<()> {
+        match self {
+            Kind::Mutex => Ok(()),
+            other => Err(Error::Unsupported { backend, what: format!("{other:?} on {name} ({why})") }),
+        }
+    }
+}
+
+/// A connected client of one backend.
+pub(crate) trait Backend: Debug + Send + Sync + 'static {
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`.
+    fn backend(&self) -> &'static str;
+    /// How long the server keeps a lock whose holder went silent.
+    fn lease(&self) -> Duration;
+    /// The lock's name on the server for `name`, or the error naming what is wrong with it.
+    fn lock_name(&self, name: &str) -> Result<String>;
+    /// A lock of `kind` named `name` (already checked by [`Backend::lock_name`]).
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>>;
+    /// Closes the connection, waiting at most `bound`.
+    fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;
+    /// The typed client, for [`crate::Client`]'s typed accessors.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A lock that can be acquired.
+pub(crate) trait Recipe: Debug + Send + Sync + 'static {
+    /// The lock's name on the server.
+    fn name(&self) -> &str;
+    /// Acquires within `wait`; `None` if not had in time (nothing is left behind). `progress`
+    /// receives the queue position where the backend has a queue. Cancel safe.
+    fn acquire<'a>(
+        &'a self,
+        wait: Wait,
+        progress: Option<&'a watch::Sender<QueueStatus>>,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>>;
+}
+
+/// A held lock. Dropping it releases in the background.
+pub(crate) trait Held: Debug + Send + Sync + 'static {
+    /// The lock's name on the server.
+    fn name(&self) -> String;
+    /// Our mark on the server (node path, hash field, key, holder column).
+    fn holder_id(&self) -> String;
+    /// Strictly increasing from one holder of the lock to the next.
+    fn fencing_token(&self) -> u64;
+    /// The instant after which the server may give the lock to someone else.
+    fn lease_deadline(&self) -> std::time::Instant;
+    /// The state now.
+    fn state(&self) -> LockState;
+    /// Resolves when the lock can no longer be trusted.
+    fn lost(&self) -> BoxFuture<'static, LostReason>;
+    /// Releases and waits for the server.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,
+/// `fencing_token`, `lease_deadline`, `state`, `lost`, `release`).
+macro_rules! held {
+    ($($t:ty),* $(,)?) => {$(
+        impl $crate::contract::Held for $t {
+            fn name(&self) -> String {
+                <$t>::name(self).to_string()
+            }
+            fn holder_id(&self) -> String {
+                <$t>::holder_id(self).to_string()
+            }
+            fn fencing_token(&self) -> u64 {
+                <$t>::fencing_token(self)
+            }
+            fn lease_deadline(&self) -> std::time::Instant {
+                <$t>::lease_deadline(self)
+            }
+            fn state(&self) -> $crate::LockState {
+                <$t>::state(self)
+            }
+            fn lost(&self) -> $crate::contract::BoxFuture<'static, $crate::LostReason> {
+                Box::pin(<$t>::lost(self))
+            }
+            fn release(self: Box<Self>) -> $crate::contract::BoxFuture<'static, $crate::Result<()>> {
+                Box::pin(<$t>::release(*self))
+            }
+        }
+    )*};
+}
+pub(crate) use held;
+
+/// Implements [`Recipe`] for a typed lock from its three public acquires: `$l` is the lock and
+/// `$t` the timeout in the expressions.
+///
+/// ```ignore
+/// recipe!(Mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+/// ```
+macro_rules! recipe {
+    ($ty:ty, |$l:ident, $t:ident| name: $name:expr, forever: $forever:expr, never: $never:expr, within: $within:expr) => {
+        impl $crate::contract::Recipe for $ty {
+            fn name(&self) -> &str {
+                let $l = self;
+                $name
+            }
+            fn acquire<'a>(
+                &'a self,
+                wait: $crate::contract::Wait,
+                _progress: Option<&'a tokio::sync::watch::Sender<$crate::QueueStatus>>,
+            ) -> $crate::contract::BoxFuture<'a, $crate::Result<Option<Box<dyn $crate::contract::Held>>>> {
+                use $crate::contract::{Held, Wait};
+                let $l = self;
+                Box::pin(async move {
+                    let held = match wait {
+                        Wait::Forever => Some($forever.await?),
+                        Wait::Never => $never.await?,
+                        Wait::Until(d) => {
+                            let $t = d.saturating_duration_since(tokio::time::Instant::now());
+                            $within.await?
+                        }
+                    };
+                    Ok(held.map(|g| Box::new(g) as Box<dyn Held>))
+                })
+            }
+        }
+    };
+}
+pub(crate) use recipe;
+
+/// The shared side of a read/write lock, as a [`Recipe`].
+#[derive(Debug, Clone)]
+pub(crate) struct Reading<L>(pub(crate) L);
+
+/// The exclusive side of a read/write lock, as a [`Recipe`].
+#[derive(Debug, Clone)]
+pub(crate) struct Writing<L>(pub(crate) L);
+
+/// Makes the public [`crate::Client`] of a backend's client.
+pub(crate) fn client<B: Backend>(backend: B) -> crate::Client {
+    crate::Client::from_backend(Arc::new(backend))
+}
+
+/// Makes the public [`crate::Lock`] of a backend's recipe.
+pub(crate) fn lock<R: Recipe>(recipe: R) -> Arc<dyn Recipe> {
+    Arc::new(recipe)
+}

@@ -1,0 +1,107 @@
+//! ZooKeeper's side of the one lock contract ([`crate::contract`]): the client, the lock
+//! specs (mutex, read, write, permit) and their guards.
+
+use super::{nobody_listens, AnyGuard, Client, LockSpec, ZkUrl};
+use crate::contract::{self, Backend, BoxFuture, Held, Kind, Recipe, Wait};
+use crate::{Error, QueueStatus, Result};
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Connects; a ZooKeeper that is not there at all (every address refuses) is reported at once
+/// rather than after the connect timeout.
+pub(crate) fn connect(url: &str) -> BoxFuture<'_, Result<crate::Client>> {
+    Box::pin(async move {
+        let parsed = ZkUrl::parse(url)?;
+        let client = tokio::select! {
+            client = Client::connect_url(parsed.clone()) => client?,
+            why = nobody_listens(&parsed) => {
+                return Err(Error::Connect { url: parsed.to_string(), reason: why })
+            }
+        };
+        Ok(contract::client(client))
+    })
+}
+
+impl Backend for Client {
+    fn backend(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn lease(&self) -> Duration {
+        self.session_timeout()
+    }
+
+    fn lock_name(&self, name: &str) -> Result<String> {
+        zk_path(name)
+    }
+
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+        Ok(Arc::new(match kind {
+            Kind::Mutex => LockSpec::Exclusive(self.mutex(name)?),
+            Kind::Read => LockSpec::Read(self.rwlock(name)?),
+            Kind::Write => LockSpec::Write(self.rwlock(name)?),
+            Kind::Permits(n) => LockSpec::Permits(self.semaphore(name, n)?, 1),
+        }))
+    }
+
+    fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Recipe for LockSpec {
+    fn name(&self) -> &str {
+        self.path()
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        wait: Wait,
+        progress: Option<&'a watch::Sender<QueueStatus>>,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>> {
+        Box::pin(
+            async move { Ok(LockSpec::acquire(self, wait, progress).await?.map(|g| Box::new(g) as Box<dyn Held>)) },
+        )
+    }
+}
+
+contract::held!(AnyGuard);
+
+impl From<Client> for crate::Client {
+    fn from(c: Client) -> crate::Client {
+        contract::client(c)
+    }
+}
+
+impl From<LockSpec> for crate::Lock {
+    fn from(s: LockSpec) -> crate::Lock {
+        crate::Lock::from_recipe(Arc::new(s))
+    }
+}
+
+/// A bare name is `/distlock/NAME`; an absolute path is used as is; anything else is refused
+/// with a suggestion.
+fn zk_path(lock: &str) -> Result<String> {
+    let bad = |reason: String| Error::InvalidLockPath { path: lock.to_string(), reason };
+    if lock.is_empty() {
+        return Err(bad("the lock name is empty".into()));
+    }
+    if lock.starts_with('/') {
+        Ok(lock.to_string())
+    } else if lock.contains('/') {
+        let segments: Vec<&str> = lock.split('/').filter(|s| !s.is_empty() && *s != "." && *s != "..").collect();
+        let suggestion = match segments.as_slice() {
+            [one] => format!("{one} (which means /distlock/{one}) or /{one}"),
+            _ => format!("/{}", segments.join("/")),
+        };
+        Err(bad(format!("give a bare name without '/' or an absolute znode path, e.g. {suggestion}")))
+    } else {
+        Ok(format!("/distlock/{lock}"))
+    }
+}
