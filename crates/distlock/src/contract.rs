@@ -215,6 +215,94 @@ macro_rules! recipe {
 }
 pub(crate) use recipe;
 
+/// The parts of a backend's side of the contract that read the same on every backend whose typed
+/// client has `connect(url)`, `lease()` and `close(bound)`: the connect function for the scheme
+/// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the two
+/// parts that differ as inherent methods of its client in its `contract.rs`:
+/// `checked_name(&self, name) -> Result<String>` and `make(&self, name, kind) -> Result<Arc<dyn
+/// Recipe>>`.
+macro_rules! backend {
+    ($client:ty, $name:literal) => {
+        /// Connects to the URL; the scheme table in `any.rs` calls it.
+        pub(crate) fn connect(url: &str) -> $crate::contract::BoxFuture<'_, $crate::Result<$crate::Client>> {
+            Box::pin(async move { Ok($crate::contract::client(<$client>::connect(url).await?)) })
+        }
+
+        impl From<$client> for $crate::Client {
+            fn from(c: $client) -> $crate::Client {
+                $crate::contract::client(c)
+            }
+        }
+
+        impl $crate::contract::Backend for $client {
+            fn backend(&self) -> &'static str {
+                $name
+            }
+            fn lease(&self) -> std::time::Duration {
+                <$client>::lease(self)
+            }
+            fn lock_name(&self, name: &str) -> $crate::Result<String> {
+                <$client>::checked_name(self, name)
+            }
+            fn recipe(
+                &self,
+                name: &str,
+                kind: $crate::contract::Kind,
+            ) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Recipe>> {
+                <$client>::make(self, name, kind)
+            }
+            fn close(&self, bound: std::time::Duration) -> $crate::contract::BoxFuture<'static, ()> {
+                Box::pin(self.clone().close(bound))
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+    };
+}
+pub(crate) use backend;
+
+/// The three public acquires of a typed lock (wait forever, never, at most a timeout), written
+/// once over its one acquire by [`Wait`]: `$l` is the lock and `$w` the wait in `$acquire`.
+///
+/// ```ignore
+/// wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w); lock, try_lock, lock_timeout);
+/// ```
+macro_rules! wait_methods {
+    ($guard:ty, $what:literal, |$l:ident, $w:ident| $acquire:expr; $lock:ident, $try:ident, $timeout:ident) => {
+        #[doc = concat!("Waits for ", $what, " as long as it takes.")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        pub async fn $lock(&self) -> $crate::Result<$guard> {
+            let ($l, $w) = (self, $crate::contract::Wait::Forever);
+            Ok($acquire.await?.expect("waiting without a deadline ends only with the lock"))
+        }
+
+        #[doc = concat!("Takes ", $what, " only if it can be had now; never waits.")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        pub async fn $try(&self) -> $crate::Result<Option<$guard>> {
+            let ($l, $w) = (self, $crate::contract::Wait::Never);
+            $acquire.await
+        }
+
+        #[doc = concat!("Waits at most `timeout` for ", $what, " (one too large to count is forever); `None` if not had in time (nothing is left waiting or held).")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        pub async fn $timeout(&self, timeout: std::time::Duration) -> $crate::Result<Option<$guard>> {
+            let ($l, $w) = (self, $crate::contract::Wait::from_timeout(Some(timeout)));
+            $acquire.await
+        }
+    };
+}
+pub(crate) use wait_methods;
+
 /// The shared side of a read/write lock, as a [`Recipe`].
 #[derive(Debug, Clone)]
 pub(crate) struct Reading<L>(pub(crate) L);

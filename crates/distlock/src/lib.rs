@@ -57,35 +57,32 @@
 //! ```
 #![warn(missing_docs)]
 
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-pub(crate) mod any;
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-pub mod blocking;
+/// Items that exist when at least one backend is compiled in.
+macro_rules! with_a_backend {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            feature = "zookeeper",
+            feature = "redis",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "sqlite",
+            feature = "etcd"
+        ))]
+        $item
+    )*};
+}
+
+with_a_backend! {
+    pub(crate) mod any;
+    pub mod blocking;
+    pub(crate) mod contract;
+    mod multi;
+    pub use any::{connect, Client, Guard, Lock, SCHEMES};
+    pub use multi::{MultiGuard, MultiLock};
+}
+
 #[cfg(feature = "mysql")]
 mod closed;
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-pub(crate) mod contract;
 #[cfg_attr(
     not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
     allow(dead_code)
@@ -97,15 +94,6 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-mod multi;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod optimistic;
@@ -122,26 +110,8 @@ mod template;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-pub use any::{connect, Client, Guard, Lock, SCHEMES};
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
-#[cfg(any(
-    feature = "zookeeper",
-    feature = "redis",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "etcd"
-))]
-pub use multi::{MultiGuard, MultiLock};
 pub use options::{connect_with, ConnectOptions};
 pub use owner::Owner;
 pub use state::{LockState, QueueStatus};
@@ -151,6 +121,25 @@ pub use template::{with_lock, DistributedGuard, DistributedLock};
 #[cfg(all(doctest, feature = "zookeeper", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// Asserts that `parse` refuses each input with an error whose text contains the given words.
+#[cfg(test)]
+pub(crate) fn assert_refused<T: std::fmt::Debug>(parse: impl Fn(&str) -> Result<T>, cases: &[(&str, &str)]) {
+    for (input, says) in cases {
+        let e = parse(input).unwrap_err().to_string();
+        assert!(e.contains(says), "{input}: {e}");
+    }
+}
+
+/// As [`assert_refused`], and the error also quotes the input itself.
+#[cfg(test)]
+pub(crate) fn assert_refused_naming_url<T: std::fmt::Debug>(parse: impl Fn(&str) -> Result<T>, cases: &[(&str, &str)]) {
+    for (input, _) in cases {
+        let e = parse(input).unwrap_err().to_string();
+        assert!(e.contains(input), "{e}");
+    }
+    assert_refused(parse, cases);
+}
 
 /// Every lock and guard type of every backend can move between tasks and threads and be shared
 /// (`Send + Sync + 'static`): one list, so a new guard type is added here or the omission shows.

@@ -2,44 +2,24 @@
 //! the read/write lock and the semaphore, all held as a [`LockGuard`].
 
 use super::{Client, LockGuard, Mutex, RwLock, Semaphore};
-use crate::contract::{self, recipe, Backend, BoxFuture, Kind, Reading, Recipe, Writing};
+use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
-use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
 
-pub(crate) fn connect(url: &str) -> BoxFuture<'_, Result<crate::Client>> {
-    Box::pin(async move { Ok(contract::client(Client::connect(url).await?)) })
-}
+contract::backend!(Client, "etcd");
 
-impl Backend for Client {
-    fn backend(&self) -> &'static str {
-        "etcd"
-    }
-
-    fn lease(&self) -> Duration {
-        Client::lease(self)
-    }
-
-    fn lock_name(&self, name: &str) -> Result<String> {
+impl Client {
+    fn checked_name(&self, name: &str) -> Result<String> {
         self.mutex(name).map(|_| name.to_string())
     }
 
-    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex => contract::lock(self.mutex(name)?),
             Kind::Read => contract::lock(Reading(self.rwlock(name)?)),
             Kind::Write => contract::lock(Writing(self.rwlock(name)?)),
             Kind::Permits(n) => contract::lock(self.semaphore(name, n)?),
         })
-    }
-
-    fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(self.clone().close(bound))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -48,9 +28,3 @@ recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.
 recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
 recipe!(Semaphore, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(LockGuard);
-
-impl From<Client> for crate::Client {
-    fn from(c: Client) -> crate::Client {
-        contract::client(c)
-    }
-}

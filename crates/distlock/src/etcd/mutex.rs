@@ -2,8 +2,6 @@
 
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
-use crate::Result;
-use std::time::Duration;
 
 /// An exclusive lock on key prefix `name`, the same lock as `etcdctl lock name` and Go's
 /// `concurrency.NewMutex(session, "name")`. Waiters are served in the order their keys were
@@ -39,18 +37,5 @@ impl Mutex {
         &self.spec.name
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<LockGuard> {
-        Ok(acquire(&self.client, &self.spec, None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// Takes the lock only if it is free; never waits.
-    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.spec, Some(Duration::ZERO)).await
-    }
-
-    /// Waits at most `timeout`; `None` if the lock was not had in time (our key is deleted).
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.spec, Some(timeout)).await
-    }
+    crate::contract::wait_methods!(LockGuard, "the lock", |l, w| acquire(&l.client, &l.spec, w); lock, try_lock, lock_timeout);
 }

@@ -5,6 +5,7 @@
 use super::guard::LockGuard;
 use super::session::Session;
 use super::Client;
+use crate::contract::Wait;
 use crate::{Error, Result};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
@@ -49,10 +50,10 @@ enum Turn {
     Again(&'static str),
 }
 
-/// Acquires `spec`: `wait` `None` waits forever, `Some(ZERO)` never waits.
-pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Option<Duration>) -> Result<Option<LockGuard>> {
-    let try_only = wait == Some(Duration::ZERO);
-    let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+/// Acquires `spec` within `wait`.
+pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<Option<LockGuard>> {
+    let try_only = wait == Wait::Never;
+    let deadline = wait.deadline();
     let mut gate = None;
     if spec.naming == Naming::Session {
         let local = client.gate(&spec.key_prefix);

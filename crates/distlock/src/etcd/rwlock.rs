@@ -3,8 +3,6 @@
 
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
-use crate::Result;
-use std::time::Duration;
 
 /// A read/write lock on key prefix `name`: readers share it, a writer has it alone, and all are
 /// served in the order their keys were created (a waiting writer holds back later readers, so
@@ -54,33 +52,7 @@ impl RwLock {
         &self.read.name
     }
 
-    /// Waits for a shared hold.
-    pub async fn read(&self) -> Result<LockGuard> {
-        Ok(acquire(&self.client, &self.read, None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
+    crate::contract::wait_methods!(LockGuard, "a read hold", |l, w| acquire(&l.client, &l.read, w); read, try_read, read_timeout);
 
-    /// A shared hold only if no writer holds or waits before us.
-    pub async fn try_read(&self) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.read, Some(Duration::ZERO)).await
-    }
-
-    /// Waits at most `timeout` for a shared hold.
-    pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.read, Some(timeout)).await
-    }
-
-    /// Waits for the exclusive hold.
-    pub async fn write(&self) -> Result<LockGuard> {
-        Ok(acquire(&self.client, &self.write, None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// The exclusive hold only if nobody holds or waits.
-    pub async fn try_write(&self) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.write, Some(Duration::ZERO)).await
-    }
-
-    /// Waits at most `timeout` for the exclusive hold.
-    pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.write, Some(timeout)).await
-    }
+    crate::contract::wait_methods!(LockGuard, "the write hold", |l, w| acquire(&l.client, &l.write, w); write, try_write, write_timeout);
 }

@@ -2,8 +2,6 @@
 
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
-use crate::Result;
-use std::time::Duration;
 
 /// A semaphore of `n` permits on key prefix `name`: a permit is ours while fewer than `n` keys
 /// under `name/` are older than ours, so permits go out in the order keys were created (FIFO).
@@ -48,18 +46,5 @@ impl Semaphore {
         self.spec.limit
     }
 
-    /// Waits for a permit.
-    pub async fn acquire(&self) -> Result<LockGuard> {
-        Ok(acquire(&self.client, &self.spec, None).await?.expect("waiting without a deadline ends only with a permit"))
-    }
-
-    /// A permit only if one is free and nobody waits before us.
-    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.spec, Some(Duration::ZERO)).await
-    }
-
-    /// Waits at most `timeout` for a permit.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        acquire(&self.client, &self.spec, Some(timeout)).await
-    }
+    crate::contract::wait_methods!(LockGuard, "a permit", |l, w| acquire(&l.client, &l.spec, w); acquire, try_acquire, acquire_timeout);
 }

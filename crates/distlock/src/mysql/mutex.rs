@@ -1,6 +1,7 @@
 //! A `GET_LOCK` mutex, fenced by a counter row.
 
 use super::{backend, Client, Conn, FENCING_TABLE};
+use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
@@ -53,28 +54,14 @@ impl Mutex {
         &self.name
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<MutexGuard> {
-        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
-    }
+    crate::contract::wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w); lock, try_lock, lock_timeout);
 
-    /// Takes the lock only if it is free; never waits.
-    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        self.acquire(None).await
-    }
-
-    /// Waits at most `timeout`; `None` if the lock was not had in time (nothing is left held).
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Some(timeout)).await
-    }
-
-    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
+    async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let name = &self.name;
         let mut conn = self.client.checkout().await?;
-        let secs = match wait {
-            None => 0.0,
-            Some(w) if w.as_secs_f64() >= FOREVER_SECS => FOREVER_SECS,
-            Some(w) => w.as_secs_f64(),
+        let secs = match wait.timeout() {
+            None => FOREVER_SECS,
+            Some(w) => w.as_secs_f64().min(FOREVER_SECS),
         };
         // Dropped while the server waits: the connection closes with this future, and the
         // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.

@@ -2,6 +2,7 @@
 
 use super::semaphore::RELEASED_CHANNEL;
 use super::{backend, AdvisoryKey, Client, Conn, FENCING_GUARD, FENCING_SEQUENCE};
+use crate::contract::Wait;
 use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,26 +98,9 @@ impl Mutex {
         self.target.key
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<MutexGuard> {
-        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
-    }
+    crate::contract::wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w); lock, try_lock, lock_timeout);
 
-    /// Takes the lock only if it is free; never waits.
-    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        self.acquire(None).await
-    }
-
-    /// Waits at most `timeout`; `None` if the lock was not had in time (nothing is left held).
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        if timeout.is_zero() {
-            return self.try_lock().await;
-        }
-        self.acquire(Some(timeout)).await
-    }
-
-    /// `wait` `None`: try once; `Some(MAX)`: forever.
-    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
+    async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let conn = self.client.checkout().await?;
         let cancel = (conn.client.cancel_token(), conn.cancelled.clone());
         let (client, target) = (self.client.clone(), self.target.clone());
@@ -124,13 +108,13 @@ impl Mutex {
             let name = &target.name;
             let sent = Instant::now();
             // Prepared once per connection; then one round trip each.
-            let row = match wait {
-                None => conn.query(&target.try_sql, &target.key.params()).await,
-                Some(w) => {
+            let row = match wait.timeout() {
+                Some(w) if w.is_zero() => conn.query(&target.try_sql, &target.key.params()).await,
+                w => {
                     // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
-                    let ms = match w.as_millis() {
-                        ms if w == Duration::MAX || ms > i32::MAX as u128 => "0".to_string(),
-                        ms => ms.max(1).to_string(),
+                    let ms = match w.map(|w| w.as_millis()) {
+                        Some(ms) if ms <= i32::MAX as u128 => ms.max(1).to_string(),
+                        _ => "0".to_string(),
                     };
                     let mut params = target.key.params();
                     params.push((&ms, Type::TEXT));

@@ -1,9 +1,9 @@
 //! A counting semaphore: `permits` advisory-lock slots, a permit being one slot held.
 
 use super::{Client, Mutex, MutexGuard};
+use crate::contract::Wait;
 use crate::{Error, Result};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// The channel releases of a permit are announced on (`NOTIFY`, payload: the semaphore's name).
@@ -66,19 +66,14 @@ impl Semaphore {
         self.slots.len() as u32
     }
 
-    /// Waits as long as it takes for a permit.
-    pub async fn acquire(&self) -> Result<SemaphorePermit> {
-        Ok(self.wait(None).await?.expect("waiting without a deadline ends only with a permit"))
-    }
+    crate::contract::wait_methods!(SemaphorePermit, "a permit", |l, w| l.take(w); acquire, try_acquire, acquire_timeout);
 
-    /// A permit only if one is free now.
-    pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit>> {
-        self.scan().await
-    }
-
-    /// Waits at most `timeout` for a permit; `None` if none came in time (nothing is left held).
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<SemaphorePermit>> {
-        self.wait(Instant::now().checked_add(timeout)).await
+    /// A permit within `wait`.
+    async fn take(&self, wait: Wait) -> Result<Option<SemaphorePermit>> {
+        match wait {
+            Wait::Never => self.scan().await,
+            wait => self.wait(wait.deadline()).await,
+        }
     }
 
     /// Tries every slot once, from a random one (so that holders spread over the slots).

@@ -5,30 +5,18 @@ use super::{
     Client, Layout, Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, SimpleGuard, SimpleLock,
     WriteGuard,
 };
-use crate::contract::{self, recipe, Backend, BoxFuture, Kind, Reading, Recipe, Writing};
+use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
-use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
 
-pub(crate) fn connect(url: &str) -> BoxFuture<'_, Result<crate::Client>> {
-    Box::pin(async move { Ok(contract::client(Client::connect(url).await?)) })
-}
+contract::backend!(Client, "redis");
 
-impl Backend for Client {
-    fn backend(&self) -> &'static str {
-        "redis"
-    }
-
-    fn lease(&self) -> Duration {
-        Client::lease(self)
-    }
-
-    fn lock_name(&self, name: &str) -> Result<String> {
+impl Client {
+    fn checked_name(&self, name: &str) -> Result<String> {
         Ok(name.to_string())
     }
 
-    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex => match self.url().layout {
                 Layout::Redisson => contract::lock(self.mutex(name)?),
@@ -39,14 +27,6 @@ impl Backend for Client {
             Kind::Permits(n) => contract::lock(self.semaphore(name, n)?),
         })
     }
-
-    fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(self.clone().close(bound))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 recipe!(Mutex, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
@@ -55,12 +35,6 @@ recipe!(Reading<RwLock>, |l, t| name: l.0.key(), forever: l.0.read(), never: l.0
 recipe!(Writing<RwLock>, |l, t| name: l.0.key(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
 recipe!(Semaphore, |l, t| name: l.key(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(MutexGuard, SimpleGuard, ReadGuard, WriteGuard, SemaphorePermit);
-
-impl From<Client> for crate::Client {
-    fn from(c: Client) -> crate::Client {
-        contract::client(c)
-    }
-}
 
 impl From<Mutex> for crate::Lock {
     fn from(m: Mutex) -> crate::Lock {

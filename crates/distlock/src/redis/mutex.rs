@@ -4,7 +4,6 @@ use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::Result;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// A reentrant mutex in Redisson's RLock layout: a hash at the lock's key whose field
@@ -69,21 +68,7 @@ impl Mutex {
         self.inner.reentry.field()
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<MutexGuard> {
-        Ok(self.acquire(None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// Takes the lock only if it is free (or already this handle's); never waits.
-    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        self.acquire(Some(Instant::now())).await
-    }
-
-    /// Waits at most `timeout` (one too large to count is forever); `None` if the lock was not
-    /// had in time.
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Instant::now().checked_add(timeout)).await
-    }
+    crate::contract::wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w.give_up_at()); lock, try_lock, lock_timeout);
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {
         let inner = &self.inner;

@@ -4,7 +4,6 @@ use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::{Error, Result};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// A read/write lock in Redisson's RReadWriteLock layout: a hash at the lock's key with field
@@ -66,36 +65,9 @@ impl RwLock {
         &self.inner.key
     }
 
-    /// Waits for a read hold as long as it takes.
-    pub async fn read(&self) -> Result<ReadGuard> {
-        Ok(self.read_until(None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
+    crate::contract::wait_methods!(ReadGuard, "a read hold", |l, w| l.read_until(w.give_up_at()); read, try_read, read_timeout);
 
-    /// A read hold only if no one else writes; never waits.
-    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
-        self.read_until(Some(Instant::now())).await
-    }
-
-    /// Waits at most `timeout` for a read hold.
-    pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
-        self.read_until(Instant::now().checked_add(timeout)).await
-    }
-
-    /// Waits for the write hold as long as it takes; [`Error::WouldDeadlock`] if this handle
-    /// holds only reads.
-    pub async fn write(&self) -> Result<WriteGuard> {
-        Ok(self.write_until(None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// The write hold only if the lock is free (or this handle's); never waits.
-    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
-        self.write_until(Some(Instant::now())).await
-    }
-
-    /// Waits at most `timeout` for the write hold.
-    pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
-        self.write_until(Instant::now().checked_add(timeout)).await
-    }
+    crate::contract::wait_methods!(WriteGuard, "the write hold (`Error::WouldDeadlock` if this handle holds only reads)", |l, w| l.write_until(w.give_up_at()); write, try_write, write_timeout);
 
     async fn read_until(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>> {
         let inner = &self.inner;

@@ -4,7 +4,6 @@ use super::guard::{hold_methods, Hold, Holder};
 use super::{acquire_loop, scripts, Answer, Attempt, Client};
 use crate::{Error, Result};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// A semaphore of `permits` permits on key `K`: a sorted set of permit ids scored by their expiry
@@ -71,20 +70,7 @@ impl Semaphore {
         self.inner.permits
     }
 
-    /// Waits for a permit as long as it takes.
-    pub async fn acquire(&self) -> Result<SemaphorePermit> {
-        Ok(self.acquire_until(None).await?.expect("waiting without a deadline ends only with a permit"))
-    }
-
-    /// A permit only if one is free now; never waits.
-    pub async fn try_acquire(&self) -> Result<Option<SemaphorePermit>> {
-        self.acquire_until(Some(Instant::now())).await
-    }
-
-    /// Waits at most `timeout` for a permit.
-    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Option<SemaphorePermit>> {
-        self.acquire_until(Instant::now().checked_add(timeout)).await
-    }
+    crate::contract::wait_methods!(SemaphorePermit, "a permit", |l, w| l.acquire_until(w.give_up_at()); acquire, try_acquire, acquire_timeout);
 
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<SemaphorePermit>> {
         let inner = &self.inner;

@@ -57,21 +57,7 @@ impl SimpleLock {
         &self.inner.key
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<SimpleGuard> {
-        Ok(self.acquire(None).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// Takes the lock only if it is free; never waits.
-    pub async fn try_lock(&self) -> Result<Option<SimpleGuard>> {
-        self.acquire(Some(Instant::now())).await
-    }
-
-    /// Waits at most `timeout` (one too large to count is forever); `None` if the lock was not
-    /// had in time.
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<SimpleGuard>> {
-        self.acquire(Instant::now().checked_add(timeout)).await
-    }
+    crate::contract::wait_methods!(SimpleGuard, "the lock", |l, w| l.acquire(w.give_up_at()); lock, try_lock, lock_timeout);
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<SimpleGuard>> {
         let inner = &self.inner;

@@ -1,6 +1,7 @@
 //! A mutex on a lease row, with a watchdog that extends it.
 
 use super::{backend, Client};
+use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
@@ -68,20 +69,7 @@ impl Mutex {
         &self.name
     }
 
-    /// Waits as long as it takes.
-    pub async fn lock(&self) -> Result<MutexGuard> {
-        Ok(self.acquire(Some(Duration::MAX)).await?.expect("waiting without a deadline ends only with the lock"))
-    }
-
-    /// Takes the lock only if it is free; never waits.
-    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
-        self.acquire(None).await
-    }
-
-    /// Waits at most `timeout`; `None` if the lock was not had in time.
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MutexGuard>> {
-        self.acquire(Some(timeout)).await
-    }
+    crate::contract::wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w); lock, try_lock, lock_timeout);
 
     /// The lock's row now, if it was ever taken.
     pub async fn inspect(&self) -> Result<Option<LeaseView>> {
@@ -101,8 +89,7 @@ impl Mutex {
         }))
     }
 
-    async fn acquire(&self, wait: Option<Duration>) -> Result<Option<MutexGuard>> {
-        let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+    async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
         let holder = format!("{host}:{}:{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let releases = self.client.releases(&self.name);
@@ -119,11 +106,11 @@ impl Mutex {
                 return Ok(Some(MutexGuard::new(self.client.clone(), self.name.clone(), holder, token, confirmed)));
             }
             let now = Instant::now();
-            let until = match (wait, deadline) {
-                (None, _) => return Ok(None),
-                (Some(_), Some(d)) if now >= d => return Ok(None),
-                (Some(_), Some(d)) => d.min(now + retry),
-                (Some(_), None) => now + retry,
+            let until = match wait {
+                Wait::Never => return Ok(None),
+                Wait::Until(d) if now >= d => return Ok(None),
+                Wait::Until(d) => d.min(now + retry),
+                Wait::Forever => now + retry,
             };
             tokio::select! {
                 _ = woken => retry = FIRST_RETRY,
