@@ -17,6 +17,41 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// The accessors of a guard whose hold (`self.hold()`) keeps a `lease: Arc<Lease>` and a `name`:
+/// its deadline, state, changes of state and loss, written once.
+macro_rules! lease_methods {
+    () => {
+        /// The instant after which the server may give the lock to someone else unless a renewal
+        /// (a ping, an extension, a keep-alive) is confirmed first: the send time of the last
+        /// confirmed request, plus the lease, less the drift margin. Stop work that needs the
+        /// lock before it.
+        pub fn lease_deadline(&self) -> std::time::Instant {
+            self.hold().lease.deadline().into_std()
+        }
+
+        /// The state now (`Lost` once the lease deadline has passed without a confirmed renewal).
+        pub fn state(&self) -> $crate::LockState {
+            let h = self.hold();
+            h.lease.state(&h.name)
+        }
+
+        /// Every change of state, as a watch receiver.
+        pub fn state_changes(&self) -> tokio::sync::watch::Receiver<$crate::LockState> {
+            self.hold().lease.subscribe()
+        }
+
+        /// Resolves when the lock can no longer be trusted: the backend saw it go (the
+        /// connection closed, our key deleted, the row taken over, the lease gone), or the lease
+        /// deadline passed without a confirmed renewal.
+        pub fn lost(&self) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
+            let h = self.hold();
+            $crate::lease::Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
+        }
+    };
+}
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(unused_imports))]
+pub(crate) use lease_methods;
+
 /// What one renewal (a ping, an extension) of a lease found.
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 pub(crate) enum Renewal {

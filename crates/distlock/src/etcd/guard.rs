@@ -6,7 +6,7 @@ use crate::lease::Lease;
 use crate::{Error, LockState, LostReason, Result};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use std::sync::Arc;
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::OwnedMutexGuard;
 
 /// Proof of holding an etcd lock (a [`Mutex`](super::Mutex), either side of an
 /// [`RwLock`](super::RwLock), or a [`Semaphore`](super::Semaphore) permit): our key, its create
@@ -112,30 +112,7 @@ impl LockGuard {
             .await
     }
 
-    /// The instant after which the server may expire the session lease (and so our key) unless
-    /// a keep-alive is answered first.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().lease.deadline().into_std()
-    }
-
-    /// The state now.
-    pub fn state(&self) -> LockState {
-        let h = self.hold();
-        h.lease.state(&h.name)
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.hold().lease.subscribe()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the server said the lease is gone, the
-    /// lease deadline passed without an answered keep-alive, or our key was deleted (by an
-    /// operator, `etcdctl del`, or anyone else: the next waiter is granted at that moment).
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let h = self.hold();
-        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
-    }
+    crate::lease::lease_methods!();
 
     /// Deletes our key (only if it is still ours) and waits for the server; [`Error::LockLost`]
     /// if the lock had been lost before or the key was gone.

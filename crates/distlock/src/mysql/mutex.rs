@@ -6,7 +6,6 @@ use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// An exclusive user lock, held by a connection of its own.
@@ -173,29 +172,7 @@ impl MutexGuard {
         format!("connection:{}", self.hold().id)
     }
 
-    /// The instant after which the server may close our silent connection and give the lock to
-    /// someone else.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().lease.deadline().into_std()
-    }
-
-    /// The state now.
-    pub fn state(&self) -> LockState {
-        let h = self.hold();
-        h.lease.state(&h.name)
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.hold().lease.subscribe()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the connection closed, or the lease
-    /// deadline passed without an answered ping.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let h = self.hold();
-        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
-    }
+    crate::lease::lease_methods!();
 
     /// Unlocks and waits for the server; [`Error::LockLost`] if the lock had been lost before or
     /// the server no longer had it.

@@ -6,7 +6,6 @@ use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A lock on one row of the lease table. Not reentrant: a second acquire waits like anyone's.
@@ -206,29 +205,7 @@ impl MutexGuard {
         &self.hold().holder
     }
 
-    /// The instant after which another process may take the row over unless an extension is
-    /// confirmed first.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().lease.deadline().into_std()
-    }
-
-    /// The state now.
-    pub fn state(&self) -> LockState {
-        let h = self.hold();
-        h.lease.state(&h.name)
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.hold().lease.subscribe()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the lease deadline passed without a
-    /// confirmed extension, or an extension found the row taken over.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        let h = self.hold();
-        Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
-    }
+    crate::lease::lease_methods!();
 
     /// Ends the lease now; [`Error::LockLost`] if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
