@@ -85,7 +85,7 @@ fn bare_names_live_under_distlock() {
 #[test]
 fn nonblock_and_wait_give_up_with_conflict_code() {
     let l = lock();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let out = distlock(&["exec", "-n", &l, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "the command must not run");
@@ -117,7 +117,7 @@ fn waiter_runs_after_holder_finishes() {
 #[test]
 fn inspect_shows_holder_and_waiters_in_order() {
     let l = lock();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let mut waiter = distlock(&["exec", &l, "--", "true"]).spawn().unwrap();
     // Wait (bounded) until the waiter is queued.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -273,7 +273,7 @@ fn shared_locks_share_and_write_excludes() {
 #[test]
 fn plain_exclusive_and_shared_holders_form_one_queue() {
     let l = lock();
-    let (mut plain, _out) = hold(&l, "4s", "sleep 30");
+    let (mut plain, _out) = hold(&l, "4s", "sleep 120");
     for flags in [&["-s"][..], &["-x"]] {
         let mut args = vec!["exec", "-n"];
         args.extend_from_slice(flags);
@@ -639,7 +639,7 @@ fn losing_one_of_several_locks_releases_the_others_at_once() {
 #[test]
 fn flock_conventions_wait_seconds_and_dash_c() {
     let l = lock();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let started = Instant::now();
     let out = distlock(&["exec", "-w", "0.4", &l, "--", "echo", "ran"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -686,7 +686,7 @@ fn commands_that_cannot_run_exit_127_and_126() {
 #[test]
 fn a_signal_while_waiting_exits_128_plus_n() {
     let l = lock();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     use std::os::unix::process::ExitStatusExt;
     // TERM and HUP: exit 128+N. INT and QUIT: distlock dies of the signal itself after cleaning
     // up (a shell shows 128+N), so that a calling script stops as it would for any program.
@@ -810,7 +810,7 @@ fn non_lock_children_are_ignored() {
         let opts = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
         c.zookeeper().mkdir(&format!("{l}/config"), &opts).await.unwrap();
     });
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let view = inspect_json(&l);
     let contenders = view["contenders"].as_array().unwrap();
     assert_eq!(contenders.len(), 1, "{view}");
@@ -905,7 +905,7 @@ fn the_lock_is_held_until_the_commands_background_children_end() {
 #[test]
 fn the_status_line_fits_the_terminal() {
     let l = lock();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let backend_url = backend("4s");
     let cmd = format!("stty cols 40; DISTLOCK_BACKEND='{backend_url}' {BIN} exec -w 1.5 {l} -- true");
     let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::null()).output().unwrap();
@@ -1015,7 +1015,7 @@ fn a_waiter_whose_binary_was_removed_still_guards_its_command() {
     let l = lock();
     let copy = std::env::temp_dir().join(format!("distlock-copy-{}", uuid::Uuid::new_v4().simple()));
     std::fs::copy(BIN, &copy).unwrap();
-    let (mut holder, _out) = hold(&l, "4s", "sleep 30");
+    let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let mut waiter = Command::new(&copy)
         .env("DISTLOCK_BACKEND", backend("4s"))
         .args(["exec", &l, "--", "echo", "ran"])
