@@ -12,9 +12,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// The safety margin taken off every lease: 1% of it plus 2 ms (timer and clock-rate error).
+/// The safety margin taken off every lease of a server with no reporting delay (see
+/// [`crate::margin`]).
 pub(crate) fn drift(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
+    crate::margin::margin(lease, Duration::ZERO)
 }
 
 /// The accessors of a guard whose hold (`self.hold()`) keeps a `lease: Arc<Lease>` and a `name`:
@@ -155,6 +156,28 @@ impl Lease {
                 Ok(Renewal::Failed) => self.publish(LockState::Suspended, name),
                 Ok(Renewal::Gone(reason)) => return self.publish(LockState::Lost(reason), name),
                 Err(_) => return self.publish(LockState::Lost(LostReason::LeaseExpired), name),
+            }
+        }
+    }
+
+    /// As [`Lease::keep`], and `Lost(ConnectionClosed)` at once when `closed` resolves: the
+    /// connection that holds the lock ended, so the server has freed it (PostgreSQL, MariaDB).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) async fn keep_connection<F, Fut>(
+        &self,
+        name: &str,
+        period: Duration,
+        renew: F,
+        closed: impl std::future::Future<Output = ()>,
+    ) where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Renewal>,
+    {
+        tokio::select! {
+            _ = self.keep(name, period, renew) => {}
+            _ = closed => {
+                tracing::debug!(lock = name, "the lock connection closed");
+                self.publish(LockState::Lost(LostReason::ConnectionClosed), name);
             }
         }
     }

@@ -94,6 +94,18 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
+#[cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd"
+    )),
+    allow(dead_code)
+)]
+mod margin;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod optimistic;

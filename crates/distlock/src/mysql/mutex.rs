@@ -245,7 +245,7 @@ async fn monitor(
             None => std::future::pending().await,
         }
     };
-    let keep = lease.keep(&name, bound / 6, || async {
+    let renew = || async {
         match conn.lock().await.conn.ping().await {
             Ok(()) => Renewal::Renewed,
             Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)) => {
@@ -257,12 +257,6 @@ async fn monitor(
                 Renewal::Failed
             }
         }
-    });
-    tokio::select! {
-        _ = keep => {}
-        _ = closed => {
-            tracing::debug!(lock = name, "the server closed the lock connection");
-            lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
-        }
-    }
+    };
+    lease.keep_connection(&name, bound / 6, renew, closed).await
 }

@@ -3,7 +3,7 @@
 use super::semaphore::RELEASED_CHANNEL;
 use super::{backend, AdvisoryKey, Client, Conn, FENCING_GUARD, FENCING_SEQUENCE};
 use crate::contract::Wait;
-use crate::lease::Lease;
+use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -373,40 +373,19 @@ async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<
 /// Pings the holding connection every sixth of the lease; moves the deadline on with every
 /// answer; `Suspended` on a failed ping, `Lost` at the deadline or when the connection closes.
 async fn monitor(conn: Arc<Conn>, lease: Arc<Lease>, name: String, bound: Duration) {
-    let period = bound / 6;
     let closed = conn.closed();
-    tokio::pin!(closed);
-    loop {
-        tokio::select! {
-            _ = &mut closed => {
-                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
-                return;
-            }
-            // Every sixth of the lease, and sooner when the deadline is closer than that (after a
-            // failed ping): a confirmation in time keeps the lock.
-            _ = tokio::time::sleep(period.min(lease.deadline().saturating_duration_since(Instant::now()) / 2)) => {}
-        }
-        let deadline = lease.deadline();
-        if Instant::now() >= deadline {
-            lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-            return;
-        }
-        let sent = Instant::now();
-        match tokio::time::timeout_at(deadline, conn.client.simple_query("")).await {
-            Ok(Ok(_)) => lease.confirmed(sent, &name),
-            Ok(Err(e)) if conn.is_closed() => {
+    let renew = || async {
+        match conn.client.simple_query("").await {
+            Ok(_) => Renewal::Renewed,
+            Err(e) if conn.is_closed() => {
                 tracing::debug!(lock = name, error = %e, "the lock connection closed");
-                lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
-                return;
+                Renewal::Gone(LostReason::ConnectionClosed)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::debug!(lock = name, error = %e, "health check failed");
-                lease.publish(LockState::Suspended, &name);
-            }
-            Err(_) => {
-                lease.publish(LockState::Lost(LostReason::LeaseExpired), &name);
-                return;
+                Renewal::Failed
             }
         }
-    }
+    };
+    lease.keep_connection(&name, bound / 6, renew, closed).await
 }

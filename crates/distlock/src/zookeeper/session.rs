@@ -247,10 +247,10 @@ pub(crate) async fn renew_if_short(client: &Client) {
     lease.observe(sent, &result);
 }
 
-/// The default margin kept before the session timeout: a quarter of it for a follower's
-/// reporting delay, plus 2% for clock-rate drift.
+/// The default margin kept before the session timeout: the one rule ([`crate::margin`]) with a
+/// quarter of the timeout for a follower's reporting delay.
 pub(crate) fn default_margin(timeout: Duration) -> Duration {
-    timeout / 4 + timeout / 50
+    crate::margin::margin(timeout, timeout / 4)
 }
 
 /// Renews the lease of `client` with a `sync` every lease interval while it has live lock nodes.
