@@ -3,7 +3,7 @@
 //! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
 //! woken by its watch alone).
 
-use super::harness::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
 use distlock::etcd::etcd_client::{self, PutOptions};
 use std::time::{Duration, Instant};
 
@@ -22,11 +22,7 @@ pub async fn run(
     json: bool,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    for w in workloads {
-        if !WORKLOADS.contains(&w.as_str()) {
-            anyhow::bail!("workload {w} is not measured on etcd yet (here: {})", WORKLOADS.join(", "));
-        }
-    }
+    check_workloads("etcd", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let etcd = client.etcd().ok_or_else(|| anyhow::anyhow!("{url}: not an etcd:// URL"))?.etcd();
     let base = format!("distlock-bench-{:x}", uuid::Uuid::new_v4().as_u128() as u32);
@@ -78,13 +74,7 @@ async fn measure(
             }
             _ => unreachable!("checked above"),
         };
-        progress.clear();
-        if json {
-            for rep in &r {
-                println!("{}", serde_json::to_string(rep)?);
-            }
-        }
-        reports.extend(r);
+        emit(r, json, progress, &mut reports)?;
     }
     Ok(reports)
 }

@@ -321,3 +321,23 @@ pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(d
     let proxied = format!("{scheme}://{user}{}{tail}", proxy.addr());
     Ok((proxy, proxied))
 }
+
+/// Refuses a workload `backend` does not measure, naming the ones it does.
+pub(crate) fn check_workloads(backend: &str, asked: &[String], known: &[&str]) -> anyhow::Result<()> {
+    match asked.iter().find(|w| !known.contains(&w.as_str())) {
+        Some(w) => anyhow::bail!("workload {w} is not measured on {backend} yet ({backend}: {})", known.join(", ")),
+        None => Ok(()),
+    }
+}
+
+/// Clears the progress line, prints `done` as JSON lines if asked, and adds them to `all`.
+pub(crate) fn emit(done: Vec<Report>, json: bool, progress: &Progress, all: &mut Vec<Report>) -> anyhow::Result<()> {
+    progress.clear();
+    if json {
+        for rep in &done {
+            println!("{}", serde_json::to_string(rep)?);
+        }
+    }
+    all.extend(done);
+    Ok(())
+}

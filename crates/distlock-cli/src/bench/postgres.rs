@@ -2,7 +2,7 @@
 //! `pg_advisory_unlock` pairs on one connection, one at a time and many in flight), the
 //! uncontended lock interleaved with that floor, and contended hand-offs between clients.
 
-use super::harness::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
 use distlock::postgres::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -22,11 +22,7 @@ pub async fn run(
     json: bool,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    for w in workloads {
-        if !WORKLOADS.contains(&w.as_str()) {
-            anyhow::bail!("workload {w} is not measured on PostgreSQL yet (PostgreSQL: {})", WORKLOADS.join(", "));
-        }
-    }
+    check_workloads("PostgreSQL", workloads, &WORKLOADS)?;
     let (floor_conn, connection) =
         tokio_postgres::connect(url.split('?').next().unwrap_or(url), tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
@@ -59,13 +55,7 @@ pub async fn run(
             }
             _ => unreachable!("checked above"),
         };
-        progress.clear();
-        if json {
-            for rep in &r {
-                println!("{}", serde_json::to_string(rep)?);
-            }
-        }
-        reports.extend(r);
+        emit(r, json, progress, &mut reports)?;
     }
     Ok(reports)
 }

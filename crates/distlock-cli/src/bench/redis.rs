@@ -3,7 +3,7 @@
 //! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
 //! each lock workload against its floor, and redis-py's `Lock` beside us.
 
-use super::harness::{report, summarize, Progress, Report};
+use super::harness::{check_workloads, emit, report, summarize, Progress, Report};
 use distlock::redis::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -45,11 +45,7 @@ pub async fn run(
     settings: &Settings,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    for w in workloads {
-        if !WORKLOADS.contains(&w.as_str()) {
-            anyhow::bail!("workload {w} is not measured on Redis yet (Redis: {})", WORKLOADS.join(", "));
-        }
-    }
+    check_workloads("Redis", workloads, &WORKLOADS)?;
     let admin = Client::connect(url).await?;
     let prefix = format!("distlock-bench:{}", uuid::Uuid::new_v4().simple());
     let result = measure(url, &admin, &prefix, workloads, settings, progress).await;
@@ -86,13 +82,7 @@ async fn measure(
             "many-locks" => vec![many_locks(url, prefix, locks, tasks, duration, &limits, progress).await?],
             _ => unreachable!("checked above"),
         };
-        progress.clear();
-        if json {
-            for rep in &r {
-                println!("{}", serde_json::to_string(rep)?);
-            }
-        }
-        reports.extend(r);
+        emit(r, json, progress, &mut reports)?;
     }
     Ok(reports)
 }

@@ -3,7 +3,7 @@
 //! release update, on one connection), the uncontended lock interleaved with it, contended
 //! hand-offs, and the optimistic (version column) helper alone and under contention.
 
-use super::harness::{contended_on, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
 use distlock::optimistic::optimistic_update;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,11 +82,7 @@ pub async fn run(
     json: bool,
     progress: &Progress,
 ) -> anyhow::Result<Vec<Report>> {
-    for w in workloads {
-        if !WORKLOADS.contains(&w.as_str()) {
-            anyhow::bail!("workload {w} is not measured on this backend yet (here: {})", WORKLOADS.join(", "));
-        }
-    }
+    check_workloads("MariaDB and SQLite", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let conns = clients.max(1) + 1;
     let db = match client.sqlite() {
@@ -123,13 +119,7 @@ pub async fn run(
             "optimistic" => optimistic(&db, &base, clients, duration, progress).await?,
             _ => unreachable!("checked above"),
         };
-        progress.clear();
-        if json {
-            for rep in &r {
-                println!("{}", serde_json::to_string(rep)?);
-            }
-        }
-        reports.extend(r);
+        emit(r, json, progress, &mut reports)?;
     }
     Ok(reports)
 }

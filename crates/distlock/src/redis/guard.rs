@@ -422,6 +422,61 @@ pub(crate) enum Entry {
     Entered { field: String, token: u64, sent: Instant, replication: Replication },
 }
 
+/// A reentrant hold's acquire in Redisson's layout (the mutex, and the write side of the
+/// read/write lock): one script per attempt through [`enter`], the hold made from the answer.
+pub(crate) struct Reentrant<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) key: &'a str,
+    pub(crate) token_key: &'a str,
+    pub(crate) channel: &'a str,
+    pub(crate) reentry: &'a Arc<Reentry>,
+    pub(crate) script: &'static redis::Script,
+    /// Our holder, from our field and the release channel.
+    pub(crate) holder: fn(String, String) -> Holder,
+}
+
+impl Reentrant<'_> {
+    /// Acquires with `fresh` as a new hold's field, until `deadline`; `guard` makes the guard.
+    pub(crate) async fn acquire<G: Send + 'static>(
+        self,
+        fresh: String,
+        deadline: Option<Instant>,
+        guard: fn(Hold, Arc<Reentry>) -> G,
+    ) -> Result<Option<G>> {
+        let Reentrant { client, key, token_key, channel, reentry, script, holder } = self;
+        super::acquire_loop(client, channel, deadline, None, || {
+            let (client, key, token_key) = (client.clone(), key.to_string(), token_key.to_string());
+            let (channel, reentry, fresh) = (channel.to_string(), reentry.clone(), fresh.clone());
+            async move {
+                let eval = |plan: Plan| {
+                    let (client, key, token_key) = (&client, &key, &token_key);
+                    async move {
+                        let sent = Instant::now();
+                        let (reply, replication) = client
+                            .eval_acquire(
+                                script,
+                                &[key.as_str(), token_key.as_str()],
+                                &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
+                                key,
+                            )
+                            .await?;
+                        Ok((reply, replication, sent))
+                    }
+                };
+                let (field, token, sent, replication) = match enter(&reentry, &fresh, &key, eval).await? {
+                    Entry::Held(reply) => return Ok(super::Attempt::Held(reply[1])),
+                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
+                };
+                let hold = Hold::new(client.clone(), key.clone(), holder(field, channel), token, sent);
+                let guard = guard(hold, reentry);
+                replication.check(&key)?; // not confirmed: the guard drops and releases
+                Ok(super::Attempt::Acquired(guard))
+            }
+        })
+        .await
+    }
+}
+
 /// One attempt of a reentrant recipe: `eval` runs its acquire script for a [`Plan`] and returns
 /// the answer with the send time. A re-entry that finds the hold in progress gone on the server
 /// (its lease ran out) is not counted on it: the attempt asks for a new hold at once.

@@ -1,7 +1,7 @@
 //! Redisson's reentrant lock (RLock layout), fenced.
 
-use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
-use super::{acquire_loop, scripts, Attempt, Client};
+use super::guard::{reentrant_guard, Holder, Reentrant, Reentry};
+use super::{scripts, Client};
 use crate::Result;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -72,36 +72,16 @@ impl Mutex {
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {
         let inner = &self.inner;
-        let fresh = inner.client.fresh_field();
-        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let (inner, fresh) = (inner.clone(), fresh.clone());
-            async move {
-                let inner: &Inner = &inner;
-                let client = &inner.client;
-                let eval = |plan: Plan| async move {
-                    let sent = Instant::now();
-                    let (reply, replication) = client
-                        .eval_acquire(
-                            &scripts::REDISSON_LOCK,
-                            &[&inner.key, &inner.token_key],
-                            &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
-                            &inner.key,
-                        )
-                        .await?;
-                    Ok((reply, replication, sent))
-                };
-                let (field, token, sent, replication) = match enter(&inner.reentry, &fresh, &inner.key, eval).await? {
-                    Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
-                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
-                };
-                let holder = Holder::Redisson { field, channel: inner.channel.clone() };
-                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-                let guard = MutexGuard::new(hold, inner.reentry.clone());
-                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
-                Ok(Attempt::Acquired(guard))
-            }
-        })
-        .await
+        let target = Reentrant {
+            client: &inner.client,
+            key: &inner.key,
+            token_key: &inner.token_key,
+            channel: &inner.channel,
+            reentry: &inner.reentry,
+            script: &scripts::REDISSON_LOCK,
+            holder: |field, channel| Holder::Redisson { field, channel },
+        };
+        target.acquire(inner.client.fresh_field(), deadline, MutexGuard::new).await
     }
 }
 

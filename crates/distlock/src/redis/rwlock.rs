@@ -1,6 +1,6 @@
 //! Redisson's read/write lock (RReadWriteLock layout), fenced.
 
-use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
+use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentrant, Reentry};
 use super::{acquire_loop, scripts, Attempt, Client};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -120,36 +120,16 @@ impl RwLock {
                 reason: "this handle holds a read lock; a write lock would wait for it forever (upgrade is refused)",
             });
         }
-        let fresh = format!("{}:write", inner.client.fresh_field());
-        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
-            let (inner, fresh) = (inner.clone(), fresh.clone());
-            async move {
-                let inner: &Inner = &inner;
-                let client = &inner.client;
-                let eval = |plan: Plan| async move {
-                    let sent = Instant::now();
-                    let (reply, replication) = client
-                        .eval_acquire(
-                            &scripts::WRITE_LOCK,
-                            &[&inner.key, &inner.token_key],
-                            &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
-                            &inner.key,
-                        )
-                        .await?;
-                    Ok((reply, replication, sent))
-                };
-                let (field, token, sent, replication) = match enter(&inner.writes, &fresh, &inner.key, eval).await? {
-                    Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
-                    Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
-                };
-                let holder = Holder::Write { field, channel: inner.channel.clone() };
-                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
-                let guard = WriteGuard::new(hold, inner.writes.clone());
-                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
-                Ok(Attempt::Acquired(guard))
-            }
-        })
-        .await
+        let target = Reentrant {
+            client: &inner.client,
+            key: &inner.key,
+            token_key: &inner.token_key,
+            channel: &inner.channel,
+            reentry: &inner.writes,
+            script: &scripts::WRITE_LOCK,
+            holder: |field, channel| Holder::Write { field, channel },
+        };
+        target.acquire(format!("{}:write", inner.client.fresh_field()), deadline, WriteGuard::new).await
     }
 }
 
