@@ -6,7 +6,7 @@
 //! before then. At the deadline the state is `Lost(LeaseExpired)`, however late a watcher looks;
 //! `Lost` is final.
 
-use crate::{LockState, LostReason};
+use crate::{Error, LockState, LostReason, Result};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -52,6 +52,31 @@ macro_rules! lease_methods {
 }
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(unused_imports))]
 pub(crate) use lease_methods;
+
+/// After a long wait for a grant, the lease runs from a fresh answer: if more than a sixth of
+/// `lease` passed since the acquire was `sent`, `ping` must answer within a third of it (the
+/// lease then runs from the ping's send time), else the acquire fails and its caller drops the
+/// connection, which frees the lock.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) async fn fresh_after_wait(
+    sent: Instant,
+    lease: Duration,
+    name: &str,
+    ping: impl std::future::Future<Output = Result<()>>,
+) -> Result<Instant> {
+    if sent.elapsed() <= lease / 6 {
+        return Ok(sent);
+    }
+    let at = Instant::now();
+    match tokio::time::timeout(lease / 3, ping).await {
+        Ok(answer) => answer.map(|()| at),
+        Err(_) => Err(Error::Backend {
+            op: "acquire (session check after the wait)",
+            path: name.to_string(),
+            source: "no answer from the server".into(),
+        }),
+    }
+}
 
 /// What one renewal (a ping, an extension) of a lease found.
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
@@ -179,6 +204,25 @@ impl Lease {
                 tracing::debug!(lock = name, "the lock connection closed");
                 self.publish(LockState::Lost(LostReason::ConnectionClosed), name);
             }
+        }
+    }
+
+    /// Ends the lease at a release. A loss seen `before` is the release's error (the server may
+    /// have handed the lock on); otherwise `unlock` runs to its answer (in the background if this
+    /// future is dropped), and `false` from it means the server no longer had the lock as ours,
+    /// for reason `gone`.
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    pub(crate) async fn release<F>(&self, before: LockState, name: String, unlock: F, gone: LostReason) -> Result<()>
+    where
+        F: std::future::Future<Output = Result<bool>> + Send + 'static,
+    {
+        self.end();
+        if let LockState::Lost(reason) = before {
+            return Err(Error::LockLost { lock: name, reason });
+        }
+        match crate::detach::detach(unlock).await? {
+            true => Ok(()),
+            false => Err(Error::LockLost { lock: name, reason: gone }),
         }
     }
 

@@ -126,13 +126,7 @@ impl Client {
 
     /// A mutex on user lock `name` (1 to 64 characters).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
-        if name.is_empty() {
-            return Err(bad("the lock name is empty"));
-        }
-        if name.chars().count() > 64 {
-            return Err(bad("a MariaDB user lock name has at most 64 characters"));
-        }
+        crate::error::check_lock_name(name, 64, "a MariaDB user lock name")?;
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 

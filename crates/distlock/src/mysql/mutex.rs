@@ -3,7 +3,7 @@
 use super::{backend, Client, Conn, FENCING_TABLE};
 use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
-use crate::{Error, LockState, LostReason, Result};
+use crate::{LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -82,23 +82,11 @@ impl Mutex {
         // connection, which frees the lock.
         let token = done.last_insert_id();
         let lease = self.client.lease();
-        let sent = if sent.elapsed() > lease / 6 {
+        let ping = async {
             use sqlx::Connection;
-            let ping = Instant::now();
-            match tokio::time::timeout(lease / 3, conn.conn.ping()).await {
-                Ok(Ok(())) => ping,
-                Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", name, e)),
-                Err(_) => {
-                    return Err(Error::Backend {
-                        op: "acquire (session check after the wait)",
-                        path: name.clone(),
-                        source: "no answer from the server".into(),
-                    })
-                }
-            }
-        } else {
-            sent
+            conn.conn.ping().await.map_err(|e| backend("acquire (session check after the wait)", name, e))
         };
+        let sent = crate::lease::fresh_after_wait(sent, lease, name, ping).await?;
         Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token, sent)))
     }
 }
@@ -181,14 +169,8 @@ impl MutexGuard {
         let Hold { client, conn, name, lease, monitor, .. } = self.hold.take().expect("a guard holds until released");
         monitor.abort();
         let _ = monitor.await;
-        lease.end();
-        if let LockState::Lost(reason) = before {
-            return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
-        }
-        match crate::detach::detach(unlock(client, conn, name.clone())).await? {
-            true => Ok(()),
-            false => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
-        }
+        // A lock lost before: dropping the connection frees it.
+        lease.release(before, name.clone(), unlock(client, conn, name), LostReason::ConnectionClosed).await
     }
 }
 

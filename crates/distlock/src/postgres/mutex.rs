@@ -142,22 +142,14 @@ impl Mutex {
             // that is no longer the acquire's: confirm the session first (else the guard would be
             // born lost), and if that fails, drop the connection, which frees the lock.
             let bound = client.url().server_bound();
-            let confirmed = if sent.elapsed() > bound / 6 {
-                let ping = Instant::now();
-                match tokio::time::timeout(bound / 3, conn.client.simple_query("")).await {
-                    Ok(Ok(_)) => ping,
-                    Ok(Err(e)) => return Err(backend("acquire (session check after the wait)", name, e)),
-                    Err(_) => {
-                        return Err(Error::Backend {
-                            op: "acquire (session check after the wait)",
-                            path: name.clone(),
-                            source: "no answer from the server".into(),
-                        })
-                    }
-                }
-            } else {
-                sent
+            let ping = async {
+                conn.client
+                    .simple_query("")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| backend("acquire (session check after the wait)", name, e))
             };
+            let confirmed = crate::lease::fresh_after_wait(sent, bound, name, ping).await?;
             Ok(Some(MutexGuard::new(client, conn, target.clone(), token as u64, confirmed)))
         };
         Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await

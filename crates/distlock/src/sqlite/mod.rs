@@ -221,13 +221,7 @@ impl Client {
 
     /// A mutex on lock `name` (any non-empty name of at most 64 characters, ShedLock's limit).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
-        if name.is_empty() {
-            return Err(bad("the lock name is empty"));
-        }
-        if name.chars().count() > 64 {
-            return Err(bad("a lock name has at most 64 characters (the table's name column)"));
-        }
+        crate::error::check_lock_name(name, 64, "a lock name (the table's name column)")?;
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 

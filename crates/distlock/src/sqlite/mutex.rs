@@ -3,7 +3,7 @@
 use super::{backend, Client};
 use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
-use crate::{Error, LockState, LostReason, Result};
+use crate::{LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -213,14 +213,7 @@ impl MutexGuard {
             self.hold.take().expect("a guard holds until released");
         watchdog.abort();
         let before = lease.state(&name);
-        lease.end();
-        if let LockState::Lost(reason) = before {
-            return Err(Error::LockLost { lock: name, reason });
-        }
-        match crate::detach::detach(release(client, name.clone(), holder)).await? {
-            true => Ok(()),
-            false => Err(Error::LockLost { lock: name, reason: LostReason::KeyDeleted }),
-        }
+        lease.release(before, name.clone(), release(client, name, holder), LostReason::KeyDeleted).await
     }
 }
 
