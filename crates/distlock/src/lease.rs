@@ -18,10 +18,20 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     crate::margin::margin(lease, Duration::ZERO)
 }
 
-/// The accessors of a guard whose hold (`self.hold()`) keeps a `lease: Arc<Lease>` and a `name`:
-/// its deadline, state, changes of state and loss, written once.
+/// The accessors of a guard whose `hold: Option<Hold>` (taken at release) keeps a
+/// `lease: Arc<Lease>` and a `name`: its name, deadline, state, changes of state and loss,
+/// written once.
 macro_rules! lease_methods {
     () => {
+        fn hold(&self) -> &Hold {
+            self.hold.as_ref().expect("a guard holds until released")
+        }
+
+        /// The lock's name.
+        pub fn name(&self) -> &str {
+            &self.hold().name
+        }
+
         /// The instant after which the server may give the lock to someone else unless a renewal
         /// (a ping, an extension, a keep-alive) is confirmed first: the send time of the last
         /// confirmed request, plus the lease, less the drift margin. Stop work that needs the

@@ -159,43 +159,49 @@ pub(crate) fn assert_refused_naming_url<T: std::fmt::Debug>(parse: impl Fn(&str)
 mod bounds {
     fn send_sync_static<T: Send + Sync + 'static>() {}
 
+    macro_rules! all_send_sync_static {
+        ($($t:ty),* $(,)?) => {
+            $(send_sync_static::<$t>();)*
+        };
+    }
+
     #[test]
     fn every_lock_and_guard_is_send_sync_static() {
-        send_sync_static::<crate::Client>();
-        send_sync_static::<crate::Lock>();
-        send_sync_static::<crate::Guard>();
-        send_sync_static::<crate::MultiLock>();
-        send_sync_static::<crate::MultiGuard>();
-        send_sync_static::<crate::blocking::Guard>();
+        use crate::{blocking, Client, Guard, Lock, MultiGuard, MultiLock};
+        all_send_sync_static!(Client, Lock, Guard, MultiLock, MultiGuard, blocking::Guard);
         #[cfg(feature = "zookeeper")]
         {
             use crate::zookeeper as z;
-            send_sync_static::<z::MutexGuard>();
-            send_sync_static::<z::ReadGuard>();
-            send_sync_static::<z::WriteGuard>();
-            send_sync_static::<z::SemaphorePermit>();
-            send_sync_static::<z::ReentrantGuard>();
-            send_sync_static::<z::MultiGuard>();
-            send_sync_static::<z::NaiveGuard>();
+            all_send_sync_static!(
+                z::MutexGuard,
+                z::ReadGuard,
+                z::WriteGuard,
+                z::SemaphorePermit,
+                z::ReentrantGuard,
+                z::MultiGuard,
+                z::NaiveGuard,
+            );
         }
         #[cfg(feature = "redis")]
         {
             use crate::redis as r;
-            send_sync_static::<r::MutexGuard>();
-            send_sync_static::<r::ReadGuard>();
-            send_sync_static::<r::WriteGuard>();
-            send_sync_static::<r::FairGuard>();
-            send_sync_static::<r::SemaphorePermit>();
-            send_sync_static::<r::SimpleGuard>();
-            send_sync_static::<r::RedlockGuard>();
+            all_send_sync_static!(
+                r::MutexGuard,
+                r::ReadGuard,
+                r::WriteGuard,
+                r::FairGuard,
+                r::SemaphorePermit,
+                r::SimpleGuard,
+                r::RedlockGuard,
+            );
         }
         #[cfg(feature = "postgres")]
-        send_sync_static::<crate::postgres::MutexGuard>();
+        all_send_sync_static!(crate::postgres::MutexGuard);
         #[cfg(feature = "mysql")]
-        send_sync_static::<crate::mysql::MutexGuard>();
+        all_send_sync_static!(crate::mysql::MutexGuard);
         #[cfg(feature = "sqlite")]
-        send_sync_static::<crate::sqlite::MutexGuard>();
+        all_send_sync_static!(crate::sqlite::MutexGuard);
         #[cfg(feature = "etcd")]
-        send_sync_static::<crate::etcd::LockGuard>();
+        all_send_sync_static!(crate::etcd::LockGuard);
     }
 }

@@ -196,6 +196,18 @@ struct Target {
     /// A paused holder keeps its lock: the server frees it only when the connection ends, and a
     /// stopped process's kernel keeps the connection up (PostgreSQL's session locks).
     pause_holds: bool,
+    /// The lock lives as long as its connection (PostgreSQL, MariaDB): a reset ends it on the
+    /// server at the moment it ends for the holder, so the holder cannot be told first; the
+    /// overlap is the time the holder takes to see its socket closed, and only the fence covers it.
+    connection_bound: bool,
+}
+
+/// What a backend does by its nature under some faults (see [`Target`]).
+#[derive(Clone, Copy, Default)]
+struct Nature {
+    restart_forgets: bool,
+    pause_holds: bool,
+    connection_bound: bool,
 }
 
 impl Target {
@@ -573,7 +585,8 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         leaked,
         recovery_ms,
         losses: shared.losses.load(Ordering::SeqCst),
-        by_nature: scenario == Scenario::ServerRestart && target.restart_forgets,
+        by_nature: (scenario == Scenario::ServerRestart && target.restart_forgets)
+            || (scenario == Scenario::Reset && target.connection_bound),
         pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds,
     }
 }
@@ -622,7 +635,9 @@ fn table(server: &str, rows: &[Row]) -> String {
         "### {server}\n\n| scenario | recipe | acquisitions | faults | overlaps | stale writes accepted | stale writes rejected | left on the server | losses reported | recovery (ms) |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in rows {
-        let scenario = if r.by_nature {
+        let scenario = if r.by_nature && r.scenario.contains("reset") {
+            format!("{} (the server frees the lock as the holder learns: fenced)", r.scenario)
+        } else if r.by_nature {
             format!("{} (forgets its locks: fenced)", r.scenario)
         } else if r.pause_holds {
             format!("{} (the paused holder keeps the lock)", r.scenario)
@@ -749,6 +764,7 @@ async fn matrix_single_server() {
         restart_forgets: false,
         lease: distlock::parse_duration(LEASE).unwrap(),
         pause_holds: false,
+        connection_bound: false,
     };
     run_matrix(target, &scenarios).await;
 }
@@ -769,6 +785,7 @@ async fn matrix_ensemble() {
         restart_forgets: false,
         lease: distlock::parse_duration(LEASE).unwrap(),
         pause_holds: false,
+        connection_bound: false,
     };
     run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower]).await;
 }
@@ -782,8 +799,7 @@ async fn backend_matrix(
     lease: &str,
     url: impl Fn(&str) -> String,
     tool: &'static str,
-    forgets: bool,
-    pause_holds: bool,
+    nature: Nature,
 ) {
     if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
         println!("{server}: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
@@ -802,9 +818,10 @@ async fn backend_matrix(
         addr: Some(addr.replace("localhost", "127.0.0.1")),
         restart: dir.clone().map(|d| (tool, d)),
         ensemble: None,
-        restart_forgets: forgets,
+        restart_forgets: nature.restart_forgets,
         lease: distlock::parse_duration(lease).unwrap(),
-        pause_holds,
+        pause_holds: nature.pause_holds,
+        connection_bound: nature.connection_bound,
     };
     run_matrix(target, &network_scenarios(dir.is_some())).await;
 }
@@ -813,25 +830,50 @@ async fn backend_matrix(
 async fn matrix_redis() {
     let url = |addr: &str| format!("redis://{addr}?lease={LEASE}");
     let server = "Redis 7 (standalone, no persistence)";
-    backend_matrix(server, "DISTLOCK_TEST_REDIS", LEASE, url, "scripts/redis.sh", true, false).await;
+    backend_matrix(
+        server,
+        "DISTLOCK_TEST_REDIS",
+        LEASE,
+        url,
+        "scripts/redis.sh",
+        Nature { restart_forgets: true, ..Nature::default() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_postgres() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
-    backend_matrix("PostgreSQL 15", "DISTLOCK_TEST_POSTGRES", SQL_LEASE, url, "scripts/postgres.sh", false, true).await;
+    backend_matrix(
+        "PostgreSQL 15",
+        "DISTLOCK_TEST_POSTGRES",
+        SQL_LEASE,
+        url,
+        "scripts/postgres.sh",
+        Nature { pause_holds: true, connection_bound: true, ..Nature::default() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_mariadb() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
-    backend_matrix("MariaDB", "DISTLOCK_TEST_MYSQL", SQL_LEASE, url, "scripts/mariadb.sh", false, false).await;
+    backend_matrix(
+        "MariaDB",
+        "DISTLOCK_TEST_MYSQL",
+        SQL_LEASE,
+        url,
+        "scripts/mariadb.sh",
+        Nature { connection_bound: true, ..Nature::default() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matrix_etcd() {
     let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
-    backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", false, false).await;
+    backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", Nature::default())
+        .await;
 }
 
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
@@ -853,6 +895,7 @@ async fn matrix_sqlite() {
         restart_forgets: false,
         lease: distlock::parse_duration(LEASE).unwrap(),
         pause_holds: false,
+        connection_bound: false,
     };
     run_matrix(
         target,

@@ -3,7 +3,7 @@
 //! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
 //! woken by its watch alone).
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
 use distlock::etcd::etcd_client::{self, PutOptions};
 use std::time::{Duration, Instant};
 
@@ -14,39 +14,28 @@ pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
 const IN_FLIGHT: u32 = 8;
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
-pub async fn run(
-    url: &str,
-    workloads: &[String],
-    duration: Duration,
-    clients: u32,
-    json: bool,
-    progress: &Progress,
-) -> anyhow::Result<Vec<Report>> {
+pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
+    let Run { url, workloads, .. } = run;
     check_workloads("etcd", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let etcd = client.etcd().ok_or_else(|| anyhow::anyhow!("{url}: not an etcd:// URL"))?.etcd();
     let base = format!("distlock-bench-{:x}", uuid::Uuid::new_v4().as_u128() as u32);
     // The floor's keys live under a lease of their own (revoked at the end: nothing is left).
     let lease = etcd.clone().lease_grant(600, None).await?.id();
-    let result = measure(&client, etcd.clone(), lease, url, &base, workloads, duration, clients, json, progress).await;
+    let result = measure(&client, etcd.clone(), lease, &base, run).await;
     let _ = etcd.clone().lease_revoke(lease).await;
     client.close(Duration::from_secs(2)).await;
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn measure(
     client: &distlock::Client,
     etcd: etcd_client::Client,
     lease: i64,
-    url: &str,
     base: &str,
-    workloads: &[String],
-    duration: Duration,
-    clients: u32,
-    json: bool,
-    progress: &Progress,
+    run: Run<'_>,
 ) -> anyhow::Result<Vec<Report>> {
+    let Run { url, workloads, duration, clients, json, progress } = run;
     let floor_key = format!("{base}/floor");
     let sequential = floor(&etcd, lease, &floor_key, 1, duration, progress).await?;
     let mut reports = Vec::new();

@@ -341,3 +341,15 @@ pub(crate) fn emit(done: Vec<Report>, json: bool, progress: &Progress, all: &mut
     all.extend(done);
     Ok(())
 }
+
+/// What a backend's bench run is asked for: the URL, the workloads, how long each runs, how
+/// many clients contend, JSON lines or not, and where progress goes.
+#[derive(Clone, Copy)]
+pub(crate) struct Run<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) workloads: &'a [String],
+    pub(crate) duration: Duration,
+    pub(crate) clients: u32,
+    pub(crate) json: bool,
+    pub(crate) progress: &'a Progress,
+}

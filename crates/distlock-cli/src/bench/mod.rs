@@ -10,7 +10,7 @@ mod redis;
 mod sql;
 mod zookeeper;
 
-use harness::{print_table, through_proxy, Progress};
+use harness::{print_table, through_proxy, Progress, Run};
 use std::io::IsTerminal;
 
 pub(crate) use harness::BenchArgs;
@@ -57,13 +57,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         Some(redis::run(backend, &chosen(&redis::WORKLOADS), &settings, &progress).await?)
     } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
         let workloads = chosen(&sql::WORKLOADS);
-        Some(sql::run(backend, &workloads, duration, clients, json, &progress).await?)
+        Some(sql::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress }).await?)
     } else if backend.starts_with("etcd://") {
         let workloads = chosen(&etcd::WORKLOADS);
-        Some(etcd::run(backend, &workloads, duration, clients, json, &progress).await?)
+        Some(
+            etcd::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress })
+                .await?,
+        )
     } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         let workloads = chosen(&postgres::WORKLOADS);
-        Some(postgres::run(backend, &workloads, duration, clients, json, &progress).await?)
+        Some(
+            postgres::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress })
+                .await?,
+        )
     } else {
         None
     };

@@ -2,7 +2,7 @@
 //! `pg_advisory_unlock` pairs on one connection, one at a time and many in flight), the
 //! uncontended lock interleaved with that floor, and contended hand-offs between clients.
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
 use distlock::postgres::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -14,14 +14,8 @@ pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
 const WINDOW: i64 = 64;
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
-pub async fn run(
-    url: &str,
-    workloads: &[String],
-    duration: Duration,
-    clients: u32,
-    json: bool,
-    progress: &Progress,
-) -> anyhow::Result<Vec<Report>> {
+pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
+    let Run { url, workloads, duration, clients, json, progress } = run;
     check_workloads("PostgreSQL", workloads, &WORKLOADS)?;
     let (floor_conn, connection) =
         tokio_postgres::connect(url.split('?').next().unwrap_or(url), tokio_postgres::NoTls).await?;

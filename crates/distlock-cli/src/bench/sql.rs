@@ -3,7 +3,7 @@
 //! release update, on one connection), the uncontended lock interleaved with it, contended
 //! hand-offs, and the optimistic (version column) helper alone and under contention.
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
 use distlock::optimistic::optimistic_update;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,14 +74,8 @@ impl Db {
 
 /// Runs `workloads` against `url` (a `mysql://` or `sqlite://` URL) with `clients` contending
 /// clients for `duration` each.
-pub async fn run(
-    url: &str,
-    workloads: &[String],
-    duration: Duration,
-    clients: u32,
-    json: bool,
-    progress: &Progress,
-) -> anyhow::Result<Vec<Report>> {
+pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
+    let Run { url, workloads, duration, clients, json, progress } = run;
     check_workloads("MariaDB and SQLite", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let conns = clients.max(1) + 1;

@@ -67,15 +67,6 @@ impl LockGuard {
         LockGuard { hold: Some(Hold { client, name, key, rev, lease, _session: session, gate, watcher }) }
     }
 
-    fn hold(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until released")
-    }
-
-    /// The lock's name (its key prefix).
-    pub fn name(&self) -> &str {
-        &self.hold().name
-    }
-
     /// Our key, e.g. `orders/694d8b5a1c2f3e07` (what `etcdctl lock` puts in `ETCD_LOCK_KEY`).
     pub fn key(&self) -> &str {
         &self.hold().key

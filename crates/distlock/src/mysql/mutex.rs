@@ -141,18 +141,9 @@ impl MutexGuard {
         MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, monitor }) }
     }
 
-    fn hold(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until released")
-    }
-
     /// Larger than every token an earlier holder of this lock got.
     pub fn fencing_token(&self) -> u64 {
         self.hold().token
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        &self.hold().name
     }
 
     /// The holding connection, as `IS_USED_LOCK(name)` and the process list show it.

@@ -186,18 +186,9 @@ impl MutexGuard {
         MutexGuard { hold: Some(Hold { client, name, holder, token, lease, watchdog }) }
     }
 
-    fn hold(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until released")
-    }
-
     /// Larger than every token an earlier holder of this lock got.
     pub fn fencing_token(&self) -> u64 {
         self.hold().token
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        &self.hold().name
     }
 
     /// Our mark in the row's `locked_by`: `host:pid:random`.
