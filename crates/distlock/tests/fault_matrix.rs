@@ -142,6 +142,8 @@ struct Row {
     acquisitions: usize,
     faults: usize,
     overlaps: usize,
+    /// The longest overlap, in microseconds (a hold still open counts until the report).
+    longest_overlap_us: u64,
     stale_accepted: usize,
     stale_rejected: usize,
     leaked: usize,
@@ -574,12 +576,23 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         .max()
         .unwrap_or(0);
     let report = shared.resource.report();
+    let now = distlock_faults::mono_now();
+    let longest_overlap_us = report
+        .overlaps
+        .iter()
+        .map(|(a, b)| {
+            let end = |h: &distlock_faults::Hold| if h.is_open() { now } else { h.end_ns };
+            end(a).min(end(b)).saturating_sub(a.start_ns.max(b.start_ns)) / 1_000
+        })
+        .max()
+        .unwrap_or(0);
     Row {
         scenario: scenario.name(),
         recipe: recipe.name(),
         acquisitions: report.holds,
         faults: injected,
         overlaps: report.overlaps.len(),
+        longest_overlap_us,
         stale_accepted: report.stale_accepted,
         stale_rejected: report.stale_rejected,
         leaked,
@@ -682,7 +695,10 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
         if r.pause_holds {
             // Nothing to catch: the lock stayed with the paused holder until it resumed.
             if r.overlaps > 0 || r.stale_accepted > 0 {
-                bad.push(format!("{what}: {} overlaps, {} stale writes accepted", r.overlaps, r.stale_accepted));
+                bad.push(format!(
+                    "{what}: {} overlaps (longest {} µs), {} stale writes accepted",
+                    r.overlaps, r.longest_overlap_us, r.stale_accepted
+                ));
             }
         } else if r.scenario.contains("unfenced") {
             // The checker must catch the paused holder when nothing fences it.
@@ -694,7 +710,10 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
                 bad.push(format!("{what}: {} stale writes accepted despite fencing", r.stale_accepted));
             }
         } else if r.overlaps > 0 || r.stale_accepted > 0 {
-            bad.push(format!("{what}: {} overlaps, {} stale writes accepted", r.overlaps, r.stale_accepted));
+            bad.push(format!(
+                "{what}: {} overlaps (longest {} µs), {} stale writes accepted",
+                r.overlaps, r.longest_overlap_us, r.stale_accepted
+            ));
         }
     }
     bad
