@@ -216,6 +216,7 @@ pub struct Lock {
 }
 
 impl Lock {
+    #[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
     pub(crate) fn from_recipe(inner: Arc<dyn Recipe>) -> Lock {
         Lock { inner }
     }

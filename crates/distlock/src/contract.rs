@@ -13,6 +13,9 @@
 //! [`held!`] macros where the typed API has the usual shape. Nothing above this module matches
 //! on a backend.
 
+// With only some backends compiled in, some of the pieces below have no user.
+#![cfg_attr(not(all(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")), allow(dead_code, unused_macros, unused_imports))]
+
 use crate::{Error, LockState, LostReason, QueueStatus, Result};
 use std::any::Any;
 use std::fmt::Debug;

@@ -21,6 +21,7 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 /// The accessors of a guard whose `hold: Option<Hold>` (taken at release) keeps a
 /// `lease: Arc<Lease>` and a `name`: its name, deadline, state, changes of state and loss,
 /// written once.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(unused_macros))]
 macro_rules! lease_methods {
     () => {
         fn hold(&self) -> &Hold {

@@ -76,9 +76,12 @@ with_a_backend! {
     pub(crate) mod any;
     pub mod blocking;
     pub(crate) mod contract;
+    mod margin;
     mod multi;
+    mod options;
     pub use any::{connect, Client, Guard, Lock, SCHEMES};
     pub use multi::{MultiGuard, MultiLock};
+    pub use options::{connect_with, ConnectOptions};
 }
 
 #[cfg(feature = "mysql")]
@@ -94,22 +97,9 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
-#[cfg_attr(
-    not(any(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd"
-    )),
-    allow(dead_code)
-)]
-mod margin;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod optimistic;
-mod options;
 mod owner;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -124,7 +114,6 @@ pub mod zookeeper;
 
 pub use duration::parse_duration;
 pub use error::{Error, LostReason, Result};
-pub use options::{connect_with, ConnectOptions};
 pub use owner::Owner;
 pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};
