@@ -100,18 +100,50 @@ pub(crate) enum Renewal {
     Gone(LostReason),
 }
 
+/// How soon a failed renewal is tried again: a tenth of the lease, at most this.
+const RETRY: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 pub(crate) struct Lease {
     tx: watch::Sender<LockState>,
     deadline: StdMutex<Instant>,
     lease: Duration,
+    /// Leases confirmed and lost with this one (an etcd session's guards), held weakly.
+    followers: StdMutex<Vec<std::sync::Weak<Lease>>>,
 }
 
 impl Lease {
     /// A held lease confirmed by a request sent at `sent`.
     pub(crate) fn new(sent: Instant, lease: Duration) -> Lease {
         let (tx, _) = watch::channel(LockState::Held);
-        Lease { tx, deadline: StdMutex::new(sent + lease - drift(lease)), lease }
+        Lease { tx, deadline: StdMutex::new(sent + lease - drift(lease)), lease, followers: StdMutex::default() }
+    }
+
+    /// A lease that follows this one: same deadline and state now, confirmed, suspended and lost
+    /// with it from now on (it can also be lost on its own). `None` if this one is lost already.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn follower(&self) -> Option<std::sync::Arc<Lease>> {
+        let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked under the list's lock: a loss published after this reaches the new follower.
+        let state = *self.tx.borrow();
+        if state.is_lost() {
+            return None;
+        }
+        let (tx, _) = watch::channel(state);
+        let lease = std::sync::Arc::new(Lease {
+            tx,
+            deadline: StdMutex::new(self.deadline()),
+            lease: self.lease,
+            followers: StdMutex::default(),
+        });
+        followers.retain(|f| f.strong_count() > 0);
+        followers.push(std::sync::Arc::downgrade(&lease));
+        Some(lease)
+    }
+
+    fn followers(&self) -> Vec<std::sync::Arc<Lease>> {
+        let followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
+        followers.iter().filter_map(std::sync::Weak::upgrade).collect()
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -130,10 +162,22 @@ impl Lease {
         }
         self.publish(LockState::Held, name);
         self.tx.send_modify(|_| {});
+        for f in self.followers() {
+            f.confirmed(sent, name);
+        }
     }
 
     /// Publishes `state` (logged) unless the lease is lost already or nothing changes.
     pub(crate) fn publish(&self, state: LockState, name: &str) {
+        // This lease's own state first: a follower made after this starts from it (and is
+        // refused once lost); one made before is in the list read after it.
+        self.publish_own(state, name);
+        for f in self.followers() {
+            f.publish(state, name);
+        }
+    }
+
+    fn publish_own(&self, state: LockState, name: &str) {
         self.tx.send_if_modified(|s| {
             if s.is_lost() || *s == state {
                 return false;
@@ -157,6 +201,9 @@ impl Lease {
             *s = LockState::Lost(LostReason::SessionClosed);
             true
         });
+        for f in self.followers() {
+            f.end();
+        }
     }
 
     /// The state now: what was published, and `Lost` once the deadline has passed.
@@ -171,27 +218,58 @@ impl Lease {
         self.tx.subscribe()
     }
 
-    /// Keeps the lease: every `period` (sooner after a failure, while time is left) runs `renew`,
-    /// bounded by the deadline. `Renewed` moves the deadline on from the send; `Failed` is
-    /// `Suspended`; `Gone(reason)`, or no answer by the deadline, is `Lost`, and ends the loop.
+    /// One renewal, bounded by the deadline: `Renewed` moves the deadline on from the send and
+    /// the next renewal is due a `period` after it; `Failed` is `Suspended`, and the next try is
+    /// due soon (a tenth of the lease, at most 100 ms); `Gone(reason)`, or no answer by the
+    /// deadline, is `Lost`, and there is no next one (`None`). Every renewal loop of the crate
+    /// runs its renewals through this.
+    pub(crate) async fn renew_once(
+        &self,
+        name: &str,
+        period: Duration,
+        renewal: impl std::future::Future<Output = Renewal>,
+    ) -> Option<Instant> {
+        let deadline = self.deadline();
+        let sent = Instant::now();
+        if sent >= deadline {
+            self.publish(LockState::Lost(LostReason::LeaseExpired), name);
+            return None;
+        }
+        match tokio::time::timeout_at(deadline, renewal).await {
+            Ok(Renewal::Renewed) => {
+                self.confirmed(sent, name);
+                Some(sent + period)
+            }
+            Ok(Renewal::Failed) => {
+                self.publish(LockState::Suspended, name);
+                Some(Instant::now() + RETRY.min(self.lease / 10))
+            }
+            Ok(Renewal::Gone(reason)) => {
+                self.publish(LockState::Lost(reason), name);
+                None
+            }
+            Err(_) => {
+                self.publish(LockState::Lost(LostReason::LeaseExpired), name);
+                None
+            }
+        }
+    }
+
+    /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
+    /// than half the time left), until the lease is lost.
     pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Renewal>,
     {
+        let mut due = Instant::now() + period;
         loop {
-            let left = self.deadline().saturating_duration_since(Instant::now());
-            tokio::time::sleep(period.min(left / 2)).await;
-            let deadline = self.deadline();
-            if Instant::now() >= deadline {
-                return self.publish(LockState::Lost(LostReason::LeaseExpired), name);
-            }
-            let sent = Instant::now();
-            match tokio::time::timeout_at(deadline, renew()).await {
-                Ok(Renewal::Renewed) => self.confirmed(sent, name),
-                Ok(Renewal::Failed) => self.publish(LockState::Suspended, name),
-                Ok(Renewal::Gone(reason)) => return self.publish(LockState::Lost(reason), name),
-                Err(_) => return self.publish(LockState::Lost(LostReason::LeaseExpired), name),
+            let now = Instant::now();
+            let left = self.deadline().saturating_duration_since(now);
+            tokio::time::sleep_until(due.min(now + left / 2)).await;
+            match self.renew_once(name, period, renew()).await {
+                Some(next) => due = next,
+                None => return,
             }
         }
     }
@@ -272,5 +350,84 @@ impl Lease {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    const LEASE: Duration = Duration::from_secs(3);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_is_confirmed_suspended_and_lost_with_its_lease() {
+        let start = Instant::now();
+        let session = Lease::new(start, LEASE);
+        let guard = session.follower().expect("a live lease has followers");
+        assert_eq!(guard.deadline(), session.deadline());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        session.confirmed(Instant::now(), "s");
+        assert_eq!(guard.deadline(), session.deadline(), "confirmed together");
+        assert!(guard.deadline() > start + LEASE - drift(LEASE));
+        session.publish(LockState::Suspended, "s");
+        assert_eq!(guard.state("g"), LockState::Suspended);
+        let late = session.follower().expect("suspended is not lost");
+        assert_eq!(late.state("g"), LockState::Suspended, "a follower starts from the lease's state");
+        session.publish(LockState::Held, "s");
+        // A follower lost on its own leaves the lease and the others alone.
+        guard.publish(LockState::Lost(LostReason::KeyDeleted), "g");
+        assert_eq!(session.state("s"), LockState::Held);
+        assert_eq!(late.state("g"), LockState::Held);
+        session.publish(LockState::Lost(LostReason::SessionExpired), "s");
+        assert_eq!(late.state("g"), LockState::Lost(LostReason::SessionExpired));
+        assert_eq!(guard.state("g"), LockState::Lost(LostReason::KeyDeleted), "a loss keeps its first reason");
+        assert!(session.follower().is_none(), "no follower of a lost lease");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_expires_at_the_deadline_without_a_word() {
+        let session = Lease::new(Instant::now(), LEASE);
+        let guard = session.follower().unwrap();
+        let lost = Lease::lost(guard.clone(), "g".into(), std::future::pending());
+        let at = tokio::time::timeout(LEASE * 2, lost).await.expect("lost by the deadline");
+        assert_eq!(at, LostReason::LeaseExpired);
+        assert!(Instant::now() >= session.deadline());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_retries_a_failure_soon_and_loses_at_the_deadline() {
+        let lease = Arc::new(Lease::new(Instant::now(), LEASE));
+        let calls = Arc::new(AtomicU32::new(0));
+        let (l, c) = (lease.clone(), calls.clone());
+        // Renewed, then failed twice, then renewed, then no answer at all.
+        let keeper = tokio::spawn(async move {
+            let sent = Vec::<Instant>::new();
+            let sent = Arc::new(StdMutex::new(sent));
+            let s = sent.clone();
+            l.keep("k", LEASE / 3, move || {
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                s.lock().unwrap().push(Instant::now());
+                async move {
+                    match n {
+                        0 | 3 => Renewal::Renewed,
+                        1 | 2 => Renewal::Failed,
+                        _ => std::future::pending().await,
+                    }
+                }
+            })
+            .await;
+            let sent = sent.lock().unwrap().clone();
+            sent
+        });
+        let sent = tokio::time::timeout(LEASE * 4, keeper).await.expect("keep ends at the loss").unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(sent[1] - sent[0], LEASE / 3, "renewed a period after the confirmed send");
+        assert_eq!(sent[2] - sent[1], RETRY, "a failure is retried soon");
+        assert_eq!(sent[3] - sent[2], RETRY);
+        assert_eq!(sent[4] - sent[3], LEASE / 3);
+        assert_eq!(lease.state("k"), LockState::Lost(LostReason::LeaseExpired));
+        assert_eq!(Instant::now(), sent[3] + LEASE - drift(LEASE), "lost at the deadline, not later");
     }
 }

@@ -11,7 +11,7 @@
 
 use super::watchdog::Slot;
 use super::{scripts, Answer, Client, Replication};
-use crate::lease::Lease;
+use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -80,9 +80,8 @@ impl Hold {
         client.hold_started();
         {
             let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
-            let renewal =
-                Renewal { client: client.clone(), key: key.clone(), holder: holder.clone(), shared: shared.clone() };
-            *slot = Some(client.inner.watchdog.schedule(Instant::now() + lease / 3, renewal));
+            let due = Due { client: client.clone(), key: key.clone(), holder: holder.clone(), shared: shared.clone() };
+            *slot = Some(client.inner.watchdog.schedule(Instant::now() + lease / 3, due));
         }
         Hold { client, key, holder, token, shared, released: false }
     }
@@ -258,7 +257,7 @@ const RETRY: Duration = Duration::from_millis(100);
 
 /// What the watchdog needs to renew a hold.
 #[derive(Debug)]
-pub(crate) struct Renewal {
+pub(crate) struct Due {
     client: Client,
     key: String,
     holder: Holder,
@@ -266,47 +265,32 @@ pub(crate) struct Renewal {
 }
 
 /// One due renewal of a hold (run by the client's [`Watchdog`](super::watchdog::Watchdog) in a
-/// task of its own): renews, moves the deadline on, and schedules the next one, a third of the
-/// lease after this one was sent; a failed one is retried soon; at the deadline the hold is lost.
-pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, renewal: Renewal) {
-    let Renewal { client, key, holder, shared } = &renewal;
+/// task of its own), through the one renewal step ([`Lease::renew_once`]): it moves the deadline
+/// on, or reports the hold suspended or lost, and says when the next one is due, which this
+/// schedules.
+pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, due: Due) {
+    let Due { client, key, holder, shared } = &due;
     if shared.ended.load(Ordering::SeqCst) {
         return;
     }
-    let lease = client.lease();
-    let deadline = shared.lease.deadline();
-    if Instant::now() >= deadline {
-        shared.lease.publish(LockState::Lost(LostReason::LeaseExpired), key);
-        return;
-    }
-    let sent = Instant::now();
-    let outcome = tokio::select! {
-        r = renew(client, key, holder) => r,
-        _ = tokio::time::sleep_until(deadline) => {
-            shared.lease.publish(LockState::Lost(LostReason::LeaseExpired), key);
-            return;
+    let renewal = async {
+        match renew(client, key, holder).await {
+            Ok(true) => {
+                *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
+                Renewal::Renewed
+            }
+            Ok(false) => Renewal::Gone(LostReason::KeyDeleted),
+            Err(e) => {
+                tracing::debug!(key, error = %e, "renewal failed");
+                Renewal::Failed
+            }
         }
     };
-    let next = match outcome {
-        Ok(true) => {
-            shared.lease.confirmed(sent, key);
-            *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
-            sent + lease / 3
-        }
-        Ok(false) => {
-            shared.lease.publish(LockState::Lost(LostReason::KeyDeleted), key);
-            return;
-        }
-        Err(e) => {
-            tracing::debug!(key, error = %e, "renewal failed");
-            shared.lease.publish(LockState::Suspended, key);
-            Instant::now() + RETRY.min(lease / 10)
-        }
-    };
+    let Some(next) = shared.lease.renew_once(key, client.lease() / 3, renewal).await else { return };
     let shared = shared.clone();
     let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
     if !shared.ended.load(Ordering::SeqCst) {
-        *slot = Some(watchdog.schedule(next, renewal));
+        *slot = Some(watchdog.schedule(next, due));
     }
 }
 

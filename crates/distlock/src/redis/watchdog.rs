@@ -14,7 +14,7 @@
 //! renewed at once ([`Watchdog::check_now`]) instead of at its turn, so that a lost lock is
 //! reported within a round trip of the reconnection rather than up to a third of a lease later.
 
-use super::guard::{renew_once, Renewal};
+use super::guard::{renew_once, Due};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub(crate) struct Watchdog {
 
 #[derive(Debug, Default)]
 struct Schedule {
-    due: BTreeMap<(Instant, u64), Renewal>,
+    due: BTreeMap<(Instant, u64), Due>,
     next_id: u64,
     /// When the driving task will look next.
     wake_at: Option<Instant>,
@@ -60,12 +60,12 @@ impl Watchdog {
         self.schedule.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Renews `renewal` at `at`; returns its slot.
-    pub(crate) fn schedule(self: &Arc<Self>, at: Instant, renewal: Renewal) -> Slot {
+    /// Renews `due` at `at`; returns its slot.
+    pub(crate) fn schedule(self: &Arc<Self>, at: Instant, due: Due) -> Slot {
         let mut s = self.lock();
         s.next_id += 1;
         let slot = (at, s.next_id);
-        s.due.insert(slot, renewal);
+        s.due.insert(slot, due);
         let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());
         match s.wake_at {
             _ if !running => {
@@ -136,8 +136,8 @@ async fn drive(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
             s.wake_at = Some(next);
             (ready, next)
         };
-        for (_, renewal) in ready {
-            tokio::spawn(renew_once(w.clone(), renewal));
+        for (_, due) in ready {
+            tokio::spawn(renew_once(w.clone(), due));
         }
         drop(w);
         tokio::select! {
