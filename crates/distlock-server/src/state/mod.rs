@@ -89,6 +89,23 @@ fn header(w: &mut Writer, xid: i32, zxid: i64, err: i32) {
     w.i32(xid).i64(zxid).i32(err);
 }
 
+/// The ops of a multi request, each read by `op` from its type, up to the closing header; then
+/// the end of the frame.
+fn multi_ops<T>(r: &mut Reader, mut op: impl FnMut(i32, &mut Reader) -> DResult<T>) -> DResult<Vec<T>> {
+    let mut ops = Vec::new();
+    loop {
+        let typ = r.i32("multi header type")?;
+        let done = r.bool("multi header done")?;
+        let _err = r.i32("multi header err")?;
+        if done {
+            break;
+        }
+        ops.push(op(typ, r)?);
+    }
+    r.finish()?;
+    Ok(ops)
+}
+
 pub fn digest_id(user_password: &str) -> String {
     let user = user_password.split(':').next().unwrap_or("");
     let hash = Sha1::digest(user_password.as_bytes());

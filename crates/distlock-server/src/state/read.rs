@@ -1,7 +1,7 @@
 //! Read operations: exists, get data, get children, get ACL, watch checks, multiRead and the like.
 
 use super::watches::{CHILD, DATA, PERSISTENT, RECURSIVE};
-use super::{header, OpResult, Reply, State};
+use super::{header, multi_ops, OpResult, Reply, State};
 use crate::proto::{err, op, perms, Acl, DResult, DecodeError, Reader, Writer};
 
 impl State {
@@ -200,22 +200,14 @@ impl State {
     }
 
     pub(super) fn multi_read(&mut self, sid: i64, xid: i32, r: &mut Reader) -> DResult<Reply> {
-        let mut ops = Vec::new();
-        loop {
-            let typ = r.i32("multi header type")?;
-            let done = r.bool("multi header done")?;
-            let _err = r.i32("multi header err")?;
-            if done {
-                break;
-            }
+        let ops = multi_ops(r, |typ, r| {
             let path = r.string("path")?;
             let watch = r.bool("watch")?;
             if typ != op::GET_CHILDREN && typ != op::GET_DATA {
                 return Err(DecodeError::Invalid("multiRead operation"));
             }
-            ops.push((typ, path, watch));
-        }
-        r.finish()?;
+            Ok((typ, path, watch))
+        })?;
         let mut w = Writer::framed();
         header(&mut w, xid, self.zxid, 0);
         for (typ, path, watch) in ops {

@@ -1,6 +1,6 @@
 //! Write operations (create, delete, set data, set ACL, check) and multi: decoding, applying, replies.
 
-use super::{header, now_ms, OpResult, Reply, State};
+use super::{header, multi_ops, now_ms, OpResult, Reply, State};
 use crate::proto::{err, event, op, perms, Acl, DResult, DecodeError, Reader, Stat, Writer};
 use crate::tree::{data_len, parent_of, valid_path, Data, Mutation, Node, Tree, CONTAINER_OWNER, TTL_MASK};
 
@@ -150,17 +150,7 @@ impl State {
     }
 
     pub(super) fn multi(&mut self, sid: i64, xid: i32, r: &mut Reader) -> DResult<Reply> {
-        let mut ops = Vec::new();
-        loop {
-            let typ = r.i32("multi header type")?;
-            let done = r.bool("multi header done")?;
-            let _err = r.i32("multi header err")?;
-            if done {
-                break;
-            }
-            ops.push(WriteOp::decode(typ, r)?);
-        }
-        r.finish()?;
+        let ops = multi_ops(r, WriteOp::decode)?;
         let time = now_ms();
         let zxid = self.zxid + 1;
         let mut muts = Vec::new();
