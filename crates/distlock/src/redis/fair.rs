@@ -116,11 +116,7 @@ impl FairLock {
             if unprompted {
                 inner.client.look_for_failover();
             }
-            let ensure = inner.client.inner.wake.ensure(&channel);
-            let subscribed = match deadline {
-                Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
-                None => ensure.await,
-            };
+            let subscribed = super::subscribe_until(&inner.client, &channel, deadline).await;
             let notified = registration.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();

@@ -1004,6 +1004,16 @@ pub(crate) enum Attempt<G> {
     Held(i64),
 }
 
+/// Subscribes to `channel` (again, if the pub/sub connection was lost), giving up at `deadline`:
+/// whether it is subscribed.
+async fn subscribe_until(client: &Client, channel: &str, deadline: Option<Instant>) -> bool {
+    let ensure = client.inner.wake.ensure(channel);
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
+        None => ensure.await,
+    }
+}
+
 /// The wait loop every Redis recipe shares: subscribe to `channel`, try, and on a refusal wait
 /// for a release message or the holder's TTL (at most [`FALLBACK_POLL`]), until `deadline`
 /// (`None`: forever).
@@ -1074,11 +1084,7 @@ where
             client.look_for_failover();
         }
         // Neither (re)connecting the pub/sub side nor a slow attempt may hold us past the deadline.
-        let ensure = client.inner.wake.ensure(channel);
-        let subscribed = match deadline {
-            Some(d) => tokio::time::timeout_at(d, ensure).await.unwrap_or(false),
-            None => ensure.await,
-        };
+        let subscribed = subscribe_until(client, channel, deadline).await;
         let notified = registration.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
