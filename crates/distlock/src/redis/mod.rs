@@ -891,6 +891,42 @@ pub(crate) fn simple_channel(key: &str) -> String {
     prefix_name("distlock_lock__channel", key)
 }
 
+/// What a lock handle works with: the client, the lock's key, the channel its releases publish
+/// on, and its fencing counter.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    pub(crate) client: Client,
+    pub(crate) key: String,
+    pub(crate) channel: String,
+    pub(crate) token_key: String,
+}
+
+impl Keys {
+    /// The keys of lock `key`, with its release channel named by `channel`.
+    pub(crate) fn new(client: Client, key: String, channel: impl FnOnce(&str) -> String) -> Keys {
+        Keys { channel: channel(&key), token_key: token_key(&key), client, key }
+    }
+
+    /// A re-entrant acquire of this lock by `script`, with `reentry`'s hold in progress;
+    /// `holder` makes the holder from a field and the channel.
+    pub(crate) fn reentrant<'a>(
+        &'a self,
+        reentry: &'a Arc<guard::Reentry>,
+        script: &'static redis::Script,
+        holder: fn(String, String) -> guard::Holder,
+    ) -> guard::Reentrant<'a> {
+        guard::Reentrant {
+            client: &self.client,
+            key: &self.key,
+            token_key: &self.token_key,
+            channel: &self.channel,
+            reentry,
+            script,
+            holder,
+        }
+    }
+}
+
 /// Redisson's unlock latch key for one release request.
 pub(crate) fn latch_key(key: &str, request_id: &str) -> String {
     format!("{}:{request_id}", prefix_name("redisson_unlock_latch", key))

@@ -1,7 +1,7 @@
 //! Redisson's reentrant lock (RLock layout), fenced.
 
-use super::guard::{reentrant_guard, Holder, Reentrant, Reentry};
-use super::{scripts, Client};
+use super::guard::{reentrant_guard, Holder, Reentry};
+use super::{scripts, Client, Keys};
 use crate::Result;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -37,10 +37,7 @@ pub struct Mutex {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client,
-    key: String,
-    channel: String,
-    token_key: String,
+    keys: Keys,
     /// The hold in progress.
     reentry: Arc<Reentry>,
 }
@@ -48,19 +45,13 @@ struct Inner {
 impl Mutex {
     pub(crate) fn new(client: Client, key: String) -> Mutex {
         Mutex {
-            inner: Arc::new(Inner {
-                channel: super::redisson_channel(&key),
-                token_key: super::token_key(&key),
-                client,
-                key,
-                reentry: Arc::default(),
-            }),
+            inner: Arc::new(Inner { keys: Keys::new(client, key, super::redisson_channel), reentry: Arc::default() }),
         }
     }
 
     /// The lock's key.
     pub fn key(&self) -> &str {
-        &self.inner.key
+        &self.inner.keys.key
     }
 
     /// The hash field of this handle's hold in progress (`<client uuid>:<n>`), if any.
@@ -72,16 +63,10 @@ impl Mutex {
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {
         let inner = &self.inner;
-        let target = Reentrant {
-            client: &inner.client,
-            key: &inner.key,
-            token_key: &inner.token_key,
-            channel: &inner.channel,
-            reentry: &inner.reentry,
-            script: &scripts::REDISSON_LOCK,
-            holder: |field, channel| Holder::Redisson { field, channel },
-        };
-        target.acquire(inner.client.fresh_field(), deadline, MutexGuard::new).await
+        let target = inner
+            .keys
+            .reentrant(&inner.reentry, &scripts::REDISSON_LOCK, |field, channel| Holder::Redisson { field, channel });
+        target.acquire(inner.keys.client.fresh_field(), deadline, MutexGuard::new).await
     }
 }
 

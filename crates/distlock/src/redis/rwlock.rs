@@ -1,7 +1,7 @@
 //! Redisson's read/write lock (RReadWriteLock layout), fenced.
 
-use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentrant, Reentry};
-use super::{acquire_loop, scripts, Attempt, Client};
+use super::guard::{enter, reentrant_guard, Entry, Hold, Holder, Plan, Reentry};
+use super::{acquire_loop, scripts, Attempt, Client, Keys};
 use crate::{Error, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -35,10 +35,7 @@ pub struct RwLock {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client,
-    key: String,
-    channel: String,
-    token_key: String,
+    keys: Keys,
     key_prefix: String,
     /// This handle's read hold in progress, and its write hold.
     reads: Arc<Reentry>,
@@ -49,11 +46,8 @@ impl RwLock {
     pub(crate) fn new(client: Client, key: String) -> RwLock {
         RwLock {
             inner: Arc::new(Inner {
-                channel: super::prefix_name("redisson_rwlock", &key),
-                token_key: super::token_key(&key),
                 key_prefix: super::suffix_name(&key, ""),
-                client,
-                key,
+                keys: Keys::new(client, key, |key| super::prefix_name("redisson_rwlock", key)),
                 reads: Arc::default(),
                 writes: Arc::default(),
             }),
@@ -62,7 +56,7 @@ impl RwLock {
 
     /// The lock's key.
     pub fn key(&self) -> &str {
-        &self.inner.key
+        &self.inner.keys.key
     }
 
     crate::contract::wait_methods!(ReadGuard, "a read hold", |l, w| l.read_until(w.give_up_at()); read, try_read, read_timeout);
@@ -71,12 +65,12 @@ impl RwLock {
 
     async fn read_until(&self, deadline: Option<Instant>) -> Result<Option<ReadGuard>> {
         let inner = &self.inner;
-        let fresh = inner.client.fresh_field();
-        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
+        let fresh = inner.keys.client.fresh_field();
+        acquire_loop(&inner.keys.client, &inner.keys.channel, deadline, None, || {
             let (inner, fresh) = (inner.clone(), fresh.clone());
             async move {
                 let inner: &Inner = &inner;
-                let client = &inner.client;
+                let client = &inner.keys.client;
                 let eval = |plan: Plan| async move {
                     let sent = Instant::now();
                     // Our own write hold lets us read (a downgrade).
@@ -84,26 +78,27 @@ impl RwLock {
                     let (reply, replication) = client
                         .eval_acquire(
                             &scripts::READ_LOCK,
-                            &[&inner.key, &inner.timeouts(&plan.field), &inner.token_key],
+                            &[&inner.keys.key, &inner.timeouts(&plan.field), &inner.keys.token_key],
                             &[client.lease_ms().to_string(), plan.field.clone(), writing, plan.mode()],
-                            &inner.key,
+                            &inner.keys.key,
                         )
                         .await?;
                     Ok((reply, replication, sent))
                 };
-                let (field, token, sent, replication) = match enter(&inner.reads, &fresh, &inner.key, eval).await? {
+                let (field, token, sent, replication) = match enter(&inner.reads, &fresh, &inner.keys.key, eval).await?
+                {
                     Entry::Held(reply) => return Ok(Attempt::Held(reply[1])),
                     Entry::Entered { field, token, sent, replication } => (field, token, sent, replication),
                 };
                 let holder = Holder::Read {
                     timeouts: inner.timeouts(&field),
                     field,
-                    channel: inner.channel.clone(),
+                    channel: inner.keys.channel.clone(),
                     key_prefix: inner.key_prefix.clone(),
                 };
-                let hold = Hold::new(client.clone(), inner.key.clone(), holder, token, sent);
+                let hold = Hold::new(client.clone(), inner.keys.key.clone(), holder, token, sent);
                 let guard = ReadGuard::new(hold, inner.reads.clone());
-                replication.check(&inner.key)?; // not confirmed: the guard drops and releases
+                replication.check(&inner.keys.key)?; // not confirmed: the guard drops and releases
                 Ok(Attempt::Acquired(guard))
             }
         })
@@ -116,27 +111,21 @@ impl RwLock {
         let writing = inner.writes.field().is_some();
         if reading && !writing {
             return Err(Error::WouldDeadlock {
-                lock: inner.key.clone(),
+                lock: inner.keys.key.clone(),
                 reason: "this handle holds a read lock; a write lock would wait for it forever (upgrade is refused)",
             });
         }
-        let target = Reentrant {
-            client: &inner.client,
-            key: &inner.key,
-            token_key: &inner.token_key,
-            channel: &inner.channel,
-            reentry: &inner.writes,
-            script: &scripts::WRITE_LOCK,
-            holder: |field, channel| Holder::Write { field, channel },
-        };
-        target.acquire(format!("{}:write", inner.client.fresh_field()), deadline, WriteGuard::new).await
+        let target = inner
+            .keys
+            .reentrant(&inner.writes, &scripts::WRITE_LOCK, |field, channel| Holder::Write { field, channel });
+        target.acquire(format!("{}:write", inner.keys.client.fresh_field()), deadline, WriteGuard::new).await
     }
 }
 
 impl Inner {
     /// The prefix of the per-hold timeout keys of read field `field`: `{K}:<field>:rwlock_timeout`.
     fn timeouts(&self, field: &str) -> String {
-        super::suffix_name(&self.key, &format!("{field}:rwlock_timeout"))
+        super::suffix_name(&self.keys.key, &format!("{field}:rwlock_timeout"))
     }
 }
 

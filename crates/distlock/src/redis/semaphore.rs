@@ -1,7 +1,7 @@
 //! A counting semaphore whose permits expire with their holder, judged by the server's clock.
 
 use super::guard::{hold_methods, Hold, Holder};
-use super::{acquire_loop, scripts, Answer, Attempt, Client};
+use super::{acquire_loop, scripts, Answer, Attempt, Client, Keys};
 use crate::{Error, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -32,12 +32,9 @@ pub struct Semaphore {
 
 #[derive(Debug)]
 struct Inner {
-    client: Client,
-    key: String,
+    keys: Keys,
     permits: u32,
     permits_key: String,
-    channel: String,
-    token_key: String,
 }
 
 impl Semaphore {
@@ -51,10 +48,7 @@ impl Semaphore {
         Ok(Semaphore {
             inner: Arc::new(Inner {
                 permits_key: super::suffix_name(&key, "permits"),
-                channel: super::prefix_name("distlock_semaphore__channel", &key),
-                token_key: super::token_key(&key),
-                client,
-                key,
+                keys: Keys::new(client, key, |key| super::prefix_name("distlock_semaphore__channel", key)),
                 permits,
             }),
         })
@@ -62,7 +56,7 @@ impl Semaphore {
 
     /// The semaphore's key.
     pub fn key(&self) -> &str {
-        &self.inner.key
+        &self.inner.keys.key
     }
 
     /// The permit count.
@@ -75,39 +69,40 @@ impl Semaphore {
     async fn acquire_until(&self, deadline: Option<Instant>) -> Result<Option<SemaphorePermit>> {
         let inner = &self.inner;
         // One permit id for every attempt of this acquire (see `SimpleLock`).
-        let id = inner.client.fresh_field();
-        acquire_loop(&inner.client, &inner.channel, deadline, None, || {
+        let id = inner.keys.client.fresh_field();
+        acquire_loop(&inner.keys.client, &inner.keys.channel, deadline, None, || {
             let (inner, id) = (inner.clone(), id.clone());
             async move {
                 let sent = Instant::now();
-                let client = &inner.client;
+                let client = &inner.keys.client;
                 let (reply, replication): (Vec<i64>, _) = client
                     .eval_acquire(
                         &scripts::SEMAPHORE_ACQUIRE,
-                        &[&inner.key, &inner.permits_key, &inner.token_key],
+                        &[&inner.keys.key, &inner.permits_key, &inner.keys.token_key],
                         &[inner.permits.to_string(), id.clone(), client.lease_ms().to_string()],
-                        &inner.key,
+                        &inner.keys.key,
                     )
                     .await?;
-                let value = match Answer::parse(&reply, &inner.key)? {
+                let value = match Answer::parse(&reply, &inner.keys.key)? {
                     Answer::Granted(token) => token,
                     Answer::OtherPermits(permits) => {
                         return Err(Error::InvalidArgument {
                             what: "permit count",
                             reason: format!(
                                 "semaphore {} is in use with {permits} permits, not {}",
-                                inner.key, inner.permits
+                                inner.keys.key, inner.permits
                             ),
                         })
                     }
                     Answer::Held(wait) => return Ok(Attempt::Held(wait)),
-                    Answer::Reentered | Answer::Gone => return Err(Answer::unexpected(&reply, &inner.key)),
+                    Answer::Reentered | Answer::Gone => return Err(Answer::unexpected(&reply, &inner.keys.key)),
                 };
                 let holder =
-                    Holder::Permit { id, permits_key: inner.permits_key.clone(), channel: inner.channel.clone() };
-                let permit =
-                    SemaphorePermit { hold: Some(Hold::new(client.clone(), inner.key.clone(), holder, value, sent)) };
-                replication.check(&inner.key)?; // not confirmed: the permit drops and is given back
+                    Holder::Permit { id, permits_key: inner.permits_key.clone(), channel: inner.keys.channel.clone() };
+                let permit = SemaphorePermit {
+                    hold: Some(Hold::new(client.clone(), inner.keys.key.clone(), holder, value, sent)),
+                };
+                replication.check(&inner.keys.key)?; // not confirmed: the permit drops and is given back
                 Ok(Attempt::Acquired(permit))
             }
         })

@@ -1,7 +1,7 @@
 //! The seeds' lock: `SET K value NX PX lease`, compatible with redis-py's `Lock`.
 
 use super::guard::{hold_methods, Hold, Holder};
-use super::{acquire_loop, scripts, Answer, Attempt, Client};
+use super::{acquire_loop, scripts, Answer, Attempt, Client, Keys};
 use crate::Result;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,27 +29,12 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// ```
 #[derive(Debug, Clone)]
 pub struct SimpleLock {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    client: Client,
-    key: String,
-    channel: String,
-    token_key: String,
+    inner: Arc<Keys>,
 }
 
 impl SimpleLock {
     pub(crate) fn new(client: Client, key: String) -> SimpleLock {
-        SimpleLock {
-            inner: Arc::new(Inner {
-                channel: super::simple_channel(&key),
-                token_key: super::token_key(&key),
-                client,
-                key,
-            }),
-        }
+        SimpleLock { inner: Arc::new(Keys::new(client, key, super::simple_channel)) }
     }
 
     /// The lock's key.
