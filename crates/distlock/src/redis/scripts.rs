@@ -65,15 +65,33 @@ local GRANTED, REENTERED, HELD, GONE, OTHER_PERMITS = 1, 2, 0, 3, 4
     };
 }
 
+/// A script of its Lua parts, made on first use.
+macro_rules! script {
+    ($($part:expr),+ $(,)?) => {
+        LazyLock::new(|| redis::Script::new(concat!($($part),+)))
+    };
+}
+
+/// An acquire script: [`next_token!`] and [`codes!`], then its own parts.
+macro_rules! acquire_script {
+    ($($part:expr),+ $(,)?) => {
+        script!(next_token!(), codes!(), $($part),+)
+    };
+}
+
+/// A [`Publishing`] script of its Lua parts, made on first use.
+macro_rules! publishing {
+    ($($part:expr),+ $(,)?) => {
+        LazyLock::new(|| Publishing::new(concat!($($part),+)))
+    };
+}
+
 /// Redisson RLock acquire plus a fencing token. KEYS: lock, token counter. ARGV: lease ms,
 /// field, mode (`r`: re-enter the hold in progress under this field only; `n`: a new hold
 /// under a field no earlier hold used, which, when already there, is this very attempt's grant
 /// whose answer was lost, and is answered as granted again without counting twice).
-pub(crate) static REDISSON_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        r#"
+pub(crate) static REDISSON_LOCK: LazyLock<redis::Script> = acquire_script!(
+    r#"
 if redis.call('exists', KEYS[1]) == 0 then
   if ARGV[3] == 'r' then return {GONE, 0} end
   local t = next_token(KEYS[2])
@@ -90,8 +108,7 @@ end
 if ARGV[3] == 'r' then return {GONE, 0} end
 return {HELD, redis.call('pttl', KEYS[1])}
 "#
-    ))
-});
+);
 
 /// Redisson RLock unlock. KEYS: lock, channel, latch. ARGV: message, lease ms, field, latch ms,
 /// retry (`1` for a second or later try of the same release). Returns nil when the field is not
@@ -102,9 +119,8 @@ return {HELD, redis.call('pttl', KEYS[1])}
 /// of its own). The last hold deletes the hash without decrementing it first, as Redisson's
 /// decrement to 0 would. A key of another type (someone else's lock in another layout, taken
 /// after ours was lost) is not ours either: nil, not an error.
-pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(
-        r#"
+pub(crate) static REDISSON_UNLOCK: LazyLock<Publishing> = publishing!(
+    r#"
 if ARGV[5] == '1' then
   local done = redis.call('get', KEYS[3])
   if done then return tonumber(done) end
@@ -122,32 +138,26 @@ end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[1])
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Redisson's watchdog renewal. KEYS: lock. ARGV: lease ms, field. 1 if renewed, 0 if not ours
 /// (also when the key is of another type: someone else's, in another layout).
-pub(crate) static REDISSON_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r#"
+pub(crate) static REDISSON_RENEW: LazyLock<redis::Script> = script!(
+    r#"
 if redis.pcall('hexists', KEYS[1], ARGV[2]) == 1 then
   redis.call('pexpire', KEYS[1], ARGV[1])
   return 1
 end
 return 0
-"#,
-    )
-});
+"#
+);
 
 /// The seeds' `SET K v NX PX lease` plus a fencing token. KEYS: lock, token counter. ARGV:
 /// value, lease ms. `{GRANTED, token}` or `{HELD, pttl}`; finding our own value (an earlier
 /// attempt of this acquire whose answer was lost) is granted again.
-pub(crate) static SIMPLE_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        r#"
+pub(crate) static SIMPLE_LOCK: LazyLock<redis::Script> = acquire_script!(
+    r#"
 if redis.call('set', KEYS[1], ARGV[1], 'nx', 'px', ARGV[2]) then
   return {GRANTED, next_token(KEYS[2])}
 end
@@ -156,46 +166,38 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return {HELD, redis.call('pttl', KEYS[1])}
 "#
-    ))
-});
+);
 
 /// Compare-and-delete, then a wake-up for our waiters. KEYS: lock, channel. ARGV: value.
 /// 1 if it was ours, nil if not (also for a key of another type).
-pub(crate) static SIMPLE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(
-        r#"
+pub(crate) static SIMPLE_RELEASE: LazyLock<Publishing> = publishing!(
+    r#"
 if redis.pcall('get', KEYS[1]) == ARGV[1] then
   redis.call('del', KEYS[1])
   redis.call('publish', KEYS[2], '0')
   return 1
 end
 return nil
-"#,
-    )
-});
+"#
+);
 
 /// Compare-and-pexpire. KEYS: lock. ARGV: value, lease ms. 1 if renewed, 0 if not ours (also
 /// for a key of another type).
-pub(crate) static SIMPLE_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r#"
+pub(crate) static SIMPLE_RENEW: LazyLock<redis::Script> = script!(
+    r#"
 if redis.pcall('get', KEYS[1]) == ARGV[1] then
   redis.call('pexpire', KEYS[1], ARGV[2])
   return 1
 end
 return 0
-"#,
-    )
-});
+"#
+);
 
 /// Redisson RReadWriteLock read acquire plus a fencing token. KEYS: lock, the read field's
 /// timeout key prefix (`{K}:F:rwlock_timeout`), token counter. ARGV: lease ms, F (the read
 /// field), the handle's write field in progress (or `-`), mode as [`REDISSON_LOCK`].
-pub(crate) static READ_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        r#"
+pub(crate) static READ_LOCK: LazyLock<redis::Script> = acquire_script!(
+    r#"
 local again = redis.call('hexists', KEYS[1], ARGV[2]) == 1
 if again and ARGV[4] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[3]) or '0')} end
 if not again and ARGV[4] == 'r' then return {GONE, 0} end
@@ -221,22 +223,29 @@ if mode == 'read' or again or redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
 end
 return {HELD, redis.call('pttl', KEYS[1])}
 "#
-    ))
-});
+);
 
-/// Redisson RReadWriteLock read unlock. KEYS: lock, channel, this handle's timeout key prefix,
-/// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours (also for a key of another
-/// type), 0 when the lock remains (other holds), 1 when it was deleted (and the message
-/// published).
-pub(crate) static READ_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(
+/// The start of both read/write unlocks: `mode` of the lock's hash; nil for a key of another
+/// type, and for a lock already gone (after a wake-up for its waiters).
+macro_rules! rw_mode {
+    () => {
         r#"
 local mode = redis.pcall('hget', KEYS[1], 'mode')
 if type(mode) == 'table' then return nil end
 if mode == false then
   redis.call('publish', KEYS[2], ARGV[1])
   return nil
-end
+end"#
+    };
+}
+
+/// Redisson RReadWriteLock read unlock. KEYS: lock, channel, this handle's timeout key prefix,
+/// the lock's key prefix (`{K}`). ARGV: message, F. nil when not ours (also for a key of another
+/// type), 0 when the lock remains (other holds), 1 when it was deleted (and the message
+/// published).
+pub(crate) static READ_UNLOCK: LazyLock<Publishing> = publishing!(
+    rw_mode!(),
+    r#"
 if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then return nil end
 local left = redis.call('hincrby', KEYS[1], ARGV[2], -1)
 if left == 0 then redis.call('hdel', KEYS[1], ARGV[2]) end
@@ -260,15 +269,13 @@ end
 redis.call('del', KEYS[1])
 redis.call('publish', KEYS[2], ARGV[1])
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Read renewal (Redisson's ReadLockTask). KEYS: lock, this handle's timeout key prefix.
 /// ARGV: lease ms, F. 1 if renewed, 0 if not ours (also for a key of another type).
-pub(crate) static READ_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r#"
+pub(crate) static READ_RENEW: LazyLock<redis::Script> = script!(
+    r#"
 local n = redis.pcall('hget', KEYS[1], ARGV[2])
 if type(n) ~= 'string' then return 0 end
 redis.call('pexpire', KEYS[1], ARGV[1])
@@ -276,17 +283,13 @@ for i = tonumber(n), 1, -1 do
   redis.call('pexpire', KEYS[2] .. ':' .. i, ARGV[1])
 end
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Redisson RReadWriteLock write acquire plus a fencing token. KEYS: lock, token counter.
 /// ARGV: lease ms, the write field (`F:write`), mode. Answers as [`REDISSON_LOCK`].
-pub(crate) static WRITE_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        r#"
+pub(crate) static WRITE_LOCK: LazyLock<redis::Script> = acquire_script!(
+    r#"
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
   if ARGV[3] == 'n' then return {GRANTED, tonumber(redis.call('get', KEYS[2]) or '0')} end
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
@@ -303,22 +306,15 @@ if redis.call('exists', KEYS[1]) == 0 then
 end
 return {HELD, redis.call('pttl', KEYS[1])}
 "#
-    ))
-});
+);
 
 /// Redisson RReadWriteLock write unlock. KEYS: lock, channel. ARGV: message (`1`: wake every
 /// waiter), lease ms, F's write field. nil when not ours (also for a key of another type), 0 when
 /// a re-entrant hold remains, 1 when released (the lock deleted, or left to this handle's own
 /// read holds).
-pub(crate) static WRITE_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(
-        r#"
-local mode = redis.pcall('hget', KEYS[1], 'mode')
-if type(mode) == 'table' then return nil end
-if mode == false then
-  redis.call('publish', KEYS[2], ARGV[1])
-  return nil
-end
+pub(crate) static WRITE_UNLOCK: LazyLock<Publishing> = publishing!(
+    rw_mode!(),
+    r#"
 if mode ~= 'write' or redis.call('hexists', KEYS[1], ARGV[3]) == 0 then return nil end
 local left = redis.call('hincrby', KEYS[1], ARGV[3], -1)
 if left > 0 then
@@ -333,20 +329,16 @@ else
 end
 redis.call('publish', KEYS[2], ARGV[1])
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Semaphore acquire plus a fencing token. KEYS: permit set, permit count key, token counter.
 /// ARGV: permits, permit id, lease ms. Expired permits (scored by the server clock) are dropped
 /// first. `{GRANTED, token}` (also when the id is already in: this acquire's earlier attempt
 /// whose answer was lost), `{HELD, ms until the first permit expires}` when all are taken,
 /// `{OTHER_PERMITS, permits}` when the semaphore has another permit count.
-pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        r#"
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<redis::Script> = acquire_script!(
+    r#"
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local permits = redis.call('get', KEYS[2])
@@ -364,15 +356,13 @@ end
 local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
 return {HELD, math.max(1, tonumber(first[2]) - now)}
 "#
-    ))
-});
+);
 
 /// Semaphore renewal. KEYS: permit set, permit count key. ARGV: permit id, lease ms. 1 if our
 /// permit was still valid (and now runs for another lease), 0 if it expired or was removed (or
 /// the key is of another type).
-pub(crate) static SEMAPHORE_RENEW: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r#"
+pub(crate) static SEMAPHORE_RENEW: LazyLock<redis::Script> = script!(
+    r#"
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expiry = redis.pcall('zscore', KEYS[1], ARGV[1])
@@ -381,16 +371,14 @@ redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('pexpire', KEYS[1], ARGV[2])
 redis.call('pexpire', KEYS[2], ARGV[2])
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Semaphore release. KEYS: permit set, permit count key, channel. ARGV: permit id. 1 if it was
 /// ours, nil if not: not there, or there but expired by the server's clock (not pruned yet, but
 /// no longer ours either), or the key is of another type. The last permit out deletes both keys.
-pub(crate) static SEMAPHORE_RELEASE: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(
-        r#"
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<Publishing> = publishing!(
+    r#"
 local expiry = redis.pcall('zscore', KEYS[1], ARGV[1])
 if type(expiry) == 'table' then return nil end
 local t = redis.call('time')
@@ -403,9 +391,8 @@ redis.call('publish', KEYS[3], '1')
 if removed == 0 then return nil end
 if tonumber(expiry) <= now then return nil end
 return 1
-"#,
-    )
-});
+"#
+);
 
 /// Drops queue heads whose waiter stopped refreshing its place (judged by the server clock).
 /// Needs `now` (server ms) and KEYS[2] (queue), KEYS[3] (liveness zset).
@@ -436,12 +423,9 @@ end
 /// pttl, position, queue length}` (pttl 0 when the lock is free but others are ahead). A waiter's
 /// place lasts one lease from its last attempt, by the server's clock; a waiter that stops
 /// trying loses it.
-pub(crate) static FAIR_LOCK: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(concat!(
-        next_token!(),
-        codes!(),
-        prune_dead_heads!(),
-        r#"
+pub(crate) static FAIR_LOCK: LazyLock<redis::Script> = acquire_script!(
+    prune_dead_heads!(),
+    r#"
 local now = server_ms()
 local head = prune(now)
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
@@ -472,16 +456,14 @@ local ttl = redis.call('pttl', KEYS[1])
 if ttl == -2 then ttl = 0 end
 return {HELD, ttl, (pos or -1) + 1, redis.call('llen', KEYS[2])}
 "#
-    ))
-});
+);
 
 /// Fair lock release. KEYS: lock, queue, liveness zset, latch, channel prefix. ARGV: lease ms,
 /// F, latch ms, retry. Codes and latch as [`REDISSON_UNLOCK`]; the final release wakes the
 /// first live waiter only (on `<channel prefix>:<its id>`).
-pub(crate) static FAIR_UNLOCK: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(concat!(
-        prune_dead_heads!(),
-        r#"
+pub(crate) static FAIR_UNLOCK: LazyLock<Publishing> = publishing!(
+    prune_dead_heads!(),
+    r#"
 if ARGV[4] == '1' then
   local done = redis.call('get', KEYS[4])
   if done then return tonumber(done) end
@@ -498,15 +480,13 @@ local head = prune(server_ms())
 if head then redis.call('publish', KEYS[5] .. ':' .. head, '0') end
 return 1
 "#
-    ))
-});
+);
 
 /// A waiter leaves the fair queue (gave up, or was cancelled). KEYS: lock, queue, liveness zset,
 /// channel prefix. ARGV: F. If the lock is free, the new first waiter is woken.
-pub(crate) static FAIR_LEAVE: LazyLock<Publishing> = LazyLock::new(|| {
-    Publishing::new(concat!(
-        prune_dead_heads!(),
-        r#"
+pub(crate) static FAIR_LEAVE: LazyLock<Publishing> = publishing!(
+    prune_dead_heads!(),
+    r#"
 redis.call('lrem', KEYS[2], 0, ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
 if redis.call('exists', KEYS[1]) == 0 then
@@ -515,5 +495,4 @@ if redis.call('exists', KEYS[1]) == 0 then
 end
 return 1
 "#
-    ))
-});
+);
