@@ -108,6 +108,28 @@ pub(crate) fn summarize(mut samples: Vec<u64>) -> (u64, u64, u64) {
     (percentile(&samples, 0.5), percentile(&samples, 0.99), percentile(&samples, 0.999))
 }
 
+impl Report {
+    /// This report with the percentiles of `samples` (µs).
+    pub(crate) fn with_latencies(self, samples: Vec<u64>) -> Report {
+        let (p50_us, p99_us, p999_us) = summarize(samples);
+        Report { p50_us, p99_us, p999_us, ..self }
+    }
+}
+
+/// The fewest and most acquisitions of one client (0 and 0 without clients).
+pub(crate) fn min_max(counts: &[u64]) -> (u64, u64) {
+    (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0))
+}
+
+/// How evenly the clients got the lock: the fewest and most acquisitions of one client.
+pub(crate) fn fairness(min: u64, max: u64) -> Vec<(String, String)> {
+    vec![
+        ("per_client_min".into(), min.to_string()),
+        ("per_client_max".into(), max.to_string()),
+        ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
+    ]
+}
+
 pub(crate) struct Progress {
     pub(super) on: bool,
 }
@@ -236,15 +258,10 @@ where
         ours_time += began.elapsed();
         progress.show("uncontended", ours, start.elapsed());
     }
-    let (p50, p99, p999) = summarize(samples);
     let mut extra = extra;
     extra.push(("limit".into(), format!("floor sequential, interleaved in {slice:?} slices")));
-    Ok(Report {
-        p50_us: p50,
-        p99_us: p99,
-        p999_us: p999,
-        ..report("uncontended", ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64(), extra)
-    })
+    let (ops, limit) = (ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64());
+    Ok(report("uncontended", ops, limit, extra).with_latencies(samples))
 }
 
 /// `clients` clients of `url` (each its own connection) take and release lock `name` for
@@ -279,19 +296,11 @@ pub(crate) async fn contended_on(
         progress.show("contended", counts.iter().sum(), start.elapsed());
     }
     let ops = counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64();
-    let (min, max) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
-    Ok(report(
-        "contended",
-        ops,
-        floor,
-        vec![
-            ("clients".into(), clients.to_string()),
-            ("per_client_min".into(), min.to_string()),
-            ("per_client_max".into(), max.to_string()),
-            ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
-            ("limit".into(), "floor sequential".into()),
-        ],
-    ))
+    let (min, max) = min_max(&counts);
+    let mut extra = vec![("clients".into(), clients.to_string())];
+    extra.extend(fairness(min, max));
+    extra.push(("limit".into(), "floor sequential".into()));
+    Ok(report("contended", ops, floor, extra))
 }
 
 /// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;
@@ -353,3 +362,21 @@ pub(crate) struct Run<'a> {
     pub(crate) json: bool,
     pub(crate) progress: &'a Progress,
 }
+
+/// What every workload of one backend's run works with: the server's URL, the run's own key
+/// prefix, how long the workload runs, the backend's floors, and where progress goes.
+pub(crate) struct Bench<'a, L> {
+    pub(crate) url: &'a str,
+    pub(crate) prefix: &'a str,
+    pub(crate) duration: Duration,
+    pub(crate) limits: &'a L,
+    pub(crate) progress: &'a Progress,
+}
+
+impl<L> Clone for Bench<'_, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<L> Copy for Bench<'_, L> {}

@@ -3,7 +3,7 @@
 //! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
 //! each lock workload against its floor, and redis-py's `Lock` beside us.
 
-use super::harness::{check_workloads, emit, report, summarize, Progress, Report};
+use super::harness::{check_workloads, emit, fairness, min_max, report, Bench, Progress, Report};
 use distlock::redis::Client;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
@@ -66,6 +66,7 @@ async fn measure(
 ) -> anyhow::Result<Vec<Report>> {
     let Settings { duration, clients, locks, tasks, json, ref plot } = *settings;
     let limits = raw_limits(admin, prefix, duration, progress).await?;
+    let bench = Bench { url, prefix, duration, limits: &limits, progress };
     let mut reports = Vec::new();
     for w in workloads {
         let r = match w.as_str() {
@@ -77,9 +78,9 @@ async fn measure(
                 report("floor-redisson", limits.redisson, limits.redisson, Vec::new()),
                 report("floor-redisson-pipelined", limits.redisson_pipelined, limits.redisson_pipelined, Vec::new()),
             ],
-            "uncontended" => uncontended(url, prefix, duration, &limits, progress, plot.as_deref()).await?,
-            "contended" => contended(url, prefix, clients, duration, &limits, progress, plot.as_deref()).await?,
-            "many-locks" => vec![many_locks(url, prefix, locks, tasks, duration, &limits, progress).await?],
+            "uncontended" => uncontended(bench, plot.as_deref()).await?,
+            "contended" => contended(bench, clients, plot.as_deref()).await?,
+            "many-locks" => vec![many_locks(bench, locks, tasks).await?],
             _ => unreachable!("checked above"),
         };
         emit(r, json, progress, &mut reports)?;
@@ -93,15 +94,6 @@ fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
     sorted.sort_unstable();
     let n = sorted.len();
     sorted.iter().enumerate().step_by((n / 400).max(1)).map(|(i, us)| (*us as f64, (i + 1) as f64 / n as f64)).collect()
-}
-
-/// How evenly the clients got the lock: the fewest and most acquisitions of one client.
-fn fairness(min: u64, max: u64) -> Vec<(String, String)> {
-    vec![
-        ("per_client_min".into(), min.to_string()),
-        ("per_client_max".into(), max.to_string()),
-        ("min_over_max".into(), format!("{:.2}", min as f64 / max.max(1) as f64)),
-    ]
 }
 
 /// The compare-and-delete of the seeds (and of redis-py): delete the key only if it holds our value.
@@ -238,14 +230,8 @@ const SLICES: u32 = 20;
 
 /// Acquire + release cycles, one at a time, on the mutex (Redisson layout) and on the simple lock,
 /// each interleaved slice by slice with its floor's pairs on the same connection.
-async fn uncontended(
-    url: &str,
-    prefix: &str,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
-    plot: Option<&std::path::Path>,
-) -> anyhow::Result<Vec<Report>> {
+async fn uncontended(bench: Bench<'_, Limits>, plot: Option<&std::path::Path>) -> anyhow::Result<Vec<Report>> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let client = Client::connect(url).await?;
     let conn = client.connection();
     let (cad, scripts) = (redis::Script::new(COMPARE_AND_DELETE), redisson_scripts());
@@ -287,22 +273,12 @@ async fn uncontended(
         let ops = ours as f64 / ours_time.as_secs_f64();
         let floor_ops = floor as f64 / floor_time.as_secs_f64();
         cdfs.push((if simple { "simple layout" } else { "Redisson layout" }, cdf(&acq)));
-        let (p50, p99, p999) = summarize(acq);
         let floor_name = if simple { "floor-simple" } else { "floor-redisson" };
-        reports.push(Report {
-            p50_us: p50,
-            p99_us: p99,
-            p999_us: p999,
-            ..report(
-                name,
-                ops,
-                floor_ops,
-                vec![
-                    ("cycle".into(), "acquire+release".into()),
-                    ("limit".into(), format!("{floor_name} sequential, interleaved in {:?} slices", slice)),
-                ],
-            )
-        });
+        let extra = vec![
+            ("cycle".into(), "acquire+release".into()),
+            ("limit".into(), format!("{floor_name} sequential, interleaved in {:?} slices", slice)),
+        ];
+        reports.push(report(name, ops, floor_ops, extra).with_latencies(acq));
     }
     reports.push(peer_redis_py(url, &format!("{prefix}:redis-py"), 1, duration, limits, "uncontended-redis-py")?);
     if let Some(dir) = plot {
@@ -321,35 +297,22 @@ async fn uncontended(
 }
 
 async fn contended(
-    url: &str,
-    prefix: &str,
+    bench: Bench<'_, Limits>,
     clients: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
     plot: Option<&std::path::Path>,
 ) -> anyhow::Result<Vec<Report>> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let mut reports = Vec::new();
     for (name, fair) in [("contended", false), ("contended-fair", true)] {
         let run = hand_offs(url, &format!("{prefix}:{name}"), fair, clients, duration, progress, name).await?;
-        let (min, max) = (run.counts.iter().min().copied().unwrap_or(0), run.counts.iter().max().copied().unwrap_or(0));
-        let (p50, p99, p999) = summarize(run.handoffs);
-        reports.push(Report {
-            p50_us: p50,
-            p99_us: p99,
-            p999_us: p999,
-            ..report(
-                name,
-                run.ops,
-                limits.redisson,
-                [
-                    vec![("clients".into(), clients.to_string())],
-                    fairness(min, max),
-                    vec![("latency".into(), "hand-off: release begun to next acquire done".into())],
-                ]
-                .concat(),
-            )
-        });
+        let (min, max) = min_max(&run.counts);
+        let extra = [
+            vec![("clients".into(), clients.to_string())],
+            fairness(min, max),
+            vec![("latency".into(), "hand-off: release begun to next acquire done".into())],
+        ]
+        .concat();
+        reports.push(report(name, run.ops, limits.redisson, extra).with_latencies(run.handoffs));
     }
     reports.push(peer_redis_py(
         url,
@@ -474,15 +437,8 @@ async fn floor_tasks(
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn many_locks(
-    url: &str,
-    prefix: &str,
-    locks: u32,
-    tasks: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
-) -> anyhow::Result<Report> {
+async fn many_locks(bench: Bench<'_, Limits>, locks: u32, tasks: u32) -> anyhow::Result<Report> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let client = Client::connect(url).await?;
     // The floor shaped like the workload, on the same connection, just before: as many tasks,
     // each running the floor's pairs one after another (the pipelined floor above keeps 256

@@ -3,7 +3,9 @@
 //! directory removed at the end, and Apache Curator measured beside distlock with `--curator`.
 
 use super::curator::Curator;
-use super::harness::{plot_lines, print_table, report, summarize, through_proxy, BenchArgs, Progress, Report};
+use super::harness::{
+    min_max, plot_lines, print_table, report, summarize, through_proxy, Bench, BenchArgs, Progress, Report,
+};
 use distlock::zookeeper::{Client, MetricsSnapshot};
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -158,6 +160,7 @@ async fn measure(
 ) -> anyhow::Result<Vec<Report>> {
     // The limit is always measured first, in the same run, on the same server.
     let limits = raw_limits(admin, prefix, args.duration, progress).await?;
+    let bench = Bench { url, prefix, duration: args.duration, limits: &limits, progress };
     let mut reports = Vec::new();
     for w in workloads {
         let r = match w.as_str() {
@@ -178,25 +181,21 @@ async fn measure(
                 },
             ],
             "uncontended" => {
-                let mut v =
-                    uncontended(url, prefix, args.duration, &limits, progress, args.plot.as_deref(), wire).await?;
+                let mut v = uncontended(bench, args.plot.as_deref(), wire).await?;
                 if let Some(c) = curator.as_deref_mut() {
-                    v.extend(uncontended_vs_curator(url, prefix, args.duration, &limits, progress, wire, c).await?);
+                    v.extend(uncontended_vs_curator(bench, wire, c).await?);
                 }
                 v
             }
             "contended" => {
-                let mut v = vec![contended(url, prefix, args.clients, args.duration, &limits, progress, wire).await?];
+                let mut v = vec![contended(bench, args.clients, wire).await?];
                 if let Some(c) = curator.as_deref_mut() {
-                    v.extend(
-                        contended_vs_curator(url, prefix, args.clients, args.duration, &limits, progress, wire, c)
-                            .await?,
-                    );
+                    v.extend(contended_vs_curator(bench, args.clients, wire, c).await?);
                 }
                 if let Some(dir) = &args.plot {
                     let mut points = Vec::new();
                     for n in [1u32, 2, 4, 8, 16, 32] {
-                        let r = contended(url, prefix, n, args.duration, &limits, progress, wire).await?;
+                        let r = contended(bench, n, wire).await?;
                         points.push((n as f64, r.ops_per_sec));
                     }
                     plot_lines(
@@ -212,10 +211,10 @@ async fn measure(
                 v
             }
             "many-locks" => {
-                vec![many_locks(url, prefix, args.locks, args.tasks, args.duration, &limits, progress).await?]
+                vec![many_locks(bench, args.locks, args.tasks).await?]
             }
-            "waiters" => vec![waiters(url, prefix, args.count, &limits, progress).await?],
-            "herd" => herd(url, prefix, args.clients, args.duration, &limits, progress).await?,
+            "waiters" => vec![waiters(bench, args.count).await?],
+            "herd" => herd(bench, args.clients).await?,
             _ => unreachable!("clap checked the workload"),
         };
         progress.clear();
@@ -333,14 +332,11 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
 }
 
 async fn uncontended(
-    url: &str,
-    prefix: &str,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
+    bench: Bench<'_, Limits>,
     plot: Option<&std::path::Path>,
     wire: &Wire,
 ) -> anyhow::Result<Vec<Report>> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let client = raw_client(url).await?;
     let lock = client.mutex(&format!("{prefix}/uncontended"))?;
     lock.lock().await?.release().await?; // create the directory outside the measurement
@@ -437,15 +433,8 @@ async fn uncontended(
     ])
 }
 
-async fn contended(
-    url: &str,
-    prefix: &str,
-    clients: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
-    wire: &Wire,
-) -> anyhow::Result<Report> {
+async fn contended(bench: Bench<'_, Limits>, clients: u32, wire: &Wire) -> anyhow::Result<Report> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let path = format!("{prefix}/contended-{clients}-{}", uuid::Uuid::new_v4().simple());
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
@@ -489,38 +478,22 @@ async fn contended(
     let elapsed = start.elapsed().as_secs_f64();
     let n: u64 = per_client.iter().sum();
     let ops = n as f64 / elapsed;
-    let (p50, p99, p999) = summarize(std::mem::take(&mut *waits.lock().unwrap()));
-    let (min, max) = (per_client.iter().min().copied().unwrap_or(0), per_client.iter().max().copied().unwrap_or(0));
+    let (min, max) = min_max(&per_client);
     let wakeups: u64 = sessions.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum();
     let on_wire = wire.per(wire_before, n);
-    Ok(Report {
-        workload: format!("contended-{clients}"),
-        ops_per_sec: ops,
-        p50_us: p50,
-        p99_us: p99,
-        p999_us: p999,
-        limit_ops_per_sec: limits.sequential,
-        ratio_to_limit: ops / limits.sequential,
-        extra: vec![
-            ("fairness_min/max".into(), format!("{min}/{max}")),
-            ("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
-        ]
-        .into_iter()
-        .chain(on_wire)
-        .collect(),
-        ..Default::default()
-    })
+    let extra = vec![
+        ("fairness_min/max".into(), format!("{min}/{max}")),
+        ("watch_events_per_acquisition".into(), format!("{:.2}", wakeups as f64 / n.max(1) as f64)),
+    ]
+    .into_iter()
+    .chain(on_wire)
+    .collect();
+    let waits = std::mem::take(&mut *waits.lock().unwrap());
+    Ok(report(&format!("contended-{clients}"), ops, limits.sequential, extra).with_latencies(waits))
 }
 
-async fn many_locks(
-    url: &str,
-    prefix: &str,
-    locks: u32,
-    tasks: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
-) -> anyhow::Result<Report> {
+async fn many_locks(bench: Bench<'_, Limits>, locks: u32, tasks: u32) -> anyhow::Result<Report> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let client = raw_client(url).await?;
     let handles: Vec<_> = (0..locks).map(|i| client.mutex(&format!("{prefix}/many/l{i}"))).collect::<Result<_, _>>()?;
     // Create the directories outside the measurement.
@@ -558,17 +531,8 @@ async fn many_locks(
         j??;
     }
     let ops = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-    let (p50, p99, p999) = summarize(std::mem::take(&mut *lat.lock().unwrap()));
-    Ok(Report {
-        workload: format!("many-locks-{locks}x{tasks}"),
-        ops_per_sec: ops,
-        p50_us: p50,
-        p99_us: p99,
-        p999_us: p999,
-        limit_ops_per_sec: limits.pipelined,
-        ratio_to_limit: ops / limits.pipelined,
-        ..Default::default()
-    })
+    let lat = std::mem::take(&mut *lat.lock().unwrap());
+    Ok(report(&format!("many-locks-{locks}x{tasks}"), ops, limits.pipelined, Vec::new()).with_latencies(lat))
 }
 
 /// The server's watch count from the `mntr` four-letter word (None if it does not answer).
@@ -590,7 +554,8 @@ fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress: &Progress) -> anyhow::Result<Report> {
+async fn waiters(bench: Bench<'_, Limits>, count: u32) -> anyhow::Result<Report> {
+    let Bench { url, prefix, limits, progress, .. } = bench;
     let holder = raw_client(url).await?;
     let path = format!("{prefix}/waiters");
     let first = holder.mutex(&path)?.lock().await?;
@@ -659,14 +624,8 @@ async fn waiters(url: &str, prefix: &str, count: u32, limits: &Limits, progress:
     })
 }
 
-async fn herd(
-    url: &str,
-    prefix: &str,
-    clients: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
-) -> anyhow::Result<Vec<Report>> {
+async fn herd(bench: Bench<'_, Limits>, clients: u32) -> anyhow::Result<Vec<Report>> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let mut out = Vec::new();
     for naive in [true, false] {
         let path = format!("{prefix}/herd-{}", if naive { "naive" } else { "queue" });
@@ -794,14 +753,11 @@ fn compared(
 
 /// Uncontended cycles of distlock and of Curator in turns (medians of [`CURATOR_ROUNDS`]).
 async fn uncontended_vs_curator(
-    url: &str,
-    prefix: &str,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
+    bench: Bench<'_, Limits>,
     wire: &Wire,
     curator: &mut Curator,
 ) -> anyhow::Result<Vec<Report>> {
+    let Bench { url, prefix, duration, limits, progress } = bench;
     let client = raw_client(url).await?;
     let lock = client.mutex(&format!("{prefix}/uncontended-vs-curator"))?;
     let theirs_path = format!("{prefix}/curator-uncontended");
@@ -829,23 +785,19 @@ async fn uncontended_vs_curator(
 }
 
 /// Contended hand-offs of distlock and of Curator in turns (medians of [`CURATOR_ROUNDS`]).
-#[allow(clippy::too_many_arguments)]
 async fn contended_vs_curator(
-    url: &str,
-    prefix: &str,
+    bench: Bench<'_, Limits>,
     clients: u32,
-    duration: Duration,
-    limits: &Limits,
-    progress: &Progress,
     wire: &Wire,
     curator: &mut Curator,
 ) -> anyhow::Result<Vec<Report>> {
+    let Bench { prefix, duration, limits, progress, .. } = bench;
     curator.contended(&format!("{prefix}/curator-warm-up"), clients, Duration::from_secs(2)).await?;
     let (mut ours, mut ours_wire, mut theirs, mut theirs_wire) = (vec![], vec![], vec![], vec![]);
     let mut fairness = (vec![], vec![]);
     for round in 1..=CURATOR_ROUNDS {
         let before = wire.writes();
-        let r = contended(url, prefix, clients, duration, limits, progress, &Wire(None)).await?;
+        let r = contended(bench, clients, &Wire(None)).await?;
         let handoffs = (r.ops_per_sec * duration.as_secs_f64()).max(1.0);
         ours.push(r.ops_per_sec);
         ours_wire.extend(wire.per_op(before, handoffs as u64));
