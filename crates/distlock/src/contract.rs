@@ -265,6 +265,38 @@ macro_rules! backend {
 }
 pub(crate) use backend;
 
+/// The whole contract of a backend that offers the mutex only: [`backend!`], a name checked by
+/// making the mutex, every other kind refused with `$why`, and the mutex's [`Recipe`] and
+/// [`Held`] impls.
+///
+/// ```ignore
+/// mutex_only_backend!(Client, "mysql", Mutex, MutexGuard, "MariaDB's GET_LOCK gives the mutex only");
+/// ```
+macro_rules! mutex_only_backend {
+    ($client:ty, $name:literal, $mutex:ty, $guard:ty, $why:literal) => {
+        $crate::contract::backend!($client, $name);
+
+        impl $client {
+            fn checked_name(&self, name: &str) -> $crate::Result<String> {
+                self.mutex(name).map(|_| name.to_string())
+            }
+
+            fn make(
+                &self,
+                name: &str,
+                kind: $crate::contract::Kind,
+            ) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Recipe>> {
+                kind.mutex_only($name, name, $why)?;
+                Ok($crate::contract::lock(self.mutex(name)?))
+            }
+        }
+
+        $crate::contract::recipe!($mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+        $crate::contract::held!($guard);
+    };
+}
+pub(crate) use mutex_only_backend;
+
 /// The three public acquires of a typed lock (wait forever, never, at most a timeout), written
 /// once over its one acquire by [`Wait`]: `$l` is the lock and `$w` the wait in `$acquire`.
 ///

@@ -1,22 +1,5 @@
 //! The one lock contract ([`crate::contract`]) on MariaDB's `GET_LOCK` mutex; other kinds are refused.
 
 use super::{Client, Mutex, MutexGuard};
-use crate::contract::{self, recipe, Kind, Recipe};
-use crate::Result;
-use std::sync::Arc;
 
-contract::backend!(Client, "mysql");
-
-impl Client {
-    fn checked_name(&self, name: &str) -> Result<String> {
-        self.mutex(name).map(|_| name.to_string())
-    }
-
-    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
-        kind.mutex_only("mysql", name, "MariaDB's GET_LOCK gives the mutex only")?;
-        Ok(contract::lock(self.mutex(name)?))
-    }
-}
-
-recipe!(Mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-contract::held!(MutexGuard);
+crate::contract::mutex_only_backend!(Client, "mysql", Mutex, MutexGuard, "MariaDB's GET_LOCK gives the mutex only");
