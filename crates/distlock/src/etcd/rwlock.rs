@@ -30,21 +30,15 @@ pub struct RwLock {
 
 impl RwLock {
     pub(crate) fn new(client: Client, name: String) -> RwLock {
-        let read = Spec {
+        // One side's keys under `name/<side>/`, each waiting for the last older key under `blockers`.
+        let side = |side: &str, blockers: String| Spec {
             name: name.clone(),
-            key_prefix: format!("{name}/read/"),
+            key_prefix: format!("{name}/{side}/"),
             naming: Naming::Unique,
-            blockers: format!("{name}/write"),
+            blockers,
             limit: 1,
         };
-        let write = Spec {
-            name: name.clone(),
-            key_prefix: format!("{name}/write/"),
-            naming: Naming::Unique,
-            blockers: format!("{name}/"),
-            limit: 1,
-        };
-        RwLock { client, read, write }
+        RwLock { client, read: side("read", format!("{name}/write")), write: side("write", format!("{name}/")) }
     }
 
     /// The lock's name (its key prefix without the `/`).
