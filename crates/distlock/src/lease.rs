@@ -103,6 +103,30 @@ pub(crate) enum Renewal {
 /// How soon a failed renewal is tried again: a tenth of the lease, at most this.
 const RETRY: Duration = Duration::from_millis(100);
 
+impl Renewal {
+    /// What a health check of the holding connection (a ping) found: an answer renews; an error
+    /// that means the connection is `gone` loses the lock with it (the server frees a
+    /// connection's locks); any other error is a failure, tried again.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn of_check<E: std::fmt::Display>(
+        answer: std::result::Result<(), E>,
+        gone: impl FnOnce(&E) -> bool,
+        name: &str,
+    ) -> Renewal {
+        match answer {
+            Ok(()) => Renewal::Renewed,
+            Err(e) if gone(&e) => {
+                tracing::debug!(lock = name, error = %e, "the lock connection is gone");
+                Renewal::Gone(LostReason::ConnectionClosed)
+            }
+            Err(e) => {
+                tracing::debug!(lock = name, error = %e, "health check failed");
+                Renewal::Failed
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Lease {
     tx: watch::Sender<LockState>,

@@ -99,9 +99,10 @@ impl Mutex {
 /// ```no_run
 /// # async fn demo(lock: distlock::mysql::Mutex) -> distlock::Result<()> {
 /// let guard = lock.lock().await?;
-/// tokio::select! {
-///     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => guard.release().await?,
-///     reason = guard.lost() => eprintln!("lost: {reason}"),
+/// // Pass the token with every write; stop before the deadline unless the lease moves on.
+/// println!("token {} until {:?}", guard.fencing_token(), guard.lease_deadline());
+/// if !guard.state().is_lost() {
+///     guard.release().await?;
 /// }
 /// # Ok(()) }
 /// ```
@@ -153,7 +154,7 @@ impl MutexGuard {
 
     crate::lease::lease_methods!();
 
-    /// Unlocks and waits for the server; [`Error::LockLost`] if the lock had been lost before or
+    /// Unlocks and waits for the server; [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before or
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
@@ -219,17 +220,9 @@ async fn monitor(
         }
     };
     let renew = || async {
-        match conn.lock().await.conn.ping().await {
-            Ok(()) => Renewal::Renewed,
-            Err(e @ (sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)) => {
-                tracing::debug!(lock = name, error = %e, "the lock connection is gone");
-                Renewal::Gone(LostReason::ConnectionClosed)
-            }
-            Err(e) => {
-                tracing::debug!(lock = name, error = %e, "health check failed");
-                Renewal::Failed
-            }
-        }
+        let gone =
+            |e: &sqlx::Error| matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed);
+        Renewal::of_check(conn.lock().await.conn.ping().await, gone, &name)
     };
     lease.keep_connection(&name, bound / 6, renew, closed).await
 }

@@ -366,18 +366,7 @@ async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<
 /// answer; `Suspended` on a failed ping, `Lost` at the deadline or when the connection closes.
 async fn monitor(conn: Arc<Conn>, lease: Arc<Lease>, name: String, bound: Duration) {
     let closed = conn.closed();
-    let renew = || async {
-        match conn.client.simple_query("").await {
-            Ok(_) => Renewal::Renewed,
-            Err(e) if conn.is_closed() => {
-                tracing::debug!(lock = name, error = %e, "the lock connection closed");
-                Renewal::Gone(LostReason::ConnectionClosed)
-            }
-            Err(e) => {
-                tracing::debug!(lock = name, error = %e, "health check failed");
-                Renewal::Failed
-            }
-        }
-    };
+    let renew =
+        || async { Renewal::of_check(conn.client.simple_query("").await.map(drop), |_| conn.is_closed(), &name) };
     lease.keep_connection(&name, bound / 6, renew, closed).await
 }

@@ -198,7 +198,7 @@ impl MutexGuard {
 
     crate::lease::lease_methods!();
 
-    /// Ends the lease now; [`Error::LockLost`] if it had been lost or taken over before.
+    /// Ends the lease now; [`Error::LockLost`](crate::Error::LockLost) if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
         let Hold { client, name, holder, lease, watchdog, .. } =
             self.hold.take().expect("a guard holds until released");
