@@ -281,6 +281,7 @@ impl Lease {
 
     /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
     /// than half the time left), until the lease is lost.
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(dead_code))]
     pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
     where
         F: FnMut() -> Fut,
@@ -300,7 +301,7 @@ impl Lease {
 
     /// As [`Lease::keep`], and `Lost(ConnectionClosed)` at once when `closed` resolves: the
     /// connection that holds the lock ended, so the server has freed it (PostgreSQL, MariaDB).
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) async fn keep_connection<F, Fut>(
         &self,
         name: &str,

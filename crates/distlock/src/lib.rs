@@ -109,6 +109,8 @@ pub mod redis;
 pub mod sqlite;
 mod state;
 mod template;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod watchdog;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

@@ -88,6 +88,8 @@ struct Inner {
     listener: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
     /// Each waited-on semaphore's wake-up, by name.
     waiters: StdMutex<HashMap<String, Weak<Notify>>>,
+    /// Renews every held lock's lease with a health check of its connection.
+    watchdog: Arc<crate::watchdog::Watchdog>,
 }
 
 impl std::fmt::Debug for Client {
@@ -135,7 +137,13 @@ pub(crate) struct Conn {
     pub(crate) cancelled: Arc<std::sync::atomic::AtomicBool>,
     /// Statements prepared on this connection, by their text.
     prepared: StdMutex<HashMap<String, tokio_postgres::Statement>>,
+    /// The lease of the lock this connection holds, told at once when the connection ends (the
+    /// server frees a connection's locks with it).
+    holder: Arc<StdMutex<Option<Holder>>>,
 }
+
+/// The lease and name of the lock a connection holds.
+type Holder = (Weak<crate::lease::Lease>, String);
 
 impl Conn {
     /// Runs `sql` as a statement prepared on this connection (prepared on first use, then one
@@ -157,6 +165,11 @@ impl Conn {
         };
         let values: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
         self.client.query(&statement, &values).await
+    }
+
+    /// The lock this connection now holds: its lease is lost when the connection ends.
+    pub(crate) fn set_holder(&self, lease: &Arc<crate::lease::Lease>, name: &str) {
+        *self.holder.lock().unwrap_or_else(|e| e.into_inner()) = Some((Arc::downgrade(lease), name.to_string()));
     }
 
     /// True once the connection is gone (closed by the server, reset, or dropped).
@@ -185,6 +198,7 @@ impl Client {
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
         let client = Client {
             inner: Arc::new(Inner {
+                watchdog: Arc::new(crate::watchdog::Watchdog::new(url.server_bound() / 6)),
                 url,
                 idle: StdMutex::new(Vec::new()),
                 listener: tokio::sync::Mutex::new(None),
@@ -194,6 +208,11 @@ impl Client {
         let conn = client.open().await?;
         client.put_back(conn);
         Ok(client)
+    }
+
+    /// The renewals of this client's held locks.
+    pub(crate) fn watchdog(&self) -> &Arc<crate::watchdog::Watchdog> {
+        &self.inner.watchdog
     }
 
     /// The URL this client connected with.
@@ -329,13 +348,20 @@ impl Client {
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(cause(&e)))?;
         let (tx, closed) = watch::channel(false);
+        let holder: Arc<StdMutex<Option<Holder>>> = Arc::default();
+        let held = holder.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "lock connection ended");
             }
             let _ = tx.send(true);
+            let held = held.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some((lease, name)) = held.and_then(|(l, n)| Some((l.upgrade()?, n))) {
+                tracing::debug!(lock = name, "the lock connection closed");
+                lease.publish(crate::LockState::Lost(crate::LostReason::ConnectionClosed), &name);
+            }
         });
-        let conn = Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default() };
+        let conn = Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder };
         let settings = url.session_settings();
         tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
             .await

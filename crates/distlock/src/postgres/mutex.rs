@@ -224,7 +224,9 @@ struct Hold {
     target: Arc<Target>,
     token: u64,
     lease: Arc<Lease>,
-    monitor: tokio::task::JoinHandle<()>,
+    /// Its place in the client's renewals: a health check of the connection every sixth of the
+    /// lease (ended when dropped).
+    _renewals: crate::watchdog::Ticket,
 }
 
 impl std::fmt::Debug for Hold {
@@ -235,11 +237,23 @@ impl std::fmt::Debug for Hold {
 
 impl MutexGuard {
     fn new(client: Client, conn: Conn, target: Arc<Target>, token: u64, sent: Instant) -> MutexGuard {
-        let bound = client.url().server_bound();
-        let lease = Arc::new(Lease::new(sent, bound));
+        let lease = Arc::new(Lease::new(sent, client.url().server_bound()));
+        conn.set_holder(&lease, &target.name);
         let conn = Arc::new(conn);
-        let monitor = tokio::spawn(monitor(conn.clone(), lease.clone(), target.name.clone(), bound));
-        MutexGuard { hold: Some(Hold { client, conn, target, token, lease, monitor }) }
+        let check = {
+            let (conn, name) = (Arc::downgrade(&conn), target.name.clone());
+            move || -> crate::contract::BoxFuture<'static, Renewal> {
+                let (conn, name) = (conn.clone(), name.clone());
+                Box::pin(async move {
+                    // Gone: released while this renewal was due; nothing left to renew.
+                    let Some(conn) = conn.upgrade() else { return Renewal::Failed };
+                    let answer = conn.client.simple_query("").await.map(drop);
+                    Renewal::of_check(answer, |_| conn.is_closed(), &name)
+                })
+            }
+        };
+        let renewals = client.watchdog().watch(lease.clone(), target.name.clone(), Arc::new(check));
+        MutexGuard { hold: Some(Hold { client, conn, target, token, lease, _renewals: renewals }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -305,11 +319,10 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, target, lease, mut monitor, .. } =
+        let Hold { client, conn, target, lease, _renewals, .. } =
             self.hold.take().expect("a guard holds until released");
         let name = target.name.clone();
-        monitor.abort();
-        let _ = (&mut monitor).await; // its handle on the connection is gone after this
+        drop(_renewals);
         lease.end();
         if let LockState::Lost(reason) = before {
             return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
@@ -324,14 +337,13 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, target, lease, mut monitor, .. }) = self.hold.take() else {
+        let Some(Hold { client, conn, target, lease, _renewals, .. }) = self.hold.take() else {
             return;
         };
-        monitor.abort();
+        drop(_renewals);
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = (&mut monitor).await;
                 let name = target.name.clone();
                 if let Err(e) = unlock(client, conn, target).await {
                     tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
@@ -360,13 +372,4 @@ async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<
         Err(_) if conn.is_closed() => Ok(false),
         Err(e) => Err(backend("release", name, e)),
     }
-}
-
-/// Pings the holding connection every sixth of the lease; moves the deadline on with every
-/// answer; `Suspended` on a failed ping, `Lost` at the deadline or when the connection closes.
-async fn monitor(conn: Arc<Conn>, lease: Arc<Lease>, name: String, bound: Duration) {
-    let closed = conn.closed();
-    let renew =
-        || async { Renewal::of_check(conn.client.simple_query("").await.map(drop), |_| conn.is_closed(), &name) };
-    lease.keep_connection(&name, bound / 6, renew, closed).await
 }

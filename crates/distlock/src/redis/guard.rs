@@ -7,13 +7,11 @@
 //! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
 //! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
 //! Renewals also run at once, out of turn, when the client sees a sign that the server may have
-//! lost its keys (`sentry.rs`, [`Watchdog::check_now`](super::watchdog::Watchdog::check_now)).
+//! lost its keys (`sentry.rs`, [`Watchdog::check_now`](crate::watchdog::Watchdog::check_now)).
 
-use super::watchdog::Slot;
 use super::{scripts, Answer, Client, Replication};
 use crate::lease::{Lease, Renewal};
 use crate::{Error, LockState, LostReason, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -40,10 +38,8 @@ pub(crate) enum Holder {
 #[derive(Debug)]
 pub(crate) struct Shared {
     lease: Arc<Lease>,
-    /// The hold's entry in the client's renewal schedule (`None` while a renewal runs).
-    slot: StdMutex<Option<Slot>>,
-    /// Released or dropped: never renewed again.
-    ended: AtomicBool,
+    /// The hold's place in the client's renewals (`None` once ended).
+    ticket: StdMutex<Option<crate::watchdog::Ticket>>,
     /// The run id of the server the hold was last confirmed on (as the client knew it then):
     /// a release whose first try failed, and whose retry finds nothing, counts as released only
     /// on that same server.
@@ -73,27 +69,41 @@ impl Hold {
         let lease = client.lease();
         let shared = Arc::new(Shared {
             lease: Arc::new(Lease::new(sent, lease)),
-            slot: StdMutex::new(None),
-            ended: AtomicBool::new(false),
+            ticket: StdMutex::new(None),
             server: StdMutex::new(client.server_id()),
         });
         client.hold_started();
-        {
-            let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
-            let due = Due { client: client.clone(), key: key.clone(), holder: holder.clone(), shared: shared.clone() };
-            *slot = Some(client.inner.watchdog.schedule(Instant::now() + lease / 3, due));
-        }
+        let check = {
+            let (client, key, holder) = (client.clone(), key.clone(), holder.clone());
+            let shared = Arc::downgrade(&shared);
+            move || -> crate::contract::BoxFuture<'static, Renewal> {
+                let (client, key, holder, shared) = (client.clone(), key.clone(), holder.clone(), shared.clone());
+                Box::pin(async move {
+                    match renew(&client, &key, &holder).await {
+                        Ok(true) => {
+                            if let Some(shared) = shared.upgrade() {
+                                *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
+                            }
+                            Renewal::Renewed
+                        }
+                        Ok(false) => Renewal::Gone(LostReason::KeyDeleted),
+                        Err(e) => {
+                            tracing::debug!(key, error = %e, "renewal failed");
+                            Renewal::Failed
+                        }
+                    }
+                })
+            }
+        };
+        let ticket = client.inner.watchdog.watch(shared.lease.clone(), key.clone(), Arc::new(check));
+        *shared.ticket.lock().unwrap_or_else(|e| e.into_inner()) = Some(ticket);
         Hold { client, key, holder, token, shared, released: false }
     }
 
     /// No more renewals: the hold is released or dropped (called once per hold).
     fn end(&self) {
         self.client.hold_ended();
-        self.shared.ended.store(true, Ordering::SeqCst);
-        let slot = self.shared.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(slot) = slot {
-            self.client.inner.watchdog.cancel(slot);
-        }
+        drop(self.shared.ticket.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     pub(crate) fn lease_deadline(&self) -> std::time::Instant {
@@ -254,45 +264,6 @@ static ONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "1".to_str
 const LATCH_MARGIN_MS: u64 = 30_000;
 /// Pause between retries of a failed request.
 const RETRY: Duration = Duration::from_millis(100);
-
-/// What the watchdog needs to renew a hold.
-#[derive(Debug)]
-pub(crate) struct Due {
-    client: Client,
-    key: String,
-    holder: Holder,
-    shared: Arc<Shared>,
-}
-
-/// One due renewal of a hold (run by the client's [`Watchdog`](super::watchdog::Watchdog) in a
-/// task of its own), through the one renewal step ([`Lease::renew_once`]): it moves the deadline
-/// on, or reports the hold suspended or lost, and says when the next one is due, which this
-/// schedules.
-pub(crate) async fn renew_once(watchdog: Arc<super::watchdog::Watchdog>, due: Due) {
-    let Due { client, key, holder, shared } = &due;
-    if shared.ended.load(Ordering::SeqCst) {
-        return;
-    }
-    let renewal = async {
-        match renew(client, key, holder).await {
-            Ok(true) => {
-                *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
-                Renewal::Renewed
-            }
-            Ok(false) => Renewal::Gone(LostReason::KeyDeleted),
-            Err(e) => {
-                tracing::debug!(key, error = %e, "renewal failed");
-                Renewal::Failed
-            }
-        }
-    };
-    let Some(next) = shared.lease.renew_once(key, client.lease() / 3, renewal).await else { return };
-    let shared = shared.clone();
-    let mut slot = shared.slot.lock().unwrap_or_else(|e| e.into_inner());
-    if !shared.ended.load(Ordering::SeqCst) {
-        *slot = Some(watchdog.schedule(next, due));
-    }
-}
 
 /// One renewal: true if the key is still ours (and its TTL was reset to the lease).
 async fn renew(client: &Client, key: &str, holder: &Holder) -> Result<bool> {

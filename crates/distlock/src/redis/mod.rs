@@ -72,7 +72,6 @@ mod sentry;
 mod simple;
 mod url;
 mod wake;
-mod watchdog;
 
 pub use fair::{FairGuard, FairLock};
 pub use mutex::{Mutex, MutexGuard};
@@ -161,7 +160,7 @@ struct Inner {
     master: tokio::sync::Mutex<(String, Option<Instant>)>,
     wake: Arc<wake::Wakeups>,
     /// Renews every hold of this client.
-    watchdog: Arc<watchdog::Watchdog>,
+    watchdog: Arc<crate::watchdog::Watchdog>,
     /// `clientId` of Redisson's fields: one per client.
     id: String,
     /// The same without dashes (the simple layout's values start with it).
@@ -382,7 +381,7 @@ impl Client {
                 conn: std::sync::RwLock::new(conn),
                 master: tokio::sync::Mutex::new((master, None)),
                 wake,
-                watchdog: Arc::new(watchdog::Watchdog::new(url_lease)),
+                watchdog: Arc::new(crate::watchdog::Watchdog::new(url_lease / 3)),
                 id: id.to_string(),
                 id_hex: id.simple().to_string(),
                 next_handle: AtomicU64::new(1),
