@@ -36,24 +36,47 @@ async fn holder(raw: &mut MySqlConnection, name: &str) -> Option<u64> {
 }
 
 #[tokio::test]
-async fn the_user_lock_the_counter_and_nothing_left_after_release() {
-    let db = connect("?lease=10s").await;
+async fn the_user_lock_the_sequence_and_nothing_left_after_release() {
+    user_lock_and_token("?lease=10s").await;
+}
+
+#[tokio::test]
+async fn the_user_lock_the_counter_row_and_nothing_left_after_release() {
+    user_lock_and_token("?lease=10s&fencing=row").await;
+}
+
+/// The layout on the server with either source of tokens (the URL's `fencing`).
+async fn user_lock_and_token(query: &str) {
+    let db = connect(query).await;
     let mut raw = raw().await;
     let name = unique("layout");
     let lock = db.mutex(&name).unwrap();
     let g = lock.lock().await.unwrap();
     let held_by = holder(&mut raw, &name).await.expect("the user lock is held");
     assert_eq!(g.holder_id(), format!("connection:{held_by}"));
-    let token: i64 = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
-        .bind(&name)
-        .fetch_one(&mut raw)
-        .await
-        .unwrap();
-    assert_eq!(g.fencing_token(), token as u64);
+    let token = g.fencing_token() as i64;
+    if query.contains("fencing=row") {
+        let row: i64 = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
+            .bind(&name)
+            .fetch_one(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(token, row, "the token is the name's counter row");
+    } else {
+        let last: i64 = sqlx::query_scalar("SELECT next_not_cached_value - 1 FROM distlock_fencing_seq")
+            .fetch_one(&mut raw)
+            .await
+            .unwrap();
+        assert!(token <= last, "the token came from the sequence: {token} vs its last value {last}");
+        assert!(
+            db.inspect(&name).await.unwrap().last_token >= Some(token as u64),
+            "inspect shows a bound of the tokens handed out"
+        );
+    }
     assert_eq!(g.state(), LockState::Held);
     assert!(g.lease_deadline() > std::time::Instant::now() + Duration::from_secs(8));
     // Held: not for anyone else, now or within a bounded wait (which leaves nothing behind).
-    let other = connect("?lease=10s").await;
+    let other = connect(query).await;
     assert!(other.mutex(&name).unwrap().try_lock().await.unwrap().is_none());
     let began = Instant::now();
     assert!(other.mutex(&name).unwrap().lock_timeout(Duration::from_millis(300)).await.unwrap().is_none());
@@ -71,6 +94,51 @@ async fn the_user_lock_the_counter_and_nothing_left_after_release() {
     assert!(token >= now_us - 600_000_000, "tokens follow the server clock: {token} vs {now_us}");
     assert!(matches!(db.mutex(""), Err(Error::InvalidLockPath { .. })));
     assert!(matches!(db.mutex(&"x".repeat(65)), Err(Error::InvalidLockPath { .. })));
+}
+
+/// The fencing sequence when it lost its advances (a replica promoted before it saw them, or the
+/// sequence made again), simulated by restarting it at 1, in a database of the test's own: every
+/// connection opened afterwards raises it past the clock, so tokens still rise; and a sequence
+/// ahead of the clock is only ever advanced, never set back.
+#[tokio::test]
+async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
+    let mut raw = raw().await;
+    let db = format!("distlock_floor_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
+    let plain = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    let mut own = MySqlConnection::connect(&plain).await.unwrap();
+    {
+        let a = Client::connect(&plain).await.unwrap();
+        let g = a.mutex("floor").unwrap().lock().await.unwrap();
+        let before = g.fencing_token();
+        g.release().await.unwrap();
+        drop(a);
+        sqlx::query("ALTER SEQUENCE distlock_fencing_seq RESTART WITH 1").execute(&mut own).await.unwrap();
+        let b = Client::connect(&plain).await.unwrap();
+        let g = b.mutex("floor").unwrap().lock().await.unwrap();
+        assert!(
+            g.fencing_token() > before,
+            "a new connection raised the sequence past {before}: {}",
+            g.fencing_token()
+        );
+        g.release().await.unwrap();
+        // A sequence an hour ahead of the clock is left alone by new connections.
+        let now_us: i64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
+            .fetch_one(&mut own)
+            .await
+            .unwrap();
+        let ahead = now_us + 3_600_000_000;
+        sqlx::query(&format!("ALTER SEQUENCE distlock_fencing_seq RESTART WITH {ahead}"))
+            .execute(&mut own)
+            .await
+            .unwrap();
+        let c = Client::connect(&plain).await.unwrap();
+        let g = c.mutex("floor").unwrap().lock().await.unwrap();
+        assert_eq!(g.fencing_token(), ahead as u64);
+        g.release().await.unwrap();
+    }
+    drop(own);
+    sqlx::query(&format!("DROP DATABASE {db}")).execute(&mut raw).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,11 +254,11 @@ async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
     sqlx::query(&format!("DROP DATABASE {db}")).execute(&mut raw).await.unwrap();
 }
 
-/// Acquire statements (`INSERT INTO distlock_fencing … WHERE GET_LOCK(…)`) running in database
+/// Acquire statements (`SELECT IF(GET_LOCK(…) = 1, NEXTVAL(…), NULL)`) running in database
 /// `db` now.
 async fn waiting(raw: &mut MySqlConnection, db: &str) -> i64 {
     sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND INFO LIKE 'INSERT INTO distlock_fencing%'",
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND INFO LIKE 'SELECT IF(GET_LOCK%'",
     )
     .bind(db)
     .fetch_one(raw)

@@ -6,7 +6,7 @@
 //! | Piece | On the server |
 //! |---|---|
 //! | Lock `name` | the user lock `GET_LOCK(name, timeout)` (names of at most 64 characters, the server's limit), released by `RELEASE_LOCK(name)` or when the connection ends |
-//! | Fencing counter | row `(name, token)` of table `distlock_fencing`, advanced in the statement that takes the lock, only if it granted (`INSERT … SELECT … WHERE GET_LOCK(…) = 1 ON DUPLICATE KEY UPDATE`): `greatest(last + 1, server clock in µs)`, never deleted |
+//! | Fencing tokens | by default the sequence `distlock_fencing_seq` (`NEXTVAL`, read in the statement that takes the lock, only if it granted: `SELECT IF(GET_LOCK(…) = 1, NEXTVAL(…), NULL)`), raised to the server clock in µs by every new lock connection; with `fencing=row` (or on a server without sequences) row `(name, token)` of table `distlock_fencing`, advanced in the acquire statement (`INSERT … SELECT … WHERE GET_LOCK(…) = 1 ON DUPLICATE KEY UPDATE`): `greatest(last + 1, server clock in µs)`; neither is ever deleted |
 //!
 //! # Leases and loss
 //!
@@ -43,7 +43,7 @@ mod mutex;
 mod url;
 
 pub use mutex::{Mutex, MutexGuard};
-pub use url::MysqlUrl;
+pub use url::{Fencing, MysqlUrl};
 
 use crate::{Error, Result};
 use sqlx::{Connection, MySqlConnection};
@@ -53,8 +53,11 @@ use std::time::Duration;
 /// Idle connections kept for reuse, at most.
 const MAX_IDLE: usize = 16;
 
-/// The fencing counters' table (created on connect if missing).
+/// The fencing counters' table with `fencing=row` (created on connect if missing).
 pub const FENCING_TABLE: &str = "distlock_fencing";
+
+/// The fencing sequence (the default; created on connect if missing).
+pub const FENCING_SEQUENCE: &str = "distlock_fencing_seq";
 
 /// A MariaDB server to take locks on: the URL, and idle lock connections to reuse. Cheap to clone.
 ///
@@ -76,6 +79,9 @@ pub struct Client {
 struct Inner {
     url: MysqlUrl,
     idle: StdMutex<Vec<Conn>>,
+    /// Where tokens come from on this server: the URL's choice, or `Row` where the server has
+    /// no sequences (set once at connect).
+    fencing: std::sync::OnceLock<Fencing>,
 }
 
 impl std::fmt::Debug for Client {
@@ -103,15 +109,44 @@ impl Client {
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: MysqlUrl) -> Result<Client> {
-        let client = Client { inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()) }) };
+        let client = Client {
+            inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()), fencing: std::sync::OnceLock::new() }),
+        };
         let mut conn = client.open().await?;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-             token BIGINT NOT NULL) ENGINE=InnoDB"
-        );
-        sqlx::query(&create).execute(&mut conn.conn).await.map_err(|e| backend("CREATE TABLE", FENCING_TABLE, e))?;
+        let mut fencing = client.inner.url.fencing;
+        if fencing == Fencing::Sequence {
+            let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE} NOCACHE");
+            match sqlx::query(&create).execute(&mut conn.conn).await {
+                Ok(_) => {}
+                // A syntax error: a server without sequences (MySQL). Counter rows serve instead.
+                Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42000") => {
+                    tracing::info!(error = %e, "the server has no sequences: fencing tokens from counter rows");
+                    fencing = Fencing::Row;
+                }
+                Err(e) => return Err(backend("CREATE SEQUENCE", FENCING_SEQUENCE, e)),
+            }
+        }
+        if fencing == Fencing::Row {
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+                 token BIGINT NOT NULL) ENGINE=InnoDB"
+            );
+            sqlx::query(&create)
+                .execute(&mut conn.conn)
+                .await
+                .map_err(|e| backend("CREATE TABLE", FENCING_TABLE, e))?;
+        }
+        let _ = client.inner.fencing.set(fencing);
+        if fencing == Fencing::Sequence {
+            raise_to_clock(&mut conn.conn).await.map_err(|e| backend("SETVAL", FENCING_SEQUENCE, e))?;
+        }
         client.put_back(conn);
         Ok(client)
+    }
+
+    /// Where this client's tokens come from.
+    pub(crate) fn fencing(&self) -> Fencing {
+        self.inner.fencing.get().copied().unwrap_or(self.inner.url.fencing)
     }
 
     /// The URL this client connected with.
@@ -173,6 +208,9 @@ impl Client {
                 .execute(&mut conn)
                 .await?;
             let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn).await?;
+            if self.inner.fencing.get() == Some(&Fencing::Sequence) {
+                raise_to_clock(&mut conn).await?;
+            }
             Ok::<_, sqlx::Error>(Conn { conn, id, watch: watch.map(Arc::new) })
         };
         tokio::time::timeout(url.connect_timeout, setup)
@@ -180,6 +218,19 @@ impl Client {
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(e.to_string()))
     }
+}
+
+/// Raises the fencing sequence to the server clock in µs (never lowers it: `SETVAL` leaves a
+/// sequence that is ahead alone), so that tokens rise even after the sequence lost advances (a
+/// replica promoted before it saw them, a sequence dropped and made again): every token handed
+/// out so far is below the clock, at fewer than a million grants a second.
+async fn raise_to_clock(conn: &mut MySqlConnection) -> std::result::Result<(), sqlx::Error> {
+    use sqlx::{Executor, Row};
+    let now: sqlx::mysql::MySqlRow = conn.fetch_one("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)").await?;
+    let now_us: i64 = now.try_get(0)?;
+    // SETVAL takes a literal only.
+    conn.execute(format!("SELECT SETVAL({FENCING_SEQUENCE}, {now_us})").as_str()).await?;
+    Ok(())
 }
 
 pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
@@ -205,7 +256,9 @@ pub struct LockView {
     pub name: String,
     /// The holding connection's id (`IS_USED_LOCK`), if held.
     pub holder_connection: Option<u64>,
-    /// The last fencing token handed out for this name.
+    /// The last fencing token handed out for this name (`fencing=row`); with the fencing
+    /// sequence, the last one handed out for any name, or the clock it was raised to: every
+    /// later token is larger.
     pub last_token: Option<u64>,
 }
 
@@ -219,7 +272,12 @@ impl Client {
             .fetch_one(&mut conn.conn)
             .await
             .map_err(|e| backend("inspect", name, e))?;
-        let token: Option<i64> = sqlx::query_scalar("SELECT token FROM distlock_fencing WHERE name = ?")
+        let sql = match self.fencing() {
+            Fencing::Row => "SELECT token FROM distlock_fencing WHERE name = ?",
+            // NOCACHE: the value after the last one handed out or set (by a raise).
+            Fencing::Sequence => "SELECT next_not_cached_value - 1 FROM distlock_fencing_seq WHERE ? IS NOT NULL",
+        };
+        let token: Option<i64> = sqlx::query_scalar(sql)
             .bind(name)
             .fetch_optional(&mut conn.conn)
             .await

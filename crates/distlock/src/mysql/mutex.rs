@@ -1,6 +1,6 @@
-//! A `GET_LOCK` mutex, fenced by a counter row.
+//! A `GET_LOCK` mutex, fenced by a sequence (or a counter row).
 
-use super::{backend, Client, Conn, FENCING_TABLE};
+use super::{backend, Client, Conn, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
 use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
 use crate::{LostReason, Result};
@@ -37,14 +37,20 @@ const FOREVER_SECS: f64 = 4_294_967_295.0;
 /// below the server clock in µs): one statement, one round trip. `GET_LOCK` runs once (one row
 /// of `DUAL`); the row count says whether it granted; `LAST_INSERT_ID(expr)` hands the token back
 /// in the reply's OK packet.
-const ACQUIRE_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
+/// Takes the lock and, only if granted, the next token of the sequence (`IF` evaluates its
+/// chosen branch only). Binds: name, timeout in seconds; answers the token, or NULL.
+const ACQUIRE_SEQUENCE_SQL: &str = "SELECT IF(GET_LOCK(?, ?) = 1, NEXTVAL(distlock_fencing_seq), NULL)";
+
+/// Takes the lock and, only if granted, advances the name's counter row. Binds: name, name,
+/// timeout in seconds; one row affected if granted, its token as `LAST_INSERT_ID`.
+const ACQUIRE_ROW_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
      SELECT ?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)) FROM DUAL \
      WHERE GET_LOCK(?, ?) = 1 \
      ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, VALUES(token)))";
 
 impl Mutex {
     pub(crate) fn new(client: Client, name: String) -> Mutex {
-        debug_assert!(ACQUIRE_SQL.contains(FENCING_TABLE));
+        debug_assert!(ACQUIRE_ROW_SQL.contains(FENCING_TABLE) && ACQUIRE_SEQUENCE_SQL.contains(FENCING_SEQUENCE));
         Mutex { client, name }
     }
 
@@ -65,22 +71,29 @@ impl Mutex {
         // Dropped while the server waits: the connection closes with this future, and the
         // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.
         let sent = Instant::now();
-        let done = sqlx::query(ACQUIRE_SQL)
-            .bind(name)
-            .bind(name)
-            .bind(secs)
-            .execute(&mut conn.conn)
-            .await
-            .map_err(|e| backend("acquire", name, e))?;
-        if done.rows_affected() == 0 {
+        let granted = match self.client.fencing() {
+            Fencing::Sequence => sqlx::query_scalar(ACQUIRE_SEQUENCE_SQL)
+                .bind(name)
+                .bind(secs)
+                .fetch_one(&mut conn.conn)
+                .await
+                .map(|token: Option<i64>| token.map(|t| t as u64)),
+            Fencing::Row => sqlx::query(ACQUIRE_ROW_SQL)
+                .bind(name)
+                .bind(name)
+                .bind(secs)
+                .execute(&mut conn.conn)
+                .await
+                .map(|done| (done.rows_affected() > 0).then(|| done.last_insert_id())),
+        };
+        let Some(token) = granted.map_err(|e| backend("acquire", name, e))? else {
             // Not granted in time (or the wait was ended on the server): it holds nothing.
             self.client.put_back(conn);
             return Ok(None);
-        }
+        };
         // Held. The lease runs from the statement's send, unless the wait was long: then a ping
         // confirms the session first (else the guard would be born lost); a failure drops the
         // connection, which frees the lock.
-        let token = done.last_insert_id();
         let lease = self.client.lease();
         let ping = async {
             use sqlx::Connection;

@@ -13,7 +13,11 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Query keys:
 /// - `lease`: the session's `wait_timeout`, whole seconds from 3 s to a day (default 30 s): the
 ///   longest the server keeps a silent holder's connection, and so its locks;
-/// - `connect_timeout`: bound on connecting (default 10 s).
+/// - `connect_timeout`: bound on connecting (default 10 s);
+/// - `fencing`: where fencing tokens come from: `sequence` (the default: one MariaDB `SEQUENCE`,
+///   `distlock_fencing_seq`, read in the acquire statement; a server without sequences, such as
+///   MySQL, falls back to `row`) or `row` (a counter row per lock name in `distlock_fencing`,
+///   written by the acquire statement, about half the sequence's speed).
 ///
 /// # Examples
 ///
@@ -32,7 +36,27 @@ pub struct MysqlUrl {
     pub lease: Duration,
     /// Bound on connecting.
     pub connect_timeout: Duration,
+    /// See the query keys above.
+    pub fencing: Fencing,
     shown: String,
+}
+
+/// Where a MariaDB lock's fencing tokens come from (the URL's `fencing` key).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::mysql::{Fencing, MysqlUrl};
+/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs").unwrap().fencing, Fencing::Sequence);
+/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs?fencing=row").unwrap().fencing, Fencing::Row);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// One `SEQUENCE` for every lock, raised to the server clock in µs by every new lock
+    /// connection (so tokens rise even if it lost advances).
+    Sequence,
+    /// A counter row per lock name: `greatest(last + 1, server clock in µs)`.
+    Row,
 }
 
 impl std::fmt::Debug for MysqlUrl {
@@ -57,13 +81,20 @@ impl MysqlUrl {
             .or_else(|| url.strip_prefix("mariadb://"))
             .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (mut lease, mut connect_timeout) = (DEFAULT_LEASE, Duration::from_secs(10));
+        let (mut lease, mut connect_timeout, mut fencing) = (DEFAULT_LEASE, Duration::from_secs(10), Fencing::Sequence);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "lease" => lease = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
-                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, connect_timeout)"))),
+                "fencing" => {
+                    fencing = match v {
+                        "sequence" => Fencing::Sequence,
+                        "row" => Fencing::Row,
+                        _ => return Err(bad(format!("fencing={v:?}: give sequence or row"))),
+                    }
+                }
+                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, connect_timeout, fencing)"))),
             }
         }
         if !(Duration::from_secs(3)..=Duration::from_secs(86_400)).contains(&lease) || lease.subsec_nanos() != 0 {
@@ -88,7 +119,7 @@ impl MysqlUrl {
             format!("mysql://{base}").parse().map_err(|e: sqlx::Error| bad(e.to_string()))?;
         // A lock wait is a "slow statement" by design: no warnings for it.
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
-        Ok(MysqlUrl { options, lease, connect_timeout, shown })
+        Ok(MysqlUrl { options, lease, connect_timeout, fencing, shown })
     }
 }
 
@@ -119,6 +150,7 @@ mod tests {
                 ("mysql://127.0.0.1", "no database"),
                 ("postgres://127.0.0.1/x", "mysql://"),
                 ("mysql://127.0.0.1/x?nope=1", "nope"),
+                ("mysql://127.0.0.1/x?fencing=clock", "fencing"),
             ],
         );
         let e = MysqlUrl::parse("mysql://u:hunter2@127.0.0.1/x?nope=1").unwrap_err().to_string();
