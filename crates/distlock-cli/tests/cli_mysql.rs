@@ -28,7 +28,8 @@ fn exec_on_mariadb_excludes_passes_the_token_and_inspect_shows_the_holder() {
     let view = distlock(&b, &["inspect", "--json", &lock]).output().unwrap();
     let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
     assert!(view["holder_connection"].as_u64().is_some(), "{view}");
-    assert_eq!(view["last_token"].as_u64(), Some(t1), "{view}");
+    // The sequence's last value: this token, or a later one (other locks, a new connection's raise).
+    assert!(view["last_token"].as_u64() >= Some(t1), "{view}");
     drop(holder.stdin.take());
     assert!(wait_exit(&mut holder, Duration::from_secs(20)).success());
     let next = distlock(&b, &["exec", "-w", "10", &lock, "--", "sh", "-c", "echo $DISTLOCK_TOKEN"]).output().unwrap();
