@@ -127,6 +127,30 @@ impl Renewal {
     }
 }
 
+/// The lease of the lock a pooled connection holds now (PostgreSQL, MariaDB), for the task that
+/// watches the connection: when the connection ends, the server frees its locks, so that lease is
+/// lost at once.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+#[derive(Debug, Default)]
+pub(crate) struct HolderSlot(StdMutex<Option<(std::sync::Weak<Lease>, String)>>);
+
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+impl HolderSlot {
+    /// The connection now holds lock `name` under `lease`.
+    pub(crate) fn set(&self, lease: &std::sync::Arc<Lease>, name: &str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::sync::Arc::downgrade(lease), name.to_string()));
+    }
+
+    /// The connection ended: its lock (if still held) is lost.
+    pub(crate) fn connection_closed(&self) {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((lease, name)) = held.and_then(|(l, n)| Some((l.upgrade()?, n))) {
+            tracing::debug!(lock = name, "the lock connection closed");
+            lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Lease {
     tx: watch::Sender<LockState>,
@@ -281,7 +305,7 @@ impl Lease {
 
     /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
     /// than half the time left), until the lease is lost.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "etcd")), allow(dead_code))]
     pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
     where
         F: FnMut() -> Fut,
@@ -295,28 +319,6 @@ impl Lease {
             match self.renew_once(name, period, renew()).await {
                 Some(next) => due = next,
                 None => return,
-            }
-        }
-    }
-
-    /// As [`Lease::keep`], and `Lost(ConnectionClosed)` at once when `closed` resolves: the
-    /// connection that holds the lock ended, so the server has freed it (PostgreSQL, MariaDB).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) async fn keep_connection<F, Fut>(
-        &self,
-        name: &str,
-        period: Duration,
-        renew: F,
-        closed: impl std::future::Future<Output = ()>,
-    ) where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Renewal>,
-    {
-        tokio::select! {
-            _ = self.keep(name, period, renew) => {}
-            _ = closed => {
-                tracing::debug!(lock = name, "the lock connection closed");
-                self.publish(LockState::Lost(LostReason::ConnectionClosed), name);
             }
         }
     }

@@ -109,7 +109,7 @@ pub mod redis;
 pub mod sqlite;
 mod state;
 mod template;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 mod watchdog;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;

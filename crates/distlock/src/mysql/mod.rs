@@ -82,6 +82,8 @@ struct Inner {
     /// Where tokens come from on this server: the URL's choice, or `Row` where the server has
     /// no sequences (set once at connect).
     fencing: std::sync::OnceLock<Fencing>,
+    /// Renews every held lock's lease with a ping of its connection.
+    watchdog: Arc<crate::watchdog::Watchdog>,
 }
 
 impl std::fmt::Debug for Client {
@@ -94,9 +96,29 @@ impl std::fmt::Debug for Client {
 pub(crate) struct Conn {
     pub(crate) conn: MySqlConnection,
     pub(crate) id: u64,
-    /// The connection's socket, watched for the server closing it (`None` if it could not be
-    /// found: then the next ping finds out).
-    pub(crate) watch: Option<Arc<crate::closed::SocketWatch>>,
+    /// The lock this connection holds: lost at once when the server closes the connection.
+    holder: Arc<crate::lease::HolderSlot>,
+    /// The task that watches the connection's socket (a duplicate of it) for the server closing
+    /// it (`None` if the socket could not be found: then the next ping finds out). Ended with
+    /// the connection, so that closing the connection closes the socket.
+    _watcher: Option<Watcher>,
+}
+
+/// The socket watcher's task, ended when dropped.
+#[derive(Debug)]
+struct Watcher(tokio::task::AbortHandle);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Conn {
+    /// The connection now holds lock `name` under `lease`.
+    pub(crate) fn set_holder(&self, lease: &Arc<crate::lease::Lease>, name: &str) {
+        self.holder.set(lease, name);
+    }
 }
 
 impl Client {
@@ -110,7 +132,12 @@ impl Client {
     /// Connects with a parsed URL.
     pub async fn connect_url(url: MysqlUrl) -> Result<Client> {
         let client = Client {
-            inner: Arc::new(Inner { url, idle: StdMutex::new(Vec::new()), fencing: std::sync::OnceLock::new() }),
+            inner: Arc::new(Inner {
+                watchdog: Arc::new(crate::watchdog::Watchdog::new(url.lease / 6)),
+                url,
+                idle: StdMutex::new(Vec::new()),
+                fencing: std::sync::OnceLock::new(),
+            }),
         };
         let mut conn = client.open().await?;
         let mut fencing = client.inner.url.fencing;
@@ -142,6 +169,11 @@ impl Client {
         }
         client.put_back(conn);
         Ok(client)
+    }
+
+    /// The renewals of this client's held locks.
+    pub(crate) fn watchdog(&self) -> &Arc<crate::watchdog::Watchdog> {
+        &self.inner.watchdog
     }
 
     /// Where this client's tokens come from.
@@ -211,7 +243,17 @@ impl Client {
             if self.inner.fencing.get() == Some(&Fencing::Sequence) {
                 raise_to_clock(&mut conn).await?;
             }
-            Ok::<_, sqlx::Error>(Conn { conn, id, watch: watch.map(Arc::new) })
+            let holder: Arc<crate::lease::HolderSlot> = Arc::default();
+            let watcher = watch.map(|watch| {
+                let held = holder.clone();
+                tokio::spawn(async move {
+                    watch.closed().await;
+                    held.connection_closed();
+                })
+                .abort_handle()
+            });
+            let watcher = watcher.map(Watcher);
+            Ok::<_, sqlx::Error>(Conn { conn, id, holder, _watcher: watcher })
         };
         tokio::time::timeout(url.connect_timeout, setup)
             .await

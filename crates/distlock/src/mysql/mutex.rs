@@ -5,7 +5,6 @@ use crate::contract::Wait;
 use crate::lease::{Lease, Renewal};
 use crate::{LostReason, Result};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// An exclusive user lock, held by a connection of its own.
@@ -133,7 +132,9 @@ struct Hold {
     id: u64,
     token: u64,
     lease: Arc<Lease>,
-    monitor: tokio::task::JoinHandle<()>,
+    /// Its place in the client's renewals: a ping of the connection every sixth of the lease
+    /// (ended when dropped).
+    _renewals: crate::watchdog::Ticket,
 }
 
 impl std::fmt::Debug for Hold {
@@ -149,10 +150,27 @@ impl std::fmt::Debug for Hold {
 impl MutexGuard {
     fn new(client: Client, conn: Conn, name: String, token: u64, sent: Instant) -> MutexGuard {
         let lease = Arc::new(Lease::new(sent, client.lease()));
-        let (id, watch) = (conn.id, conn.watch.clone());
+        conn.set_holder(&lease, &name);
+        let id = conn.id;
         let conn = Arc::new(tokio::sync::Mutex::new(conn));
-        let monitor = tokio::spawn(monitor(conn.clone(), watch, lease.clone(), name.clone(), client.lease()));
-        MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, monitor }) }
+        let check = {
+            let (conn, name) = (Arc::downgrade(&conn), name.clone());
+            move || -> crate::contract::BoxFuture<'static, Renewal> {
+                let (conn, name) = (conn.clone(), name.clone());
+                Box::pin(async move {
+                    use sqlx::Connection;
+                    // Gone: released while this renewal was due; nothing left to renew.
+                    let Some(conn) = conn.upgrade() else { return Renewal::Failed };
+                    let gone = |e: &sqlx::Error| {
+                        matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)
+                    };
+                    let answer = conn.lock().await.conn.ping().await;
+                    Renewal::of_check(answer, gone, &name)
+                })
+            }
+        };
+        let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
+        MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, _renewals: renewals }) }
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -171,9 +189,8 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, name, lease, monitor, .. } = self.hold.take().expect("a guard holds until released");
-        monitor.abort();
-        let _ = monitor.await;
+        let Hold { client, conn, name, lease, _renewals, .. } = self.hold.take().expect("a guard holds until released");
+        drop(_renewals);
         // A lock lost before: dropping the connection frees it.
         lease.release(before, name.clone(), unlock(client, conn, name), LostReason::ConnectionClosed).await
     }
@@ -181,12 +198,11 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, name, lease, monitor, .. }) = self.hold.take() else { return };
-        monitor.abort();
+        let Some(Hold { client, conn, name, lease, _renewals, .. }) = self.hold.take() else { return };
+        drop(_renewals);
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = monitor.await;
                 if let Err(e) = unlock(client, conn, name.clone()).await {
                     tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
                 }
@@ -213,29 +229,4 @@ async fn unlock(client: Client, conn: Arc<tokio::sync::Mutex<Conn>>, name: Strin
         }
     }
     Ok(held)
-}
-
-/// Pings the holding connection every sixth of the lease (see [`Lease::keep`]); a connection
-/// error means the connection is gone, and so does its socket closing, noticed at once. (The
-/// monitor's handle on the socket goes with it: it must end before the connection is dropped.)
-async fn monitor(
-    conn: Arc<tokio::sync::Mutex<Conn>>,
-    watch: Option<Arc<crate::closed::SocketWatch>>,
-    lease: Arc<Lease>,
-    name: String,
-    bound: Duration,
-) {
-    use sqlx::Connection;
-    let closed = async {
-        match &watch {
-            Some(w) => w.closed().await,
-            None => std::future::pending().await,
-        }
-    };
-    let renew = || async {
-        let gone =
-            |e: &sqlx::Error| matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed);
-        Renewal::of_check(conn.lock().await.conn.ping().await, gone, &name)
-    };
-    lease.keep_connection(&name, bound / 6, renew, closed).await
 }

@@ -139,11 +139,8 @@ pub(crate) struct Conn {
     prepared: StdMutex<HashMap<String, tokio_postgres::Statement>>,
     /// The lease of the lock this connection holds, told at once when the connection ends (the
     /// server frees a connection's locks with it).
-    holder: Arc<StdMutex<Option<Holder>>>,
+    holder: Arc<crate::lease::HolderSlot>,
 }
-
-/// The lease and name of the lock a connection holds.
-type Holder = (Weak<crate::lease::Lease>, String);
 
 impl Conn {
     /// Runs `sql` as a statement prepared on this connection (prepared on first use, then one
@@ -169,7 +166,7 @@ impl Conn {
 
     /// The lock this connection now holds: its lease is lost when the connection ends.
     pub(crate) fn set_holder(&self, lease: &Arc<crate::lease::Lease>, name: &str) {
-        *self.holder.lock().unwrap_or_else(|e| e.into_inner()) = Some((Arc::downgrade(lease), name.to_string()));
+        self.holder.set(lease, name);
     }
 
     /// True once the connection is gone (closed by the server, reset, or dropped).
@@ -348,18 +345,14 @@ impl Client {
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(cause(&e)))?;
         let (tx, closed) = watch::channel(false);
-        let holder: Arc<StdMutex<Option<Holder>>> = Arc::default();
+        let holder: Arc<crate::lease::HolderSlot> = Arc::default();
         let held = holder.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "lock connection ended");
             }
             let _ = tx.send(true);
-            let held = held.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((lease, name)) = held.and_then(|(l, n)| Some((l.upgrade()?, n))) {
-                tracing::debug!(lock = name, "the lock connection closed");
-                lease.publish(crate::LockState::Lost(crate::LostReason::ConnectionClosed), &name);
-            }
+            held.connection_closed();
         });
         let conn = Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder };
         let settings = url.session_settings();
