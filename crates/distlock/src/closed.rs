@@ -103,6 +103,16 @@ impl SocketWatch {
 
     /// Resolves when the peer has closed or reset the connection. Data arriving (replies the
     /// connection's owner reads) is ignored. If the socket cannot be watched, never resolves.
+    /// Shuts the socket down (both ways) now, whoever else has it open: the connection is being
+    /// dropped, and the server must see it end at once (it frees the session's locks then),
+    /// not when this duplicate happens to be closed.
+    pub(crate) fn shutdown(&self) {
+        // SAFETY: our own descriptor, open for as long as `self`.
+        unsafe {
+            libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR);
+        }
+    }
+
     pub(crate) async fn closed(&self) {
         struct Borrowed(RawFd);
         impl AsRawFd for Borrowed {

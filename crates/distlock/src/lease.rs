@@ -132,18 +132,37 @@ impl Renewal {
 /// lost at once.
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 #[derive(Debug, Default)]
-pub(crate) struct HolderSlot(StdMutex<Option<(std::sync::Weak<Lease>, String)>>);
+pub(crate) struct HolderSlot(StdMutex<Holding>);
+
+#[derive(Debug, Default)]
+struct Holding {
+    lease: Option<(std::sync::Weak<Lease>, String)>,
+    /// The connection has ended: a lease set now is lost at once.
+    closed: bool,
+}
 
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 impl HolderSlot {
-    /// The connection now holds lock `name` under `lease`.
+    /// The connection now holds lock `name` under `lease` (lost at once if the connection
+    /// ended already: its end may have been seen just before the grant was).
     pub(crate) fn set(&self, lease: &std::sync::Arc<Lease>, name: &str) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((std::sync::Arc::downgrade(lease), name.to_string()));
+        let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if h.closed {
+            drop(h);
+            tracing::debug!(lock = name, "the lock connection closed");
+            lease.publish(LockState::Lost(LostReason::ConnectionClosed), name);
+            return;
+        }
+        h.lease = Some((std::sync::Arc::downgrade(lease), name.to_string()));
     }
 
-    /// The connection ended: its lock (if still held) is lost.
+    /// The connection ended: its lock (if still held) is lost, and so is any set later.
     pub(crate) fn connection_closed(&self) {
-        let held = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let held = {
+            let mut h = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            h.closed = true;
+            h.lease.take()
+        };
         if let Some((lease, name)) = held.and_then(|(l, n)| Some((l.upgrade()?, n))) {
             tracing::debug!(lock = name, "the lock connection closed");
             lease.publish(LockState::Lost(LostReason::ConnectionClosed), &name);
@@ -208,11 +227,13 @@ impl Lease {
                 *d = new;
             }
         }
-        self.publish(LockState::Held, name);
-        self.tx.send_modify(|_| {});
+        // The followers' deadlines move before anyone is told `Held`, so a follower's `lost()`
+        // woken by the news never reads its old deadline.
         for f in self.followers() {
             f.confirmed(sent, name);
         }
+        self.publish_own(LockState::Held, name);
+        self.tx.send_modify(|_| {});
     }
 
     /// Publishes `state` (logged) unless the lease is lost already or nothing changes.
@@ -270,7 +291,8 @@ impl Lease {
     /// the next renewal is due a `period` after it; `Failed` is `Suspended`, and the next try is
     /// due soon (a tenth of the lease, at most 100 ms); `Gone(reason)`, or no answer by the
     /// deadline, is `Lost`, and there is no next one (`None`). Every renewal loop of the crate
-    /// runs its renewals through this.
+    /// runs its renewals through this. `renewal` must be lazy (an `async` block): it is made
+    /// before the send time is read here, so it must send nothing until polled.
     pub(crate) async fn renew_once(
         &self,
         name: &str,
@@ -421,6 +443,19 @@ mod tests {
         let at = tokio::time::timeout(LEASE * 2, lost).await.expect("lost by the deadline");
         assert_eq!(at, LostReason::LeaseExpired);
         assert!(Instant::now() >= session.deadline());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_end_reaches_its_holder_even_before_the_grant_is_set() {
+        let slot = HolderSlot::default();
+        let first = Arc::new(Lease::new(Instant::now(), LEASE));
+        slot.set(&first, "a");
+        slot.connection_closed();
+        assert_eq!(first.state("a"), LockState::Lost(LostReason::ConnectionClosed));
+        // The end seen first, the grant set after: lost at once all the same.
+        let late = Arc::new(Lease::new(Instant::now(), LEASE));
+        slot.set(&late, "b");
+        assert_eq!(late.state("b"), LockState::Lost(LostReason::ConnectionClosed));
     }
 
     #[tokio::test(start_paused = true)]

@@ -63,11 +63,15 @@ async fn user_lock_and_token(query: &str) {
             .unwrap();
         assert_eq!(token, row, "the token is the name's counter row");
     } else {
-        let last: i64 = sqlx::query_scalar("SELECT next_not_cached_value - 1 FROM distlock_fencing_seq")
-            .fetch_one(&mut raw)
-            .await
-            .unwrap();
-        assert!(token <= last, "the token came from the sequence: {token} vs its last value {last}");
+        // The sequence's value or the server clock after the grant, whichever was larger.
+        let (seq, now): (i64, i64) = sqlx::query_as(
+            "SELECT next_not_cached_value - 1, CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED) \
+             FROM distlock_fencing_seq",
+        )
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+        assert!(token <= seq.max(now), "the token came from the sequence or the clock: {token} vs {seq}, {now}");
         assert!(
             db.inspect(&name).await.unwrap().last_token >= Some(token as u64),
             "inspect shows a bound of the tokens handed out"
@@ -138,6 +142,43 @@ async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
         g.release().await.unwrap();
     }
     drop(own);
+    sqlx::query(&format!("DROP DATABASE {db}")).execute(&mut raw).await.unwrap();
+}
+
+/// Clients taking tokens from the sequence and from counter rows (`fencing=row`: an older
+/// client, or a server without sequences) on the same lock: every token is larger than the last,
+/// since both read the server clock after the grant; and a sequence set far back (a failover to a
+/// replica that missed its advances, seen by connections that stay open) still gives tokens
+/// above the last.
+#[tokio::test]
+async fn tokens_rise_across_token_sources_and_a_sequence_set_back() {
+    // A database of the test's own: the sequence is set back below.
+    let mut raw = raw().await;
+    let db = format!("distlock_sources_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
+    let plain = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    {
+        let seq = Client::connect(&format!("{plain}?lease=10s")).await.unwrap();
+        let row = Client::connect(&format!("{plain}?lease=10s&fencing=row")).await.unwrap();
+        let mut last = 0;
+        for i in 0..6 {
+            let client = if i % 2 == 0 { &seq } else { &row };
+            let g = client.mutex("sources").unwrap().lock().await.unwrap();
+            assert!(g.fencing_token() > last, "round {i}: {} after {last}", g.fencing_token());
+            last = g.fencing_token();
+            g.release().await.unwrap();
+        }
+        // Set back under open connections (the pooled ones raise nothing again).
+        let held = seq.mutex("sources").unwrap().lock().await.unwrap();
+        let mut own = MySqlConnection::connect(&plain).await.unwrap();
+        sqlx::query("ALTER SEQUENCE distlock_fencing_seq RESTART WITH 1").execute(&mut own).await.unwrap();
+        assert!(held.fencing_token() > last);
+        last = held.fencing_token();
+        held.release().await.unwrap();
+        let g = seq.mutex("sources").unwrap().lock().await.unwrap();
+        assert!(g.fencing_token() > last, "after the sequence was set back: {} after {last}", g.fencing_token());
+        g.release().await.unwrap();
+    }
     sqlx::query(&format!("DROP DATABASE {db}")).execute(&mut raw).await.unwrap();
 }
 

@@ -104,13 +104,18 @@ pub(crate) struct Conn {
     _watcher: Option<Watcher>,
 }
 
-/// The socket watcher's task, ended when dropped.
+/// The socket watcher's task. Dropped with the connection: the socket is shut down at once (the
+/// duplicate would otherwise keep it open until the aborted task is dropped) and the task ended.
 #[derive(Debug)]
-struct Watcher(tokio::task::AbortHandle);
+struct Watcher {
+    task: tokio::task::AbortHandle,
+    socket: Arc<crate::closed::SocketWatch>,
+}
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.0.abort();
+        self.socket.shutdown();
+        self.task.abort();
     }
 }
 
@@ -146,7 +151,7 @@ impl Client {
             match sqlx::query(&create).execute(&mut conn.conn).await {
                 Ok(_) => {}
                 // A syntax error: a server without sequences (MySQL). Counter rows serve instead.
-                Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42000") => {
+                Err(e) if syntax_error(&e) => {
                     tracing::info!(error = %e, "the server has no sequences: fencing tokens from counter rows");
                     fencing = Fencing::Row;
                 }
@@ -245,14 +250,15 @@ impl Client {
             }
             let holder: Arc<crate::lease::HolderSlot> = Arc::default();
             let watcher = watch.map(|watch| {
-                let held = holder.clone();
-                tokio::spawn(async move {
-                    watch.closed().await;
+                let (held, socket) = (holder.clone(), Arc::new(watch));
+                let watched = socket.clone();
+                let task = tokio::spawn(async move {
+                    watched.closed().await;
                     held.connection_closed();
                 })
-                .abort_handle()
+                .abort_handle();
+                Watcher { task, socket }
             });
-            let watcher = watcher.map(Watcher);
             Ok::<_, sqlx::Error>(Conn { conn, id, holder, _watcher: watcher })
         };
         tokio::time::timeout(url.connect_timeout, setup)
@@ -260,6 +266,14 @@ impl Client {
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(e.to_string()))
     }
+}
+
+/// True for the server's "syntax error" (1064): `CREATE SEQUENCE` on a server without sequences.
+/// (Not SQLSTATE 42000 alone, which also covers a user refused the right to create one.)
+fn syntax_error(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|d| d.number() == 1064)
 }
 
 /// Raises the fencing sequence to the server clock in µs (never lowers it: `SETVAL` leaves a
@@ -299,8 +313,8 @@ pub struct LockView {
     /// The holding connection's id (`IS_USED_LOCK`), if held.
     pub holder_connection: Option<u64>,
     /// The last fencing token handed out for this name (`fencing=row`); with the fencing
-    /// sequence, the last one handed out for any name, or the clock it was raised to: every
-    /// later token is larger.
+    /// sequence, a bound: at least every token handed out so far (for any name), and below
+    /// every later one.
     pub last_token: Option<u64>,
 }
 
@@ -316,8 +330,12 @@ impl Client {
             .map_err(|e| backend("inspect", name, e))?;
         let sql = match self.fencing() {
             Fencing::Row => "SELECT token FROM distlock_fencing WHERE name = ?",
-            // NOCACHE: the value after the last one handed out or set (by a raise).
-            Fencing::Sequence => "SELECT next_not_cached_value - 1 FROM distlock_fencing_seq WHERE ? IS NOT NULL",
+            // Every token so far is at most the sequence's value (NOCACHE: its last one handed
+            // out or set) or the clock now, whichever is larger, and every later one is above it.
+            Fencing::Sequence => {
+                "SELECT GREATEST(next_not_cached_value - 1, CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)) \
+                 FROM distlock_fencing_seq WHERE ? IS NOT NULL"
+            }
         };
         let token: Option<i64> = sqlx::query_scalar(sql)
             .bind(name)

@@ -36,14 +36,21 @@ const FOREVER_SECS: f64 = 4_294_967_295.0;
 /// below the server clock in µs): one statement, one round trip. `GET_LOCK` runs once (one row
 /// of `DUAL`); the row count says whether it granted; `LAST_INSERT_ID(expr)` hands the token back
 /// in the reply's OK packet.
-/// Takes the lock and, only if granted, the next token of the sequence (`IF` evaluates its
-/// chosen branch only). Binds: name, timeout in seconds; answers the token, or NULL.
-const ACQUIRE_SEQUENCE_SQL: &str = "SELECT IF(GET_LOCK(?, ?) = 1, NEXTVAL(distlock_fencing_seq), NULL)";
+/// Takes the lock and, only if granted, a token: the sequence's next value, or the server clock
+/// in µs read after the grant (`SYSDATE`, not the statement's start) if that is larger. `IF`
+/// evaluates its chosen branch only. Binds: name, timeout in seconds; answers the token, or NULL.
+///
+/// The sequence alone rises on one server; the clock covers what it cannot: a sequence behind
+/// after a failover to a replica (connections kept open through a proxy raise nothing), and
+/// clients taking tokens from counter rows (`fencing=row`, which also read the clock after the
+/// grant) on the same lock. Both assume a server clock that does not step back.
+const ACQUIRE_SEQUENCE_SQL: &str = "SELECT IF(GET_LOCK(?, ?) = 1, \
+     GREATEST(NEXTVAL(distlock_fencing_seq), CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)), NULL)";
 
 /// Takes the lock and, only if granted, advances the name's counter row. Binds: name, name,
 /// timeout in seconds; one row affected if granted, its token as `LAST_INSERT_ID`.
 const ACQUIRE_ROW_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
-     SELECT ?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)) FROM DUAL \
+     SELECT ?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)) FROM DUAL \
      WHERE GET_LOCK(?, ?) = 1 \
      ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, VALUES(token)))";
 
