@@ -30,6 +30,15 @@ async fn raw() -> MySqlConnection {
     MySqlConnection::connect(&my_url()).await.expect("raw connection")
 }
 
+/// A database of the test's own (for tests that change its fencing sequence or watch its
+/// process list): its name and its URL, no query.
+async fn own_database(raw: &mut MySqlConnection, prefix: &str) -> (String, String) {
+    let db = format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut *raw).await.unwrap();
+    let url = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    (db, url)
+}
+
 /// The connection holding user lock `name`, if any (`IS_USED_LOCK`).
 async fn holder(raw: &mut MySqlConnection, name: &str) -> Option<u64> {
     sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)").bind(name).fetch_one(raw).await.unwrap()
@@ -101,15 +110,13 @@ async fn user_lock_and_token(query: &str) {
 }
 
 /// The fencing sequence when it lost its advances (a replica promoted before it saw them, or the
-/// sequence made again), simulated by restarting it at 1, in a database of the test's own: every
-/// connection opened afterwards raises it past the clock, so tokens still rise; and a sequence
-/// ahead of the clock is only ever advanced, never set back.
+/// sequence made again), simulated by restarting it at 1, in a database of the test's own: the
+/// server clock read after the grant keeps tokens rising; and a sequence ahead of the clock
+/// still gives its next value.
 #[tokio::test]
 async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
     let mut raw = raw().await;
-    let db = format!("distlock_floor_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
-    let plain = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    let (db, plain) = own_database(&mut raw, "distlock_floor").await;
     let mut own = MySqlConnection::connect(&plain).await.unwrap();
     {
         let a = Client::connect(&plain).await.unwrap();
@@ -122,11 +129,11 @@ async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
         let g = b.mutex("floor").unwrap().lock().await.unwrap();
         assert!(
             g.fencing_token() > before,
-            "a new connection raised the sequence past {before}: {}",
+            "the clock read after the grant keeps tokens above {before}: {}",
             g.fencing_token()
         );
         g.release().await.unwrap();
-        // A sequence an hour ahead of the clock is left alone by new connections.
+        // A sequence an hour ahead of the clock gives its own next value.
         let now_us: i64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
             .fetch_one(&mut own)
             .await
@@ -154,9 +161,7 @@ async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
 async fn tokens_rise_across_token_sources_and_a_sequence_set_back() {
     // A database of the test's own: the sequence is set back below.
     let mut raw = raw().await;
-    let db = format!("distlock_sources_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
-    let plain = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    let (db, plain) = own_database(&mut raw, "distlock_sources").await;
     {
         let seq = Client::connect(&format!("{plain}?lease=10s")).await.unwrap();
         let row = Client::connect(&format!("{plain}?lease=10s&fencing=row")).await.unwrap();
@@ -264,9 +269,7 @@ async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
     // The waiter uses a database of its own, so the process list shows its statements apart from
     // other tests' (user locks are server-wide: it still waits for the same lock).
     let mut raw = raw().await;
-    let db = format!("distlock_drop_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut raw).await.unwrap();
-    let own_db = format!("{}/{db}", my_url().rsplit_once('/').unwrap().0);
+    let (db, own_db) = own_database(&mut raw, "distlock_drop").await;
     let (a, b) = (connect("").await, Client::connect(&own_db).await.unwrap());
     let name = unique("dropped");
     let g = a.mutex(&name).unwrap().lock().await.unwrap();

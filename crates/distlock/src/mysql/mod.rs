@@ -6,7 +6,7 @@
 //! | Piece | On the server |
 //! |---|---|
 //! | Lock `name` | the user lock `GET_LOCK(name, timeout)` (names of at most 64 characters, the server's limit), released by `RELEASE_LOCK(name)` or when the connection ends |
-//! | Fencing tokens | by default the sequence `distlock_fencing_seq` (`NEXTVAL`, read in the statement that takes the lock, only if it granted: `SELECT IF(GET_LOCK(…) = 1, NEXTVAL(…), NULL)`), raised to the server clock in µs by every new lock connection; with `fencing=row` (or on a server without sequences) row `(name, token)` of table `distlock_fencing`, advanced in the acquire statement (`INSERT … SELECT … WHERE GET_LOCK(…) = 1 ON DUPLICATE KEY UPDATE`): `greatest(last + 1, server clock in µs)`; neither is ever deleted |
+//! | Fencing tokens | by default the sequence `distlock_fencing_seq` (`NEXTVAL`, read in the statement that takes the lock, only if it granted: `SELECT IF(GET_LOCK(…) = 1, GREATEST(NEXTVAL(…), server clock in µs after the grant), NULL)`); with `fencing=row` (or on a server without sequences) row `(name, token)` of table `distlock_fencing`, advanced in the acquire statement (`INSERT … SELECT … WHERE GET_LOCK(…) = 1 ON DUPLICATE KEY UPDATE`): `greatest(last + 1, server clock in µs)`; neither is ever deleted |
 //!
 //! # Leases and loss
 //!
@@ -169,9 +169,6 @@ impl Client {
                 .map_err(|e| backend("CREATE TABLE", FENCING_TABLE, e))?;
         }
         let _ = client.inner.fencing.set(fencing);
-        if fencing == Fencing::Sequence {
-            raise_to_clock(&mut conn.conn).await.map_err(|e| backend("SETVAL", FENCING_SEQUENCE, e))?;
-        }
         client.put_back(conn);
         Ok(client)
     }
@@ -245,9 +242,6 @@ impl Client {
                 .execute(&mut conn)
                 .await?;
             let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn).await?;
-            if self.inner.fencing.get() == Some(&Fencing::Sequence) {
-                raise_to_clock(&mut conn).await?;
-            }
             let holder: Arc<crate::lease::HolderSlot> = Arc::default();
             let watcher = watch.map(|watch| {
                 let (held, socket) = (holder.clone(), Arc::new(watch));
@@ -274,19 +268,6 @@ fn syntax_error(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
         .is_some_and(|d| d.number() == 1064)
-}
-
-/// Raises the fencing sequence to the server clock in µs (never lowers it: `SETVAL` leaves a
-/// sequence that is ahead alone), so that tokens rise even after the sequence lost advances (a
-/// replica promoted before it saw them, a sequence dropped and made again): every token handed
-/// out so far is below the clock, at fewer than a million grants a second.
-async fn raise_to_clock(conn: &mut MySqlConnection) -> std::result::Result<(), sqlx::Error> {
-    use sqlx::{Executor, Row};
-    let now: sqlx::mysql::MySqlRow = conn.fetch_one("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)").await?;
-    let now_us: i64 = now.try_get(0)?;
-    // SETVAL takes a literal only.
-    conn.execute(format!("SELECT SETVAL({FENCING_SEQUENCE}, {now_us})").as_str()).await?;
-    Ok(())
 }
 
 pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {

@@ -41,7 +41,7 @@ const FOREVER_SECS: f64 = 4_294_967_295.0;
 /// evaluates its chosen branch only. Binds: name, timeout in seconds; answers the token, or NULL.
 ///
 /// The sequence alone rises on one server; the clock covers what it cannot: a sequence behind
-/// after a failover to a replica (connections kept open through a proxy raise nothing), and
+/// after a failover to a replica or made again, and
 /// clients taking tokens from counter rows (`fencing=row`, which also read the clock after the
 /// grant) on the same lock. Both assume a server clock that does not step back.
 const ACQUIRE_SEQUENCE_SQL: &str = "SELECT IF(GET_LOCK(?, ?) = 1, \

@@ -52,8 +52,8 @@ pub struct MysqlUrl {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fencing {
-    /// One `SEQUENCE` for every lock, raised to the server clock in µs by every new lock
-    /// connection (so tokens rise even if it lost advances).
+    /// One `SEQUENCE` for every lock; a token is its next value or the server clock in µs read
+    /// after the grant, whichever is larger (so tokens rise even if the sequence lost advances).
     Sequence,
     /// A counter row per lock name: `greatest(last + 1, server clock in µs)`.
     Row,
