@@ -1,10 +1,13 @@
 //! `distlock bench` on `etcd://`: the server's own floor (a lease-bound put and a delete of one
-//! key per cycle, one at a time and with 8 cycles in flight on the one connection), the
+//! key per cycle, one at a time and with 8 cycles in flight on the one connection), the recipe's
+//! own two requests with no client logic (the conditional create and delete transactions), the
 //! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
 //! woken by its watch alone).
 
 use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
-use distlock::etcd::etcd_client::{self, PutOptions};
+use distlock::etcd::etcd_client::{
+    self, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use std::time::{Duration, Instant};
 
 /// The workloads measured on etcd.
@@ -43,6 +46,7 @@ async fn measure(
         let r = match w.as_str() {
             "raw" => {
                 let pipelined = floor(&etcd, lease, &floor_key, IN_FLIGHT, duration, progress).await?;
+                let recipe = recipe_floor(&etcd, lease, &format!("{base}/recipe/"), duration, progress).await?;
                 vec![
                     report("floor-sequential", sequential, sequential, vec![("pair".into(), PAIR.into())]),
                     report(
@@ -51,6 +55,7 @@ async fn measure(
                         sequential,
                         vec![("pair".into(), PAIR.into()), ("in_flight".into(), IN_FLIGHT.to_string())],
                     ),
+                    report("floor-recipe", recipe, sequential, vec![("pair".into(), RECIPE.into())]),
                 ]
             }
             "uncontended" => {
@@ -74,6 +79,41 @@ async fn pair(mut etcd: etcd_client::Client, lease: i64, key: String) -> anyhow:
     etcd.put(key.clone(), "", Some(PutOptions::new().with_lease(lease))).await?;
     etcd.delete(key, None).await?;
     Ok(())
+}
+
+const RECIPE: &str = "txn(create if absent + read newest 2) + txn(delete if create revision)";
+
+/// The lock recipe's own requests, one cycle at a time, with no client logic: what an
+/// uncontended acquire and release cost the server at least.
+async fn recipe_floor(
+    etcd: &etcd_client::Client,
+    lease: i64,
+    prefix: &str,
+    duration: Duration,
+    progress: &Progress,
+) -> anyhow::Result<f64> {
+    let key = format!("{prefix}{lease:x}");
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < duration {
+        let create = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([
+            TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(lease))),
+            TxnOp::get(prefix, Some(newest.clone())),
+        ]);
+        let rev = etcd.clone().txn(create).await?.header().map_or(0, |h| h.revision());
+        let delete = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        etcd.clone().txn(delete).await?;
+        n += 1;
+    }
+    progress.show("floor-recipe", n, start.elapsed());
+    Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
 /// Floor pairs per second with `in_flight` cycles at once (each on its own key).

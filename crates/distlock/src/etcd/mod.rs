@@ -15,12 +15,19 @@
 //! | [`Semaphore`] `name`, `n` permits | `name/<lease id hex>_<16 hex digits>` | any deletion under `name/` | fewer than `n` older keys under `name/` |
 //!
 //! The key is created in one transaction (`If CreateRevision(key) == 0 Then Put(key, lease)`)
-//! that also reads the oldest keys it must wait for, so a free lock costs one round trip. A waiter
-//! watches only the key just before it (no herd), except the semaphore's, which recounts after any
-//! deletion. **After the wait** it reads its own key again and refuses the lock if the key is gone
-//! or was re-created (the session expired, or someone deleted it): the Jepsen finding against
-//! etcd 3.4, whose server-side Lock RPC grants in that case (`tests/etcd.rs` shows it). A refused
-//! or session-less waiter queues again on a new session, within its timeout.
+//! that also reads the keys it must wait for (for a mutex, the newest two: ours and the one just
+//! before it), so a free lock costs one round trip and a waiter can start watching at once. A
+//! waiter watches only the key just before it (no herd), except the semaphore's, which recounts
+//! after any deletion. **After the wait** it reads, in the same request as the keys still older
+//! than its own, its own key, and refuses the lock if the key is gone or was re-created (the
+//! session expired, or someone deleted it): the Jepsen finding against etcd 3.4, whose
+//! server-side Lock RPC grants in that case (`tests/etcd.rs` shows it). A refused or session-less
+//! waiter queues again on a new session, within its timeout. A hand-off therefore costs the
+//! holder's delete, the watch event and one read. That read is served from the member's own
+//! state, which is a true snapshot (see `look` in the source for why a grant from it is sound).
+//! etcd may register a new watch behind a concurrent write and then serve it from its catch-up
+//! loop (every 100 ms); a waiter whose watch may be one of those also reads the key it waits
+//! for at growing intervals until the catch-up has run.
 //!
 //! The fencing token is our key's create revision: cluster-wide, it only rises, and a later
 //! holder's key was created after ours. A write guarded by
