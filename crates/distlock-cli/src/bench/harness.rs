@@ -240,6 +240,8 @@ where
     let slice = (duration / 20).max(Duration::from_millis(20));
     let (mut ours, mut ours_time, mut floor, mut floor_time) = (0u64, Duration::ZERO, 0u64, Duration::ZERO);
     let mut samples = Vec::new();
+    // Client writes during our slices only (the floor's go through the same proxy).
+    let mut wire = wire_writes().map(|_| 0u64);
     let start = std::time::Instant::now();
     while ours_time < duration {
         let began = std::time::Instant::now();
@@ -249,6 +251,7 @@ where
         }
         floor_time += began.elapsed();
         let began = std::time::Instant::now();
+        let writes_before = wire_writes();
         while began.elapsed() < slice {
             let t = std::time::Instant::now();
             lock.lock().await?.release().await?;
@@ -256,9 +259,13 @@ where
             ours += 1;
         }
         ours_time += began.elapsed();
+        if let (Some(w), Some(after), Some(before)) = (wire.as_mut(), wire_writes(), writes_before) {
+            *w += after - before;
+        }
         progress.show("uncontended", ours, start.elapsed());
     }
     let mut extra = extra;
+    extra.extend(wire_extra("cycle", wire, ours));
     extra.push(("limit".into(), format!("floor sequential, interleaved in {slice:?} slices")));
     let (ops, limit) = (ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64());
     Ok(report("uncontended", ops, limit, extra).with_latencies(samples))
@@ -274,14 +281,19 @@ pub(crate) async fn contended_on(
     floor: f64,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
+    // Every client connects before the clock starts.
+    let mut locks = Vec::new();
+    for _ in 0..clients {
+        let client = distlock::connect(url).await?;
+        locks.push((client.mutex(name)?, client));
+    }
+    let writes_before = wire_writes();
     let start = std::time::Instant::now();
     let until = start + duration;
     let mut handles = Vec::new();
-    for _ in 0..clients {
-        let (url, name) = (url.to_string(), name.to_string());
+    for (lock, client) in locks {
         handles.push(tokio::spawn(async move {
-            let client = distlock::connect(&url).await?;
-            let lock = client.mutex(&name)?;
+            let _client = client;
             let mut n = 0u64;
             while std::time::Instant::now() < until {
                 lock.lock().await?.release().await?;
@@ -296,11 +308,35 @@ pub(crate) async fn contended_on(
         progress.show("contended", counts.iter().sum(), start.elapsed());
     }
     let ops = counts.iter().sum::<u64>() as f64 / start.elapsed().as_secs_f64();
+    let writes = wire_writes().zip(writes_before).map(|(after, before)| after - before);
     let (min, max) = min_max(&counts);
     let mut extra = vec![("clients".into(), clients.to_string())];
     extra.extend(fairness(min, max));
+    extra.extend(wire_extra("handoff", writes, counts.iter().sum()));
     extra.push(("limit".into(), "floor sequential".into()));
     Ok(report("contended", ops, floor, extra))
+}
+
+/// The `--rtt` proxy of a run on a backend other than ZooKeeper, whose count of client writes the
+/// shared workloads read around their own cycles (ZooKeeper's bench keeps its own, per request).
+static WIRE: std::sync::OnceLock<std::sync::Arc<distlock_faults::FaultProxy>> = std::sync::OnceLock::new();
+
+/// Counts the wire through `proxy` for the rest of the run.
+pub(crate) fn count_wire(proxy: std::sync::Arc<distlock_faults::FaultProxy>) {
+    let _ = WIRE.set(proxy);
+}
+
+/// Client writes so far, when the run goes through the `--rtt` proxy.
+pub(crate) fn wire_writes() -> Option<u64> {
+    WIRE.get().map(|p| p.writes_to_upstream())
+}
+
+/// `("wire_writes_per_<per>", writes ÷ ops)` when the run counts the wire.
+pub(crate) fn wire_extra(per: &str, writes: Option<u64>, ops: u64) -> Vec<(String, String)> {
+    writes
+        .map(|w| (format!("wire_writes_per_{per}"), format!("{:.2}", w as f64 / ops.max(1) as f64)))
+        .into_iter()
+        .collect()
 }
 
 /// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;

@@ -41,12 +41,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     if args.curator && !is_zk {
         anyhow::bail!("--curator measures Apache Curator, a ZooKeeper client: use a zk:// backend or embedded");
     }
-    // Other backends run through the proxy too (their reports do not count the wire yet).
-    let (_proxy, proxied);
+    // Other backends run through the proxy too; the shared workloads count the client's writes
+    // on it around their own cycles.
+    let proxied;
     let backend = match args.rtt {
         Some(rtt) if !is_zk => {
             let (p, u) = through_proxy(backend, rtt).await?;
-            (_proxy, proxied) = (Some(p), u);
+            harness::count_wire(std::sync::Arc::new(p));
+            proxied = u;
             proxied.as_str()
         }
         _ => backend,

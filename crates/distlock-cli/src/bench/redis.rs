@@ -244,6 +244,8 @@ async fn uncontended(bench: Bench<'_, Limits>, plot: Option<&std::path::Path>) -
         let (mutex, simple_lock) = (client.mutex(&key)?, client.simple_lock(&key)?);
         let mut acq = Vec::new();
         let (mut ours, mut ours_time, mut floor, mut floor_time) = (0u64, Duration::ZERO, 0u64, Duration::ZERO);
+        // Client writes during our slices only, when the run counts the wire (`--rtt`).
+        let mut wire = super::harness::wire_writes().map(|_| 0u64);
         let start = Instant::now();
         while ours_time < duration {
             let began = Instant::now();
@@ -257,6 +259,7 @@ async fn uncontended(bench: Bench<'_, Limits>, plot: Option<&std::path::Path>) -
             }
             floor_time += began.elapsed();
             let began = Instant::now();
+            let writes_before = super::harness::wire_writes();
             while began.elapsed() < slice {
                 let t = Instant::now();
                 if simple {
@@ -268,16 +271,19 @@ async fn uncontended(bench: Bench<'_, Limits>, plot: Option<&std::path::Path>) -
                 ours += 1;
             }
             ours_time += began.elapsed();
+            if let (Some(w), Some(after), Some(before)) = (wire.as_mut(), super::harness::wire_writes(), writes_before)
+            {
+                *w += after - before;
+            }
             progress.show(name, ours, start.elapsed());
         }
         let ops = ours as f64 / ours_time.as_secs_f64();
         let floor_ops = floor as f64 / floor_time.as_secs_f64();
         cdfs.push((if simple { "simple layout" } else { "Redisson layout" }, cdf(&acq)));
         let floor_name = if simple { "floor-simple" } else { "floor-redisson" };
-        let extra = vec![
-            ("cycle".into(), "acquire+release".into()),
-            ("limit".into(), format!("{floor_name} sequential, interleaved in {:?} slices", slice)),
-        ];
+        let mut extra = vec![("cycle".into(), "acquire+release".into())];
+        extra.extend(super::harness::wire_extra("cycle", wire, ours));
+        extra.push(("limit".into(), format!("{floor_name} sequential, interleaved in {:?} slices", slice)));
         reports.push(report(name, ops, floor_ops, extra).with_latencies(acq));
     }
     reports.push(peer_redis_py(url, &format!("{prefix}:redis-py"), 1, duration, limits, "uncontended-redis-py")?);
@@ -304,11 +310,14 @@ async fn contended(
     let Bench { url, prefix, duration, limits, progress } = bench;
     let mut reports = Vec::new();
     for (name, fair) in [("contended", false), ("contended-fair", true)] {
+        let writes_before = super::harness::wire_writes();
         let run = hand_offs(url, &format!("{prefix}:{name}"), fair, clients, duration, progress, name).await?;
+        let writes = super::harness::wire_writes().zip(writes_before).map(|(after, before)| after - before);
         let (min, max) = min_max(&run.counts);
         let extra = [
             vec![("clients".into(), clients.to_string())],
             fairness(min, max),
+            super::harness::wire_extra("handoff", writes, run.counts.iter().sum()),
             vec![("latency".into(), "hand-off: release begun to next acquire done".into())],
         ]
         .concat();

@@ -23,9 +23,7 @@
 //! session expired, or someone deleted it): the Jepsen finding against etcd 3.4, whose
 //! server-side Lock RPC grants in that case (`tests/etcd.rs` shows it). A refused or session-less
 //! waiter queues again on a new session, within its timeout. A hand-off therefore costs the
-//! holder's delete, the watch event and one read. That read is served from the member's own
-//! state, which is a true snapshot (see `look` in the source for why a grant from it is sound).
-//! etcd may register a new watch behind a concurrent write and then serve it from its catch-up
+//! holder's delete, the watch event and one linearizable read. etcd may register a new watch behind a concurrent write and then serve it from its catch-up
 //! loop (every 100 ms); a waiter whose watch may be one of those also reads the key it waits
 //! for at growing intervals until the catch-up has run.
 //!

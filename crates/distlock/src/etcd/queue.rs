@@ -347,27 +347,11 @@ enum Look {
 
 /// Reads, in one request, the keys older than ours that still block us and our own key: the
 /// check after the wait (our key must still be there as we created it) costs no round trip of
-/// its own.
-///
-/// The read is first served by the member's own state (serializable), which spares it a wait
-/// behind the writes in flight (a linearizable read waits for the log's next sync, most of a
-/// hand-off under contention). Its answer is a snapshot of one revision `A`, so `Ours` from it is
-/// a true grant as of `A`: our key existed then and nothing older did, and keys older than ours
-/// never come back. Later losses are the guard's to report, as after any grant: the session's
-/// deadline for an expiry, its own-key watch for a revocation or a delete. A member behind the
-/// one that created our key may not show our key yet: a "gone" answer, or one from before our
-/// key, is read again linearizably before we give our place up.
+/// its own. The read is linearizable: a member's own (serializable) state would spare it a wait
+/// behind the writes in flight, but a lagging or cut-off member could show our key after the
+/// cluster had deleted it, and grant the lock on a key that is gone (the very case the check is
+/// for).
 async fn look(client: &Client, spec: &Spec, key: &str, rev: i64) -> Result<Look> {
-    let (look, revision) = look_once(client, spec, key, rev, true).await?;
-    if revision >= rev && !matches!(look, Look::Gone(_)) {
-        return Ok(look);
-    }
-    Ok(look_once(client, spec, key, rev, false).await?.0)
-}
-
-/// One [`look`]: what it found and the revision it read at.
-async fn look_once(client: &Client, spec: &Spec, key: &str, rev: i64, local: bool) -> Result<(Look, i64)> {
-    let read = |options: GetOptions| if local { options.with_serializable() } else { options };
     let older = if spec.limit == 1 {
         // The one key just before ours.
         GetOptions::new()
@@ -381,8 +365,8 @@ async fn look_once(client: &Client, spec: &Spec, key: &str, rev: i64, local: boo
         GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1)
     };
     let txn = Txn::new().and_then([
-        TxnOp::get(spec.blockers.clone(), Some(read(older))),
-        TxnOp::get(key, Some(read(GetOptions::new().with_keys_only()))),
+        TxnOp::get(spec.blockers.clone(), Some(older)),
+        TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
     ]);
     let etcd = client.etcd();
     let resp = client
@@ -391,19 +375,17 @@ async fn look_once(client: &Client, spec: &Spec, key: &str, rev: i64, local: boo
             async move { etcd.txn(txn).await }
         })
         .await?;
-    let revision = resp.header().map_or(0, |h| h.revision());
     let ops = resp.op_responses();
     let (Some(TxnOpResponse::Get(older)), Some(TxnOpResponse::Get(own))) = (ops.first(), ops.get(1)) else {
         return Err(protocol(&spec.name, "the wait's reads are missing"));
     };
-    let look = match own.kvs().first() {
+    Ok(match own.kvs().first() {
         None => Look::Gone("our key is gone (the session expired or someone deleted it)"),
         Some(kv) if kv.create_revision() != rev => Look::Gone("our key was deleted and created again"),
         Some(_) if older.kvs().len() < spec.limit as usize => Look::Ours,
         Some(_) if spec.limit == 1 => Look::Wait(older.kvs()[0].key().to_vec()),
         Some(_) => Look::Wait(spec.blockers.clone().into_bytes()),
-    };
-    Ok((look, revision))
+    })
 }
 
 fn protocol(name: &str, what: &str) -> Error {
@@ -438,12 +420,19 @@ struct Pending {
 }
 
 impl Pending {
-    /// Deletes the key now (bounded), handing the gate back.
+    /// Deletes the key now (bounded), handing the gate back. An acquire dropped meanwhile (a
+    /// `select!` around a timed acquire) does not cancel the delete: it finishes on its own, and
+    /// only then is the gate opened.
     async fn remove(mut self) -> Option<OwnedMutexGuard<()>> {
-        if let Some((key, nonce)) = self.key.take() {
-            delete(&self.client, &self.name, key, nonce).await;
-        }
-        self.gate.take()
+        let (key, gate) = (self.key.take(), self.gate.take());
+        let (client, name) = (self.client.clone(), self.name.clone());
+        crate::detach::detach(async move {
+            if let Some((key, nonce)) = key {
+                delete(&client, &name, key, nonce).await;
+            }
+            gate
+        })
+        .await
     }
 
     /// The key is a guard's now.
