@@ -245,3 +245,40 @@ async fn a_grant_after_a_long_wait_for_the_file_has_its_whole_lease() {
     assert!(held.is_err(), "lost after a grant that waited for the file: {held:?}");
     g.release().await.unwrap();
 }
+
+/// Clients of one process take the lock in turn: a holder that releases and asks again queues
+/// behind the others (this process's FIFO queue), instead of winning the row back at once while
+/// they wait for their next poll. Counted over 200 grants among 4 clients on separate pools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_one_process_take_turns() {
+    const CLIENTS: usize = 4;
+    const GRANTS: usize = 200;
+    let (url, _dir) = db("");
+    let granted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Every client connected before anyone starts.
+    let start = Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let (url, granted, start) = (url.clone(), granted.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = Client::connect(&url).await.unwrap().mutex("turns").unwrap();
+            start.wait().await;
+            let mut mine = 0usize;
+            loop {
+                let g = tokio::time::timeout(Duration::from_secs(10), lock.lock()).await.expect("a turn").unwrap();
+                let n = granted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                g.release().await.unwrap();
+                if n >= GRANTS {
+                    return mine;
+                }
+                mine += 1;
+            }
+        }));
+    }
+    let mut counts = Vec::new();
+    for t in tasks {
+        counts.push(tokio::time::timeout(Duration::from_secs(60), t).await.expect("finished").unwrap());
+    }
+    let (min, max) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+    assert!(min as f64 >= 0.8 * max as f64, "grants per client {counts:?}: a client got fewer than 0.8 of another's");
+}

@@ -33,8 +33,12 @@
 //!
 //! # Waiting
 //!
-//! SQLite has no way to wait for a row: a waiter retries, 2 ms at first, doubling to 50 ms, and is
-//! woken at once by a release from its own process.
+//! SQLite has no way to wait for a row. The acquires of one process (every client of the same
+//! database file and table) queue in a FIFO first, and only the queue's head asks the database:
+//! it goes as soon as the previous local holder's release has reached the file (or its lease was
+//! lost), and a holder that asks again queues behind the others. A head that finds the row held
+//! by another process retries, 2 ms at first, doubling to 50 ms; across processes there is no
+//! order.
 //!
 //! # Examples
 //!
@@ -59,7 +63,6 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// A SQLite database file to take leases in. Cheap to clone.
 ///
@@ -230,18 +233,21 @@ impl Client {
         self.inner.pool.close().await;
     }
 
-    /// The wake-up shared by every waiter in this process for lock `name` of this table.
-    fn releases(&self, name: &str) -> Arc<Notify> {
-        static WAITERS: OnceLock<StdMutex<HashMap<String, Weak<Notify>>>> = OnceLock::new();
+    /// This process's queue for lock `name` of this table, shared by every client of the same
+    /// database file: local acquires take it in turn (FIFO), so a holder that releases and asks
+    /// again queues behind the others instead of winning the row back at once, and only the
+    /// queue's head asks the database.
+    fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        static GATES: OnceLock<StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = OnceLock::new();
         let key = format!("{}\0{}\0{name}", self.inner.url.path.display(), self.inner.url.table);
-        let mut map = WAITERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get(&key).and_then(Weak::upgrade) {
-            return n;
+        let mut map = GATES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = map.get(&key).and_then(Weak::upgrade) {
+            return g;
         }
         map.retain(|_, w| w.strong_count() > 0);
-        let n = Arc::new(Notify::new());
-        map.insert(key, Arc::downgrade(&n));
-        n
+        let g = Arc::new(tokio::sync::Mutex::new(()));
+        map.insert(key, Arc::downgrade(&g));
+        g
     }
 }
 

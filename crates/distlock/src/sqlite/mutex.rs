@@ -6,6 +6,7 @@ use crate::lease::{Lease, Renewal};
 use crate::{LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 /// A lock on one row of the lease table. Not reentrant: a second acquire waits like anyone's.
@@ -54,7 +55,8 @@ pub struct LeaseView {
     pub held: bool,
 }
 
-/// Polling bounds while waiting (a release in this process wakes waiters at once).
+/// Polling bounds while waiting for another process's holder (this process's acquires queue in
+/// a local FIFO first, and the next one asks as soon as the previous holder's release is done).
 const FIRST_RETRY: Duration = Duration::from_millis(2);
 const MAX_RETRY: Duration = Duration::from_millis(50);
 
@@ -91,18 +93,29 @@ impl Mutex {
     async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
         let holder = format!("{host}:{}:{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let releases = self.client.releases(&self.name);
+        // This process's queue first: held until our release has reached the database.
+        let gate = self.client.gate(&self.name);
+        let gate = match wait {
+            Wait::Never => match gate.try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => return Ok(None),
+            },
+            Wait::Until(d) => match tokio::time::timeout_at(d, gate.lock_owned()).await {
+                Ok(g) => g,
+                Err(_) => return Ok(None),
+            },
+            Wait::Forever => gate.lock_owned().await,
+        };
+        // Only another process can hold the row now: ask again at growing intervals.
         let mut retry = FIRST_RETRY;
         loop {
-            let woken = releases.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
             let sent = Instant::now();
             if let Some((token, until_ms)) = self.try_once(&holder).await? {
                 // The lease runs from when the statement ran (it may have waited for SQLite's
                 // file lock), which the row's lock_until tells; never from before it was sent.
                 let confirmed = lease_start(sent, until_ms, self.client.lease());
-                return Ok(Some(MutexGuard::new(self.client.clone(), self.name.clone(), holder, token, confirmed)));
+                let (client, name) = (self.client.clone(), self.name.clone());
+                return Ok(Some(MutexGuard::new(client, name, holder, token, confirmed, gate)));
             }
             let now = Instant::now();
             let until = match wait {
@@ -111,10 +124,8 @@ impl Mutex {
                 Wait::Until(d) => d.min(now + retry),
                 Wait::Forever => now + retry,
             };
-            tokio::select! {
-                _ = woken => retry = FIRST_RETRY,
-                _ = tokio::time::sleep_until(until) => retry = (retry * 2).min(MAX_RETRY),
-            }
+            tokio::time::sleep_until(until).await;
+            retry = (retry * 2).min(MAX_RETRY);
         }
     }
 
@@ -177,13 +188,33 @@ struct Hold {
     token: u64,
     lease: Arc<Lease>,
     watchdog: tokio::task::JoinHandle<()>,
+    /// This process's queue for the lock: the next local acquire goes once our release is done,
+    /// or at once when the lease is lost (the watchdog opens it then).
+    gate: Gate,
+}
+
+/// A hold's place at the head of this process's queue, opened by whoever comes first: the
+/// release (after the database has it) or the watchdog (at a loss).
+type Gate = Arc<std::sync::Mutex<Option<OwnedMutexGuard<()>>>>;
+
+fn open(gate: &Gate) {
+    drop(gate.lock().unwrap_or_else(|e| e.into_inner()).take());
 }
 
 impl MutexGuard {
-    fn new(client: Client, name: String, holder: String, token: u64, sent: Instant) -> MutexGuard {
+    fn new(
+        client: Client,
+        name: String,
+        holder: String,
+        token: u64,
+        sent: Instant,
+        gate: OwnedMutexGuard<()>,
+    ) -> MutexGuard {
         let lease = Arc::new(Lease::new(sent, client.lease()));
-        let watchdog = tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone()));
-        MutexGuard { hold: Some(Hold { client, name, holder, token, lease, watchdog }) }
+        let gate = Arc::new(std::sync::Mutex::new(Some(gate)));
+        let watchdog =
+            tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone(), gate.clone()));
+        MutexGuard { hold: Some(Hold { client, name, holder, token, lease, watchdog, gate }) }
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -200,17 +231,19 @@ impl MutexGuard {
 
     /// Ends the lease now; [`Error::LockLost`](crate::Error::LockLost) if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
-        let Hold { client, name, holder, lease, watchdog, .. } =
+        let Hold { client, name, holder, lease, watchdog, gate, .. } =
             self.hold.take().expect("a guard holds until released");
         watchdog.abort();
         let before = lease.state(&name);
-        lease.release(before, name.clone(), release(client, name, holder), LostReason::KeyDeleted).await
+        let released = lease.release(before, name.clone(), release(client, name, holder), LostReason::KeyDeleted).await;
+        open(&gate);
+        released
     }
 }
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, name, holder, lease, watchdog, .. }) = self.hold.take() else { return };
+        let Some(Hold { client, name, holder, lease, watchdog, gate, .. }) = self.hold.take() else { return };
         watchdog.abort();
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -218,12 +251,13 @@ impl Drop for MutexGuard {
                 if let Err(e) = release(client, name.clone(), holder).await {
                     tracing::warn!(lock = name, error = %e, "release on drop failed; the lease runs out instead");
                 }
+                open(&gate);
             });
         }
     }
 }
 
-/// Ends our lease on the row; true if it was still ours. Wakes this process's waiters.
+/// Ends our lease on the row; true if it was still ours.
 async fn release(client: Client, name: String, holder: String) -> Result<bool> {
     let inner = &client.inner;
     let done = sqlx::query(&inner.sql.release)
@@ -232,13 +266,12 @@ async fn release(client: Client, name: String, holder: String) -> Result<bool> {
         .execute(&inner.pool)
         .await
         .map_err(|e| backend("release", &name, e))?;
-    client.releases(&name).notify_waiters();
     Ok(done.rows_affected() == 1)
 }
 
 /// Extends the lease every third of it (see [`Lease::keep`]); an extension that finds the row no
 /// longer ours (expired and taken, or released by someone else) is a loss.
-async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease>) {
+async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease>, gate: Gate) {
     let inner = &client.inner;
     lease
         .keep(&name, client.lease() / 3, || async {
@@ -252,5 +285,7 @@ async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease
                 }
             }
         })
-        .await
+        .await;
+    // Lost: the next local acquire need not wait for our release.
+    open(&gate);
 }
