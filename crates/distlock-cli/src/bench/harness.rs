@@ -228,12 +228,34 @@ pub(crate) fn plot_lines(
 /// the backend's floor pair, so that both see the same server weather: the `uncontended` report.
 pub(crate) async fn interleaved<F, Fut>(
     lock: &distlock::Lock,
+    floor_pair: F,
+    duration: Duration,
+    extra: Vec<(String, String)>,
+    progress: &Progress,
+) -> anyhow::Result<Report>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let cycle = || async {
+        lock.lock().await?.release().await?;
+        Ok(())
+    };
+    interleaved_cycle("uncontended", cycle, floor_pair, duration, extra, progress).await
+}
+
+/// [`interleaved`] for any acquire+release `cycle` (a peer's, say), reported as `workload`.
+pub(crate) async fn interleaved_cycle<C, CFut, F, Fut>(
+    workload: &str,
+    mut cycle: C,
     mut floor_pair: F,
     duration: Duration,
     extra: Vec<(String, String)>,
     progress: &Progress,
 ) -> anyhow::Result<Report>
 where
+    C: FnMut() -> CFut,
+    CFut: std::future::Future<Output = anyhow::Result<()>>,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
@@ -254,7 +276,7 @@ where
         let writes_before = wire_writes();
         while began.elapsed() < slice {
             let t = std::time::Instant::now();
-            lock.lock().await?.release().await?;
+            cycle().await?;
             samples.push(t.elapsed().as_micros() as u64);
             ours += 1;
         }
@@ -262,13 +284,13 @@ where
         if let (Some(w), Some(after), Some(before)) = (wire.as_mut(), wire_writes(), writes_before) {
             *w += after - before;
         }
-        progress.show("uncontended", ours, start.elapsed());
+        progress.show(workload, ours, start.elapsed());
     }
     let mut extra = extra;
     extra.extend(wire_extra("cycle", wire, ours));
     extra.push(("limit".into(), format!("floor sequential, interleaved in {slice:?} slices")));
     let (ops, limit) = (ours as f64 / ours_time.as_secs_f64(), floor as f64 / floor_time.as_secs_f64());
-    Ok(report("uncontended", ops, limit, extra).with_latencies(samples))
+    Ok(report(workload, ops, limit, extra).with_latencies(samples))
 }
 
 /// `clients` clients of `url` (each its own connection) take and release lock `name` for

@@ -1,9 +1,13 @@
 //! `distlock bench` on a `postgres://` backend: the server's own floor (`pg_advisory_lock` +
 //! `pg_advisory_unlock` pairs on one connection, one at a time and many in flight), the
-//! uncontended lock interleaved with that floor, and contended hand-offs between clients.
+//! uncontended lock interleaved with that floor, and contended hand-offs between clients; beside
+//! them the peer, the Rust port of DistributedLock (`distributed-lock-postgres`), measured alike.
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
+use super::harness::{
+    check_workloads, contended_on, emit, interleaved, interleaved_cycle, report, Progress, Report, Run,
+};
 use distlock::postgres::Client;
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
 
@@ -41,7 +45,8 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                     .mutex(&format!("distlock-bench:{base:x}:uncontended"))?;
                 let pair = || async { Ok(pair(&floor_conn, base).await?) };
                 let extra = vec![("cycle".into(), "acquire (lock + fencing nextval) + release".into())];
-                vec![interleaved(&lock, pair, duration, extra, progress).await?]
+                let ours = interleaved(&lock, pair, duration, extra, progress).await?;
+                vec![ours, peer_uncontended(url, &floor_conn, base, duration, progress).await?]
             }
             "contended" => {
                 let name = format!("distlock-bench:{base:x}:contended");
@@ -52,6 +57,30 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
         emit(r, json, progress, &mut reports)?;
     }
     Ok(reports)
+}
+
+/// The peer's uncontended cycle (`acquire` + `release` of a DistributedLock lock on a name of its
+/// own), interleaved with the same floor.
+async fn peer_uncontended(
+    url: &str,
+    floor_conn: &Floor,
+    base: i64,
+    duration: Duration,
+    progress: &Progress,
+) -> anyhow::Result<Report> {
+    let provider =
+        distributed_lock_postgres::PostgresLockProvider::new(url.split('?').next().unwrap_or(url).to_string())
+            .await
+            .map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;
+    let lock = provider.create_lock(&format!("distlock-bench:{base:x}:peer"));
+    let cycle = || async {
+        let handle = lock.acquire(None).await.map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;
+        handle.release().await.map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;
+        Ok(())
+    };
+    let pair = || async { Ok(pair(floor_conn, base).await?) };
+    let extra = vec![("peer".into(), "distributed-lock-postgres 0.2 (DistributedLock's Rust port)".into())];
+    interleaved_cycle("uncontended-peer", cycle, pair, duration, extra, progress).await
 }
 
 /// The floor's connection and its two statements, prepared once (as the lock prepares its own
