@@ -83,12 +83,32 @@ fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
     let lines: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let get = |name: &str| lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name}")).clone();
-    for w in ["floor-sequential", "floor-pipelined", "uncontended", "contended"] {
+    for w in ["floor-sequential", "floor-pipelined", "uncontended", "uncontended-peer", "contended"] {
         assert!(get(w)["ops_per_sec"].as_f64().unwrap() > 0.0, "{w}");
     }
     assert!(get("uncontended")["limit_ops_per_sec"].as_f64().unwrap() > 0.0);
     let extra: Vec<(String, String)> = serde_json::from_value(get("contended")["extra"].clone()).unwrap();
     assert!(extra.iter().any(|(k, _)| k == "min_over_max"), "{extra:?}");
+}
+
+/// Through the `--rtt` proxy, bench counts the client's writes on the wire: an uncontended cycle
+/// is one statement to acquire (the lock and its token together) and one to release.
+#[test]
+fn bench_counts_two_writes_per_uncontended_cycle_on_the_wire() {
+    let out = distlock(&["bench", "--duration", "300ms", "--rtt", "0ms", "--json", "uncontended"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ours = lines.iter().find(|l| l["workload"] == "uncontended").expect("the uncontended report");
+    let extra: Vec<(String, String)> = serde_json::from_value(ours["extra"].clone()).unwrap();
+    let writes: f64 = extra
+        .iter()
+        .find(|(k, _)| k == "wire_writes_per_cycle")
+        .unwrap_or_else(|| panic!("no wire count in {extra:?}"))
+        .1
+        .parse()
+        .unwrap();
+    assert!((2.0..2.05).contains(&writes), "client writes per cycle: {writes}");
 }
 
 /// A killed holder (SIGKILL of exec and its command): its connection closes with the process, and
