@@ -11,7 +11,7 @@ use distlock::etcd::etcd_client::{
 use std::time::{Duration, Instant};
 
 /// The workloads measured on etcd.
-pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
+pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "scaling"];
 
 /// Cycles in flight at once for the pipelined floor.
 const IN_FLIGHT: u32 = 8;
@@ -38,7 +38,7 @@ async fn measure(
     base: &str,
     run: Run<'_>,
 ) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress } = run;
+    let Run { url, workloads, duration, clients, json, progress, plot } = run;
     let floor_key = format!("{base}/floor");
     let sequential = floor(&etcd, lease, &floor_key, 1, duration, progress).await?;
     let mut reports = Vec::new();
@@ -62,6 +62,10 @@ async fn measure(
                 let lock = client.mutex(&format!("{base}/uncontended"))?;
                 let pair = || pair(etcd.clone(), lease, floor_key.clone());
                 vec![interleaved(&lock, pair, duration, vec![("pair".into(), PAIR.into())], progress).await?]
+            }
+            "scaling" => {
+                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                super::harness::scaling_on(&this, &format!("{base}/scaling"), sequential).await?
             }
             "contended" => {
                 vec![contended_on(url, &format!("{base}/contended"), clients, duration, sequential, progress).await?]

@@ -48,7 +48,7 @@ pub struct BenchArgs {
     pub(super) curator: bool,
     /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic (default: all the
     /// backend has).
-    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic"])]
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling"])]
     pub(super) workloads: Vec<String>,
 }
 
@@ -419,6 +419,8 @@ pub(crate) struct Run<'a> {
     pub(crate) clients: u32,
     pub(crate) json: bool,
     pub(crate) progress: &'a Progress,
+    /// Where `scaling` writes its plots (`--plot`).
+    pub(crate) plot: Option<&'a std::path::Path>,
 }
 
 /// What every workload of one backend's run works with: the server's URL, the run's own key
@@ -438,3 +440,94 @@ impl<L> Clone for Bench<'_, L> {
 }
 
 impl<L> Copy for Bench<'_, L> {}
+
+/// Lock names held at once, each by its own task through one client, for `scaling`.
+pub(crate) const SCALING_NAMES: [u32; 4] = [1, 10, 100, 1000];
+/// Clients contending for one lock, for `scaling`.
+pub(crate) const SCALING_CLIENTS: [u32; 3] = [2, 8, 32];
+
+/// How the cost grows with the work, on any backend of the one contract: uncontended cycles/s
+/// and p99 with 1, 10, 100 and 1,000 distinct names held at once (a task per name, one client),
+/// and contended hand-offs/s with 2, 8 and 32 clients on one name; each point runs `duration`.
+/// Ratios are against `floor` (the backend's sequential floor pair). With `plot`, two SVGs.
+pub(crate) async fn scaling_on(run: &Run<'_>, base: &str, floor: f64) -> anyhow::Result<Vec<Report>> {
+    let (url, duration, progress) = (run.url, run.duration, run.progress);
+    let client = distlock::connect(url).await?;
+    let mut reports = Vec::new();
+    let (mut names_ops, mut names_p99) = (Vec::new(), Vec::new());
+    for n in SCALING_NAMES {
+        let start = std::time::Instant::now();
+        let until = start + duration;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let lock = client.mutex(&format!("{base}-n{n}-{i}"))?;
+            tasks.spawn(async move {
+                let mut samples = Vec::new();
+                while std::time::Instant::now() < until {
+                    let t = std::time::Instant::now();
+                    lock.lock().await?.release().await?;
+                    samples.push(t.elapsed().as_micros() as u64);
+                }
+                Ok::<_, anyhow::Error>(samples)
+            });
+        }
+        let (mut samples, mut failed) = (Vec::new(), None);
+        while let Some(t) = tasks.join_next().await {
+            match t? {
+                Ok(s) => samples.extend(s),
+                // A point the server cannot carry (e.g. more connections than it allows, on a
+                // backend whose held lock owns its connection) is reported, not fatal.
+                Err(e) => failed = failed.or(Some(format!("{e:#}"))),
+            }
+        }
+        let ops = samples.len() as f64 / start.elapsed().as_secs_f64();
+        progress.show("scaling", samples.len() as u64, start.elapsed());
+        let mut extra = vec![("names".into(), n.to_string())];
+        extra.extend(failed.map(|e| ("error".into(), e)));
+        let r = report(&format!("scaling-names-{n}"), ops, floor, extra).with_latencies(samples);
+        names_ops.push(((n as f64).log10(), ops));
+        names_p99.push(((n as f64).log10(), r.p99_us as f64));
+        reports.push(r);
+    }
+    let mut clients_ops = Vec::new();
+    for c in SCALING_CLIENTS {
+        let mut r = contended_on(url, &format!("{base}-c{c}"), c, duration, floor, progress).await?;
+        r.workload = format!("scaling-clients-{c}");
+        clients_ops.push((c as f64, r.ops_per_sec));
+        reports.push(r);
+    }
+    client.close(Duration::from_secs(2)).await;
+    if let Some(dir) = run.plot {
+        let names = dir.join("scaling-names.svg");
+        plot_lines(
+            &names,
+            "Uncontended cycles/s with N names held at once",
+            "log10(names)",
+            "cycles/s",
+            &[("cycles/s", names_ops)],
+            (floor, "floor pair, sequential"),
+        )?;
+        let p99 = dir.join("scaling-names-p99.svg");
+        plot_lines(
+            &p99,
+            "Uncontended cycle p99 with N names held at once",
+            "log10(names)",
+            "µs",
+            &[("p99", names_p99)],
+            (0.0, ""),
+        )?;
+        let clients = dir.join("scaling-clients.svg");
+        plot_lines(
+            &clients,
+            "Contended hand-offs/s against clients",
+            "clients",
+            "hand-offs/s",
+            &[("hand-offs/s", clients_ops)],
+            (floor, "floor pair, sequential"),
+        )?;
+        reports[0]
+            .extra
+            .push(("plot".into(), format!("{}, {}, {}", names.display(), p99.display(), clients.display())));
+    }
+    Ok(reports)
+}

@@ -31,7 +31,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     // The workloads asked for, or the backend's own list.
     let chosen = |defaults: &[&str]| -> Vec<String> {
         if args.workloads.is_empty() {
-            defaults.iter().map(|w| w.to_string()).collect()
+            // `scaling` runs many points: only when asked for.
+            defaults.iter().filter(|w| **w != "scaling").map(|w| w.to_string()).collect()
         } else {
             args.workloads.clone()
         }
@@ -59,18 +60,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         Some(redis::run(backend, &chosen(&redis::WORKLOADS), &settings, &progress).await?)
     } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
         let workloads = chosen(&sql::WORKLOADS);
-        Some(sql::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress }).await?)
+        Some(
+            sql::run(Run {
+                url: backend,
+                workloads: &workloads,
+                duration,
+                clients,
+                json,
+                progress: &progress,
+                plot: args.plot.as_deref(),
+            })
+            .await?,
+        )
     } else if backend.starts_with("etcd://") {
         let workloads = chosen(&etcd::WORKLOADS);
         Some(
-            etcd::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress })
-                .await?,
+            etcd::run(Run {
+                url: backend,
+                workloads: &workloads,
+                duration,
+                clients,
+                json,
+                progress: &progress,
+                plot: args.plot.as_deref(),
+            })
+            .await?,
         )
     } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         let workloads = chosen(&postgres::WORKLOADS);
         Some(
-            postgres::run(Run { url: backend, workloads: &workloads, duration, clients, json, progress: &progress })
-                .await?,
+            postgres::run(Run {
+                url: backend,
+                workloads: &workloads,
+                duration,
+                clients,
+                json,
+                progress: &progress,
+                plot: args.plot.as_deref(),
+            })
+            .await?,
         )
     } else {
         None

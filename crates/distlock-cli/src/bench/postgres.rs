@@ -12,14 +12,14 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
 
 /// The workloads measured on PostgreSQL.
-pub const WORKLOADS: [&str; 3] = ["raw", "uncontended", "contended"];
+pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "scaling"];
 
 /// Pairs in flight for the pipelined floor.
 const WINDOW: i64 = 64;
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
 pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress } = run;
+    let Run { url, workloads, duration, clients, json, progress, plot } = run;
     check_workloads("PostgreSQL", workloads, &WORKLOADS)?;
     let (floor_conn, connection) =
         tokio_postgres::connect(url.split('?').next().unwrap_or(url), tokio_postgres::NoTls).await?;
@@ -47,6 +47,10 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                 let extra = vec![("cycle".into(), "acquire (lock + fencing nextval) + release".into())];
                 let ours = interleaved(&lock, pair, duration, extra, progress).await?;
                 vec![ours, peer_uncontended(url, &floor_conn, base, duration, progress).await?]
+            }
+            "scaling" => {
+                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                super::harness::scaling_on(&this, &format!("distlock-bench:{base:x}:scaling"), sequential).await?
             }
             "contended" => {
                 let name = format!("distlock-bench:{base:x}:contended");

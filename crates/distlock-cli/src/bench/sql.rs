@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The workloads measured on MariaDB and SQLite.
-pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "optimistic"];
+pub const WORKLOADS: [&str; 5] = ["raw", "uncontended", "contended", "optimistic", "scaling"];
 
 /// A plain pool on the same database, for the floor and the optimistic workload.
 #[derive(Clone)]
@@ -75,7 +75,7 @@ impl Db {
 /// Runs `workloads` against `url` (a `mysql://` or `sqlite://` URL) with `clients` contending
 /// clients for `duration` each.
 pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress } = run;
+    let Run { url, workloads, duration, clients, json, progress, plot } = run;
     check_workloads("MariaDB and SQLite", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let conns = clients.max(1) + 1;
@@ -106,6 +106,10 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                 let pair = || db.pair(&floor_name);
                 let extra = vec![("pair".into(), floor_pair(&db).into())];
                 vec![interleaved(&lock, pair, duration, extra, progress).await?]
+            }
+            "scaling" => {
+                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                super::harness::scaling_on(&this, &format!("{base}:scaling"), floor).await?
             }
             "contended" => {
                 vec![contended_on(url, &format!("{base}:contended"), clients, duration, floor, progress).await?]
