@@ -56,3 +56,39 @@ fn a_paused_holder_is_kept_out_by_its_fencing_token() {
     common::a_paused_holder_is_kept_out_by_its_fencing_token(&b, "job");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `bench scaling` measures every point of the growth (1 to 1,000 names held at once, 2 to 32
+/// clients) and writes its three plots.
+#[test]
+fn bench_scaling_measures_every_point_and_plots() {
+    let (b, dir) = backend("");
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots).unwrap();
+    let out = distlock(&b, &["bench", "--duration", "100ms", "--json", "--plot", plots.to_str().unwrap(), "scaling"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["workload"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "scaling-names-1",
+            "scaling-names-10",
+            "scaling-names-100",
+            "scaling-names-1000",
+            "scaling-clients-2",
+            "scaling-clients-8",
+            "scaling-clients-32"
+        ]
+    );
+    for l in &lines {
+        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    for svg in ["scaling-names.svg", "scaling-names-p99.svg", "scaling-clients.svg"] {
+        let text = std::fs::read_to_string(plots.join(svg)).unwrap();
+        assert!(text.starts_with("<svg") || text.contains("<svg"), "{svg}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
