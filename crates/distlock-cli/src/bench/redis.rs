@@ -9,7 +9,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use std::time::{Duration, Instant};
 
 /// The workloads measured on Redis.
-pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "many-locks"];
+pub const WORKLOADS: [&str; 5] = ["raw", "uncontended", "contended", "many-locks", "scaling"];
 
 /// Pairs per second, one at a time and 256 in flight, of each floor.
 struct Limits {
@@ -81,6 +81,11 @@ async fn measure(
             "uncontended" => uncontended(bench, plot.as_deref()).await?,
             "contended" => contended(bench, clients, plot.as_deref()).await?,
             "many-locks" => vec![many_locks(bench, locks, tasks).await?],
+            "scaling" => {
+                let run =
+                    super::harness::Run { url, workloads, duration, clients, json, progress, plot: plot.as_deref() };
+                super::harness::scaling_on(&run, &format!("{prefix}:scaling"), limits.redisson).await?
+            }
             _ => unreachable!("checked above"),
         };
         emit(r, json, progress, &mut reports)?;

@@ -42,7 +42,7 @@ pub(super) async fn run(
     if args.plot.is_some() {
         let mut unplotted: Vec<&str> = Vec::new();
         for w in workloads.iter().map(String::as_str) {
-            if !PLOTTED.contains(&w) && !unplotted.contains(&w) {
+            if !PLOTTED.contains(&w) && w != "scaling" && !unplotted.contains(&w) {
                 unplotted.push(w);
             }
         }
@@ -215,6 +215,18 @@ async fn measure(
             }
             "waiters" => vec![waiters(bench, args.count).await?],
             "herd" => herd(bench, args.clients).await?,
+            "scaling" => {
+                let run = super::harness::Run {
+                    url: &url,
+                    workloads: &[],
+                    duration: args.duration,
+                    clients: args.clients,
+                    json: args.json,
+                    progress,
+                    plot: args.plot.as_deref(),
+                };
+                super::harness::scaling_on(&run, &format!("{prefix}/scaling"), limits.sequential).await?
+            }
             _ => unreachable!("clap checked the workload"),
         };
         progress.clear();
