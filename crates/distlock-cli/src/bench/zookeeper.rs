@@ -217,7 +217,7 @@ async fn measure(
             "herd" => herd(bench, args.clients).await?,
             "scaling" => {
                 let run = super::harness::Run {
-                    url: &url,
+                    url,
                     workloads: &[],
                     duration: args.duration,
                     clients: args.clients,
