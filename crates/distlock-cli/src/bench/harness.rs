@@ -46,8 +46,8 @@ pub struct BenchArgs {
     /// (and proxy). Needs Java 17 and Debian's Curator jars (libcurator-recipes-java).
     #[arg(long)]
     pub(super) curator: bool,
-    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic (default: all the
-    /// backend has).
+    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic, scaling
+    /// (default: all the backend has but scaling, which runs only when asked for).
     #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling"])]
     pub(super) workloads: Vec<String>,
 }
