@@ -142,7 +142,8 @@ pub fn a_killed_holder_frees_the_lock(backend: &str, lock: &str, lease: Duration
 /// The server ends the holder's session (PostgreSQL's `pg_terminate_backend`, MariaDB's `KILL`)
 /// while another exec waits: the server frees the lock at that moment and the waiter's command
 /// starts, so the holder's command (which ignores SIGTERM) must be stopped at once, whatever
-/// `--grace` says (it used to run on for the whole grace: 5 s of two commands at once). `queued`
+/// `--grace` says (it used to run on for the whole grace: 5 s of two commands at once). Nothing
+/// can stop it before the server hands the lock on (the fencing token is the guard for that). `queued`
 /// tells when the waiter waits on the server; `end_session` ends the holder's session.
 pub fn a_holder_whose_session_the_server_ended_stops_at_once(
     backend: &str,
@@ -184,14 +185,22 @@ pub fn a_holder_whose_session_the_server_ended_stops_at_once(
     let waited = waiter.wait_with_output().unwrap();
     assert!(waited.status.success());
     let next: u128 = String::from_utf8(waited.stdout).unwrap().trim().parse().unwrap();
+    // The server hands the lock on the moment it ends the session, before any client can know:
+    // the holder's exec learns it from its connection closing, as the waiter learns its grant, and
+    // the two race by a few ms. What exec promises is to stop its command at once (no grace):
+    // its command's last line comes at most `AT_ONCE` after the next holder's first (the grace,
+    // which exec used to wait out, is 10 s here).
+    const AT_ONCE: Duration = Duration::from_millis(200);
+    let overlap = last.saturating_sub(next);
     assert!(
-        last < next,
+        overlap < AT_ONCE.as_nanos(),
         "the holder's command ran {:.1} ms after the next holder's started (exec exited {took:?} after the session ended): {stderr}",
-        (last - next) as f64 / 1e6
+        overlap as f64 / 1e6
     );
     println!(
-        "exec exited {took:?} after its session ended; its command's last line came {:.1} ms before the next holder's first",
-        (next - last) as f64 / 1e6
+        "exec exited {took:?} after its session ended; its command's last line came {:.1} ms {} the next holder's first",
+        (next.abs_diff(last)) as f64 / 1e6,
+        if last < next { "before" } else { "after" }
     );
 }
 

@@ -86,6 +86,9 @@ struct Inner {
     url: SqliteUrl,
     pool: SqlitePool,
     sql: Statements,
+    /// The database file itself, however its path was written (relative, through a link): the
+    /// key of this process's queues.
+    file: std::path::PathBuf,
 }
 
 /// The table's statements, with its name in them.
@@ -202,7 +205,8 @@ impl Client {
             .await
             .map_err(|_| failed(format!("opening took longer than connect_timeout ({:?})", url.connect_timeout)))??;
         let sql = Statements::new(t);
-        Ok(Client { inner: Arc::new(Inner { url, pool, sql }) })
+        let file = std::fs::canonicalize(&url.path).unwrap_or_else(|_| url.path.clone());
+        Ok(Client { inner: Arc::new(Inner { url, pool, sql, file }) })
     }
 
     /// The URL this client opened.
@@ -239,7 +243,7 @@ impl Client {
     /// queue's head asks the database.
     fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         static GATES: OnceLock<StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = OnceLock::new();
-        let key = format!("{}\0{}\0{name}", self.inner.url.path.display(), self.inner.url.table);
+        let key = format!("{}\0{}\0{name}", self.inner.file.display(), self.inner.url.table);
         let mut map = GATES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
         if let Some(g) = map.get(&key).and_then(Weak::upgrade) {
             return g;

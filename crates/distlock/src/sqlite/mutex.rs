@@ -234,10 +234,15 @@ impl MutexGuard {
         let Hold { client, name, holder, lease, watchdog, gate, .. } =
             self.hold.take().expect("a guard holds until released");
         watchdog.abort();
-        let before = lease.state(&name);
-        let released = lease.release(before, name.clone(), release(client, name, holder), LostReason::KeyDeleted).await;
-        open(&gate);
-        released
+        let (before, lock) = (lease.state(&name), name.clone());
+        // The queue opens once the release has reached the file, also when nobody waits for it
+        // any more (the release then finishes on its own); at once if it is not sent (lost).
+        let unlock = async move {
+            let released = release(client, name, holder).await;
+            open(&gate);
+            released
+        };
+        lease.release(before, lock, unlock, LostReason::KeyDeleted).await
     }
 }
 
