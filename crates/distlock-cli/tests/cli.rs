@@ -1,5 +1,7 @@
 //! `distlock exec` and `distlock inspect` end to end, against the ZooKeeper from scripts/test.sh.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -405,9 +407,7 @@ fn bench_reports_every_workload_against_its_limit() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = common::json_lines(&out);
     let names: Vec<&str> = lines.iter().map(|l| l["workload"].as_str().unwrap()).collect();
     for want in [
         "raw-sequential",

@@ -79,9 +79,7 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
 #[test]
 fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
     let out = distlock(&["bench", "--duration", "200ms", "--clients", "2", "--json"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = common::json_lines(&out);
     let get = |name: &str| lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name}")).clone();
     for w in ["floor-sequential", "floor-pipelined", "uncontended", "uncontended-peer", "contended"] {
         assert!(get(w)["ops_per_sec"].as_f64().unwrap() > 0.0, "{w}");
@@ -96,9 +94,7 @@ fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
 #[test]
 fn bench_counts_two_writes_per_uncontended_cycle_on_the_wire() {
     let out = distlock(&["bench", "--duration", "300ms", "--rtt", "0ms", "--json", "uncontended"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = common::json_lines(&out);
     let ours = lines.iter().find(|l| l["workload"] == "uncontended").expect("the uncontended report");
     let extra: Vec<(String, String)> = serde_json::from_value(ours["extra"].clone()).unwrap();
     let writes: f64 = extra

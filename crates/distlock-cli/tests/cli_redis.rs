@@ -145,9 +145,7 @@ fn bench_on_redis_measures_every_floor_and_leaves_nothing() {
     )
     .output()
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = common::json_lines(&out);
     let workload = |name: &str| {
         lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name} in {lines:?}")).clone()
     };

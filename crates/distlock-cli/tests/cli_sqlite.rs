@@ -67,9 +67,7 @@ fn bench_scaling_measures_every_point_and_plots() {
     let out = distlock(&b, &["bench", "--duration", "100ms", "--json", "--plot", plots.to_str().unwrap(), "scaling"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = common::json_lines(&out);
     let names: Vec<&str> = lines.iter().map(|l| l["workload"].as_str().unwrap()).collect();
     assert_eq!(
         names,

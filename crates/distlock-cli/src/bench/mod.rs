@@ -54,52 +54,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         }
         _ => backend,
     };
+    // What the backends on the shared harness are asked to do.
+    let run = |workloads| Run {
+        url: backend,
+        workloads,
+        duration,
+        clients,
+        json,
+        progress: &progress,
+        plot: args.plot.as_deref(),
+    };
     let reports = if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
         let settings =
             redis::Settings { duration, clients, locks: args.locks, tasks: args.tasks, json, plot: args.plot.clone() };
         Some(redis::run(backend, &chosen(&redis::WORKLOADS), &settings, &progress).await?)
     } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
         let workloads = chosen(&sql::WORKLOADS);
-        Some(
-            sql::run(Run {
-                url: backend,
-                workloads: &workloads,
-                duration,
-                clients,
-                json,
-                progress: &progress,
-                plot: args.plot.as_deref(),
-            })
-            .await?,
-        )
+        Some(sql::run(run(&workloads)).await?)
     } else if backend.starts_with("etcd://") {
         let workloads = chosen(&etcd::WORKLOADS);
-        Some(
-            etcd::run(Run {
-                url: backend,
-                workloads: &workloads,
-                duration,
-                clients,
-                json,
-                progress: &progress,
-                plot: args.plot.as_deref(),
-            })
-            .await?,
-        )
+        Some(etcd::run(run(&workloads)).await?)
     } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         let workloads = chosen(&postgres::WORKLOADS);
-        Some(
-            postgres::run(Run {
-                url: backend,
-                workloads: &workloads,
-                duration,
-                clients,
-                json,
-                progress: &progress,
-                plot: args.plot.as_deref(),
-            })
-            .await?,
-        )
+        Some(postgres::run(run(&workloads)).await?)
     } else {
         None
     };

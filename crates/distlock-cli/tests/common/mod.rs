@@ -9,6 +9,12 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
+/// The JSON lines a `bench --json` run printed, after checking it succeeded.
+pub fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 /// `distlock ARGS` on `backend`.
 pub fn distlock(backend: &str, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
