@@ -473,6 +473,55 @@ async fn own_node_deleted_while_waiting_is_never_a_grant() {
     granted.release().await.unwrap();
 }
 
+/// A waiter deep in the queue (deeper than the waiters that also watch the node ahead of their
+/// predecessor) watches only its predecessor, not its own node. If its node is deleted while it
+/// waits, it finds out at its next listing and queues again: it is granted with a node that
+/// exists, never two hold at once, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_waiter_whose_node_is_deleted_queues_again() {
+    const AHEAD: usize = 20; // waiters queued before the deep one
+    let path = unique_path("deep-deleted");
+    let a = connect().await;
+    let held = a.mutex(&path).unwrap().lock().await.unwrap();
+    let waiters = connect().await;
+    let holding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hold = |lock: distlock::zookeeper::Mutex, holding: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+        let g = lock.lock().await.unwrap();
+        assert!(!holding.swap(true, std::sync::atomic::Ordering::SeqCst), "two hold {}", lock.path());
+        tokio::task::yield_now().await;
+        holding.store(false, std::sync::atomic::Ordering::SeqCst);
+        g
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..AHEAD {
+        let (lock, holding) = (waiters.mutex(&path).unwrap(), holding.clone());
+        tasks.spawn(async move { hold(lock, holding).await.release().await.unwrap() });
+    }
+    wait_children(&a, &path, BOUND, "the waiters to queue", |c| c.len() == AHEAD + 1).await;
+    let deep = {
+        let (lock, holding) = (waiters.mutex(&path).unwrap(), holding.clone());
+        tokio::spawn(async move { hold(lock, holding).await })
+    };
+    wait_children(&a, &path, BOUND, "the deep waiter to queue", |c| c.len() == AHEAD + 2).await;
+    // The deep waiter's node is the newest: the highest sequence number.
+    let deep_node =
+        children(&a, &path).await.into_iter().max_by_key(|c| c.rsplit('-').next().unwrap().to_string()).unwrap();
+    a.zookeeper().delete(&format!("{path}/{deep_node}"), None).await.unwrap();
+    held.release().await.unwrap();
+    tokio::time::timeout(BOUND, async {
+        while let Some(t) = tasks.join_next().await {
+            t.unwrap();
+        }
+    })
+    .await
+    .expect("the waiters ahead were granted in turn");
+    let granted = tokio::time::timeout(BOUND, deep).await.expect("the deep waiter was granted").unwrap();
+    assert!(!granted.node_path().ends_with(&deep_node), "granted on a deleted node");
+    assert!(a.zookeeper().check_stat(granted.node_path()).await.unwrap().is_some(), "our node exists");
+    granted.release().await.unwrap();
+    wait_empty(&a, &path, BOUND).await;
+}
+
 /// A silent partition longer than the session: the holder reports `Lost(LeaseExpired)` at its
 /// lease deadline, before the server expires the session and grants the waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

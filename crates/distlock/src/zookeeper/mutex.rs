@@ -199,7 +199,7 @@ mod size_probe {
             let m = c.mutex("/x").unwrap();
             let f = m.lock_with(None, None);
             println!("lock_with future: {} bytes", size(&f));
-            assert!(size(&f) <= 1200, "lock_with future grew to {} bytes", size(&f));
+            assert!(size(&f) <= 400, "lock_with future grew to {} bytes", size(&f));
             assert!(std::mem::size_of::<super::Mutex>() <= 64);
         });
     }

@@ -99,6 +99,16 @@ impl Queue {
 /// A semaphore's lease nodes.
 const LEASE_MARKERS: &[&str] = &["lease-"];
 
+/// What woke a waiter.
+enum Woken {
+    /// The blocker's deletion granted us the lock.
+    Granted,
+    /// Something changed: list the queue again.
+    Relist,
+    /// The connection failed: wait for it, then list again.
+    Reconnect,
+}
+
 /// A node we created and own in the queue.
 #[derive(Debug, Clone)]
 pub(crate) struct Acquired {
@@ -189,24 +199,66 @@ const CLEANUP_GRACE: Duration = Duration::from_millis(200);
 /// (in a task of its own, so that dropping the caller cannot stop it) if the acquire gives up,
 /// fails or is dropped. Disarmed on success. Keeps the session's lease renewed meanwhile, so a
 /// grant starts with a fresh lease.
+///
+/// One string holds everything a waiter must remember of its node (a long queue keeps one per
+/// waiter): `<dir>/<prefix>` until the node is created, then the node's whole path
+/// `<dir>/<prefix><marker><seq>`. The prefix `_c_<uuid>-` is unique to this acquire.
 pub(crate) struct Pending {
     client: Client,
-    dir: String,
-    pub(crate) prefix: String,
-    pub(crate) path: Option<String>,
+    node: String,
+    dir_len: usize,
+    created: bool,
     armed: bool,
 }
+
+/// Length of a node's unique prefix, `_c_<uuid>-`.
+const PREFIX_LEN: usize = 3 + 36 + 1;
 
 impl Pending {
     pub(crate) fn new(client: &Client, dir: &str) -> Pending {
         client.lease().hold();
-        Pending {
-            client: client.clone(),
-            dir: dir.to_string(),
-            prefix: format!("_c_{}-", uuid::Uuid::new_v4()),
-            path: None,
-            armed: true,
-        }
+        let mut node = String::with_capacity(dir.len() + 1 + PREFIX_LEN + 16);
+        node.push_str(dir);
+        node.push('/');
+        let dir_len = dir.len();
+        let mut pending = Pending { client: client.clone(), node, dir_len, created: false, armed: true };
+        pending.new_prefix();
+        pending
+    }
+
+    /// Takes a fresh unique prefix (queueing again) and forgets any node.
+    pub(crate) fn new_prefix(&mut self) {
+        self.node.truncate(self.dir_len + 1);
+        self.node.push_str(&format!("_c_{}-", uuid::Uuid::new_v4()));
+        debug_assert_eq!(self.node.len(), self.dir_len + 1 + PREFIX_LEN);
+        self.created = false;
+    }
+
+    /// The lock directory.
+    pub(crate) fn dir(&self) -> &str {
+        &self.node[..self.dir_len]
+    }
+
+    /// Our unique prefix, `_c_<uuid>-`.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.node[self.dir_len + 1..self.dir_len + 1 + PREFIX_LEN]
+    }
+
+    /// Our node's path, once it is known to exist.
+    pub(crate) fn path(&self) -> Option<&str> {
+        self.created.then_some(self.node.as_str())
+    }
+
+    /// Our node's name in the directory (meaningful once created).
+    pub(crate) fn name(&self) -> &str {
+        &self.node[self.dir_len + 1..]
+    }
+
+    /// Our node exists, named `<prefix><rest>`.
+    fn created(&mut self, rest: &str) {
+        self.node.truncate(self.dir_len + 1 + PREFIX_LEN);
+        self.node.push_str(rest);
+        self.created = true;
     }
 
     /// Keeps the node: the acquire succeeded.
@@ -220,7 +272,7 @@ impl Pending {
             return None;
         }
         let (client, dir, prefix, path) =
-            (self.client.clone(), self.dir.clone(), self.prefix.clone(), self.path.clone());
+            (self.client.clone(), self.dir().to_string(), self.prefix().to_string(), self.path().map(str::to_string));
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => Some(handle.spawn(async move {
                 let result = remove_own(&client, &dir, &prefix, path.as_deref()).await;
@@ -248,7 +300,7 @@ impl Pending {
             Some(bound) => match tokio::time::timeout_at(bound, task).await {
                 Ok(joined) => joined,
                 Err(_) => {
-                    tracing::debug!(dir = %self.dir, "deadline passed; our node is removed in the background");
+                    tracing::debug!(dir = %self.dir(), "deadline passed; our node is removed in the background");
                     return Ok(());
                 }
             },
@@ -357,7 +409,8 @@ impl Queue {
         match result {
             Ok(Some(acquired)) => {
                 pending.disarm();
-                super::session::renew_if_short(&self.client).await;
+                // Boxed: inline, it would size the acquire future for as long as it waits.
+                Box::pin(super::session::renew_if_short(&self.client)).await;
                 Ok(Some(acquired))
             }
             Ok(None) | Err(_) => {
@@ -382,9 +435,11 @@ impl Queue {
         pending: &mut Pending,
     ) -> Result<Option<Acquired>> {
         let zk = self.client.zk();
-        let metrics = &self.client.inner.metrics;
-        let (mut acquired, mut children) = Box::pin(self.create_and_list(pending)).await?;
-        let mut own_name = acquired.path[self.dir.len() + 1..].to_string();
+        // Our node's path is kept once, in `pending`; of the rest only its creation zxid.
+        let (acquired, mut children) = Box::pin(self.create_and_list(pending)).await?;
+        let mut czxid = acquired.czxid;
+        drop(acquired);
+        let granted = |pending: &Pending, czxid| Ok(Some(Acquired { path: pending.node.clone(), czxid }));
         let mut recreated = 0;
         // Checked once per acquire: whether a semaphore's directories here are in use.
         let mut semaphore_checked = false;
@@ -404,26 +459,25 @@ impl Queue {
             // Children that are not lock nodes (a stray znode) take no part in the queue.
             children.retain(|c| self.markers().iter().any(|m| c.contains(m)));
             sort_children(&mut children, self.markers());
-            let Some(ours) = children.iter().position(|c| *c == own_name) else {
+            let own_name = pending.name();
+            let Some(ours) = children.iter().position(|c| c == own_name) else {
                 // Our node vanished while we waited (deleted by an operator?): queue again.
                 recreated += 1;
                 if recreated > MAX_ATTEMPTS {
                     return Err(Error::LockLost { lock: self.dir.clone(), reason: crate::LostReason::NodeDeleted });
                 }
-                tracing::warn!(node = %acquired.path, "our lock node disappeared while waiting; queueing again");
-                pending.path = None;
-                pending.prefix = format!("_c_{}-", uuid::Uuid::new_v4());
+                tracing::warn!(node = %pending.node, "our lock node disappeared while waiting; queueing again");
+                pending.new_prefix();
                 let (a, c) = Box::pin(self.create_and_list(pending)).await?;
-                acquired = a;
+                czxid = a.czxid;
                 children = c;
-                own_name = acquired.path[self.dir.len() + 1..].to_string();
                 continue;
             };
             let Some(blocker) = policy.blocker(&children, ours) else {
                 if let Some(p) = progress {
                     p.send_replace(QueueStatus { ahead: 0, queue_len: children.len() });
                 }
-                return Ok(Some(acquired));
+                return granted(pending, czxid);
             };
             if let Wait::Never = wait {
                 return Ok(None);
@@ -433,7 +487,7 @@ impl Queue {
             }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
-            let mut grant_on_delete = policy.proceeds_without(&children, ours, blocker);
+            let grant_on_delete = policy.proceeds_without(&children, ours, blocker);
             // If not, watch the node just ahead of the blocker too, when its deletion alone would
             // settle it: then the blocker's deletion grants us the lock without listing again, as
             // a hand-off needs (the listing then comes while the lock is held, off its path).
@@ -452,120 +506,152 @@ impl Queue {
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
             // however long the queue is.
             drop(std::mem::take(&mut children));
-            // Watch the blocker, and (in the same round trip) our own node: a grant on the
-            // blocker's deletion must not be given if our node was deleted first.
-            metrics.sent(2);
-            // A reconnection between here and the blocker's deletion voids the no-re-read grant:
-            // the server then fires re-registered watches in no particular order.
+            let woken =
+                Box::pin(self.watch_and_wait(pending, blocker_path, lookahead, grant_on_delete, queue_len, progress))
+                    .await?;
+            match woken {
+                Woken::Granted => return granted(pending, czxid),
+                Woken::Relist => {}
+                Woken::Reconnect => Box::pin(await_connected(zk)).await?,
+            }
+            children = Box::pin(self.list()).await?;
+        }
+    }
+
+    /// Watches the blocker (and, when its deletion may grant us the lock, our own node, the node
+    /// ahead of it and the connection) and sleeps until something changes. A future of its own,
+    /// boxed by the caller: what a sleeping waiter keeps is only what this needs.
+    #[allow(clippy::too_many_arguments)]
+    async fn watch_and_wait(
+        &self,
+        pending: &Pending,
+        blocker_path: String,
+        lookahead: Option<(String, bool)>,
+        mut grant_on_delete: bool,
+        queue_len: usize,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Woken> {
+        let zk = self.client.zk();
+        let metrics = &self.client.inner.metrics;
+        // Whether the blocker's deletion may grant us the lock without a listing, now or once
+        // the node ahead of it goes. Only then do we watch our own node (a grant on the
+        // blocker's deletion must not be given if our node was deleted first) and the
+        // connection (see below); a waiter deeper in the queue lists again on any change, and
+        // that listing shows whether our node is still there. One watch per deep waiter keeps
+        // the memory of a long queue (client and server) low.
+        let may_grant = grant_on_delete || matches!(lookahead, Some((_, true)));
+        metrics.sent(1 + may_grant as u64);
+        // A reconnection between here and the blocker's deletion voids the no-re-read grant:
+        // the server then fires re-registered watches in no particular order.
+        let mut states = may_grant.then(|| {
             let mut states = zk.state_watcher();
             // Only changes from now on count: a fresh watcher may still show an older change
             // (the connection made before this acquire) as unseen, which voided every grant.
             states.state();
-            // The batch (a client of its own) is dropped once answered, and these requests'
-            // futures live in a box of their own (inline, they would size the whole acquire
-            // future for as long as it waits): a waiter keeps only its watches while it sleeps.
-            let (blocker_watch, own_watch, ahead_watch) = Box::pin(async {
-                let batch = zk.batch();
-                let (blocker_watch, own_watch) =
-                    (batch.get_and_watch_data(&blocker_path), batch.get_and_watch_data(&acquired.path));
-                let ahead_watch = lookahead.as_ref().map(|(path, _)| batch.get_and_watch_data(path));
-                metrics.sent(lookahead.is_some() as u64);
-                batch.send();
-                futures::join!(blocker_watch, own_watch, async {
-                    match ahead_watch {
-                        Some(w) => Some(w.await),
-                        None => None,
-                    }
-                })
-            })
-            .await;
-            // The node ahead of the blocker: gone already (it settles it now, or we list again),
-            // or watched.
-            let mut ahead_changed = match (ahead_watch, &lookahead) {
-                (Some(Ok((_, _, w))), _) => Some(Box::pin(w.changed())),
-                (Some(Err(zk::Error::NoNode)), Some((_, true))) => {
-                    grant_on_delete = true;
-                    None
-                }
-                _ => None,
+            states
+        });
+        // The batch (a client of its own) is dropped once answered, and these requests'
+        // futures live in a box of their own (inline, they would size the whole acquire
+        // future for as long as it waits): a waiter keeps only its watches while it sleeps.
+        let (blocker_watch, own_watch, ahead_watch) = Box::pin(async {
+            let batch = zk.batch();
+            let blocker_watch = batch.get_and_watch_data(&blocker_path);
+            let own_watch = may_grant.then(|| batch.get_and_watch_data(&pending.node));
+            let ahead_watch = lookahead.as_ref().map(|(path, _)| batch.get_and_watch_data(path));
+            metrics.sent(lookahead.is_some() as u64);
+            batch.send();
+            // Only the watchers are kept (the node's data and stat would size the acquire
+            // future for as long as it waits).
+            let watcher = |r: std::result::Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>| {
+                r.map(|(_, _, watcher)| watcher)
             };
-            let relist_when_ahead_goes = matches!(lookahead, Some((_, false)));
-            let (blocker_watcher, own_watcher) = match (blocker_watch, own_watch) {
-                (Ok((_, _, b)), Ok((_, _, o))) => (b, o),
-                // The blocker left before our watch (as a hand-off without work under the lock
-                // does): read in server order after our listing, that is its deletion, and our
-                // node was there after it. A deletion of ours since would have been notified
-                // before the last of these replies.
-                (Err(zk::Error::NoNode), Ok((_, _, o))) if grant_on_delete => {
-                    if futures::FutureExt::now_or_never(Box::pin(o.changed())).is_none() {
-                        tracing::trace!(node = %acquired.path, "predecessor gone before our watch; granted");
-                        if let Some(p) = progress {
-                            p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
-                        }
-                        return Ok(Some(acquired));
-                    }
-                    children = Box::pin(self.list()).await?;
-                    continue;
-                }
-                (Err(e), _) | (_, Err(e)) => match Failure::of(&e) {
-                    // Gone before the watch was set (the blocker, or our own node): look again.
-                    Failure::Server if e == zk::Error::NoNode => {
-                        children = Box::pin(self.list()).await?;
-                        continue;
-                    }
-                    Failure::Connection => {
-                        Box::pin(await_connected(zk)).await?;
-                        children = Box::pin(self.list()).await?;
-                        continue;
-                    }
-                    Failure::SessionGone(reason) => return Err(session_error(reason)),
-                    Failure::Server | Failure::Local => return Err(backend("getData", &blocker_path, e)),
-                },
-            };
-            drop(blocker_path);
-            let mut own_changed = Box::pin(own_watcher.changed());
-            let mut blocker_changed = Box::pin(blocker_watcher.changed());
-            let event = loop {
-                tokio::select! {
-                    biased;
-                    // Events arrive in zxid order: if our node went first, this is seen first.
-                    _ = &mut own_changed => break None,
-                    event = &mut blocker_changed => break Some(event),
-                    event = async { ahead_changed.as_mut().expect("guarded").await }, if ahead_changed.is_some() => {
-                        ahead_changed = None;
-                        if event.event_type == zk::EventType::NodeDeleted && !relist_when_ahead_goes {
-                            metrics.woke(); // an event delivered, though it costs no request
-                            grant_on_delete = true; // keep waiting for the blocker, knowing more
-                            continue;
-                        }
-                        break None; // list again while the blocker still holds
-                    }
+            let optional = |w: Option<_>| async {
+                match w {
+                    Some(w) => Some(watcher(w.await)),
+                    None => None,
                 }
             };
-            metrics.woke();
-            match event {
-                // A deletion of our own node before the blocker's would already be queued.
-                Some(event)
-                    if event.event_type == zk::EventType::NodeDeleted
-                        && grant_on_delete
-                        && futures::FutureExt::now_or_never(&mut own_changed).is_none()
-                        && futures::FutureExt::now_or_never(states.changed()).is_none() =>
-                {
-                    tracing::trace!(node = %acquired.path, "predecessor gone; granted without re-reading");
+            futures::join!(async { watcher(blocker_watch.await) }, optional(own_watch), optional(ahead_watch))
+        })
+        .await;
+        // The node ahead of the blocker: gone already (it settles it now, or we list again),
+        // or watched.
+        let mut ahead_changed = match (ahead_watch, &lookahead) {
+            (Some(Ok(w)), _) => Some(Box::pin(w.changed())),
+            (Some(Err(zk::Error::NoNode)), Some((_, true))) => {
+                grant_on_delete = true;
+                None
+            }
+            _ => None,
+        };
+        let relist_when_ahead_goes = matches!(lookahead, Some((_, false)));
+        let (blocker_watcher, own_watcher) = match (blocker_watch, own_watch.transpose()) {
+            (Ok(b), Ok(o)) => (b, o),
+            // The blocker left before our watch (as a hand-off without work under the lock
+            // does): read in server order after our listing, that is its deletion, and our
+            // node was there after it. A deletion of ours since would have been notified
+            // before the last of these replies.
+            (Err(zk::Error::NoNode), Ok(Some(o))) if grant_on_delete => {
+                if futures::FutureExt::now_or_never(Box::pin(o.changed())).is_none() {
+                    tracing::trace!(node = %pending.node, "predecessor gone before our watch; granted");
                     if let Some(p) = progress {
                         p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
                     }
-                    return Ok(Some(acquired));
+                    return Ok(Woken::Granted);
                 }
-                Some(event) if event.event_type == zk::EventType::Session => match event.session_state {
-                    zk::SessionState::Expired => return Err(Error::SessionExpired),
-                    zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
-                    _ => {}
-                },
-                _ => {}
+                return Ok(Woken::Relist);
             }
-            children = Box::pin(self.list()).await?;
+            (Err(e), _) | (_, Err(e)) => match Failure::of(&e) {
+                // Gone before the watch was set (the blocker, or our own node): look again.
+                Failure::Server if e == zk::Error::NoNode => return Ok(Woken::Relist),
+                Failure::Connection => return Ok(Woken::Reconnect),
+                Failure::SessionGone(reason) => return Err(session_error(reason)),
+                Failure::Server | Failure::Local => return Err(backend("getData", &blocker_path, e)),
+            },
+        };
+        drop(blocker_path);
+        let mut own_changed = own_watcher.map(|o| Box::pin(o.changed()));
+        let mut blocker_changed = Box::pin(blocker_watcher.changed());
+        let event = loop {
+            tokio::select! {
+                biased;
+                // Events arrive in zxid order: if our node went first, this is seen first.
+                _ = async { own_changed.as_mut().expect("guarded").await }, if own_changed.is_some() => break None,
+                event = &mut blocker_changed => break Some(event),
+                event = async { ahead_changed.as_mut().expect("guarded").await }, if ahead_changed.is_some() => {
+                    ahead_changed = None;
+                    if event.event_type == zk::EventType::NodeDeleted && !relist_when_ahead_goes {
+                        metrics.woke(); // an event delivered, though it costs no request
+                        grant_on_delete = true; // keep waiting for the blocker, knowing more
+                        continue;
+                    }
+                    break None; // list again while the blocker still holds
+                }
+            }
+        };
+        metrics.woke();
+        match event {
+            // A deletion of our own node before the blocker's would already be queued.
+            Some(event)
+                if event.event_type == zk::EventType::NodeDeleted
+                    && grant_on_delete
+                    && own_changed.as_mut().is_some_and(|o| futures::FutureExt::now_or_never(o).is_none())
+                    && states.as_mut().is_some_and(|s| futures::FutureExt::now_or_never(s.changed()).is_none()) =>
+            {
+                tracing::trace!(node = %pending.node, "predecessor gone; granted without re-reading");
+                if let Some(p) = progress {
+                    p.send_replace(QueueStatus { ahead: 0, queue_len: queue_len - 1 });
+                }
+                return Ok(Woken::Granted);
+            }
+            Some(event) if event.event_type == zk::EventType::Session => match event.session_state {
+                zk::SessionState::Expired => return Err(Error::SessionExpired),
+                zk::SessionState::Closed | zk::SessionState::AuthFailed => return Err(Error::Closed),
+                _ => {}
+            },
+            _ => {}
         }
+        Ok(Woken::Relist)
     }
 
     /// Lists the lock directory, retrying across connection losses.
@@ -580,7 +666,7 @@ impl Queue {
     pub(crate) async fn create_and_list(&self, pending: &mut Pending) -> Result<(Acquired, Vec<String>)> {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
-        let node_prefix = format!("{}/{}{}", self.dir, pending.prefix, self.marker);
+        let node_prefix = format!("{}/{}{}", self.dir, pending.prefix(), self.marker);
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let mut attempts = 0;
         let mut parents_made = false;
@@ -603,7 +689,7 @@ impl Queue {
             match created {
                 Ok((stat, seq)) => {
                     let path = format!("{node_prefix}{seq}");
-                    pending.path = Some(path.clone());
+                    pending.created(&path[node_prefix.len() - self.marker.len()..]);
                     let acquired = Acquired { path, czxid: stat.czxid };
                     let children = match listed {
                         Ok(children) => children,
@@ -624,9 +710,9 @@ impl Queue {
                         // The create may have been applied before the connection dropped: look
                         // for our prefix (unique to this acquire) instead of creating a second
                         // node.
-                        if let Some(found) = self.find_own(&pending.prefix).await? {
+                        if let Some(found) = self.find_own(pending.prefix()).await? {
                             tracing::debug!(node = %found.path, "found our node after a connection loss");
-                            pending.path = Some(found.path.clone());
+                            pending.created(&found.path[self.dir.len() + 1 + PREFIX_LEN..]);
                             let children = Box::pin(self.list()).await?;
                             return Ok((found, children));
                         }

@@ -46,6 +46,9 @@ use crate::tls::TlsOptions;
 pub const PASSWORD_LEN: usize = 16;
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 
+// distlock patch: the read buffer's room kept between replies.
+const READ_BUFFER_KEPT: usize = 64 * 1024;
+
 #[derive(Default)]
 pub struct Builder {
     #[cfg(feature = "tls")]
@@ -481,6 +484,11 @@ impl Session {
         }
         let consumed_bytes = recved.len() - reading.len();
         recved.drain(..consumed_bytes);
+        // distlock patch: give back the room a large reply needed (a listing of thousands of
+        // children) once it is read, rather than keeping it for the connection's life.
+        if recved.capacity() > READ_BUFFER_KEPT && recved.len() <= READ_BUFFER_KEPT / 2 {
+            recved.shrink_to(READ_BUFFER_KEPT);
+        }
         self.last_recv = Instant::now();
         Ok(())
     }
