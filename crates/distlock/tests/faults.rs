@@ -522,6 +522,45 @@ async fn a_deep_waiter_whose_node_is_deleted_queues_again() {
     wait_empty(&a, &path, BOUND).await;
 }
 
+/// Third in line, a waiter watches its predecessor and the node ahead of it; when that node goes
+/// it reads whether everything further ahead is gone. Here the nodes between the holder and the
+/// waiter give up while the holder still holds: the waiter must wait for the holder, not take
+/// the lock when its predecessor leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_ahead_giving_up_never_pass_the_holder() {
+    let path = unique_path("ahead-give-up");
+    let a = connect().await;
+    let held = a.mutex(&path).unwrap().lock().await.unwrap();
+    let others = connect().await;
+    let mut give_up = Vec::new();
+    for n in 1..=2 {
+        let lock = others.mutex(&path).unwrap();
+        give_up.push(tokio::spawn(async move { lock.lock().await.unwrap() }));
+        wait_children(&a, &path, BOUND, "a waiter to queue", |c| c.len() == n + 1).await;
+    }
+    let w = connect().await;
+    let w_lock = w.mutex(&path).unwrap();
+    let mut third = tokio::spawn(async move { w_lock.lock().await.unwrap() });
+    wait_children(&a, &path, BOUND, "the third waiter to queue", |c| c.len() == 4).await;
+    // The first waiter gives up (the node ahead of the third's predecessor goes), then the second
+    // (its predecessor goes): the holder is still ahead.
+    for (n, waiter) in give_up.into_iter().enumerate() {
+        waiter.abort();
+        let _ = waiter.await;
+        wait_children(&a, &path, BOUND, "a waiter ahead to leave", |c| c.len() == 3 - n).await;
+    }
+    // Waiting for an event that must not come: its absence is bounded by a short wait after the
+    // queue has settled (any grant would follow the deletions at once).
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut third).await.is_err(),
+        "granted while the holder still holds"
+    );
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(BOUND, third).await.expect("granted after the holder").unwrap();
+    granted.release().await.unwrap();
+    wait_empty(&a, &path, BOUND).await;
+}
+
 /// A silent partition longer than the session: the holder reports `Lost(LeaseExpired)` at its
 /// lease deadline, before the server expires the session and grants the waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

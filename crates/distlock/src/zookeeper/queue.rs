@@ -109,6 +109,32 @@ enum Woken {
     Reconnect,
 }
 
+/// What a waiter watches, from its last listing of the queue.
+struct Watching {
+    /// The node we wait for.
+    blocker: String,
+    /// The node just ahead of the blocker, and whether its deletion alone means only the blocker
+    /// is left ahead of us.
+    lookahead: Option<(String, bool)>,
+    /// When that deletion does not settle it: every node ahead of the lookahead node, to be read
+    /// once it goes.
+    further: Vec<String>,
+    /// Whether the blocker's deletion alone grants us the lock.
+    grant_on_delete: bool,
+    /// The queue's length at the listing.
+    queue_len: usize,
+}
+
+/// Whether none of `paths` exists, read in one round trip (no watches). Any error, or a lagging
+/// server, answers `false`: the caller then lists the queue as it would have.
+async fn all_gone(zk: &zk::Client, metrics: &super::Metrics, paths: &[String]) -> bool {
+    metrics.sent(paths.len() as u64);
+    let batch = zk.batch();
+    let checks: Vec<_> = paths.iter().map(|p| batch.check_stat(p)).collect();
+    batch.send();
+    futures::future::join_all(checks).await.into_iter().all(|r| matches!(r, Ok(None)))
+}
+
 /// A node we created and own in the queue.
 #[derive(Debug, Clone)]
 pub(crate) struct Acquired {
@@ -501,14 +527,34 @@ impl Queue {
                         && policy.proceeds_without(&without, ours - 1, blocker - 1);
                     (format!("{}/{}", self.dir, children[s]), settles)
                 });
-            let queue_len = children.len();
-            let blocker_path = format!("{}/{}", self.dir, children[blocker]);
+            // When the ahead node's deletion alone does not settle it (more nodes are ahead of it),
+            // the nodes further ahead: once the ahead node goes, one read finds whether they are all
+            // gone too, and then the blocker's deletion grants us the lock, with no listing and
+            // without leaving the wait. Only when none of them is a write node (a downgrading
+            // writer would put a read node in its place) and nothing but the blocker is between
+            // it and us.
+            let further = match &lookahead {
+                Some((_, false))
+                    if blocker + 1 == ours
+                        && children[..blocker].iter().all(|c| node_kind(c) != NodeKind::Write)
+                        && policy.blocker(&children[blocker..=ours], 1) == Some(0)
+                        && policy.proceeds_without(&children[blocker..=ours], 1, 0) =>
+                {
+                    children[..blocker - 1].iter().map(|c| format!("{}/{}", self.dir, c)).collect()
+                }
+                _ => Vec::new(),
+            };
+            let watching = Watching {
+                blocker: format!("{}/{}", self.dir, children[blocker]),
+                lookahead,
+                further,
+                grant_on_delete,
+                queue_len: children.len(),
+            };
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
-            // however long the queue is.
+            // however long the queue is (a waiter near the front keeps a few names, see `further`).
             drop(std::mem::take(&mut children));
-            let woken =
-                Box::pin(self.watch_and_wait(pending, blocker_path, lookahead, grant_on_delete, queue_len, progress))
-                    .await?;
+            let woken = Box::pin(self.watch_and_wait(pending, watching, progress)).await?;
             match woken {
                 Woken::Granted => return granted(pending, czxid),
                 Woken::Relist => {}
@@ -521,16 +567,13 @@ impl Queue {
     /// Watches the blocker (and, when its deletion may grant us the lock, our own node, the node
     /// ahead of it and the connection) and sleeps until something changes. A future of its own,
     /// boxed by the caller: what a sleeping waiter keeps is only what this needs.
-    #[allow(clippy::too_many_arguments)]
     async fn watch_and_wait(
         &self,
         pending: &Pending,
-        blocker_path: String,
-        lookahead: Option<(String, bool)>,
-        mut grant_on_delete: bool,
-        queue_len: usize,
+        watching: Watching,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Woken> {
+        let Watching { blocker: blocker_path, lookahead, further, mut grant_on_delete, queue_len } = watching;
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
         // Whether the blocker's deletion may grant us the lock without a listing, now or once
@@ -539,7 +582,7 @@ impl Queue {
         // connection (see below); a waiter deeper in the queue lists again on any change, and
         // that listing shows whether our node is still there. One watch per deep waiter keeps
         // the memory of a long queue (client and server) low.
-        let may_grant = grant_on_delete || matches!(lookahead, Some((_, true)));
+        let may_grant = grant_on_delete || matches!(lookahead, Some((_, true))) || !further.is_empty();
         metrics.sent(1 + may_grant as u64);
         // A reconnection between here and the blocker's deletion voids the no-re-read grant:
         // the server then fires re-registered watches in no particular order.
@@ -612,6 +655,8 @@ impl Queue {
         drop(blocker_path);
         let mut own_changed = own_watcher.map(|o| Box::pin(o.changed()));
         let mut blocker_changed = Box::pin(blocker_watcher.changed());
+        // The read of the nodes further ahead, once the ahead node has gone (see `further`).
+        let mut further_check = None;
         let event = loop {
             tokio::select! {
                 biased;
@@ -625,10 +670,27 @@ impl Queue {
                         grant_on_delete = true; // keep waiting for the blocker, knowing more
                         continue;
                     }
+                    if event.event_type == zk::EventType::NodeDeleted && !further.is_empty() {
+                        metrics.woke();
+                        further_check = Some(Box::pin(all_gone(zk, metrics, &further)));
+                        continue; // the blocker stays watched meanwhile
+                    }
                     break None; // list again while the blocker still holds
+                }
+                gone = async { further_check.as_mut().expect("guarded").await }, if further_check.is_some() => {
+                    further_check = None;
+                    if gone {
+                        grant_on_delete = true; // only the blocker is left ahead of us
+                        continue;
+                    }
+                    break None; // something further ahead is still there: list again
                 }
             }
         };
+        // The blocker went while the read of the nodes further ahead was out: its answer decides.
+        if let Some(check) = further_check.take() {
+            grant_on_delete = check.await;
+        }
         metrics.woke();
         match event {
             // A deletion of our own node before the blocker's would already be queued.
