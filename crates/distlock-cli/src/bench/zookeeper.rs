@@ -510,6 +510,7 @@ async fn many_locks(bench: Bench<'_, Limits>, locks: u32, tasks: u32) -> anyhow:
     let handles: Vec<_> = (0..locks).map(|i| client.mutex(&format!("{prefix}/many/l{i}"))).collect::<Result<_, _>>()?;
     // Create the directories outside the measurement.
     futures::future::try_join_all(handles.iter().map(|l| async move { l.lock().await?.release().await })).await?;
+    let recipe_floor = recipe_floor(&client, prefix, locks, tasks, duration).await?;
     let handles = Arc::new(handles);
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
@@ -544,7 +545,58 @@ async fn many_locks(bench: Bench<'_, Limits>, locks: u32, tasks: u32) -> anyhow:
     }
     let ops = total.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
     let lat = std::mem::take(&mut *lat.lock().unwrap());
-    Ok(report(&format!("many-locks-{locks}x{tasks}"), ops, limits.pipelined, Vec::new()).with_latencies(lat))
+    let extra = vec![
+        ("floor_recipe".into(), format!("{recipe_floor:.0}")),
+        ("ratio_to_floor_recipe".into(), format!("{:.2}", ops / recipe_floor)),
+    ];
+    Ok(report(&format!("many-locks-{locks}x{tasks}"), ops, limits.pipelined, extra).with_latencies(lat))
+}
+
+/// The server's cost of the recipe's own requests, shaped like `many-locks` (as many tasks, the
+/// same number of lock directories, one session) with no lock logic: each cycle is an ephemeral sequential
+/// create sent with a listing of its directory (one write), then the node's delete. Cycles per
+/// second.
+async fn recipe_floor(
+    client: &Client,
+    prefix: &str,
+    locks: u32,
+    tasks: u32,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let zk = client.zookeeper().clone();
+    let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    // Directories of their own, persistent (the locks' are containers, which the server may reap
+    // between uses: that cost is the recipe's, not the server's floor).
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let dirs: Vec<String> = (0..locks).map(|i| format!("{prefix}/many-floor/l{i}")).collect();
+    futures::future::try_join_all(dirs.iter().map(|d| zk.mkdir(d, &persistent))).await?;
+    let start = Instant::now();
+    let mut jobs = tokio::task::JoinSet::new(); // dropped early on an error: aborts the rest
+    for t in 0..tasks {
+        let (zk, options, prefix) = (zk.clone(), options.clone(), prefix.to_string());
+        jobs.spawn(async move {
+            let (mut i, mut n) = (t as usize, 0u64);
+            while start.elapsed() < duration {
+                let dir = format!("{prefix}/many-floor/l{}", i % locks as usize);
+                i += tasks as usize;
+                let node = format!("{dir}/_c_floor-lock-");
+                let batch = zk.batch();
+                let (create, list) = (batch.create(&node, b"", &options), batch.list_children(&dir));
+                batch.send();
+                let (created, listed) = futures::join!(create, list);
+                let (_, seq) = created?;
+                listed?;
+                zk.delete(&format!("{node}{seq}"), None).await?;
+                n += 1;
+            }
+            Ok::<u64, zk::Error>(n)
+        });
+    }
+    let mut cycles = 0;
+    while let Some(j) = jobs.join_next().await {
+        cycles += j??;
+    }
+    Ok(cycles as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The server's watch count from the `mntr` four-letter word (None if it does not answer).

@@ -125,8 +125,11 @@ struct Watching {
     queue_len: usize,
 }
 
-/// Whether none of `paths` exists, read in one round trip (no watches). Any error, or a lagging
-/// server, answers `false`: the caller then lists the queue as it would have.
+/// Whether none of `paths` exists, read in one round trip (no watches). Any error answers
+/// `false`: the caller then lists the queue as it would have. A "gone" never goes stale: node
+/// names carry the acquire's unique prefix, so a deleted node never comes back (a downgrade's
+/// read node is ruled out by the caller: no write node is ahead), and a server behind the one
+/// that listed them can only answer that one still exists.
 async fn all_gone(zk: &zk::Client, metrics: &super::Metrics, paths: &[String]) -> bool {
     metrics.sent(paths.len() as u64);
     let batch = zk.batch();
@@ -243,7 +246,8 @@ const PREFIX_LEN: usize = 3 + 36 + 1;
 impl Pending {
     pub(crate) fn new(client: &Client, dir: &str) -> Pending {
         client.lease().hold();
-        let mut node = String::with_capacity(dir.len() + 1 + PREFIX_LEN + 16);
+        // Room for the longest marker (`__READ__`, `__WRIT__`) and a 10-digit sequence.
+        let mut node = String::with_capacity(dir.len() + 1 + PREFIX_LEN + 18);
         node.push_str(dir);
         node.push('/');
         let dir_len = dir.len();
@@ -619,6 +623,10 @@ impl Queue {
         .await;
         // The node ahead of the blocker: gone already (it settles it now, or we list again),
         // or watched.
+        // The node ahead of the blocker was gone already, without settling it: read the nodes
+        // further ahead at once (that answer is ordered after our listing, as an event would be).
+        let ahead_gone_unsettled =
+            matches!((&ahead_watch, &lookahead), (Some(Err(zk::Error::NoNode)), Some((_, false))));
         let mut ahead_changed = match (ahead_watch, &lookahead) {
             (Some(Ok(w)), _) => Some(Box::pin(w.changed())),
             (Some(Err(zk::Error::NoNode)), Some((_, true))) => {
@@ -656,7 +664,8 @@ impl Queue {
         let mut own_changed = own_watcher.map(|o| Box::pin(o.changed()));
         let mut blocker_changed = Box::pin(blocker_watcher.changed());
         // The read of the nodes further ahead, once the ahead node has gone (see `further`).
-        let mut further_check = None;
+        let mut further_check =
+            (ahead_gone_unsettled && !further.is_empty()).then(|| Box::pin(all_gone(zk, metrics, &further)));
         let event = loop {
             tokio::select! {
                 biased;
@@ -688,8 +697,11 @@ impl Queue {
             }
         };
         // The blocker went while the read of the nodes further ahead was out: its answer decides.
+        // (Anything else that ended the wait means listing again, whatever it says.)
         if let Some(check) = further_check.take() {
-            grant_on_delete = check.await;
+            if event.as_ref().is_some_and(|e| e.event_type == zk::EventType::NodeDeleted) {
+                grant_on_delete = check.await;
+            }
         }
         metrics.woke();
         match event {
