@@ -246,6 +246,36 @@ async fn a_grant_after_a_long_wait_for_the_file_has_its_whole_lease() {
     g.release().await.unwrap();
 }
 
+/// An acquire dropped while its upsert waits for SQLite's file lock: the upsert still commits
+/// once the file is free (SQLite's worker thread runs it to its end), and the lock must then come
+/// free at once, not stay taken for the whole 30 s lease by a holder nobody has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_while_its_upsert_waits_leaves_the_lock_free() {
+    let (url, _dir) = db("?lease=30s&busy_timeout=20s");
+    let a = Client::connect(&url).await.unwrap();
+    let lock = a.mutex("dropped").unwrap();
+    let first = lock.lock().await.unwrap();
+    let first_token = first.fencing_token();
+    first.release().await.unwrap(); // the table and the row exist
+    let mut raw = raw(&url).await;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut raw).await.unwrap();
+    // The caller gives up while the upsert waits for the file.
+    assert!(tokio::time::timeout(Duration::from_millis(300), lock.lock()).await.is_err());
+    sqlx::query("COMMIT").execute(&mut raw).await.unwrap();
+    // The late upsert runs: the row's token rises.
+    let until = Instant::now() + Duration::from_secs(10);
+    while lock.inspect().await.unwrap().unwrap().fencing_token == first_token {
+        assert!(Instant::now() < until, "the dropped acquire's upsert never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await; // polling the file
+    }
+    let b = Client::connect(&url).await.unwrap();
+    let g = b.mutex("dropped").unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap();
+    let g = g.expect("the lock came free after the dropped acquire's late grant");
+    let view = b.mutex("dropped").unwrap().inspect().await.unwrap().unwrap();
+    assert_eq!(view.locked_by, g.holder_id());
+    g.release().await.unwrap();
+}
+
 /// Clients of one process take the lock in turn: a holder that releases and asks again queues
 /// behind the others (this process's FIFO queue), instead of winning the row back at once while
 /// they wait for their next poll. Counted over 200 grants among 4 clients on separate pools.

@@ -108,15 +108,16 @@ impl Mutex {
         };
         // Only another process can hold the row now: ask again at growing intervals.
         let mut retry = FIRST_RETRY;
+        let mut gate = gate;
         loop {
-            let sent = Instant::now();
-            if let Some((token, until_ms)) = self.try_once(&holder).await? {
-                // The lease runs from when the statement ran (it may have waited for SQLite's
-                // file lock), which the row's lock_until tells; never from before it was sent.
-                let confirmed = lease_start(sent, until_ms, self.client.lease());
-                let (client, name) = (self.client.clone(), self.name.clone());
-                return Ok(Some(MutexGuard::new(client, name, holder, token, confirmed, gate)));
-            }
+            // The upsert runs to its end even if this acquire is dropped meanwhile (SQLite's
+            // worker thread commits it anyway): then the guard it makes is dropped, which
+            // releases the row, instead of the row staying ours for a whole lease.
+            let attempt = crate::detach::detach(attempt(self.client.clone(), self.name.clone(), holder.clone(), gate));
+            gate = match attempt.await? {
+                Ok(guard) => return Ok(Some(guard)),
+                Err(gate) => gate,
+            };
             let now = Instant::now();
             let until = match wait {
                 Wait::Never => return Ok(None),
@@ -128,20 +129,34 @@ impl Mutex {
             retry = (retry * 2).min(MAX_RETRY);
         }
     }
+}
 
-    /// One upsert: the token and the lease's end (Unix ms) if we took the row, `None` if
-    /// someone holds it.
-    async fn try_once(&self, holder: &str) -> Result<Option<(u64, i64)>> {
-        let inner = &self.client.inner;
-        let row: Option<(i64, i64)> = sqlx::query_as(&inner.sql.acquire)
-            .bind(&self.name)
-            .bind(holder)
-            .bind(inner.url.lease_modifier())
-            .fetch_optional(&inner.pool)
-            .await
-            .map_err(|e| backend("acquire", &self.name, e))?;
-        Ok(row.map(|(t, until)| (t as u64, until)))
-    }
+/// One upsert: our guard if we took the row, else this process's queue place back (someone else
+/// holds the row).
+async fn attempt(
+    client: Client,
+    name: String,
+    holder: String,
+    gate: OwnedMutexGuard<()>,
+) -> Result<std::result::Result<MutexGuard, OwnedMutexGuard<()>>> {
+    let inner = &client.inner;
+    let sent = Instant::now();
+    let row: Option<(i64, i64)> = sqlx::query_as(&inner.sql.acquire)
+        .bind(&name)
+        .bind(&holder)
+        .bind(inner.url.lease_modifier())
+        .fetch_optional(&inner.pool)
+        .await
+        .map_err(|e| backend("acquire", &name, e))?;
+    Ok(match row {
+        Some((token, until_ms)) => {
+            // The lease runs from when the statement ran (it may have waited for SQLite's file
+            // lock), which the row's lock_until tells; never from before it was sent.
+            let confirmed = lease_start(sent, until_ms, client.lease());
+            Ok(MutexGuard::new(client, name, holder, token as u64, confirmed, gate))
+        }
+        None => Err(gate),
+    })
 }
 
 /// The instant a lease of `lease` that ends at `until_ms` (Unix ms, SQLite's clock, which is this
