@@ -309,7 +309,8 @@ macro_rules! wait_methods {
         ///
         /// # Cancel safety
         ///
-        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        /// Cancel safe: a dropped acquire leaves nothing held on the server. A request already on
+        /// its way finishes in the background, and a grant it brings is released at once.
         pub async fn $lock(&self) -> $crate::Result<$guard> {
             let ($l, $w) = (self, $crate::contract::Wait::Forever);
             Ok($acquire.await?.expect("waiting without a deadline ends only with the lock"))
@@ -319,7 +320,8 @@ macro_rules! wait_methods {
         ///
         /// # Cancel safety
         ///
-        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        /// Cancel safe: a dropped acquire leaves nothing held on the server. A request already on
+        /// its way finishes in the background, and a grant it brings is released at once.
         pub async fn $try(&self) -> $crate::Result<Option<$guard>> {
             let ($l, $w) = (self, $crate::contract::Wait::Never);
             $acquire.await
@@ -329,7 +331,8 @@ macro_rules! wait_methods {
         ///
         /// # Cancel safety
         ///
-        /// Cancel safe: a dropped acquire leaves nothing behind on the server.
+        /// Cancel safe: a dropped acquire leaves nothing held on the server. A request already on
+        /// its way finishes in the background, and a grant it brings is released at once.
         pub async fn $timeout(&self, timeout: std::time::Duration) -> $crate::Result<Option<$guard>> {
             let ($l, $w) = (self, $crate::contract::Wait::from_timeout(Some(timeout)));
             $acquire.await

@@ -276,6 +276,28 @@ async fn an_acquire_dropped_while_its_upsert_waits_leaves_the_lock_free() {
     g.release().await.unwrap();
 }
 
+/// `lock_timeout` keeps its deadline while its upsert waits for another connection's file lock
+/// (SQLite's busy timeout here is 20 s), and the grant that comes after the deadline is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_timeout_keeps_its_deadline_while_the_file_is_locked() {
+    let (url, _dir) = db("?lease=30s&busy_timeout=20s");
+    let a = Client::connect(&url).await.unwrap();
+    let lock = a.mutex("deadline").unwrap();
+    lock.lock().await.unwrap().release().await.unwrap(); // the table and the row exist
+    let mut raw = raw(&url).await;
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut raw).await.unwrap();
+    let asked = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(15), lock.lock_timeout(Duration::from_millis(500)))
+        .await
+        .expect("lock_timeout(500 ms) did not return within 15 s while the file stayed locked")
+        .unwrap();
+    assert!(got.is_none(), "not had in time");
+    assert!(asked.elapsed() < Duration::from_secs(5), "returned after {:?}, not near its deadline", asked.elapsed());
+    sqlx::query("COMMIT").execute(&mut raw).await.unwrap();
+    let g = lock.lock_timeout(Duration::from_secs(10)).await.unwrap().expect("free once the late grant is released");
+    g.release().await.unwrap();
+}
+
 /// Clients of one process take the lock in turn: a holder that releases and asks again queues
 /// behind the others (this process's FIFO queue), instead of winning the row back at once while
 /// they wait for their next poll. Counted over 200 grants among 4 clients on separate pools.

@@ -114,7 +114,16 @@ impl Mutex {
             // worker thread commits it anyway): then the guard it makes is dropped, which
             // releases the row, instead of the row staying ours for a whole lease.
             let attempt = crate::detach::detach(attempt(self.client.clone(), self.name.clone(), holder.clone(), gate));
-            gate = match attempt.await? {
+            let answer = match wait {
+                // An upsert waiting for another process's file lock may outlast the deadline:
+                // give up then (a grant that comes later is released in the background).
+                Wait::Until(d) => match tokio::time::timeout_at(d, attempt).await {
+                    Ok(answer) => answer,
+                    Err(_) => return Ok(None),
+                },
+                Wait::Never | Wait::Forever => attempt.await,
+            };
+            gate = match answer? {
                 Ok(guard) => return Ok(Some(guard)),
                 Err(gate) => gate,
             };
