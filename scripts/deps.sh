@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs from Debian's packages, only if missing:
 # ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
-# MariaDB, etcd (server and etcdctl) and protoc, which building the etcd client needs
+# MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, and Prometheus
 # (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
@@ -14,6 +14,8 @@ command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# Prometheus (server and promtool): the observability tests lint and scrape our expositions.
+command -v promtool >/dev/null || need+=(prometheus)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "deps.sh: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -64,6 +64,18 @@ pub struct LockArgs {
     /// fixed global order.
     #[arg(value_name = "LOCK", required = true, num_args = 1..)]
     locks: Vec<String>,
+    /// At exit, write the run's figures (wait and hold seconds, outcome, exit status, lost
+    /// reason, fencing tokens, time) to PATH in the Prometheus text format, replacing it
+    /// atomically, for node_exporter's textfile collector.
+    #[arg(long = "metrics-textfile", value_name = "PATH")]
+    metrics_textfile: Option<std::path::PathBuf>,
+}
+
+impl LockArgs {
+    /// Starts the run's record for `--metrics-textfile` (nothing without it).
+    pub fn start_record(&self, command: &'static str) {
+        crate::textfile::start(self.metrics_textfile.clone(), command, &self.locks);
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -183,6 +195,7 @@ impl Held {
     /// exits with the lost status (the command may have run part of the time without it).
     pub async fn release(self) -> Released {
         let Held { client, guard, shown } = self;
+        crate::textfile::released();
         let bound = release_bound(client.lease());
         let outcome = match tokio::time::timeout(bound, guard.release()).await {
             Ok(Ok(())) => Released::Clean,
@@ -242,6 +255,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         client = args.backend.connect() => client?,
         sig = signals.ending() => {
             eprintln!("distlock: {} while connecting; gave up", signal_name(sig));
+            crate::textfile::not_acquired("interrupted");
             return Ok(Err(interrupted(sig)));
         }
     };
@@ -301,6 +315,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             // Interrupted while waiting: our queue node is removed on drop; closing the session
             // makes sure the server has done it before we exit.
             client.close(Duration::from_secs(2)).await;
+            crate::textfile::not_acquired("interrupted");
             eprintln!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
             Ok(Err(interrupted(sig)))
         }
@@ -313,10 +328,14 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         }
         Ok(Ok(None)) => {
             eprintln!("distlock: {shown} is held by someone else; not acquired");
+            crate::textfile::not_acquired("busy");
             client.close(Duration::from_secs(2)).await;
             Ok(Err(args.conflict_exit_code))
         }
-        Ok(Ok(Some(guard))) => Ok(Ok(Held { client, guard, shown })),
+        Ok(Ok(Some(guard))) => {
+            crate::textfile::acquired(guard.parts().iter().map(|p| (p.lock_name(), p.fencing_token())).collect());
+            Ok(Ok(Held { client, guard, shown }))
+        }
     }
 }
 
@@ -400,6 +419,7 @@ fn argv(args: &ExecArgs) -> anyhow::Result<Vec<String>> {
 pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let argv = argv(&args)?;
     let mut signals = Signals::new()?;
+    args.lock.start_record("exec");
     let held = match acquire(&args.lock, &mut signals).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),
@@ -528,6 +548,9 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             }
         }
     };
+    if let Some((reason, _)) = &lost_reason {
+        crate::textfile::lost(reason);
+    }
     let Some((reason, already_lost)) = lost_reason else {
         command_ended(watchdog, terminal);
         let released = held.release().await;
@@ -536,6 +559,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         // script. When the command had the terminal, the keypress reached only its group; it is
         // passed on to ours (the calling shell included), as the terminal would have done.
         if let Some(sig @ (libc::SIGINT | libc::SIGQUIT)) = std::os::unix::process::ExitStatusExt::signal(&status) {
+            crate::textfile::finish(128 + sig as u8);
             if had_terminal {
                 interrupt_our_group(sig);
             }

@@ -13,6 +13,7 @@ pub struct HoldArgs {
 
 pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::new()?;
+    args.lock.start_record("hold");
     let held = match acquire(&args.lock, &mut signals).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),
@@ -60,6 +61,7 @@ pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
         sig = signals.ending() => tracing::info!(signal = sig, "signal; releasing"),
         reason = lost => {
             eprintln!("distlock: lock {} lost ({reason}); no longer held", held.shown);
+            crate::textfile::lost(&reason.to_string());
             held.release().await;
             return Ok(EXIT_LOST);
         }

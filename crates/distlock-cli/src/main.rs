@@ -9,6 +9,7 @@ mod hold;
 mod inspect;
 mod serve;
 mod supervise;
+mod textfile;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -201,6 +202,7 @@ fn main() -> ExitCode {
     // server never answers) must not keep us from exiting: what it held ends with our
     // connections, or with its lease.
     rt.shutdown_timeout(std::time::Duration::from_millis(200));
+    textfile::finish(*code.as_ref().unwrap_or(&EXIT_ERROR));
     match code {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -90,3 +90,104 @@ fn bench_scaling_measures_every_point_and_plots() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The exposition in `path`, checked by Prometheus's own linter (`promtool check metrics`, from
+/// Debian's `prometheus` package, which scripts/deps.sh installs).
+fn promtool_checked(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let lint = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .output_with(&text)
+        .unwrap_or_else(|e| panic!("promtool (Debian's prometheus package; scripts/deps.sh installs it): {e}"));
+    assert!(lint.status.success(), "promtool: {}\n{text}", String::from_utf8_lossy(&lint.stderr));
+    text
+}
+
+trait OutputWith {
+    fn output_with(&mut self, input: &str) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputWith for std::process::Command {
+    fn output_with(&mut self, input: &str) -> std::io::Result<std::process::Output> {
+        use std::io::Write;
+        let mut child = self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn()?;
+        child.stdin.take().unwrap().write_all(input.as_bytes())?;
+        child.wait_with_output()
+    }
+}
+
+/// The value of the one line of `text` that starts with `series` (name and labels).
+fn value(text: &str, series: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("{series} "))).collect();
+    assert_eq!(lines.len(), 1, "{series} in\n{text}");
+    lines[0].rsplit(' ').next().unwrap().to_string()
+}
+
+#[test]
+fn metrics_textfile_records_each_run_for_the_textfile_collector() {
+    let (b, dir) = backend("?lease=5s");
+    let file = dir.join("job.prom");
+    let f = file.to_str().unwrap();
+    // A run that acquires; the command's status is the run's.
+    let out = distlock(&b, &["exec", "--metrics-textfile", f, "job", "--", "sh", "-c", "echo $DISTLOCK_TOKEN; exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let text = promtool_checked(&file);
+    let base = r#"command="exec",lock="job""#;
+    assert_eq!(value(&text, &format!(r#"distlock_run_outcome{{{base},outcome="acquired"}}"#)), "1");
+    assert_eq!(value(&text, &format!(r#"distlock_run_outcome{{{base},outcome="busy"}}"#)), "0");
+    assert_eq!(value(&text, &format!("distlock_run_exit_status{{{base}}}")), "3");
+    assert_eq!(value(&text, &format!("distlock_run_fencing_token{{{base}}}")), token);
+    assert_eq!(value(&text, &format!(r#"distlock_run_lost{{{base},reason=""}}"#)), "0");
+    let held: f64 = value(&text, &format!("distlock_run_held_seconds{{{base}}}")).parse().unwrap();
+    assert!(held > 0.0, "{text}");
+    // A run that finds the lock held: busy, the conflict status, no token; the file is replaced.
+    let mut holder = distlock(&b, &["hold", "job"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::Lines::of(&mut holder);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let busy = distlock(&b, &["exec", "-n", "-E", "9", "--metrics-textfile", f, "job", "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(9), "{}", String::from_utf8_lossy(&busy.stderr));
+    let text = promtool_checked(&file);
+    assert_eq!(value(&text, &format!(r#"distlock_run_outcome{{{base},outcome="busy"}}"#)), "1");
+    assert_eq!(value(&text, &format!(r#"distlock_run_outcome{{{base},outcome="acquired"}}"#)), "0");
+    assert_eq!(value(&text, &format!("distlock_run_exit_status{{{base}}}")), "9");
+    assert!(!text.contains("distlock_run_fencing_token{"), "{text}");
+    drop(holder.stdin.take());
+    assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
+    // `hold` records too; nothing but the file is left in its directory.
+    let mut hold = distlock(&b, &["hold", "--metrics-textfile", f, "job"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::Lines::of(&mut hold);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    drop(hold.stdin.take());
+    assert!(common::wait_exit(&mut hold, Duration::from_secs(20)).success());
+    let text = promtool_checked(&file);
+    assert_eq!(value(&text, r#"distlock_run_outcome{command="hold",lock="job",outcome="acquired"}"#), "1");
+    assert_eq!(value(&text, r#"distlock_run_exit_status{command="hold",lock="job"}"#), "0");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains(".prom"))
+        .collect();
+    assert_eq!(left, ["job.prom"]);
+    // A path in a directory that does not exist: said on stderr, the run's own status kept.
+    let bad =
+        distlock(&b, &["exec", "--metrics-textfile", "/nonexistent-dir/x.prom", "job", "--", "true"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("cannot write --metrics-textfile /nonexistent-dir/x.prom"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

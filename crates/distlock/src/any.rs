@@ -187,7 +187,7 @@ impl Client {
 
     fn make(&self, name: &str, kind: Kind) -> Result<Lock> {
         let name = self.lock_name(name)?;
-        Ok(Lock { inner: self.inner.recipe(&name, kind)? })
+        Ok(Lock { inner: self.inner.recipe(&name, kind)?, backend: self.backend() })
     }
 
     /// Closes the connection; on ZooKeeper, waits at most `bound` for the server to end the
@@ -213,12 +213,13 @@ impl Client {
 #[derive(Debug, Clone)]
 pub struct Lock {
     inner: Arc<dyn Recipe>,
+    backend: &'static str,
 }
 
 impl Lock {
     #[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
-    pub(crate) fn from_recipe(inner: Arc<dyn Recipe>) -> Lock {
-        Lock { inner }
+    pub(crate) fn from_recipe(inner: Arc<dyn Recipe>, backend: &'static str) -> Lock {
+        Lock { inner, backend }
     }
 
     /// The lock's name on the server (znode path or key).
@@ -308,7 +309,25 @@ impl Lock {
         wait: Wait,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<Guard>> {
-        Ok(self.inner.acquire(wait, progress).await?.map(|inner| Guard { inner }))
+        use tracing::Instrument;
+        let obs = crate::observe::Acquire::start(self.backend, self.inner.name());
+        let got = self.inner.acquire(wait, progress).instrument(obs.span.clone()).await;
+        let busy = wait == Wait::Never;
+        match got {
+            Ok(Some(inner)) => {
+                let mut hold = obs.end(Ok(Some(inner.fencing_token())), busy).expect("a grant makes a hold");
+                hold.watch_loss(inner.lost());
+                Ok(Some(Guard { hold, inner }))
+            }
+            Ok(None) => {
+                obs.end(Ok(None), busy);
+                Ok(None)
+            }
+            Err(e) => {
+                obs.end(Err(()), busy);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -329,6 +348,8 @@ impl Lock {
 #[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct Guard {
+    // Dropped first: its loss watcher stops before `inner`'s drop ends the lease.
+    hold: crate::observe::Hold,
     inner: Box<dyn Held>,
 }
 
@@ -380,7 +401,13 @@ impl Guard {
     /// ours (the work done under it may have overlapped another holder's: check the fencing
     /// token's use); [`Error::Backend`] if the server failed to answer.
     pub async fn release(self) -> Result<()> {
-        self.inner.release().await
+        let Guard { mut hold, inner } = self;
+        let state = inner.state();
+        let left = inner.lease_deadline().saturating_duration_since(std::time::Instant::now());
+        hold.ending();
+        let out = inner.release().await;
+        hold.released(out.is_ok(), state, left);
+        out
     }
 }
 

@@ -177,13 +177,21 @@ pub(crate) struct Lease {
     lease: Duration,
     /// Leases confirmed and lost with this one (an etcd session's guards), held weakly.
     followers: StdMutex<Vec<std::sync::Weak<Lease>>>,
+    /// The backend's name, for the renewal metrics.
+    backend: &'static str,
 }
 
 impl Lease {
     /// A held lease confirmed by a request sent at `sent`.
-    pub(crate) fn new(sent: Instant, lease: Duration) -> Lease {
+    pub(crate) fn new(sent: Instant, lease: Duration, backend: &'static str) -> Lease {
         let (tx, _) = watch::channel(LockState::Held);
-        Lease { tx, deadline: StdMutex::new(sent + lease - drift(lease)), lease, followers: StdMutex::default() }
+        Lease {
+            tx,
+            deadline: StdMutex::new(sent + lease - drift(lease)),
+            lease,
+            followers: StdMutex::default(),
+            backend,
+        }
     }
 
     /// A lease that follows this one: same deadline and state now, confirmed, suspended and lost
@@ -202,6 +210,7 @@ impl Lease {
             deadline: StdMutex::new(self.deadline()),
             lease: self.lease,
             followers: StdMutex::default(),
+            backend: self.backend,
         });
         followers.retain(|f| f.strong_count() > 0);
         followers.push(std::sync::Arc::downgrade(&lease));
@@ -293,36 +302,42 @@ impl Lease {
     /// deadline, is `Lost`, and there is no next one (`None`). Every renewal loop of the crate
     /// runs its renewals through this. `renewal` must be lazy (an `async` block): it is made
     /// before the send time is read here, so it must send nothing until polled.
+    /// `due` is when it was meant to run (for the lag metric).
     pub(crate) async fn renew_once(
         &self,
         name: &str,
         period: Duration,
+        due: Instant,
         renewal: impl std::future::Future<Output = Renewal>,
     ) -> Option<Instant> {
         let deadline = self.deadline();
         let sent = Instant::now();
+        let lag = sent.saturating_duration_since(due);
         if sent >= deadline {
             self.publish(LockState::Lost(LostReason::LeaseExpired), name);
+            crate::observe::renewal(self.backend, "lost", lag);
             return None;
         }
-        match tokio::time::timeout_at(deadline, renewal).await {
+        let (next, result) = match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Renewal::Renewed) => {
                 self.confirmed(sent, name);
-                Some(sent + period)
+                (Some(sent + period), "renewed")
             }
             Ok(Renewal::Failed) => {
                 self.publish(LockState::Suspended, name);
-                Some(Instant::now() + RETRY.min(self.lease / 10))
+                (Some(Instant::now() + RETRY.min(self.lease / 10)), "failed")
             }
             Ok(Renewal::Gone(reason)) => {
                 self.publish(LockState::Lost(reason), name);
-                None
+                (None, "lost")
             }
             Err(_) => {
                 self.publish(LockState::Lost(LostReason::LeaseExpired), name);
-                None
+                (None, "lost")
             }
-        }
+        };
+        crate::observe::renewal(self.backend, result, lag);
+        next
     }
 
     /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
@@ -337,8 +352,9 @@ impl Lease {
         loop {
             let now = Instant::now();
             let left = self.deadline().saturating_duration_since(now);
-            tokio::time::sleep_until(due.min(now + left / 2)).await;
-            match self.renew_once(name, period, renew()).await {
+            let at = due.min(now + left / 2);
+            tokio::time::sleep_until(at).await;
+            match self.renew_once(name, period, at, renew()).await {
                 Some(next) => due = next,
                 None => return,
             }
@@ -413,7 +429,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_is_confirmed_suspended_and_lost_with_its_lease() {
         let start = Instant::now();
-        let session = Lease::new(start, LEASE);
+        let session = Lease::new(start, LEASE, "test");
         let guard = session.follower().expect("a live lease has followers");
         assert_eq!(guard.deadline(), session.deadline());
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -437,7 +453,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_follower_expires_at_the_deadline_without_a_word() {
-        let session = Lease::new(Instant::now(), LEASE);
+        let session = Lease::new(Instant::now(), LEASE, "test");
         let guard = session.follower().unwrap();
         let lost = Lease::lost(guard.clone(), "g".into(), std::future::pending());
         let at = tokio::time::timeout(LEASE * 2, lost).await.expect("lost by the deadline");
@@ -448,19 +464,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_connection_end_reaches_its_holder_even_before_the_grant_is_set() {
         let slot = HolderSlot::default();
-        let first = Arc::new(Lease::new(Instant::now(), LEASE));
+        let first = Arc::new(Lease::new(Instant::now(), LEASE, "test"));
         slot.set(&first, "a");
         slot.connection_closed();
         assert_eq!(first.state("a"), LockState::Lost(LostReason::ConnectionClosed));
         // The end seen first, the grant set after: lost at once all the same.
-        let late = Arc::new(Lease::new(Instant::now(), LEASE));
+        let late = Arc::new(Lease::new(Instant::now(), LEASE, "test"));
         slot.set(&late, "b");
         assert_eq!(late.state("b"), LockState::Lost(LostReason::ConnectionClosed));
     }
 
     #[tokio::test(start_paused = true)]
     async fn keep_retries_a_failure_soon_and_loses_at_the_deadline() {
-        let lease = Arc::new(Lease::new(Instant::now(), LEASE));
+        let lease = Arc::new(Lease::new(Instant::now(), LEASE, "test"));
         let calls = Arc::new(AtomicU32::new(0));
         let (l, c) = (lease.clone(), calls.clone());
         // Renewed, then failed twice, then renewed, then no answer at all.

@@ -99,6 +99,7 @@ pub mod etcd;
 mod lease;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+pub mod observe;
 pub mod optimistic;
 mod owner;
 #[cfg(feature = "postgres")]

@@ -179,11 +179,11 @@ impl Watchdog {
 
 /// One due renewal, through the one renewal step; the next one is scheduled unless the lease is
 /// lost or the hold ended meanwhile.
-async fn renew_once(watchdog: Arc<Watchdog>, due: Due) {
+async fn renew_once(watchdog: Arc<Watchdog>, due: Due, at: Instant) {
     if due.entry.ended.load(Ordering::SeqCst) {
         return;
     }
-    let Some(next) = due.lease.renew_once(&due.name, due.period, due.check.renew()).await else { return };
+    let Some(next) = due.lease.renew_once(&due.name, due.period, at, due.check.renew()).await else { return };
     let entry = due.entry.clone();
     let mut slot = entry.slot.lock().unwrap_or_else(|e| e.into_inner());
     if !entry.ended.load(Ordering::SeqCst) {
@@ -217,8 +217,8 @@ async fn drive(watchdog: Weak<Watchdog>, wake: Arc<Notify>) {
             s.wake_at = Some(next);
             (ready, next)
         };
-        for (_, due) in ready {
-            tokio::spawn(renew_once(w.clone(), due));
+        for ((at, _), due) in ready {
+            tokio::spawn(renew_once(w.clone(), due, at));
         }
         drop(w);
         tokio::select! {

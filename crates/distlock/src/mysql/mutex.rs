@@ -156,7 +156,7 @@ impl std::fmt::Debug for Hold {
 
 impl MutexGuard {
     fn new(client: Client, conn: Conn, name: String, token: u64, sent: Instant) -> MutexGuard {
-        let lease = Arc::new(Lease::new(sent, client.lease()));
+        let lease = Arc::new(Lease::new(sent, client.lease(), "mysql"));
         conn.set_holder(&lease, &name);
         let id = conn.id;
         let conn = Arc::new(tokio::sync::Mutex::new(conn));

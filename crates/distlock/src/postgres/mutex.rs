@@ -237,7 +237,7 @@ impl std::fmt::Debug for Hold {
 
 impl MutexGuard {
     fn new(client: Client, conn: Conn, target: Arc<Target>, token: u64, sent: Instant) -> MutexGuard {
-        let lease = Arc::new(Lease::new(sent, client.url().server_bound()));
+        let lease = Arc::new(Lease::new(sent, client.url().server_bound(), "postgres"));
         conn.set_holder(&lease, &target.name);
         let conn = Arc::new(conn);
         let check = {

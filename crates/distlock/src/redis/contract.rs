@@ -38,12 +38,12 @@ contract::held!(MutexGuard, SimpleGuard, ReadGuard, WriteGuard, SemaphorePermit)
 
 impl From<Mutex> for crate::Lock {
     fn from(m: Mutex) -> crate::Lock {
-        crate::Lock::from_recipe(Arc::new(m))
+        crate::Lock::from_recipe(Arc::new(m), "redis")
     }
 }
 
 impl From<SimpleLock> for crate::Lock {
     fn from(m: SimpleLock) -> crate::Lock {
-        crate::Lock::from_recipe(Arc::new(m))
+        crate::Lock::from_recipe(Arc::new(m), "redis")
     }
 }

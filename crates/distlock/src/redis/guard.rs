@@ -68,7 +68,7 @@ impl Hold {
     pub(crate) fn new(client: Client, key: String, holder: Holder, token: u64, sent: Instant) -> Hold {
         let lease = client.lease();
         let shared = Arc::new(Shared {
-            lease: Arc::new(Lease::new(sent, lease)),
+            lease: Arc::new(Lease::new(sent, lease, "redis")),
             ticket: StdMutex::new(None),
             server: StdMutex::new(client.server_id()),
         });

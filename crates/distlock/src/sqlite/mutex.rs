@@ -234,7 +234,7 @@ impl MutexGuard {
         sent: Instant,
         gate: OwnedMutexGuard<()>,
     ) -> MutexGuard {
-        let lease = Arc::new(Lease::new(sent, client.lease()));
+        let lease = Arc::new(Lease::new(sent, client.lease(), "sqlite"));
         let gate = Arc::new(std::sync::Mutex::new(Some(gate)));
         let watchdog =
             tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone(), gate.clone()));

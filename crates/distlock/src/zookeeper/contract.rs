@@ -81,7 +81,7 @@ impl From<Client> for crate::Client {
 
 impl From<LockSpec> for crate::Lock {
     fn from(s: LockSpec) -> crate::Lock {
-        crate::Lock::from_recipe(Arc::new(s))
+        crate::Lock::from_recipe(Arc::new(s), "zookeeper")
     }
 }
 
