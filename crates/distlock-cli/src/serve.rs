@@ -37,6 +37,13 @@ pub struct ServeArgs {
     /// Write the bound address to this file once listening (for scripts using port 0).
     #[arg(long, value_name = "FILE")]
     addr_file: Option<PathBuf>,
+    /// Serve the server's figures at http://ADDR/metrics in the Prometheus text format
+    /// (ZooKeeper's metric names where they mean the same). ADDR as for --listen.
+    #[arg(long, value_name = "ADDR", value_parser = listen_arg)]
+    metrics: Option<Listen>,
+    /// With --metrics: write the metrics endpoint's bound address to this file.
+    #[arg(long, value_name = "FILE", requires = "metrics")]
+    metrics_addr_file: Option<PathBuf>,
 }
 
 /// A `--listen` value, checked for form; host names are resolved when binding.
@@ -163,6 +170,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     })?;
     let listener = bind(&args.listen).await?;
     let addr = listener.local_addr()?;
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(listen) = &args.metrics {
+        let metrics = bind(listen).await.map_err(|e| anyhow::anyhow!("--metrics: {e}"))?;
+        let maddr = metrics.local_addr()?;
+        if let Some(f) = &args.metrics_addr_file {
+            write_addr_file(f, maddr)?;
+        }
+        eprintln!("distlock serve: metrics on http://{maddr}/metrics");
+        tokio::spawn(server.metrics().serve(metrics, async {
+            let _ = metrics_stopped.await;
+        }));
+    }
     if let Some(f) = &args.addr_file {
         write_addr_file(f, addr)?;
     }
@@ -181,6 +200,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         }
     };
     server.serve(listener, shutdown).await;
+    let _ = metrics_stop.send(());
     Ok(0)
 }
 

@@ -24,6 +24,7 @@
 //! - `persist`: the transaction log and snapshots for `--data-dir`;
 //! - `server`: connections, framing, four-letter words, session and container timers.
 
+mod metrics;
 mod outbox;
 pub mod persist;
 pub mod proto;
@@ -31,6 +32,7 @@ mod server;
 mod state;
 mod tree;
 
+pub use metrics::Metrics;
 pub use persist::Fsync;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -146,6 +148,11 @@ impl Server {
     /// log for writing; a snapshot that does not parse is an error naming the file.
     pub fn open(config: Config) -> std::io::Result<Server> {
         Ok(Server { state: build_state(config)? })
+    }
+
+    /// A handle on the server's figures (Prometheus text format), for `/metrics`.
+    pub fn metrics(&self) -> Metrics {
+        Metrics::new(self.state.clone())
     }
 
     /// Serves on `listener` until `shutdown` resolves.

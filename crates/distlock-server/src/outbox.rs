@@ -92,6 +92,11 @@ impl Gate {
         }
     }
 
+    /// The count of appended transactions known to be on disk.
+    pub fn durable_count(&self) -> u64 {
+        self.durable
+    }
+
     /// The count of appended transactions an fsync started now covers.
     pub fn appended_count(&self) -> u64 {
         self.appended

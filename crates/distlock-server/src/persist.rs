@@ -101,6 +101,8 @@ pub struct Persist {
     snapshot_every: u64,
     /// A snapshot is being written in the background.
     snapshotting: Arc<AtomicBool>,
+    /// Snapshots written: count and total time (microseconds), for the metrics.
+    snapshot_times: Arc<[std::sync::atomic::AtomicU64; 2]>,
     /// The thread writing the latest snapshot (joined when the server stops).
     writer: Option<std::thread::JoinHandle<()>>,
 }
@@ -192,6 +194,7 @@ impl Persist {
             since_snapshot: replayed,
             snapshot_every,
             snapshotting: Arc::new(AtomicBool::new(false)),
+            snapshot_times: Arc::default(),
             writer: None,
         };
         Ok((p, Recovered { tree, zxid, sessions }))
@@ -243,12 +246,17 @@ impl Persist {
             tree.nodes.iter().map(|(p, n)| (p.clone(), n.data.clone(), n.acl.clone(), n.stat)).collect();
         let dir = self.dir.clone();
         let running = self.snapshotting.clone();
+        let times = self.snapshot_times.clone();
         running.store(true, Ordering::SeqCst);
         self.writer = Some(std::thread::Builder::new().name("distlock-snapshot".into()).spawn(move || {
             let started = std::time::Instant::now();
             let count = nodes.len();
             match write_snapshot(&dir, zxid, &nodes, &sessions).and_then(|()| drop_covered(&dir, start)) {
-                Ok(()) => tracing::info!(zxid, nodes = count, took = ?started.elapsed(), "snapshot written"),
+                Ok(()) => {
+                    tracing::info!(zxid, nodes = count, took = ?started.elapsed(), "snapshot written");
+                    times[0].fetch_add(1, Ordering::SeqCst);
+                    times[1].fetch_add(started.elapsed().as_micros() as u64, Ordering::SeqCst);
+                }
                 Err(e) => tracing::warn!(error = %e, "snapshot failed; the log keeps growing until the next"),
             }
             running.store(false, Ordering::SeqCst);
@@ -261,6 +269,11 @@ impl Persist {
     /// it as the old snapshot's clean-up deletes them.
     pub fn take_snapshot_writer(&mut self) -> Option<std::thread::JoinHandle<()>> {
         self.writer.take()
+    }
+
+    /// Snapshots written so far: how many, and their total time in microseconds.
+    pub fn snapshot_times(&self) -> (u64, u64) {
+        (self.snapshot_times[0].load(Ordering::SeqCst), self.snapshot_times[1].load(Ordering::SeqCst))
     }
 
     /// Whether a background snapshot is being written (for tests and shutdown).

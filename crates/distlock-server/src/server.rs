@@ -47,6 +47,7 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                     continue;
                 }
                 connections.fetch_add(1, Ordering::SeqCst);
+                state.lock().unwrap().counters.connections_accepted += 1;
                 let (state, connections) = (state.clone(), connections.clone());
                 let mut stop = closing.subscribe();
                 tokio::spawn(async move {
@@ -242,7 +243,11 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
             s.touch(sid);
             let started = std::time::Instant::now();
             let reply = s.handle(sid, &frame).map_err(|e| format!("malformed request: {e}"))?;
-            s.counters.record_latency(started.elapsed().as_micros() as u64);
+            let took = started.elapsed().as_micros() as u64;
+            s.counters.record_latency(took);
+            if let Some(op) = frame.get(4..8) {
+                s.counters.record_op(i32::from_be_bytes([op[0], op[1], op[2], op[3]]), took);
+            }
             if let Some(f) = reply.frame {
                 s.counters.sent += 1;
                 s.send(&tx, Outgoing::Frame(f));
@@ -274,7 +279,7 @@ impl Drop for DropSignal {
 }
 
 /// The process's limit on open files (its soft limit), as `mntr` reports it.
-fn max_open_files() -> u64 {
+pub(crate) fn max_open_files() -> u64 {
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
     limits
         .lines()
@@ -285,7 +290,7 @@ fn max_open_files() -> u64 {
 }
 
 /// The Apache ZooKeeper release whose client protocol the server speaks, as version strings show it.
-const ZK_PROTOCOL_VERSION: &str = "3.8.4";
+pub(crate) const ZK_PROTOCOL_VERSION: &str = "3.8.4";
 
 fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
     let s = state.lock().unwrap();

@@ -26,8 +26,8 @@ pub use sessions::Session;
 use watches::Watches;
 use write::WriteOp;
 
-/// Counters for the four-letter words.
-#[derive(Default, Clone, Copy)]
+/// Counters for the four-letter words and the metrics.
+#[derive(Default, Clone)]
 pub struct Counters {
     pub received: u64,
     pub sent: u64,
@@ -40,6 +40,12 @@ pub struct Counters {
     pub fsyncs: u64,
     pub fsync_sum_us: u64,
     pub fsync_max_us: u64,
+    /// Transactions made durable by those fsyncs (the group commit's batches add up to it).
+    pub fsync_batched: u64,
+    /// Requests by opcode: count and total time under the state (microseconds).
+    pub ops: std::collections::BTreeMap<i32, (u64, u64)>,
+    /// Connections accepted since the start.
+    pub connections_accepted: u64,
 }
 
 impl Counters {
@@ -48,6 +54,13 @@ impl Counters {
         self.latency_max_us = self.latency_max_us.max(us);
         self.latency_sum_us += us;
         self.latency_count += 1;
+    }
+
+    /// One request of `opcode` took `us` under the state.
+    pub fn record_op(&mut self, opcode: i32, us: u64) {
+        let e = self.ops.entry(opcode).or_default();
+        e.0 += 1;
+        e.1 += us;
     }
 
     /// (min, avg, max) in milliseconds, as ZooKeeper prints them.
@@ -153,14 +166,14 @@ impl State {
     /// and many clients share each fsync.
     pub fn sync(state: &Mutex<State>) {
         loop {
-            let (upto, file) = {
+            let (upto, before, file) = {
                 let mut s = state.lock().unwrap();
                 if s.syncing || s.gate.is_durable() {
                     return;
                 }
                 let Some(file) = s.persist.as_ref().map(|p| p.sync_handle()) else { return };
                 s.syncing = true;
-                (s.gate.appended_count(), file)
+                (s.gate.appended_count(), s.gate.durable_count(), file)
             };
             let started = Instant::now();
             if let Err(e) = file.and_then(|f| f.sync_data()) {
@@ -172,6 +185,7 @@ impl State {
             s.counters.fsyncs += 1;
             s.counters.fsync_sum_us += took;
             s.counters.fsync_max_us = s.counters.fsync_max_us.max(took);
+            s.counters.fsync_batched += upto.saturating_sub(before);
             s.syncing = false;
             s.gate.durable_up_to(upto);
         }
