@@ -315,9 +315,8 @@ impl Lock {
         let busy = wait == Wait::Never;
         match got {
             Ok(Some(inner)) => {
-                let mut hold = obs.end(Ok(Some(inner.fencing_token())), busy).expect("a grant makes a hold");
-                hold.watch_loss(inner.lost());
-                Ok(Some(Guard { hold, inner }))
+                let hold = obs.end(Ok(Some(inner.fencing_token())), busy).expect("a grant makes a hold");
+                Ok(Some(Guard { hold, inner: Some(inner) }))
             }
             Ok(None) => {
                 obs.end(Ok(None), busy);
@@ -348,43 +347,49 @@ impl Lock {
 #[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct Guard {
-    // Dropped first: its loss watcher stops before `inner`'s drop ends the lease.
     hold: crate::observe::Hold,
-    inner: Box<dyn Held>,
+    /// Taken by the release; until then always there.
+    inner: Option<Box<dyn Held>>,
 }
 
 impl Guard {
+    fn held(&self) -> &dyn Held {
+        self.inner.as_deref().expect("a guard has its lock until its release or drop")
+    }
+
     /// The lock's name on the server (znode path or key).
     pub fn lock_name(&self) -> String {
-        self.inner.name()
+        self.held().name()
     }
 
     /// Our mark on the server: the lock node's path (ZooKeeper), the hash field (Redisson
     /// layout), the key's value (simple layout), our key (etcd), the holder column (SQLite) or
     /// the session (PostgreSQL, MariaDB).
     pub fn holder_id(&self) -> String {
-        self.inner.holder_id()
+        self.held().holder_id()
     }
 
     /// Strictly increasing from one holder of the lock to the next.
     pub fn fencing_token(&self) -> u64 {
-        self.inner.fencing_token()
+        self.held().fencing_token()
     }
 
     /// The instant after which the server may give the lock to someone else unless it hears
     /// from us first.
     pub fn lease_deadline(&self) -> std::time::Instant {
-        self.inner.lease_deadline()
+        self.held().lease_deadline()
     }
 
     /// The state now.
     pub fn state(&self) -> LockState {
-        self.inner.state()
+        let state = self.held().state();
+        self.hold.saw(state);
+        state
     }
 
     /// Resolves when the lock can no longer be trusted.
     pub fn lost(&self) -> std::pin::Pin<Box<dyn Future<Output = LostReason> + Send + 'static>> {
-        self.inner.lost()
+        self.hold.counting_loss(self.held().lost())
     }
 
     /// Releases and waits for the server.
@@ -400,14 +405,24 @@ impl Guard {
     /// [`Error::LockLost`] if the lock had been lost before, or the server no longer had it as
     /// ours (the work done under it may have overlapped another holder's: check the fencing
     /// token's use); [`Error::Backend`] if the server failed to answer.
-    pub async fn release(self) -> Result<()> {
-        let Guard { mut hold, inner } = self;
+    pub async fn release(mut self) -> Result<()> {
+        let inner = self.inner.take().expect("a guard has its lock until its release or drop");
         let state = inner.state();
         let left = inner.lease_deadline().saturating_duration_since(std::time::Instant::now());
-        hold.ending();
+        self.hold.ending(state);
         let out = inner.release().await;
-        hold.released(out.is_ok(), state, left);
+        self.hold.released(out.is_ok(), state, left);
         out
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Unreleased: a loss it had is counted before the drop's own release ends the lease.
+        if let Some(inner) = self.inner.take() {
+            self.hold.ending(inner.state());
+            drop(inner);
+        }
     }
 }
 

@@ -32,7 +32,7 @@
 
 use crate::{LockState, LostReason};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -155,6 +155,10 @@ pub const METRICS: &[Metric] = &[
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static OPTIONS: OnceLock<StdMutex<Names>> = OnceLock::new();
+/// Bumped by every [`enable`]: handles made before belong to an earlier recorder or options.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Each backend's handles of the metrics without a `lock` label (at most one per backend).
+static HANDLES: StdMutex<Vec<Arc<Handles>>> = StdMutex::new(Vec::new());
 
 #[derive(Debug, Default)]
 struct Names {
@@ -164,7 +168,7 @@ struct Names {
 
 /// Starts recording metrics into the installed `metrics` recorder (install it first), with
 /// `options`; describes every metric of [`METRICS`] to it. Calling it again changes the options
-/// (names already labelled keep their label).
+/// (names already labelled keep their label) and picks up a recorder installed since.
 pub fn enable(options: Options) {
     let names = OPTIONS.get_or_init(StdMutex::default);
     names.lock().unwrap_or_else(|e| e.into_inner()).mode = options.lock_names;
@@ -175,6 +179,8 @@ pub fn enable(options: Options) {
             _ => metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help),
         }
     }
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+    HANDLES.lock().unwrap_or_else(|e| e.into_inner()).clear();
     ENABLED.store(true, Ordering::SeqCst);
 }
 
@@ -225,21 +231,119 @@ pub(crate) fn reason_label(reason: LostReason) -> &'static str {
     }
 }
 
-/// An acquire under way: counted as waiting until it ends (or is dropped: cancelled), and timed.
-pub(crate) struct Acquire {
+/// How an acquire ended (the `outcome` label).
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Acquired,
+    Busy,
+    TimedOut,
+    Error,
+    Cancelled,
+}
+
+const OUTCOMES: [&str; 5] = ["acquired", "busy", "timed_out", "error", "cancelled"];
+const ENDS: [&str; 3] = ["released", "release_failed", "dropped"];
+
+/// One backend's metric handles, looked up in the recorder once (a lookup per record costs a
+/// hash of the name and labels, and allocations).
+struct Handles {
     backend: &'static str,
-    name: Arc<str>,
+    generation: u64,
+    waiting: metrics::Gauge,
+    held: metrics::Gauge,
+    acquires: [metrics::Counter; 5],
+    waits: [metrics::Histogram; 5],
+    hold: metrics::Histogram,
+    releases: [metrics::Counter; 3],
+    lease_left: metrics::Histogram,
+}
+
+fn handles(backend: &'static str) -> Arc<Handles> {
+    let generation = GENERATION.load(Ordering::SeqCst);
+    let mut all = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = all.iter().find(|h| h.backend == backend && h.generation == generation) {
+        return h.clone();
+    }
+    let h = Arc::new(Handles {
+        backend,
+        generation,
+        waiting: metrics::gauge!("distlock_acquires_waiting", "backend" => backend),
+        held: metrics::gauge!("distlock_locks_held", "backend" => backend),
+        acquires: OUTCOMES.map(|o| metrics::counter!("distlock_acquires_total", "backend" => backend, "outcome" => o)),
+        waits: OUTCOMES
+            .map(|o| metrics::histogram!("distlock_acquire_wait_seconds", "backend" => backend, "outcome" => o)),
+        hold: metrics::histogram!("distlock_hold_seconds", "backend" => backend),
+        releases: ENDS.map(|e| metrics::counter!("distlock_releases_total", "backend" => backend, "result" => e)),
+        lease_left: metrics::histogram!("distlock_release_lease_left_seconds", "backend" => backend),
+    });
+    all.retain(|h| h.generation == generation);
+    all.push(h.clone());
+    h
+}
+
+/// Where a lock's records go: its backend's handles, and its `lock` label if names are labelled
+/// (then the series with that label are looked up per record).
+#[derive(Clone)]
+struct Sink {
+    handles: Arc<Handles>,
+    lock: Option<Arc<str>>,
+}
+
+impl Sink {
+    fn new(backend: &'static str, name: &str) -> Sink {
+        Sink { handles: handles(backend), lock: lock_label(name) }
+    }
+
+    fn acquire_ended(&self, outcome: Outcome, waited: Duration) {
+        let h = &self.handles;
+        h.waiting.decrement(1.0);
+        let i = outcome as usize;
+        match &self.lock {
+            None => {
+                h.acquires[i].increment(1);
+                h.waits[i].record(waited.as_secs_f64());
+            }
+            lock => {
+                let l = labels(&[("backend", h.backend), ("outcome", OUTCOMES[i])], lock);
+                metrics::counter!("distlock_acquires_total", l.clone()).increment(1);
+                metrics::histogram!("distlock_acquire_wait_seconds", l).record(waited.as_secs_f64());
+            }
+        }
+    }
+
+    fn hold_ended(&self, end: usize, held: Duration) {
+        let h = &self.handles;
+        h.held.decrement(1.0);
+        h.releases[end].increment(1);
+        match &self.lock {
+            None => h.hold.record(held.as_secs_f64()),
+            lock => metrics::histogram!("distlock_hold_seconds", labels(&[("backend", h.backend)], lock))
+                .record(held.as_secs_f64()),
+        }
+    }
+
+    fn lost(&self, reason: LostReason) {
+        let l = labels(&[("backend", self.handles.backend), ("reason", reason_label(reason))], &self.lock);
+        metrics::counter!("distlock_locks_lost_total", l).increment(1);
+    }
+}
+
+/// An acquire under way: counted as waiting until it ends (or is dropped: cancelled), and timed.
+pub(crate) struct Acquire<'a> {
+    backend: &'static str,
+    name: &'a str,
     started: Instant,
-    metrics: bool,
+    /// Metrics on: where they go (taken when the acquire ends).
+    sink: Option<Sink>,
     ended: bool,
     pub(crate) span: tracing::Span,
 }
 
-impl Acquire {
-    pub(crate) fn start(backend: &'static str, name: &str) -> Acquire {
-        let metrics = enabled();
-        if metrics {
-            metrics::gauge!("distlock_acquires_waiting", "backend" => backend).increment(1.0);
+impl<'a> Acquire<'a> {
+    pub(crate) fn start(backend: &'static str, name: &'a str) -> Acquire<'a> {
+        let sink = enabled().then(|| Sink::new(backend, name));
+        if let Some(s) = &sink {
+            s.handles.waiting.increment(1.0);
         }
         let span = tracing::info_span!(
             "distlock.acquire",
@@ -249,7 +353,7 @@ impl Acquire {
             token = Empty,
             waited_s = Empty
         );
-        Acquire { backend, name: Arc::from(name), started: Instant::now(), metrics, ended: false, span }
+        Acquire { backend, name, started: Instant::now(), sink, ended: false, span }
     }
 
     /// The acquire ended: `Some(token)` if granted, `None` if not had in time; `busy` says whether
@@ -257,135 +361,132 @@ impl Acquire {
     pub(crate) fn end(mut self, outcome: std::result::Result<Option<u64>, ()>, busy: bool) -> Option<Hold> {
         let waited = self.started.elapsed();
         self.ended = true;
-        let label = match outcome {
-            Ok(Some(_)) => "acquired",
-            Ok(None) if busy => "busy",
-            Ok(None) => "timed_out",
-            Err(()) => "error",
+        let how = match outcome {
+            Ok(Some(_)) => Outcome::Acquired,
+            Ok(None) if busy => Outcome::Busy,
+            Ok(None) => Outcome::TimedOut,
+            Err(()) => Outcome::Error,
         };
-        self.span.record("outcome", label);
+        self.span.record("outcome", OUTCOMES[how as usize]);
         self.span.record("waited_s", waited.as_secs_f64());
         if let Ok(Some(t)) = outcome {
             self.span.record("token", t);
         }
-        let metrics = std::mem::replace(&mut self.metrics, false);
-        let lock = if metrics { lock_label(&self.name) } else { None };
-        if metrics {
-            metrics::gauge!("distlock_acquires_waiting", "backend" => self.backend).decrement(1.0);
-            let l = labels(&[("backend", self.backend), ("outcome", label)], &lock);
-            metrics::counter!("distlock_acquires_total", l.clone()).increment(1);
-            metrics::histogram!("distlock_acquire_wait_seconds", l).record(waited.as_secs_f64());
+        let sink = self.sink.take();
+        if let Some(s) = &sink {
+            s.acquire_ended(how, waited);
         }
         let Ok(Some(token)) = outcome else { return None };
-        if metrics {
-            metrics::gauge!("distlock_locks_held", "backend" => self.backend).increment(1.0);
+        if let Some(s) = &sink {
+            s.handles.held.increment(1.0);
         }
-        let span = tracing::info_span!(parent: None, "distlock.hold", backend = self.backend, lock = &*self.name, token, held_s = Empty, end = Empty);
+        let span = tracing::info_span!(
+            parent: None,
+            "distlock.hold",
+            backend = self.backend,
+            lock = self.name,
+            token,
+            held_s = Empty,
+            end = Empty
+        );
         span.follows_from(&self.span);
-        Some(Hold { backend: self.backend, lock, started: Instant::now(), metrics, span, watcher: None, ended: false })
+        let loss_counted = sink.as_ref().map(|_| Arc::default());
+        Some(Hold { sink, started: Instant::now(), span, loss_counted, ended: false })
     }
 }
 
-impl Drop for Acquire {
+impl Drop for Acquire<'_> {
     fn drop(&mut self) {
-        if self.metrics {
-            // Dropped unfinished: the caller gave up (a timeout around it, a select!).
-            metrics::gauge!("distlock_acquires_waiting", "backend" => self.backend).decrement(1.0);
-            let waited = self.started.elapsed();
-            let l = labels(&[("backend", self.backend), ("outcome", "cancelled")], &lock_label(&self.name));
-            metrics::counter!("distlock_acquires_total", l.clone()).increment(1);
-            metrics::histogram!("distlock_acquire_wait_seconds", l).record(waited.as_secs_f64());
-        }
-        if self.span.is_none() {
+        if self.ended {
             return;
         }
-        if !self.ended {
-            self.span.record("outcome", "cancelled");
-            self.span.record("waited_s", self.started.elapsed().as_secs_f64());
+        // Dropped unfinished: the caller gave up (a timeout around it, a select!).
+        let waited = self.started.elapsed();
+        if let Some(s) = self.sink.take() {
+            s.acquire_ended(Outcome::Cancelled, waited);
         }
+        self.span.record("outcome", "cancelled");
+        self.span.record("waited_s", waited.as_secs_f64());
     }
 }
 
-/// A hold: counted as held until it ends; its loss counted when it happens.
+/// A hold: counted as held until it ends; its loss counted when the holder learns of it (its
+/// `lost()` resolves or its state reads lost) or, at the latest, when it ends.
 pub(crate) struct Hold {
-    backend: &'static str,
-    lock: Option<Arc<str>>,
+    sink: Option<Sink>,
     started: Instant,
-    metrics: bool,
     span: tracing::Span,
-    /// Ends the loss watcher when the hold ends.
-    watcher: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Whether its loss was counted (or can no longer be: the hold ended); metrics on only.
+    loss_counted: Option<Arc<AtomicBool>>,
     ended: bool,
 }
 
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hold").field("backend", &self.backend).finish_non_exhaustive()
+        f.debug_struct("Hold").field("started", &self.started).finish_non_exhaustive()
     }
 }
 
 impl Hold {
-    /// Counts the hold's loss when `lost` resolves before the hold ends (metrics on only: it
-    /// costs a task per hold).
-    pub(crate) fn watch_loss(&mut self, lost: crate::contract::BoxFuture<'static, LostReason>) {
-        if !self.metrics {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (backend, lock) = (self.backend, self.lock.clone());
-        runtime.spawn(async move {
-            tokio::select! {
-                // The hold's end first: a release ends the lease, which resolves `lost` too.
-                biased;
-                _ = rx => {}
-                reason = lost => {
-                    let l = labels(&[("backend", backend), ("reason", reason_label(reason))], &lock);
-                    metrics::counter!("distlock_locks_lost_total", l).increment(1);
-                }
+    /// The hold's state was read: a loss in it is counted (once).
+    pub(crate) fn saw(&self, state: LockState) {
+        if let (LockState::Lost(reason), Some(counted), Some(sink)) = (state, &self.loss_counted, &self.sink) {
+            if !counted.swap(true, Ordering::SeqCst) {
+                sink.lost(reason);
             }
-        });
-        self.watcher = Some(tx);
+        }
     }
 
-    /// Stops counting losses: the hold is about to end (a release ends the lease, which looks
-    /// like a loss to `lost()`).
-    pub(crate) fn ending(&mut self) {
-        drop(self.watcher.take());
+    /// `lost`, counting the loss (once) when it resolves while the hold lasts.
+    pub(crate) fn counting_loss(
+        &self,
+        lost: crate::contract::BoxFuture<'static, LostReason>,
+    ) -> crate::contract::BoxFuture<'static, LostReason> {
+        let (Some(counted), Some(sink)) = (self.loss_counted.clone(), self.sink.clone()) else { return lost };
+        Box::pin(async move {
+            let reason = lost.await;
+            if !counted.swap(true, Ordering::SeqCst) {
+                sink.lost(reason);
+            }
+            reason
+        })
+    }
+
+    /// The hold is about to end (a release or a drop), in `state`: a loss in it is counted, and
+    /// none after (the release ends the lease, which `lost()` also reports).
+    pub(crate) fn ending(&mut self, state: LockState) {
+        self.saw(state);
+        if let Some(counted) = &self.loss_counted {
+            counted.store(true, Ordering::SeqCst);
+        }
     }
 
     /// The hold ends by a release that the server answered (`ok`), with `left` before the lease
     /// deadline when it began.
     pub(crate) fn released(&mut self, ok: bool, state: LockState, left: Duration) {
-        if self.metrics && !state.is_lost() {
-            metrics::histogram!("distlock_release_lease_left_seconds", "backend" => self.backend)
-                .record(left.as_secs_f64());
+        if let (Some(s), false) = (&self.sink, state.is_lost()) {
+            s.handles.lease_left.record(left.as_secs_f64());
         }
-        self.finish(if ok { "released" } else { "release_failed" });
+        self.finish(if ok { 0 } else { 1 });
     }
 
-    fn finish(&mut self, end: &'static str) {
+    /// `end` indexes [`ENDS`].
+    fn finish(&mut self, end: usize) {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
-        // The loss watcher stops: a loss seen by the release itself was counted by it already,
-        // or is the release's error (counted as release_failed).
-        drop(self.watcher.take());
         let held = self.started.elapsed();
         self.span.record("held_s", held.as_secs_f64());
-        self.span.record("end", end);
-        if self.metrics {
-            metrics::gauge!("distlock_locks_held", "backend" => self.backend).decrement(1.0);
-            metrics::histogram!("distlock_hold_seconds", labels(&[("backend", self.backend)], &self.lock))
-                .record(held.as_secs_f64());
-            metrics::counter!("distlock_releases_total", "backend" => self.backend, "result" => end).increment(1);
+        self.span.record("end", ENDS[end]);
+        if let Some(s) = &self.sink {
+            s.hold_ended(end, held);
         }
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.finish("dropped");
+        self.finish(2);
     }
 }
 

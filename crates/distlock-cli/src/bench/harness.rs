@@ -46,9 +46,10 @@ pub struct BenchArgs {
     /// (and proxy). Needs Java 17 and Debian's Curator jars (libcurator-recipes-java).
     #[arg(long)]
     pub(super) curator: bool,
-    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic, scaling
-    /// (default: all the backend has but scaling, which runs only when asked for).
-    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling"])]
+    /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic, scaling,
+    /// observe (default: all the backend has but scaling and observe, which run only when asked
+    /// for). `observe` measures what metrics and spans cost, on any backend.
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling", "observe"])]
     pub(super) workloads: Vec<String>,
 }
 

@@ -5,6 +5,7 @@
 mod curator;
 mod etcd;
 mod harness;
+mod observe;
 mod postgres;
 mod redis;
 mod sql;
@@ -28,16 +29,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         );
     }
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
-    // The workloads asked for, or the backend's own list.
+    let (duration, clients, json) = (args.duration, args.clients, args.json);
+    // `observe` (the cost of metrics and spans) runs on any backend through the shared API.
+    if args.workloads.iter().any(|w| w == "observe") {
+        let r = observe::run(backend, duration, &progress).await?;
+        if json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            print_table(std::slice::from_ref(&r));
+        }
+        if args.workloads.iter().all(|w| w == "observe") {
+            return Ok(0);
+        }
+    }
+    let workloads: Vec<String> = args.workloads.iter().filter(|w| *w != "observe").cloned().collect();
     let chosen = |defaults: &[&str]| -> Vec<String> {
-        if args.workloads.is_empty() {
-            // `scaling` runs many points: only when asked for.
+        if workloads.is_empty() {
             defaults.iter().filter(|w| **w != "scaling").map(|w| w.to_string()).collect()
         } else {
-            args.workloads.clone()
+            workloads.clone()
         }
     };
-    let (duration, clients, json) = (args.duration, args.clients, args.json);
     let is_zk = backend == "embedded" || backend.starts_with("zk://");
     if args.curator && !is_zk {
         anyhow::bail!("--curator measures Apache Curator, a ZooKeeper client: use a zk:// backend or embedded");
