@@ -85,6 +85,18 @@ impl Default for Report {
     }
 }
 
+/// `backend`'s URL, starting an in-process server (fsync never) for `embedded`: keep the server
+/// as long as the URL is used.
+pub(crate) async fn embedded_or(backend: &str) -> anyhow::Result<(Option<distlock_server::EmbeddedServer>, String)> {
+    if backend != "embedded" {
+        return Ok((None, backend.to_string()));
+    }
+    let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
+    let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
+    let url = s.url();
+    Ok((Some(s), url))
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;

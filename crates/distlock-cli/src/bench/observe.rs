@@ -26,17 +26,7 @@ fn recorder() -> &'static metrics_exporter_prometheus::PrometheusHandle {
 }
 
 pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Report> {
-    let _embedded;
-    let url = if backend == "embedded" {
-        let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
-        let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
-        let url = s.url();
-        _embedded = Some(s);
-        url
-    } else {
-        _embedded = None;
-        backend.to_string()
-    };
+    let (_embedded, url) = super::harness::embedded_or(backend).await?;
     let client = distlock::connect(&url).await?;
     let lock = client.mutex(&format!("distlock-bench-observe-{}", uuid::Uuid::new_v4().simple()))?;
     let handle = recorder();

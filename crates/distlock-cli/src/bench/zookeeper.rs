@@ -55,17 +55,7 @@ pub(super) async fn run(
             );
         }
     }
-    let _embedded;
-    let url = if backend == "embedded" {
-        let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
-        let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
-        let url = s.url();
-        _embedded = Some(s);
-        url
-    } else {
-        _embedded = None;
-        backend.to_string()
-    };
+    let (_embedded, url) = super::harness::embedded_or(backend).await?;
     let (url, wire) = match args.rtt {
         Some(rtt) => {
             let (proxy, url) = through_proxy(&url, rtt).await?;
