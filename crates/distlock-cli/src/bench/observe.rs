@@ -57,11 +57,7 @@ pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) 
             }
             Ok::<_, distlock::Error>((count, t0.elapsed()))
         };
-        let (count, elapsed) = if on {
-            cycles.with_subscriber(spans.clone()).await?
-        } else {
-            cycles.await?
-        };
+        let (count, elapsed) = if on { cycles.with_subscriber(spans.clone()).await? } else { cycles.await? };
         n[on as usize] += count;
         took[on as usize] += elapsed;
         let rate = count as f64 / elapsed.as_secs_f64();
