@@ -201,6 +201,9 @@ impl Held {
             Ok(Ok(())) => Released::Clean,
             Ok(Err(e @ distlock::Error::LockLost { .. })) => {
                 eprintln!("distlock: releasing {shown}: {e}");
+                if let distlock::Error::LockLost { reason, .. } = &e {
+                    crate::textfile::lost(&reason.to_string());
+                }
                 Released::Lost
             }
             Ok(Err(e)) => {
@@ -290,6 +293,9 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         }
     };
     let shown = specs.iter().map(|l| l.name()).collect::<Vec<_>>().join(",");
+    // The names as given, by the server's name (the multi-lock takes them in its own order).
+    let typed: std::collections::HashMap<String, String> =
+        specs.iter().zip(&args.locks).map(|(l, given)| (l.name().to_string(), given.clone())).collect();
     let multi = MultiLock::new(specs)?;
 
     // A status line on a terminal, once the wait lasts long enough to be worth one.
@@ -297,6 +303,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
     let shown_status = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let status_line = (std::io::stderr().is_terminal() && timeout != Some(Duration::ZERO))
         .then(|| tokio::spawn(show_status(shown.clone(), progress_rx, Instant::now(), shown_status.clone())));
+    tracing::debug!("waiting for {shown}");
     let acquired = tokio::select! {
         r = multi.acquire(timeout, Some(&progress_tx)) => Ok(r),
         sig = signals.ending() => Err(sig),
@@ -333,7 +340,16 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             Ok(Err(args.conflict_exit_code))
         }
         Ok(Ok(Some(guard))) => {
-            crate::textfile::acquired(guard.parts().iter().map(|p| (p.lock_name(), p.fencing_token())).collect());
+            crate::textfile::acquired(
+                guard
+                    .parts()
+                    .iter()
+                    .map(|p| {
+                        let name = p.lock_name();
+                        (typed.get(&name).cloned().unwrap_or(name), p.fencing_token())
+                    })
+                    .collect(),
+            );
             Ok(Ok(Held { client, guard, shown }))
         }
     }
@@ -361,9 +377,11 @@ fn interrupt_our_group(sig: libc::c_int) {
     }
 }
 
-/// Ends the process by `sig` with its default action (flushing stderr first).
+/// Ends the process by `sig` with its default action (flushing stderr and writing the run's
+/// `--metrics-textfile` first: the shell will report 128+N).
 fn die_of(sig: libc::c_int) {
     use std::io::Write;
+    crate::textfile::finish(128 + sig as u8);
     let _ = std::io::stderr().flush();
     // SAFETY: resetting a disposition to the default and raising a signal at ourselves.
     unsafe {
@@ -559,7 +577,6 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         // script. When the command had the terminal, the keypress reached only its group; it is
         // passed on to ours (the calling shell included), as the terminal would have done.
         if let Some(sig @ (libc::SIGINT | libc::SIGQUIT)) = std::os::unix::process::ExitStatusExt::signal(&status) {
-            crate::textfile::finish(128 + sig as u8);
             if had_terminal {
                 interrupt_our_group(sig);
             }

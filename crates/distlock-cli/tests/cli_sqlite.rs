@@ -180,6 +180,44 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
         .filter(|n| n.contains(".prom"))
         .collect();
     assert_eq!(left, ["job.prom"]);
+    // Ctrl-C while waiting: distlock dies of SIGINT, and the file says so first.
+    let mut holder = distlock(&b, &["hold", "job"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = common::Lines::of(&mut holder);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let mut waiter = distlock(&b, &["exec", "--metrics-textfile", f, "job", "--", "true"])
+        .env("DISTLOCK_LOG", "debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = waiter.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let mut err = Vec::new();
+    while !err.iter().any(|l: &String| l.contains("waiting for job")) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => err.push(line),
+            Err(_) => panic!("no \"waiting for job\" within 20 s: {err:?}"),
+        }
+    }
+    // SAFETY: a signal to a child this test started.
+    unsafe { libc::kill(waiter.id() as libc::pid_t, libc::SIGINT) };
+    let status = common::wait_exit(&mut waiter, Duration::from_secs(20));
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGINT), "{err:?}");
+    let text = promtool_checked(&file);
+    assert_eq!(value(&text, &format!(r#"distlock_run_outcome{{{base},outcome="interrupted"}}"#)), "1", "{text}");
+    assert_eq!(value(&text, &format!("distlock_run_exit_status{{{base}}}")), "130");
+    drop(holder.stdin.take());
+    assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     // A path in a directory that does not exist: said on stderr, the run's own status kept.
     let bad =
         distlock(&b, &["exec", "--metrics-textfile", "/nonexistent-dir/x.prom", "job", "--", "true"]).output().unwrap();

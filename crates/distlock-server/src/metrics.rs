@@ -18,6 +18,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// Most `/metrics` connections served at once.
+pub const METRICS_CONNECTIONS: usize = 16;
+
 /// A handle on a server's figures.
 ///
 /// # Examples
@@ -217,22 +220,32 @@ impl Metrics {
     }
 
     /// Serves `GET /metrics` on `listener` until `shutdown` resolves. Any other path is 404; a
-    /// request that does not arrive whole within 5 s, or is larger than 8 KiB, is dropped.
+    /// request that does not arrive whole within 5 s, or is larger than 8 KiB, is dropped, as is
+    /// a reply not taken within 5 s; at most [`METRICS_CONNECTIONS`] are served at once (more
+    /// wait to be accepted), so scrapers cannot use up the server's file descriptors.
     pub async fn serve(self, listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
         loop {
+            let slot = tokio::select! {
+                _ = &mut shutdown => return,
+                slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            };
             let (mut socket, _) = tokio::select! {
                 _ = &mut shutdown => return,
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
                     Err(e) => {
+                        // Out of file descriptors, most likely: wait instead of spinning.
                         tracing::warn!(error = %e, "metrics: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 },
             };
             let metrics = self.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let Ok(Ok(head)) = tokio::time::timeout(Duration::from_secs(5), read_head(&mut socket)).await else {
                     return;
                 };
@@ -251,8 +264,11 @@ impl Metrics {
                     "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
-                let _ = socket.write_all(reply.as_bytes()).await;
-                let _ = socket.shutdown().await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    let _ = socket.write_all(reply.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                })
+                .await;
             });
         }
     }

@@ -37,7 +37,9 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                 let (socket, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
+                        // Out of file descriptors, most likely: wait instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                 };

@@ -411,7 +411,12 @@ impl Guard {
         let left = inner.lease_deadline().saturating_duration_since(std::time::Instant::now());
         self.hold.ending(state);
         let out = inner.release().await;
-        self.hold.released(out.is_ok(), state, left);
+        // A loss the release itself found (the server no longer had the lock as ours).
+        let found = match &out {
+            Err(Error::LockLost { reason, .. }) if !state.is_lost() => Some(*reason),
+            _ => None,
+        };
+        self.hold.released(out.is_ok(), state, left, found);
         out
     }
 }

@@ -125,7 +125,7 @@ pub const METRICS: &[Metric] = &[
         name: "distlock_releases_total",
         kind: "counter",
         labels: "backend, result",
-        help: "Holds that ended, by result: released, release_failed (the server no longer had it, or did not answer), dropped (released in the background).",
+        help: "Holds that ended, by result: released, release_failed (the server no longer had it, or failed to answer), dropped (the guard or its release dropped unfinished: released in the background).",
     },
     Metric {
         name: "distlock_locks_lost_total",
@@ -155,6 +155,8 @@ pub const METRICS: &[Metric] = &[
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static OPTIONS: OnceLock<StdMutex<Names>> = OnceLock::new();
+/// Whether names are labelled (read without taking [`OPTIONS`]'s lock).
+static NAMES_ON: AtomicBool = AtomicBool::new(false);
 /// Bumped by every [`enable`]: handles made before belong to an earlier recorder or options.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Each backend's handles of the metrics without a `lock` label (at most one per backend).
@@ -168,10 +170,16 @@ struct Names {
 
 /// Starts recording metrics into the installed `metrics` recorder (install it first), with
 /// `options`; describes every metric of [`METRICS`] to it. Calling it again changes the options
-/// (names already labelled keep their label) and picks up a recorder installed since.
+/// (with names still capped, those already labelled keep their label; with
+/// [`LockNames::Off`], none is labelled) and picks up a recorder installed since.
+///
+/// The library keeps the recorder's handle of each series it records, from one `enable` to
+/// the next: an exporter that evicts idle series (`metrics-exporter-prometheus`'s
+/// `idle_timeout`) would drop them for good, so do not set one for `distlock_` metrics.
 pub fn enable(options: Options) {
     let names = OPTIONS.get_or_init(StdMutex::default);
     names.lock().unwrap_or_else(|e| e.into_inner()).mode = options.lock_names;
+    NAMES_ON.store(options.lock_names != LockNames::Off, Ordering::SeqCst);
     for m in METRICS {
         match m.kind {
             "counter" => metrics::describe_counter!(m.name, m.help),
@@ -196,6 +204,9 @@ pub fn enabled() -> bool {
 
 /// The `lock` label for `name`, if names are labelled.
 fn lock_label(name: &str) -> Option<Arc<str>> {
+    if !NAMES_ON.load(Ordering::Relaxed) {
+        return None;
+    }
     let names = OPTIONS.get()?;
     let mut names = names.lock().unwrap_or_else(|e| e.into_inner());
     let LockNames::Capped(cap) = names.mode else { return None };
@@ -463,9 +474,14 @@ impl Hold {
 
     /// The hold ends by a release that the server answered (`ok`), with `left` before the lease
     /// deadline when it began.
-    pub(crate) fn released(&mut self, ok: bool, state: LockState, left: Duration) {
+    /// `found`: a loss the release itself discovered (the state read before it did not show it),
+    /// counted here: nothing else can count it once the hold is ending.
+    pub(crate) fn released(&mut self, ok: bool, state: LockState, left: Duration, found: Option<LostReason>) {
         if let (Some(s), false) = (&self.sink, state.is_lost()) {
             s.handles.lease_left.record(left.as_secs_f64());
+        }
+        if let (Some(s), Some(reason)) = (&self.sink, found) {
+            s.lost(reason);
         }
         self.finish(if ok { 0 } else { 1 });
     }

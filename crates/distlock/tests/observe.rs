@@ -252,6 +252,20 @@ async fn a_loss_is_counted_when_it_happens(totals: &mut Totals, snapshotter: &Sn
     assert_eq!(totals.get("distlock_locks_lost_total", &lock), 1.0, "counted once");
     assert_eq!(totals.get("distlock_releases_total", &[("backend", "sqlite"), ("result", "release_failed")]), 1.0);
     assert_eq!(totals.get("distlock_locks_held", &[("backend", "sqlite")]), 0.0);
+
+    // A loss that only the release finds (its renewal not due yet): counted by the release.
+    let client30 = distlock::connect(&format!("{file}?lease=30s")).await.unwrap();
+    let g = client30.mutex("lost-at-release").unwrap().lock().await.unwrap();
+    sqlx::query("DELETE FROM distlock_leases WHERE name = 'lost-at-release'").execute(&mut raw).await.unwrap();
+    assert!(g.state().is_held(), "no renewal yet: the holder cannot know");
+    match g.release().await {
+        Err(distlock::Error::LockLost { reason, .. }) => assert_eq!(reason, distlock::LostReason::KeyDeleted),
+        other => panic!("the release should find the row gone: {other:?}"),
+    }
+    totals.take(snapshotter);
+    let lock = [("backend", "sqlite"), ("lock", "lost-at-release")];
+    assert_eq!(totals.get("distlock_locks_lost_total", &[lock[0], lock[1], ("reason", "key_deleted")]), 1.0);
+    client30.close(Duration::from_secs(5)).await;
     client.close(Duration::from_secs(5)).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

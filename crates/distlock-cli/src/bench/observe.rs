@@ -71,7 +71,8 @@ pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) 
     distlock::observe::disable();
     let rate = |i: usize| n[i] as f64 / took[i].as_secs_f64();
     pairs.sort_by(f64::total_cmp);
-    let median = pairs[pairs.len() / 2];
+    let mid = pairs.len() / 2;
+    let median = if pairs.len() % 2 == 0 { (pairs[mid - 1] + pairs[mid]) / 2.0 } else { pairs[mid] };
     // The recorder saw exactly the cycles run with metrics on.
     let counted: f64 = handle
         .render()
