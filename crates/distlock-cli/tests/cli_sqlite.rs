@@ -117,6 +117,16 @@ impl OutputWith for std::process::Command {
     }
 }
 
+/// `distlock ARGS` (a `hold`) once it holds: it has printed its `DISTLOCK_KEY=` line. Closing
+/// its stdin releases.
+fn holding(b: &str, args: &[&str]) -> std::process::Child {
+    let mut child =
+        distlock(b, args).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let lines = common::Lines::of(&mut child);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    child
+}
+
 /// The value of the one line of `text` that starts with `series` (name and labels).
 fn value(text: &str, series: &str) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("{series} "))).collect();
@@ -145,13 +155,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     let held: f64 = value(&text, &format!("distlock_run_held_seconds{{{base}}}")).parse().unwrap();
     assert!(held > 0.0, "{text}");
     // A run that finds the lock held: busy, the conflict status, no token; the file is replaced.
-    let mut holder = distlock(&b, &["hold", "job"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = common::Lines::of(&mut holder);
-    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let mut holder = holding(&b, &["hold", "job"]);
     let busy = distlock(&b, &["exec", "-n", "-E", "9", "--metrics-textfile", f, "job", "--", "true"]).output().unwrap();
     assert_eq!(busy.status.code(), Some(9), "{}", String::from_utf8_lossy(&busy.stderr));
     let text = promtool_checked(&file);
@@ -162,13 +166,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     drop(holder.stdin.take());
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     // `hold` records too; nothing but the file is left in its directory.
-    let mut hold = distlock(&b, &["hold", "--metrics-textfile", f, "job"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = common::Lines::of(&mut hold);
-    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let mut hold = holding(&b, &["hold", "--metrics-textfile", f, "job"]);
     drop(hold.stdin.take());
     assert!(common::wait_exit(&mut hold, Duration::from_secs(20)).success());
     let text = promtool_checked(&file);
@@ -181,13 +179,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
         .collect();
     assert_eq!(left, ["job.prom"]);
     // Ctrl-C while waiting: distlock dies of SIGINT, and the file says so first.
-    let mut holder = distlock(&b, &["hold", "job"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = common::Lines::of(&mut holder);
-    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let mut holder = holding(&b, &["hold", "job"]);
     let mut waiter = distlock(&b, &["exec", "--metrics-textfile", f, "job", "--", "true"])
         .env("DISTLOCK_LOG", "debug")
         .stderr(std::process::Stdio::piped())

@@ -123,27 +123,21 @@ impl Metrics {
     pub fn render(&self) -> String {
         let s = self.state.lock().unwrap();
         let c = s.counters.clone();
-        let znodes = s.tree.nodes.len();
-        let data: usize = s.tree.nodes.values().map(|n| crate::tree::data_len(&n.data) as usize).sum();
-        let ephemerals = s.ephemeral_count();
-        let watches = s.watch_count();
-        let sessions = s.sessions.len();
-        let alive = s.sessions.values().filter(|x| x.conn.is_some()).count();
-        let outstanding = s.gate.held();
+        let f = s.figures();
         let snapshots = s.persist.as_ref().map(|p| p.snapshot_times());
         let zxid = s.zxid;
         drop(s);
         let mut o = Out(String::new());
         // ZooKeeper's names.
-        o.one("num_alive_connections", "gauge", "Connections with a session, now.", alive);
+        o.one("num_alive_connections", "gauge", "Connections with a session, now.", f.alive);
         o.one(
             "outstanding_requests",
             "gauge",
             "Replies waiting for their transactions to reach the disk.",
-            outstanding,
+            f.outstanding,
         );
-        o.one("global_sessions", "gauge", "Sessions the server keeps, connected or not.", sessions);
-        o.one("approximate_data_size", "gauge", "Bytes of node data held.", data);
+        o.one("global_sessions", "gauge", "Sessions the server keeps, connected or not.", f.sessions);
+        o.one("approximate_data_size", "gauge", "Bytes of node data held.", f.data_size);
         o.one("packets_received", "gauge", "Requests received since the start.", c.received);
         o.one("packets_sent", "gauge", "Replies and events sent since the start.", c.sent);
         let (min, avg, max) = c.latency_ms();
@@ -183,9 +177,9 @@ impl Metrics {
             updates.1 as f64 / 1000.0,
         );
         // Ours.
-        o.one("distlock_server_znodes", "gauge", "Nodes in the tree (ZooKeeper: znode_count).", znodes);
-        o.one("distlock_server_watches", "gauge", "Watches set (ZooKeeper: watch_count).", watches);
-        o.one("distlock_server_ephemerals", "gauge", "Ephemeral nodes (ZooKeeper: ephemerals_count).", ephemerals);
+        o.one("distlock_server_znodes", "gauge", "Nodes in the tree (ZooKeeper: znode_count).", f.znodes);
+        o.one("distlock_server_watches", "gauge", "Watches set (ZooKeeper: watch_count).", f.watches);
+        o.one("distlock_server_ephemerals", "gauge", "Ephemeral nodes (ZooKeeper: ephemerals_count).", f.ephemerals);
         o.one("distlock_server_last_zxid", "gauge", "The last transaction id.", zxid);
         o.one(
             "distlock_server_connections_accepted_total",
@@ -209,12 +203,7 @@ impl Metrics {
             "Longest fsync of the transaction log since the start.",
             c.fsync_max_us as f64 / 1e6,
         );
-        o.one(
-            "process_open_fds",
-            "gauge",
-            "Open file descriptors.",
-            std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0),
-        );
+        o.one("process_open_fds", "gauge", "Open file descriptors.", crate::server::open_files());
         o.one("process_max_fds", "gauge", "Limit on open file descriptors.", crate::server::max_open_files());
         o.0
     }

@@ -280,6 +280,11 @@ impl Drop for DropSignal {
     }
 }
 
+/// The file descriptors the process has open, as `mntr` reports them.
+pub(crate) fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
 /// The process's limit on open files (its soft limit), as `mntr` reports it.
 pub(crate) fn max_open_files() -> u64 {
     let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
@@ -292,14 +297,14 @@ pub(crate) fn max_open_files() -> u64 {
 }
 
 /// The Apache ZooKeeper release whose client protocol the server speaks, as version strings show it.
-pub(crate) const ZK_PROTOCOL_VERSION: &str = "3.8.4";
+const ZK_PROTOCOL_VERSION: &str = "3.8.4";
 
 fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
     let s = state.lock().unwrap();
     // ZooKeeper's form (kazoo and others parse the leading x.y.z): the protocol we speak, then us.
     let version = format!("{ZK_PROTOCOL_VERSION}-distlock-{}, built on distlock-server", env!("CARGO_PKG_VERSION"));
-    let nodes = s.tree.nodes.len();
-    let conns = s.sessions.values().filter(|x| x.conn.is_some()).count();
+    let f = s.figures();
+    let (nodes, conns) = (f.znodes, f.alive);
     let (lat_min, lat_avg, lat_max) = s.counters.latency_ms();
     // One line per connected session, in `cons`'s shape.
     let clients: String = s
@@ -317,7 +322,7 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
         b"srvr" | b"stat" => {
             let mut out = format!(
                 "Zookeeper version: {version}\nLatency min/avg/max: {lat_min}/{lat_avg:.4}/{lat_max}\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: {}\nZxid: {:#x}\nMode: standalone\nNode count: {nodes}\n",
-                s.counters.received, s.counters.sent, s.gate.held(), s.zxid
+                s.counters.received, s.counters.sent, f.outstanding, s.zxid
             );
             if word == b"stat" {
                 out = out.replacen("Latency", &format!("Clients:\n{clients}\nLatency"), 1);
@@ -328,14 +333,14 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\nzk_open_file_descriptor_count\t{}\nzk_max_file_descriptor_count\t{}\n",
             s.counters.received,
             s.counters.sent,
-            s.gate.held(),
-            s.watch_count(),
-            s.ephemeral_count(),
-            s.tree.nodes.values().map(|n| crate::tree::data_len(&n.data) as usize).sum::<usize>(),
+            f.outstanding,
+            f.watches,
+            f.ephemerals,
+            f.data_size,
             s.counters.fsyncs,
             s.counters.fsync_sum_us / 1000,
             s.counters.fsync_max_us / 1000,
-            std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0),
+            open_files(),
             max_open_files(),
         ),
         b"conf" => format!(
@@ -346,7 +351,7 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             s.config.max_connections
         ),
         b"envi" => format!("Environment:\nzookeeper.version={version}\n"),
-        b"wchs" => format!("{} connections watching {} paths\nTotal watches:{}\n", conns, s.watch_count(), s.watch_count()),
+        b"wchs" => format!("{} connections watching {} paths\nTotal watches:{}\n", conns, f.watches, f.watches),
         b"dump" => format!("SessionTracker dump:\nSession count: {}\n", s.sessions.len()),
         b"cons" => format!("{clients}\n"),
         _ => String::new(),

@@ -70,6 +70,20 @@ impl Counters {
     }
 }
 
+/// What [`State::figures`] reads: counts of the state now.
+pub struct Figures {
+    pub znodes: usize,
+    /// Bytes of node data.
+    pub data_size: usize,
+    pub ephemerals: usize,
+    pub watches: usize,
+    pub sessions: usize,
+    /// Sessions with a connection.
+    pub alive: usize,
+    /// Replies waiting for the disk.
+    pub outstanding: usize,
+}
+
 pub struct State {
     pub tree: Tree,
     pub zxid: i64,
@@ -339,6 +353,19 @@ impl State {
             Ok(())
         } else {
             Err(err::BAD_ARGUMENTS)
+        }
+    }
+
+    /// The figures that `mntr` and `/metrics` both report, read in one place.
+    pub fn figures(&self) -> Figures {
+        Figures {
+            znodes: self.tree.nodes.len(),
+            data_size: self.tree.nodes.values().map(|n| crate::tree::data_len(&n.data) as usize).sum(),
+            ephemerals: self.ephemeral_count(),
+            watches: self.watch_count(),
+            sessions: self.sessions.len(),
+            alive: self.sessions.values().filter(|x| x.conn.is_some()).count(),
+            outstanding: self.gate.held(),
         }
     }
 
