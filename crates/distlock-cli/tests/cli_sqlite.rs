@@ -118,13 +118,14 @@ impl OutputWith for std::process::Command {
 }
 
 /// `distlock ARGS` (a `hold`) once it holds: it has printed its `DISTLOCK_KEY=` line. Closing
-/// its stdin releases.
-fn holding(b: &str, args: &[&str]) -> std::process::Child {
+/// its stdin releases. Keep the reader of its stdout as long as the child: dropped, it closes
+/// the pipe, and a `hold` still printing its other lines fails on it.
+fn holding(b: &str, args: &[&str]) -> (std::process::Child, common::Lines) {
     let mut child =
         distlock(b, args).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
     let lines = common::Lines::of(&mut child);
     assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
-    child
+    (child, lines)
 }
 
 /// The value of the one line of `text` that starts with `series` (name and labels).
@@ -155,7 +156,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     let held: f64 = value(&text, &format!("distlock_run_held_seconds{{{base}}}")).parse().unwrap();
     assert!(held > 0.0, "{text}");
     // A run that finds the lock held: busy, the conflict status, no token; the file is replaced.
-    let mut holder = holding(&b, &["hold", "job"]);
+    let (mut holder, _out) = holding(&b, &["hold", "job"]);
     let busy = distlock(&b, &["exec", "-n", "-E", "9", "--metrics-textfile", f, "job", "--", "true"]).output().unwrap();
     assert_eq!(busy.status.code(), Some(9), "{}", String::from_utf8_lossy(&busy.stderr));
     let text = promtool_checked(&file);
@@ -166,7 +167,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     drop(holder.stdin.take());
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     // `hold` records too; nothing but the file is left in its directory.
-    let mut hold = holding(&b, &["hold", "--metrics-textfile", f, "job"]);
+    let (mut hold, _out) = holding(&b, &["hold", "--metrics-textfile", f, "job"]);
     drop(hold.stdin.take());
     assert!(common::wait_exit(&mut hold, Duration::from_secs(20)).success());
     let text = promtool_checked(&file);
@@ -179,7 +180,7 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
         .collect();
     assert_eq!(left, ["job.prom"]);
     // Ctrl-C while waiting: distlock dies of SIGINT, and the file says so first.
-    let mut holder = holding(&b, &["hold", "job"]);
+    let (mut holder, _out) = holding(&b, &["hold", "job"]);
     let mut waiter = distlock(&b, &["exec", "--metrics-textfile", f, "job", "--", "true"])
         .env("DISTLOCK_LOG", "debug")
         .stderr(std::process::Stdio::piped())
