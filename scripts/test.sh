@@ -31,6 +31,17 @@ servers=${DISTLOCK_TEST_SERVER:-both}
 extra=()
 if [[ "${1:-}" == "--" ]]; then shift; extra=("$@"); fi
 
+# Every temporary file of the run (the tests' own database files, etcd clusters, copies of the
+# binaries) goes under one directory, removed at the end whatever happens.
+run_tmp=$(mktemp -d /tmp/distlock-test.XXXXXX)
+chmod 1777 "$run_tmp"
+trap 'rm -rf "$run_tmp"' EXIT
+export TMPDIR="$run_tmp"
+avail_kib=$(df -Pk "$run_tmp" | awk 'NR == 2 { print $4 }')
+if (( avail_kib < 4 * 1024 * 1024 )); then
+    echo "test.sh: warning: only $((avail_kib / 1024)) MiB free on $run_tmp's disk; the run needs about 4 GiB" >&2
+fi
+
 cargo build --workspace --all-targets --examples
 
 started=()
@@ -46,6 +57,7 @@ cleanup() {
             ensemble) scripts/zk-ensemble.sh stop .tmp/test-ensemble ;;
         esac
     done
+    rm -rf "$run_tmp"
 }
 trap cleanup EXIT
 

@@ -10,15 +10,31 @@ pub struct InspectArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name (PostgreSQL, MariaDB, SQLite).
-    #[arg(value_name = "LOCK")]
-    lock: String,
+    /// Every lock in use whose name starts with LOCK (all of them if LOCK is left out): holders
+    /// and waiters in queue order, in one table for every backend.
+    #[arg(long)]
+    all: bool,
+    /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name
+    /// (PostgreSQL, MariaDB, SQLite, etcd). With --all, a name prefix.
+    #[arg(value_name = "LOCK", required_unless_present = "all")]
+    lock: Option<String>,
 }
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     let client = args.backend.connect().await?;
+    if args.all {
+        let listing = client.locks(args.lock.as_deref().unwrap_or("")).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&listing)?);
+        } else {
+            print!("{}", table(&listing, usize::MAX));
+        }
+        client.close(Duration::from_secs(2)).await;
+        return Ok(0);
+    }
+    let lock = args.lock.clone().expect("clap requires LOCK without --all");
     if let Some(redis) = client.redis() {
-        let view = redis.inspect(&args.lock).await?;
+        let view = redis.inspect(&lock).await?;
         if args.json {
             println!("{}", serde_json::to_string(&view)?);
         } else if view.holders.is_empty() {
@@ -39,7 +55,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     if let Some(pg) = client.postgres() {
-        let view = pg.inspect(&args.lock).await?;
+        let view = pg.inspect(&lock).await?;
         if args.json {
             println!("{}", serde_json::to_string(&view)?);
         } else if view.sessions.is_empty() {
@@ -66,7 +82,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     if let Some(db) = client.mysql() {
-        let view = db.inspect(&args.lock).await?;
+        let view = db.inspect(&lock).await?;
         if args.json {
             println!("{}", serde_json::to_string(&view)?);
         } else {
@@ -80,7 +96,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     if let Some(etcd) = client.etcd() {
-        let view = etcd.inspect(&args.lock).await?;
+        let view = etcd.inspect(&lock).await?;
         if args.json {
             println!("{}", serde_json::to_string(&view)?);
         } else if view.keys.is_empty() {
@@ -100,10 +116,10 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     if let Some(db) = client.sqlite() {
-        let view = db.mutex(&args.lock)?.inspect().await?;
+        let view = db.mutex(&lock)?.inspect().await?;
         match view {
             _ if args.json => println!("{}", serde_json::to_string(&view)?),
-            None => println!("{}: free (never taken)", args.lock),
+            None => println!("{}: free (never taken)", lock),
             Some(v) if v.held => println!(
                 "{}: held by {} since {} until {} UTC; fencing token {}",
                 v.name, v.locked_by, v.locked_at, v.lock_until, v.fencing_token
@@ -118,7 +134,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     let Some(zk) = client.zookeeper() else {
         anyhow::bail!("inspect does not support {} yet", client.backend());
     };
-    let path = client.lock_name(&args.lock)?;
+    let path = client.lock_name(&lock)?;
     let view = zk.inspect(&path).await?;
     if args.json {
         println!("{}", serde_json::to_string(&view)?);
@@ -154,6 +170,94 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     }
     client.close(Duration::from_secs(2)).await;
     Ok(0)
+}
+
+/// A listing as a table: one row per holder or waiter, the lock's name on its first row, then
+/// what the backend cannot show. At most `rows` rows (a screen's worth in `top`).
+pub fn table(listing: &distlock::listing::Listing, rows: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let width = listing.locks.iter().map(|l| l.name.len()).max().unwrap_or(4).clamp(4, 48);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  ID",
+        "LOCK", "RECIPE", "ROLE", "POS", "MODE", "OWNER", "SINCE", "TOKEN", "LEASE"
+    );
+    let mut shown = 0;
+    'locks: for lock in &listing.locks {
+        for (i, e) in lock.entries.iter().enumerate() {
+            if shown == rows {
+                break 'locks;
+            }
+            shown += 1;
+            let (name, recipe) = if i == 0 { (lock.name.as_str(), lock.recipe.as_str()) } else { ("", "") };
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  {}",
+                name,
+                recipe,
+                if e.holds { "holder" } else { "waiter" },
+                i,
+                e.mode,
+                clip(&e.owner, 24),
+                e.since_ms.map(ms_text).unwrap_or_else(|| "-".into()),
+                e.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+                e.lease_left_ms.map(ms_text).unwrap_or_else(|| "-".into()),
+                e.id
+            );
+        }
+    }
+    let entries: usize = listing.locks.iter().map(|l| l.entries.len()).sum();
+    let _ = writeln!(
+        out,
+        "{} lock{} in use on {}{}, {} holder{}, {} waiter{}",
+        listing.locks.len(),
+        if listing.locks.len() == 1 { "" } else { "s" },
+        listing.backend,
+        if listing.prefix.is_empty() { String::new() } else { format!(" under {:?}", listing.prefix) },
+        listing.locks.iter().map(|l| l.holders().count()).sum::<usize>(),
+        plural(listing.locks.iter().map(|l| l.holders().count()).sum::<usize>()),
+        listing.locks.iter().map(|l| l.waiters().count()).sum::<usize>(),
+        plural(listing.locks.iter().map(|l| l.waiters().count()).sum::<usize>()),
+    );
+    if shown < entries {
+        let _ = writeln!(out, "({} more rows not shown)", entries - shown);
+    }
+    if listing.truncated {
+        let _ = writeln!(out, "(more than {} locks: the rest are left out)", distlock::listing::MAX_LOCKS);
+    }
+    for what in &listing.unseen {
+        let _ = writeln!(out, "not recorded by {}: {what}", listing.backend);
+    }
+    out
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut c: String = s.chars().take(n - 1).collect();
+        c.push('…');
+        c
+    }
+}
+
+/// Milliseconds as `850ms`, `12.3s`, `4m05s` or `2h07m`.
+pub fn ms_text(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1000..=59_999 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
 }
 
 fn token_text(token: Option<u64>) -> String {

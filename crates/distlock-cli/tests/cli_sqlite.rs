@@ -222,3 +222,35 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn inspect_all_lists_the_held_locks_under_a_prefix() {
+    let (b, dir) = backend("?lease=30s");
+    let (mut a, _a) = holding(&b, &["hold", "jobs/a"]);
+    let (mut other, _o) = holding(&b, &["hold", "other"]);
+    let out = distlock(&b, &["inspect", "--all", "jobs/"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("jobs/a ")).unwrap_or_else(|| panic!("no row:\n{table}"));
+    assert!(row.contains("holder") && row.contains(&format!("pid {}", a.id())), "{table}");
+    assert!(!table.contains("other"), "outside the prefix:\n{table}");
+    assert!(table.contains("1 lock in use on sqlite") && table.contains("not recorded by sqlite: waiters"), "{table}");
+    let json = distlock(&b, &["inspect", "--all", "--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let names: Vec<&str> = json["locks"].as_array().unwrap().iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["jobs/a", "other"], "{json}");
+    assert_eq!(json["locks"][0]["entries"][0]["holds"], true, "{json}");
+    assert!(json["locks"][0]["entries"][0]["token"].as_u64().is_some(), "{json}");
+    for child in [&mut a, &mut other] {
+        drop(child.stdin.take());
+        assert!(common::wait_exit(child, Duration::from_secs(20)).success());
+    }
+    let json = distlock(&b, &["inspect", "--all", "--json"]).output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["locks"].as_array().map(Vec::len), Some(0), "released: {json}");
+    // Neither a lock nor --all: a usage error naming what is missing.
+    let none = distlock(&b, &["inspect"]).output().unwrap();
+    assert_eq!(none.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("<LOCK>"), "{}", String::from_utf8_lossy(&none.stderr));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -164,6 +164,32 @@ impl Client {
         self.inner.lock_name(name)
     }
 
+    /// Every lock in use (held or awaited) whose name on the server starts with `prefix`, in
+    /// one shape on every backend: holders and waiters in queue order with owner, hold or wait
+    /// time, token and lease left, as far as the server records them ([`Listing::unseen`]
+    /// says what it does not). On ZooKeeper a bare prefix is under `/distlock/` and an empty
+    /// one lists all of it. Refused with [`Error::Unsupported`](crate::Error::Unsupported)
+    /// where the server cannot list: a Redis Cluster, PostgreSQL with a non-empty prefix
+    /// (`pg_locks` has keys, not names), MariaDB without `performance_schema`.
+    ///
+    /// [`Listing::unseen`]: crate::listing::Listing::unseen
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock::Result<()> {
+    /// let client = distlock::connect("sqlite:///tmp/locks.db").await?;
+    /// for lock in client.locks("orders").await?.locks {
+    ///     for e in &lock.entries {
+    ///         println!("{} {} {}", lock.name, if e.holds { "held by" } else { "awaited by" }, e.owner);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {
+        self.inner.locks(prefix).await
+    }
+
     /// An exclusive lock: ZooKeeper's queue mutex (Curator's InterProcessMutex layout), or on
     /// Redis the URL's layout (Redisson's RLock, or `?layout=simple` for redis-py's).
     pub fn mutex(&self, name: &str) -> Result<Lock> {

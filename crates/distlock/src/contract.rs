@@ -113,6 +113,9 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     fn lock_name(&self, name: &str) -> Result<String>;
     /// A lock of `kind` named `name` (already checked by [`Backend::lock_name`]).
     fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>>;
+    /// Every lock in use whose name starts with `prefix`, in the neutral shape; or
+    /// [`Error::Unsupported`] naming why this server cannot list them.
+    fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
     /// Closes the connection, waiting at most `bound`.
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;
     /// The typed client, for [`crate::Client`]'s typed accessors.
@@ -253,6 +256,12 @@ macro_rules! backend {
                 kind: $crate::contract::Kind,
             ) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Recipe>> {
                 <$client>::make(self, name, kind)
+            }
+            fn locks<'a>(
+                &'a self,
+                prefix: &'a str,
+            ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
+                Box::pin(<$client>::locks(self, prefix))
             }
             fn close(&self, bound: std::time::Duration) -> $crate::contract::BoxFuture<'static, ()> {
                 Box::pin(self.clone().close(bound))

@@ -97,6 +97,7 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
+pub mod listing;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod observe;

@@ -415,3 +415,113 @@ impl Client {
         Ok(LockView { name: name.to_string(), keys, revision: resp.header().map_or(0, |h| h.revision()) })
     }
 }
+
+/// One key of a lock in [`Client::locks`]: its lock's name, recipe and mode.
+fn classify(key: &str) -> Option<(&str, &'static str, &'static str)> {
+    let (parent, last) = key.rsplit_once('/')?;
+    let hex16 = last.len() == 16 && last.bytes().all(|b| b.is_ascii_hexdigit());
+    if hex16 {
+        if let Some(name) = parent.strip_suffix("/read") {
+            return Some((name, "rwlock", "read"));
+        }
+        if let Some(name) = parent.strip_suffix("/write") {
+            return Some((name, "rwlock", "write"));
+        }
+    }
+    if last.contains('_') {
+        return Some((parent, "semaphore", "permit"));
+    }
+    Some((parent, "mutex", "exclusive"))
+}
+
+impl Client {
+    /// Every lock with keys under `prefix` (`etcdctl lock`'s mutex keys `name/<lease>`, read/write
+    /// keys `name/read/…` and `name/write/…`, semaphore keys `name/<lease>_…`), in create-revision
+    /// order, each key's token its create revision and its lease's time to live.
+    pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {
+        use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
+        use etcd_client::{GetOptions, SortOrder, SortTarget};
+        const MAX_KEYS: i64 = 20_000;
+        let etcd = self.etcd();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(MAX_KEYS);
+        let start = if prefix.is_empty() { "\0".to_string() } else { prefix.to_string() };
+        let options = if prefix.is_empty() { options.with_all_keys() } else { options };
+        let resp = self
+            .call("list locks", prefix, |_| {
+                let mut etcd = etcd.clone();
+                let args = (start.clone(), Some(options.clone()));
+                async move { etcd.get(args.0, args.1).await }
+            })
+            .await?;
+        let mut listing = Listing {
+            backend: "etcd",
+            prefix: prefix.to_string(),
+            locks: vec![],
+            truncated: resp.more(),
+            unseen: vec![
+                "owners: etcd records a key's session lease, not its host or pid".into(),
+                "hold and wait times: etcd records revisions, not times".into(),
+                "a semaphore's permit count is not stored, so its holders and waiters are not told apart".into(),
+            ],
+        };
+        // Each lock with the lease of each of its entries.
+        let mut by_name: std::collections::BTreeMap<String, (LockInfo, Vec<i64>)> = Default::default();
+        let mut leases: std::collections::HashMap<i64, Option<u64>> = Default::default();
+        for kv in resp.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some((name, recipe, mode)) = classify(&key) else { continue };
+            if kv.lease() == 0 || !name.starts_with(prefix) {
+                continue; // a lock key is always under a session's lease
+            }
+            if !by_name.contains_key(name) && by_name.len() == MAX_LOCKS {
+                listing.truncated = true;
+                continue;
+            }
+            let (lock, lease_ids) = by_name.entry(name.to_string()).or_insert_with(|| {
+                let info = LockInfo {
+                    name: name.to_string(),
+                    recipe: recipe.into(),
+                    permits: None,
+                    last_token: None,
+                    entries: vec![],
+                };
+                (info, vec![])
+            });
+            let mut e = Entry::new(false, mode, format!("lease {:x}", kv.lease()), key.clone());
+            e.token = Some(kv.create_revision() as u64);
+            leases.entry(kv.lease()).or_insert(None);
+            lease_ids.push(kv.lease());
+            lock.entries.push(e);
+        }
+        for (id, ttl) in leases.iter_mut() {
+            let mut etcd = self.etcd();
+            if let Ok(r) = etcd.lease_time_to_live(*id, None).await {
+                *ttl = (r.ttl() >= 0).then_some(r.ttl() as u64 * 1000);
+            }
+        }
+        for (mut lock, lease_ids) in by_name.into_values() {
+            // Holders as the recipes grant: a mutex's oldest key; a reader with no older writer;
+            // a writer that is the oldest key; every semaphore key (see `unseen`).
+            let mut writer_before = false;
+            for (i, (e, id)) in lock.entries.iter_mut().zip(lease_ids).enumerate() {
+                e.holds = match e.mode.as_str() {
+                    "read" => !writer_before,
+                    "permit" => true,
+                    _ => i == 0,
+                };
+                writer_before |= e.mode == "write";
+                e.lease_left_ms = leases.get(&id).copied().flatten();
+                if !e.holds {
+                    e.token = None;
+                }
+            }
+            lock.last_token = lock.entries.iter().filter_map(|e| e.token).max();
+            listing.locks.push(lock);
+        }
+        Ok(listing)
+    }
+}

@@ -1,7 +1,8 @@
 //! Who holds and who waits for a lock, from `pg_locks`.
 
-use super::{backend, AdvisoryKey, Client, FENCING_SEQUENCE};
-use crate::Result;
+use super::{backend, AdvisoryKey, Client, FENCING_GUARD, FENCING_SEQUENCE};
+use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
+use crate::{Error, Result};
 
 /// A lock as the server sees it, from [`Client::inspect`].
 ///
@@ -87,5 +88,97 @@ impl Client {
             })
             .collect();
         Ok(LockView { name: name.to_string(), key, sessions, last_token: token.map(|r| r.get::<_, i64>(0) as u64) })
+    }
+}
+
+impl Client {
+    /// Every advisory lock held or awaited in this database, by key: PostgreSQL records the key
+    /// (a hash of the name), not the name, so only the empty prefix can be listed. Holders first,
+    /// then waiters in the order they began to wait.
+    pub async fn locks(&self, prefix: &str) -> Result<Listing> {
+        if !prefix.is_empty() {
+            return Err(Error::Unsupported {
+                backend: "postgres",
+                what: format!(
+                    "listing by name prefix {prefix:?}: pg_locks records advisory keys (hashes of names), not \
+                     names; list with an empty prefix, or inspect one lock by name"
+                ),
+            });
+        }
+        let conn = self.checkout().await?;
+        let rows = conn
+            .client
+            .query(
+                "SELECT l.classid::bigint, l.objid::bigint, l.objsubid::int, l.pid, l.mode, l.granted, \
+                 coalesce(a.application_name, ''), host(a.client_addr), a.client_port, \
+                 (extract(epoch FROM now() - l.waitstart) * 1000)::bigint \
+                 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, l.waitstart NULLS FIRST, l.pid",
+                &[],
+            )
+            .await
+            .map_err(|e| backend("list locks", "pg_locks", e))?;
+        self.put_back(conn);
+        let guard = AdvisoryKey::Pair(FENCING_GUARD.0, FENCING_GUARD.1).pg_locks_ids();
+        let mut listing = Listing {
+            backend: "postgres",
+            prefix: String::new(),
+            locks: vec![],
+            truncated: false,
+            unseen: vec![
+                "names: pg_locks records advisory keys (hashes of names); a lock is shown by its key".into(),
+                "hold times and per-lock fencing tokens: one sequence serves every lock".into(),
+            ],
+        };
+        for r in rows {
+            let ids = (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i32>(2) as i64);
+            if ids == guard {
+                continue;
+            }
+            let key = match ids.2 {
+                1 => AdvisoryKey::Single((ids.0 << 32) | ids.1),
+                _ => AdvisoryKey::Pair(ids.0 as u32 as i32, ids.1 as u32 as i32),
+            };
+            let name = format!("advisory key {key}");
+            let shared = r.get::<_, String>(4) == "ShareLock";
+            let granted: bool = r.get(5);
+            let app: String = r.get(6);
+            let addr = match (r.get::<_, Option<String>>(7), r.get::<_, Option<i32>>(8)) {
+                (Some(host), Some(port)) if port > 0 => format!("{host}:{port}"),
+                (Some(host), _) => host,
+                (None, _) => "local".into(),
+            };
+            let owner = if app.is_empty() { addr } else { format!("{addr} ({app})") };
+            let mut e = Entry::new(
+                granted,
+                if shared { "read" } else { "exclusive" },
+                owner,
+                format!("backend pid {}", r.get::<_, i32>(3)),
+            );
+            e.since_ms = r.get::<_, Option<i64>>(9).map(|ms| ms.max(0) as u64);
+            if listing.locks.last().is_none_or(|l| l.name != name) {
+                if listing.locks.len() == MAX_LOCKS {
+                    listing.truncated = true;
+                    break;
+                }
+                listing.locks.push(LockInfo {
+                    name,
+                    recipe: "mutex".into(),
+                    permits: None,
+                    last_token: None,
+                    entries: vec![],
+                });
+            }
+            let lock = listing.locks.last_mut().expect("pushed above");
+            if shared {
+                lock.recipe = "rwlock".into();
+            }
+            lock.entries.push(e);
+        }
+        for lock in listing.locks.iter_mut().filter(|l| l.recipe == "rwlock") {
+            lock.entries.iter_mut().filter(|e| e.mode == "exclusive").for_each(|e| e.mode = "write".into());
+        }
+        Ok(listing)
     }
 }

@@ -63,6 +63,7 @@
 pub(crate) mod contract;
 mod fair;
 mod guard;
+mod listing;
 mod mutex;
 mod redlock;
 mod rwlock;

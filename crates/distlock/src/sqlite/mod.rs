@@ -98,6 +98,7 @@ struct Statements {
     extend: String,
     release: String,
     view: String,
+    list: String,
 }
 
 /// `strftime` of SQLite's clock now, and `?3` (a modifier such as `+30.000 seconds`) later.
@@ -132,6 +133,14 @@ impl Statements {
             ),
             view: format!(
                 "SELECT locked_by, locked_at, lock_until, fencing_token, lock_until > {NOW} FROM {t} WHERE name = ?1"
+            ),
+            // ?1 the prefix, ?2 the most rows. Held rows only, with the hold's age and the time
+            // left on its lease in milliseconds.
+            list: format!(
+                "SELECT name, locked_by, fencing_token, \
+                 CAST(round((julianday('now') - julianday(locked_at)) * 86400000.0) AS INTEGER), \
+                 CAST(round((julianday(lock_until) - julianday('now')) * 86400000.0) AS INTEGER) \
+                 FROM {t} WHERE lock_until > {NOW} AND substr(name, 1, length(?1)) = ?1 ORDER BY name LIMIT ?2"
             ),
         }
     }
@@ -262,4 +271,43 @@ fn busy(e: &sqlx::Error) -> bool {
 
 pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
     Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}
+
+impl Client {
+    /// Every lock whose name starts with `prefix` and whose lease row is held now, with its
+    /// holder, token, hold time and lease left. Waiters poll the row, so none are recorded.
+    pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {
+        use crate::listing::{owner_of_holder, Entry, Listing, LockInfo, MAX_LOCKS};
+        let rows: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(&self.inner.sql.list)
+            .bind(prefix)
+            .bind(MAX_LOCKS as i64 + 1)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| backend("list locks", prefix, e))?;
+        let truncated = rows.len() > MAX_LOCKS;
+        let locks = rows
+            .into_iter()
+            .take(MAX_LOCKS)
+            .map(|(name, holder, token, held_ms, left_ms)| {
+                let mut e = Entry::new(true, "exclusive", owner_of_holder(&holder), holder);
+                e.since_ms = Some(held_ms.max(0) as u64);
+                e.token = Some(token as u64);
+                e.lease_left_ms = Some(left_ms.max(0) as u64);
+                LockInfo {
+                    name,
+                    recipe: "lease".into(),
+                    permits: None,
+                    last_token: Some(token as u64),
+                    entries: vec![e],
+                }
+            })
+            .collect();
+        Ok(Listing {
+            backend: "sqlite",
+            prefix: prefix.to_string(),
+            locks,
+            truncated,
+            unseen: vec!["waiters: they poll the lease row, which records only its holder".into()],
+        })
+    }
 }

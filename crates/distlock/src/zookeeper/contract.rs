@@ -46,6 +46,10 @@ impl Backend for Client {
         }))
     }
 
+    fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
         Box::pin(self.clone().close(bound))
     }

@@ -3,6 +3,7 @@
 use super::queue::{node_kind, sort_children, Exclusive, NodeKind, Policy, FAMILY};
 use super::rwlock::ReadPolicy;
 use super::{backend, url, Client};
+use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
 use crate::{Owner, Result};
 use serde::Serialize;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -189,4 +190,87 @@ impl Client {
         }
         Ok(out)
     }
+}
+
+/// Most znodes one listing visits.
+const MAX_VISITED: usize = 20_000;
+
+impl Client {
+    /// Every lock in use under `prefix` (a bare name prefix means under `/distlock/`, a path
+    /// starting with `/` is taken as is), each read as [`Client::inspect`] reads one; the
+    /// neutral form of [`crate::Client::locks`].
+    pub async fn locks(&self, prefix: &str) -> Result<Listing> {
+        let full = if prefix.starts_with('/') { prefix.to_string() } else { format!("/distlock/{prefix}") };
+        let start = match full.rfind('/') {
+            Some(0) | None => "/".to_string(),
+            Some(i) => full[..i].to_string(),
+        };
+        let mut listing = Listing {
+            backend: "zookeeper",
+            prefix: prefix.to_string(),
+            locks: vec![],
+            truncated: false,
+            unseen: vec![],
+        };
+        let mut dirs = vec![start];
+        let mut visited = 0usize;
+        while let Some(dir) = dirs.pop() {
+            let children = self.children(&dir).await?;
+            visited += children.len() + 1;
+            let is_lock = children
+                .iter()
+                .any(|c| node_kind(c) != NodeKind::Other || c == "leases" || c == "locks" || c == "lock");
+            if is_lock && dir.starts_with(&full) {
+                let view = self.inspect(&dir).await?;
+                if !view.contenders.is_empty() {
+                    if listing.locks.len() == MAX_LOCKS {
+                        listing.truncated = true;
+                        break;
+                    }
+                    listing.locks.push(lock_info(view));
+                }
+            }
+            for c in children.iter().rev() {
+                let path = if dir == "/" { format!("/{c}") } else { format!("{dir}/{c}") };
+                let semaphore_dir = is_lock && (c == "leases" || c == "locks");
+                let may_match = path.starts_with(&full) || full.starts_with(&format!("{path}/"));
+                if node_kind(c) == NodeKind::Other && !semaphore_dir && may_match && path != "/zookeeper" {
+                    dirs.push(path);
+                }
+            }
+            if visited > MAX_VISITED {
+                listing.truncated = true;
+                break;
+            }
+        }
+        listing.locks.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(listing)
+    }
+}
+
+fn lock_info(view: LockView) -> LockInfo {
+    let entries = view
+        .contenders
+        .into_iter()
+        .map(|c| {
+            let owner = match (&c.owner, c.raw_data.is_empty()) {
+                (Some(o), _) => o.to_string(),
+                (None, true) => "-".to_string(),
+                (None, false) => c.raw_data.chars().take(40).collect(),
+            };
+            let mode = match c.mode.as_str() {
+                "read" => "read",
+                "write" => "write",
+                "lease" | "gate" => "permit",
+                _ => "exclusive",
+            };
+            let mut e = Entry::new(c.holds, mode, owner, c.node);
+            e.since_ms = Some(c.age_ms);
+            // The zxid that created a holder's node is its fencing token.
+            e.token = c.holds.then_some(c.czxid as u64);
+            e
+        })
+        .collect::<Vec<_>>();
+    let last_token = entries.iter().filter_map(|e| e.token).max();
+    LockInfo { name: view.path, recipe: view.kind, permits: view.permits, last_token, entries }
 }
