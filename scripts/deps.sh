@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs from Debian's packages, only if missing:
 # ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
-# MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, and Prometheus
+# MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, Prometheus,
+# tmux and Chromium
 # (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
@@ -16,6 +17,9 @@ command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 # Prometheus (server and promtool): the observability tests lint and scrape our expositions.
 command -v promtool >/dev/null || need+=(prometheus)
+# tmux drives `distlock top` in its test; headless Chromium renders `top --http`'s page.
+command -v tmux >/dev/null || need+=(tmux)
+command -v chromium >/dev/null || need+=(chromium)
 if [[ ${#need[@]} -gt 0 ]]; then
     echo "deps.sh: installing ${need[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -27,7 +27,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         if args.json {
             println!("{}", serde_json::to_string(&listing)?);
         } else {
-            print!("{}", table(&listing, usize::MAX));
+            print!("{}", table(&listing, usize::MAX, None));
         }
         client.close(Duration::from_secs(2)).await;
         return Ok(0);
@@ -172,16 +172,29 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
+/// A column of `top` (its header and its text on a lock's first row).
+pub type Column<'a> = (&'a str, &'a dyn Fn(&distlock::listing::LockInfo) -> String);
+
 /// A listing as a table: one row per holder or waiter, the lock's name on its first row, then
-/// what the backend cannot show. At most `rows` rows (a screen's worth in `top`).
-pub fn table(listing: &distlock::listing::Listing, rows: usize) -> String {
+/// what the backend cannot show. At most `rows` rows (a screen's worth in `top`); `extra` adds a
+/// column before ID.
+pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Column<'_>>) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let width = listing.locks.iter().map(|l| l.name.len()).max().unwrap_or(4).clamp(4, 48);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  ID",
-        "LOCK", "RECIPE", "ROLE", "POS", "MODE", "OWNER", "SINCE", "TOKEN", "LEASE"
+        "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  {}ID",
+        "LOCK",
+        "RECIPE",
+        "ROLE",
+        "POS",
+        "MODE",
+        "OWNER",
+        "SINCE",
+        "TOKEN",
+        "LEASE",
+        extra.map(|(h, _)| format!("{h}  ")).unwrap_or_default()
     );
     let mut shown = 0;
     'locks: for lock in &listing.locks {
@@ -191,9 +204,16 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize) -> String {
             }
             shown += 1;
             let (name, recipe) = if i == 0 { (lock.name.as_str(), lock.recipe.as_str()) } else { ("", "") };
+            let column = match extra {
+                Some((h, f)) => {
+                    let text = if i == 0 { f(lock) } else { String::new() };
+                    format!("{:<w$}  ", text, w = h.chars().count())
+                }
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  {}",
+                "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  {column}{}",
                 name,
                 recipe,
                 if e.holds { "holder" } else { "waiter" },

@@ -10,6 +10,7 @@ mod inspect;
 mod serve;
 mod supervise;
 mod textfile;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -88,6 +89,10 @@ enum Command {
     Hold(hold::HoldArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
+    /// A live view of every lock under a prefix: holders and waiters in queue order, refreshed
+    /// every second, with a sparkline of acquisitions; on the terminal, or with --http as a web
+    /// page.
+    Top(top::TopArgs),
     /// Measure every lock against the server's own limit (create+delete pairs/s).
     Bench(bench::BenchArgs),
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
             Command::Exec(args) => exec::run(args).await,
             Command::Hold(args) => hold::run(args).await,
             Command::Inspect(args) => inspect::run(args).await,
+            Command::Top(args) => top::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Supervise { .. } => unreachable!("handled before the runtime starts"),

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{distlock, unique};
+use common::{distlock, holding, unique};
 use std::time::Duration;
 
 /// A fresh database file's URL with `query`.
@@ -115,17 +115,6 @@ impl OutputWith for std::process::Command {
         child.stdin.take().unwrap().write_all(input.as_bytes())?;
         child.wait_with_output()
     }
-}
-
-/// `distlock ARGS` (a `hold`) once it holds: it has printed its `DISTLOCK_KEY=` line. Closing
-/// its stdin releases. Keep the reader of its stdout as long as the child: dropped, it closes
-/// the pipe, and a `hold` still printing its other lines fails on it.
-fn holding(b: &str, args: &[&str]) -> (std::process::Child, common::Lines) {
-    let mut child =
-        distlock(b, args).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    let lines = common::Lines::of(&mut child);
-    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
-    (child, lines)
 }
 
 /// The value of the one line of `text` that starts with `series` (name and labels).

@@ -22,6 +22,16 @@ pub fn distlock(backend: &str, args: &[&str]) -> Command {
     c
 }
 
+/// `distlock ARGS` (a `hold`) once it holds: it has printed its `DISTLOCK_KEY=` line. Closing
+/// its stdin releases. Keep the reader of its stdout as long as the child: dropped, it closes
+/// the pipe, and a `hold` still printing its other lines fails on it.
+pub fn holding(b: &str, args: &[&str]) -> (std::process::Child, Lines) {
+    let mut child = distlock(b, args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let lines = Lines::of(&mut child);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    (child, lines)
+}
+
 /// A lock name no other test uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
