@@ -46,6 +46,7 @@ cargo build --workspace --all-targets --examples
 
 started=()
 cleanup() {
+    rm -rf "$run_tmp" || true
     scripts/redis.sh stop .tmp/test-redis
     scripts/postgres.sh stop .tmp/test-postgres
     scripts/mariadb.sh stop .tmp/test-mariadb
@@ -57,7 +58,6 @@ cleanup() {
             ensemble) scripts/zk-ensemble.sh stop .tmp/test-ensemble ;;
         esac
     done
-    rm -rf "$run_tmp"
 }
 trap cleanup EXIT
 

@@ -219,7 +219,7 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Co
                 if e.holds { "holder" } else { "waiter" },
                 i,
                 e.mode,
-                clip(&e.owner, 24),
+                clip_owner(&e.owner, 24),
                 e.since_ms.map(ms_text).unwrap_or_else(|| "-".into()),
                 e.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
                 e.lease_left_ms.map(ms_text).unwrap_or_else(|| "-".into()),
@@ -260,14 +260,17 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-fn clip(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let mut c: String = s.chars().take(n - 1).collect();
-        c.push('…');
-        c
+/// `owner` in at most `n` characters: a long host is cut, its ` pid N` kept.
+fn clip_owner(owner: &str, n: usize) -> String {
+    if owner.chars().count() <= n {
+        return owner.to_string();
     }
+    let (head, tail) = match owner.rfind(" pid ") {
+        Some(i) if owner.len() - i < n => (&owner[..i], &owner[i..]),
+        _ => (owner, ""),
+    };
+    let room = n.saturating_sub(tail.chars().count() + 1);
+    format!("{}…{tail}", head.chars().take(room).collect::<String>())
 }
 
 /// Milliseconds as `850ms`, `12.3s`, `4m05s` or `2h07m`.
@@ -282,4 +285,18 @@ pub fn ms_text(ms: u64) -> String {
 
 fn token_text(token: Option<u64>) -> String {
     token.map(|t| t.to_string()).unwrap_or_else(|| "none yet".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_long_owner_keeps_its_pid() {
+        use super::clip_owner;
+        assert_eq!(clip_owner("vm pid 42", 24), "vm pid 42");
+        let c = clip_owner("ip-172-31-22-10.ec2.internal pid 4242", 24);
+        assert_eq!(c.chars().count(), 24);
+        assert!(c.ends_with("… pid 4242"), "{c}");
+        assert_eq!(clip_owner("127.0.0.1:35894 (distlock-cli-application)", 24).chars().count(), 24);
+        assert_eq!(clip_owner("x", 0), "…", "no room: no panic either");
+    }
 }

@@ -19,8 +19,8 @@ pub struct TopArgs {
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = refresh_arg)]
     interval: Duration,
     /// Sort locks by: name, waiters (most first), holders (most first), held (longest hold
-    /// first) or acquired (most acquisitions in the last minute first). Keys: s cycles, r
-    /// reverses, q quits.
+    /// first) or acquired (most acquisitions over the last 60 refreshes first). Keys: s cycles,
+    /// r reverses, q quits.
     #[arg(long, value_enum, default_value = "name")]
     sort: SortKey,
     /// Serve the live view as a web page at ADDR (e.g. 127.0.0.1:9500) instead of the terminal.
@@ -151,13 +151,28 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;
-    let url = crate::backend_or_default(&args.backend.backend).to_string();
+    let url = redact(crate::backend_or_default(&args.backend.backend));
     let code = match args.http {
         Some(addr) => http(client.clone(), prefix, first, &args, addr).await,
         None => terminal(client.clone(), prefix, first, &args, &url).await,
     };
     client.close(Duration::from_secs(2)).await;
     code
+}
+
+/// The URL without its password (`user:***@`), for the title and the page.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let authority_end = url[scheme_end..].find(['/', '?']).map_or(url.len(), |i| scheme_end + i);
+    match url[scheme_end..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &url[scheme_end..scheme_end + at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let shown = if userinfo.contains(':') { format!("{user}:***") } else { user.to_string() };
+            format!("{}{shown}{}", &url[..scheme_end], &url[scheme_end + at..])
+        }
+        None => url.to_string(),
+    }
 }
 
 fn title(backend: &str, prefix: &str, key: SortKey, reverse: bool, error: Option<&str>) -> String {
@@ -203,6 +218,9 @@ async fn terminal(
             Err(_) => return,
         }
     });
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut hup, mut int) =
+        (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::interrupt())?);
     let mut terminal = ratatui::init();
     let (mut key, mut reverse, mut error) = (args.sort, false, None::<String>);
     let mut history = History::default();
@@ -213,7 +231,8 @@ async fn terminal(
         sort(&mut listing, key, reverse, &history);
         let drawn = terminal.draw(|frame| {
             let area = frame.area();
-            let rows = (area.height as usize).saturating_sub(4 + listing.unseen.len() + usize::from(error.is_some()));
+            let notes = listing.unseen.len() + usize::from(error.is_some()) + usize::from(listing.truncated);
+            let rows = (area.height as usize).saturating_sub(4 + notes);
             let text = render(&listing, &history, &title(url, &prefix, key, reverse, error.as_deref()), rows);
             frame.render_widget(Paragraph::new(text), area);
         });
@@ -231,6 +250,10 @@ async fn terminal(
                     _ => {}
                 },
             },
+            // TERM, HUP and INT end the view like q, so the terminal is given back.
+            _ = term.recv() => break Ok(0),
+            _ = hup.recv() => break Ok(0),
+            _ = int.recv() => break Ok(0),
             _ = tokio::time::sleep_until(next) => {
                 next = tokio::time::Instant::now() + args.interval;
                 match tokio::time::timeout(Duration::from_secs(5), client.locks(&prefix)).await {
@@ -287,7 +310,7 @@ async fn http(
     eprintln!("distlock top: serving http://{bound}/");
     let mut history = History::default();
     history.record(&first);
-    let (key, url) = (args.sort, crate::backend_or_default(&args.backend.backend).to_string());
+    let (key, url) = (args.sort, redact(crate::backend_or_default(&args.backend.backend)));
     let view = |listing: &mut Listing, history: &History, error: Option<&str>| {
         sort(listing, key, false, history);
         let title = title(&url, &prefix, key, false, error).replace(" (s next, r reverse, q quit)", "");
@@ -312,21 +335,31 @@ async fn http(
             });
         }
     });
+    // One listener for the whole run, so an INT that arrives during a refresh is not lost.
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut ticks = tokio::time::interval(args.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
-            _ = tokio::signal::ctrl_c() => break,
+            _ = int.recv() => break,
+            _ = term.recv() => break,
         }
-        let error = match tokio::time::timeout(Duration::from_secs(5), client.locks(&prefix)).await {
-            Ok(Ok(l)) => {
-                history.record(&l);
-                listing = l;
-                None
-            }
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("no answer within 5 s".to_string()),
+        let refresh = tokio::time::timeout(Duration::from_secs(5), client.locks(&prefix));
+        let error = tokio::select! {
+            r = refresh => match r {
+                Ok(Ok(l)) => {
+                    history.record(&l);
+                    listing = l;
+                    None
+                }
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("no answer within 5 s".to_string()),
+            },
+            _ = int.recv() => break,
+            _ = term.recv() => break,
         };
         let t = view(&mut listing, &history, error.as_deref());
         *text.lock().unwrap_or_else(|e| e.into_inner()) = t;
@@ -421,5 +454,14 @@ mod tests {
         sort(&mut l, SortKey::Name, true, &History::default());
         assert_eq!(l.locks[0].name, "b");
         assert!(refresh_arg("2s").is_err() && refresh_arg("50ms").is_err() && refresh_arg("500ms").is_ok());
+    }
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(redact("postgres://u:pw@db:5432/x?lease=5s"), "postgres://u:***@db:5432/x?lease=5s");
+        assert_eq!(redact("redis://:pw@h:6379"), "redis://:***@h:6379");
+        assert_eq!(redact("zk://h:2181/chroot"), "zk://h:2181/chroot");
+        assert_eq!(redact("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
+        assert_eq!(redact("sqlite:///tmp/l.db"), "sqlite:///tmp/l.db");
     }
 }

@@ -55,6 +55,16 @@ impl Queue {
     }
 }
 
+/// A child killed when dropped (a failed assertion must not leave `top --http` running).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A tmux server of this test's own (its own socket), stopped when dropped.
 struct Tmux {
     socket: String,
@@ -159,7 +169,7 @@ fn top_http_renders_the_holder_and_the_waiter_in_headless_chromium() {
     let dir = std::env::temp_dir().join(unique("distlock-top-http-"));
     std::fs::create_dir_all(&dir).unwrap();
     let addr_file = dir.join("addr");
-    let mut top = common::distlock(
+    let top = common::distlock(
         url,
         &[
             "top",
@@ -175,6 +185,7 @@ fn top_http_renders_the_holder_and_the_waiter_in_headless_chromium() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
+    let mut top = KillOnDrop(top);
     let deadline = Instant::now() + Duration::from_secs(20);
     let addr = loop {
         if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -218,8 +229,8 @@ fn top_http_renders_the_holder_and_the_waiter_in_headless_chromium() {
     let w = line_with(&dom, &["waiter"]).unwrap_or_else(|| panic!("no waiter row in the DOM:\n{dom}"));
     assert!(h < w, "holder first:\n{dom}");
     // INT ends top --http like a person's Ctrl-C, with status 0.
-    assert!(Command::new("kill").args(["-INT", &top.id().to_string()]).status().unwrap().success());
-    assert!(wait_exit(&mut top, Duration::from_secs(10)).success());
+    assert!(Command::new("kill").args(["-INT", &top.0.id().to_string()]).status().unwrap().success());
+    assert!(wait_exit(&mut top.0, Duration::from_secs(10)).success());
     queue.end();
     let _ = std::fs::remove_dir_all(dir);
 }

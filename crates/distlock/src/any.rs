@@ -170,7 +170,7 @@ impl Client {
     /// says what it does not). On ZooKeeper a bare prefix is under `/distlock/` and an empty
     /// one lists all of it. Refused with [`Error::Unsupported`](crate::Error::Unsupported)
     /// where the server cannot list: a Redis Cluster, PostgreSQL with a non-empty prefix
-    /// (`pg_locks` has keys, not names), MariaDB without `performance_schema`.
+    /// (`pg_locks` has keys, not names), and MariaDB (no reliable list of `GET_LOCK` locks).
     ///
     /// [`Listing::unseen`]: crate::listing::Listing::unseen
     ///
@@ -219,7 +219,11 @@ impl Client {
     /// Closes the connection; on ZooKeeper, waits at most `bound` for the server to end the
     /// session (and so delete its nodes).
     pub async fn close(self, bound: Duration) {
-        self.inner.close(bound).await
+        // The backend's close owns a handle of its own: this one must go first, or the
+        // connection outlives the wait (a ZooKeeper session ended only when `bound` ran out).
+        let closing = self.inner.close(bound);
+        drop(self);
+        closing.await
     }
 }
 

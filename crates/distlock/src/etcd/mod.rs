@@ -497,11 +497,17 @@ impl Client {
             lease_ids.push(kv.lease());
             lock.entries.push(e);
         }
-        for (id, ttl) in leases.iter_mut() {
-            let mut etcd = self.etcd();
-            if let Ok(r) = etcd.lease_time_to_live(*id, None).await {
-                *ttl = (r.ttl() >= 0).then_some(r.ttl() as u64 * 1000);
+        // The leases' time to live, asked together, each for at most 2 s; at most 256 of them
+        // (the rest show no lease left rather than slow every refresh of `top`).
+        let asks = leases.keys().take(256).map(|id| {
+            let (mut etcd, id) = (self.etcd(), *id);
+            async move {
+                let r = tokio::time::timeout(Duration::from_secs(2), etcd.lease_time_to_live(id, None)).await;
+                (id, r.ok().and_then(|r| r.ok()).and_then(|r| (r.ttl() >= 0).then_some(r.ttl() as u64 * 1000)))
             }
+        });
+        for (id, ttl) in futures::future::join_all(asks).await {
+            leases.insert(id, ttl);
         }
         for (mut lock, lease_ids) in by_name.into_values() {
             // Holders as the recipes grant: a mutex's oldest key; a reader with no older writer;

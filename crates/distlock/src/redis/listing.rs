@@ -49,7 +49,8 @@ impl Client {
             truncated: cursor != 0,
             unseen: vec![
                 "owners: Redis records a holder's client id, not its host or pid".into(),
-                "waiters: they wait on a channel, which Redis does not list".into(),
+                "waiters: they wait on a channel, which Redis does not list (a fair lock's queue is not read yet)"
+                    .into(),
             ],
         };
         let (now_s, now_us): (u64, u64) =
@@ -92,6 +93,9 @@ impl Client {
                 let fields: Vec<(String, String)> =
                     redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.map_err(fail("HGETALL"))?;
                 let rw = fields.iter().any(|(f, _)| f == "mode");
+                if !fields.iter().all(|(f, _)| f == "mode" || is_holder_field(f)) {
+                    return Ok(None); // an application's hash, not a lock
+                }
                 let entries: Vec<Entry> = fields
                     .into_iter()
                     .filter(|(f, _)| f != "mode")
@@ -108,7 +112,11 @@ impl Client {
             }
             "string" => {
                 let v: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await.map_err(fail("GET"))?;
-                ("mutex", None, v.into_iter().map(|id| held("exclusive", id, 1)).collect())
+                (
+                    "mutex",
+                    None,
+                    v.into_iter().filter(|v| is_token_value(v)).map(|id| held("exclusive", id, 1)).collect(),
+                )
             }
             "zset" => {
                 let (members, permits): (Vec<(String, f64)>, Option<u32>) = redis::pipe()
@@ -122,6 +130,9 @@ impl Client {
                     .query_async(&mut conn)
                     .await
                     .map_err(fail("ZRANGE"))?;
+                if permits.is_none() {
+                    return Ok(None); // a semaphore's set has its permit count beside it
+                }
                 let entries: Vec<Entry> = members
                     .into_iter()
                     .filter(|(_, until)| *until as u64 > now_ms)
@@ -151,8 +162,20 @@ impl Client {
 fn is_lock_key(key: &str) -> bool {
     !(key.starts_with("redisson_")
         || key.starts_with("distlock_")
-        || key.ends_with(":rwlock_timeout")
+        || key.contains(":rwlock_timeout")
         || key.ends_with(":permits"))
+}
+
+/// A Redisson-layout hash field: `<client uuid>:<thread or handle>` (`:write` for a writer).
+fn is_holder_field(field: &str) -> bool {
+    let mut parts = field.splitn(2, ':');
+    let (id, rest) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    id.len() == 36 && id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') && !rest.is_empty()
+}
+
+/// A simple-layout lock's value: 32 hex digits (redis-py's `uuid1().hex`, distlock's own).
+fn is_token_value(value: &str) -> bool {
+    value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// `prefix` with `SCAN MATCH`'s special characters escaped.
@@ -177,6 +200,12 @@ mod tests {
         assert!(!is_lock_key("redisson_lock_token:{orders}"));
         assert!(!is_lock_key("{orders}:permits"));
         assert!(!is_lock_key("distlock_fair_queue:{orders}"));
+        assert!(!is_lock_key("{orders}:6f1c:3:rwlock_timeout:1"));
+        assert!(is_holder_field("6f1c2a8e-7d3b-4e0f-9a51-0c2d4b6e8f10:12"));
+        assert!(is_holder_field("6f1c2a8e-7d3b-4e0f-9a51-0c2d4b6e8f10:12:write"));
+        assert!(!is_holder_field("name"));
+        assert!(is_token_value("0123456789abcdef0123456789abcdef"));
+        assert!(!is_token_value("some application value"));
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 }

@@ -1,6 +1,6 @@
 //! Who holds a lock and who waits, for every recipe's layout.
 
-use super::queue::{node_kind, sort_children, Exclusive, NodeKind, Policy, FAMILY};
+use super::queue::{node_kind, sort_children, sort_key, Exclusive, NodeKind, Policy, FAMILY};
 use super::rwlock::ReadPolicy;
 use super::{backend, url, Client};
 use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
@@ -217,11 +217,15 @@ impl Client {
         while let Some(dir) = dirs.pop() {
             let children = self.children(&dir).await?;
             visited += children.len() + 1;
-            let is_lock = children
-                .iter()
-                .any(|c| node_kind(c) != NodeKind::Other || c == "leases" || c == "locks" || c == "lock");
-            if is_lock && dir.starts_with(&full) {
+            // A lock's directory: one with queue nodes, a semaphore's `leases`/`locks`, or the
+            // naive lock's `lock` (the root is never one).
+            let may_be_lock = dir != "/"
+                && dir.starts_with(&full)
+                && children.iter().any(|c| is_queue_node(c) || c == "leases" || c == "locks" || c == "lock");
+            let mut semaphore = false;
+            if may_be_lock {
                 let view = self.inspect(&dir).await?;
+                semaphore = view.kind == "semaphore";
                 if !view.contenders.is_empty() {
                     if listing.locks.len() == MAX_LOCKS {
                         listing.truncated = true;
@@ -230,11 +234,13 @@ impl Client {
                     listing.locks.push(lock_info(view));
                 }
             }
+            // Everything else may hold locks further down (queue nodes are ephemeral: no children;
+            // a semaphore's own directories were read with it).
             for c in children.iter().rev() {
                 let path = if dir == "/" { format!("/{c}") } else { format!("{dir}/{c}") };
-                let semaphore_dir = is_lock && (c == "leases" || c == "locks");
+                let own = semaphore && (c == "leases" || c == "locks");
                 let may_match = path.starts_with(&full) || full.starts_with(&format!("{path}/"));
-                if node_kind(c) == NodeKind::Other && !semaphore_dir && may_match && path != "/zookeeper" {
+                if !is_queue_node(c) && !own && may_match && path != "/zookeeper" {
                     dirs.push(path);
                 }
             }
@@ -246,6 +252,13 @@ impl Client {
         listing.locks.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(listing)
     }
+}
+
+/// A sequential queue node (`…lock-0000000042`, `…__READ__0000000007`): a queue marker followed
+/// by the ten digits ZooKeeper appends, not a name that merely contains a marker.
+fn is_queue_node(name: &str) -> bool {
+    let digits = name.len() >= 10 && name.as_bytes()[name.len() - 10..].iter().all(u8::is_ascii_digit);
+    digits && node_kind(name) != NodeKind::Other && sort_key(name, FAMILY).len() == 10
 }
 
 fn lock_info(view: LockView) -> LockInfo {
@@ -273,4 +286,19 @@ fn lock_info(view: LockView) -> LockInfo {
         .collect::<Vec<_>>();
     let last_token = entries.iter().filter_map(|e| e.token).max();
     LockInfo { name: view.path, recipe: view.kind, permits: view.permits, last_token, entries }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn queue_nodes_are_a_marker_and_ten_digits() {
+        use super::is_queue_node;
+        assert!(is_queue_node("_c_0f3e-lock-0000000042"));
+        assert!(is_queue_node("_c_0f3e-__READ__0000000007"));
+        assert!(is_queue_node("lock-0000000001"));
+        assert!(!is_queue_node("clock-sync"));
+        assert!(!is_queue_node("db-lock-1"));
+        assert!(!is_queue_node("locks"));
+        assert!(!is_queue_node("lock-0000000001-old"));
+    }
 }
