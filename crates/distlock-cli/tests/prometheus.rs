@@ -81,9 +81,41 @@ fn linted(addr: &str) -> String {
     body
 }
 
-/// A port nobody listens on now (bound, then let go).
+/// A port nobody listened on a moment ago (bound, then let go): someone may take it before
+/// Prometheus does, so [`start_prometheus`] tries again on another.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts Prometheus with `config` on a free loopback port, once its log says it is ready; a
+/// port taken meanwhile (the process exits with "address already in use") means another port.
+fn start_prometheus(dir: &std::path::Path, config: &std::path::Path) -> (std::process::Child, u16) {
+    let log = dir.join("prometheus.log");
+    for _ in 0..5 {
+        let port = free_port();
+        let mut prom = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("prometheus (Debian's prometheus package; scripts/deps.sh installs it)");
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Server is ready to receive web requests") {
+                return (prom, port);
+            }
+            if let Some(status) = prom.try_wait().unwrap() {
+                assert!(text.contains("address already in use"), "prometheus exited ({status}):\n{text}");
+                break;
+            }
+            assert!(Instant::now() < until, "prometheus not ready within 60 s:\n{text}");
+            std::thread::sleep(Duration::from_millis(50)); // its log has no event to wait on
+        }
+    }
+    panic!("prometheus found no free port in 5 tries")
 }
 
 /// The example application, built by the same cargo if this run has not built it yet.
@@ -194,7 +226,6 @@ fn prometheus_scrapes_serve_and_an_application_and_sees_what_happened() {
     assert!(text.contains("distlock_acquires_total{backend=\"zookeeper\",outcome=\"acquired\",lock=\"/distlock/observability-demo\"} 6"), "{text}");
 
     // Prometheus scrapes both every second.
-    let port = free_port();
     let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
@@ -203,14 +234,7 @@ fn prometheus_scrapes_serve_and_an_application_and_sees_what_happened() {
         ),
     )
     .unwrap();
-    let prom = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(dir.join("prometheus.log")).unwrap()))
-        .spawn()
-        .expect("prometheus (Debian's prometheus package; scripts/deps.sh installs it)");
+    let (prom, port) = start_prometheus(&dir, &config);
     started.0.push(prom);
     let prom = format!("127.0.0.1:{port}");
     wait_query(&prom, "up{job=\"serve\"}", 1.0);
