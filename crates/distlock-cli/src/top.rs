@@ -151,27 +151,31 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;
-    let url = redact(crate::backend_or_default(&args.backend.backend));
+    let url = distlock::redact_url(crate::backend_or_default(&args.backend.backend));
     let code = match args.http {
-        Some(addr) => http(client.clone(), prefix, first, &args, addr).await,
+        Some(addr) => http(client.clone(), prefix, first, &args, &url, addr).await,
         None => terminal(client.clone(), prefix, first, &args, &url).await,
     };
     client.close(Duration::from_secs(2)).await;
     code
 }
 
-/// The URL without its password (`user:***@`), for the title and the page.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return url.to_string() };
-    let authority_end = url[scheme_end..].find(['/', '?']).map_or(url.len(), |i| scheme_end + i);
-    match url[scheme_end..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &url[scheme_end..scheme_end + at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let shown = if userinfo.contains(':') { format!("{user}:***") } else { user.to_string() };
-            format!("{}{shown}{}", &url[..scheme_end], &url[scheme_end + at..])
+/// One refresh: the new listing, recorded in `history`; or the error to show, the last listing
+/// kept.
+async fn refresh(
+    client: &distlock::Client,
+    prefix: &str,
+    history: &mut History,
+    listing: &mut Listing,
+) -> Option<String> {
+    match tokio::time::timeout(Duration::from_secs(5), client.locks(prefix)).await {
+        Ok(Ok(l)) => {
+            history.record(&l);
+            *listing = l;
+            None
         }
-        None => url.to_string(),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("no answer within 5 s".into()),
     }
 }
 
@@ -256,15 +260,7 @@ async fn terminal(
             _ = int.recv() => break Ok(0),
             _ = tokio::time::sleep_until(next) => {
                 next = tokio::time::Instant::now() + args.interval;
-                match tokio::time::timeout(Duration::from_secs(5), client.locks(&prefix)).await {
-                    Ok(Ok(l)) => {
-                        history.record(&l);
-                        listing = l;
-                        error = None;
-                    }
-                    Ok(Err(e)) => error = Some(e.to_string()),
-                    Err(_) => error = Some("no answer within 5 s".into()),
-                }
+                error = refresh(&client, &prefix, &mut history, &mut listing).await;
             }
         }
     };
@@ -300,6 +296,7 @@ async fn http(
     prefix: String,
     first: Listing,
     args: &TopArgs,
+    url: &str,
     addr: SocketAddr,
 ) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("--http {addr}: {e}"))?;
@@ -310,10 +307,10 @@ async fn http(
     eprintln!("distlock top: serving http://{bound}/");
     let mut history = History::default();
     history.record(&first);
-    let (key, url) = (args.sort, redact(crate::backend_or_default(&args.backend.backend)));
+    let key = args.sort;
     let view = |listing: &mut Listing, history: &History, error: Option<&str>| {
         sort(listing, key, false, history);
-        let title = title(&url, &prefix, key, false, error).replace(" (s next, r reverse, q quit)", "");
+        let title = title(url, &prefix, key, false, error).replace(" (s next, r reverse, q quit)", "");
         render(listing, history, &title, 500)
     };
     let mut listing = first;
@@ -347,17 +344,8 @@ async fn http(
             _ = int.recv() => break,
             _ = term.recv() => break,
         }
-        let refresh = tokio::time::timeout(Duration::from_secs(5), client.locks(&prefix));
         let error = tokio::select! {
-            r = refresh => match r {
-                Ok(Ok(l)) => {
-                    history.record(&l);
-                    listing = l;
-                    None
-                }
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("no answer within 5 s".to_string()),
-            },
+            e = refresh(&client, &prefix, &mut history, &mut listing) => e,
             _ = int.recv() => break,
             _ = term.recv() => break,
         };
@@ -458,10 +446,10 @@ mod tests {
 
     #[test]
     fn passwords_are_not_shown() {
-        assert_eq!(redact("postgres://u:pw@db:5432/x?lease=5s"), "postgres://u:***@db:5432/x?lease=5s");
-        assert_eq!(redact("redis://:pw@h:6379"), "redis://:***@h:6379");
-        assert_eq!(redact("zk://h:2181/chroot"), "zk://h:2181/chroot");
-        assert_eq!(redact("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
-        assert_eq!(redact("sqlite:///tmp/l.db"), "sqlite:///tmp/l.db");
+        assert_eq!(distlock::redact_url("postgres://u:pw@db:5432/x?lease=5s"), "postgres://u:***@db:5432/x?lease=5s");
+        assert_eq!(distlock::redact_url("redis://:pw@h:6379"), "redis://:***@h:6379");
+        assert_eq!(distlock::redact_url("zk://h:2181/chroot"), "zk://h:2181/chroot");
+        assert_eq!(distlock::redact_url("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
+        assert_eq!(distlock::redact_url("sqlite:///tmp/l.db"), "sqlite:///tmp/l.db");
     }
 }

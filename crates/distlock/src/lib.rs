@@ -81,7 +81,7 @@ with_a_backend! {
     mod options;
     pub use any::{connect, Client, Guard, Lock, SCHEMES};
     pub use multi::{MultiGuard, MultiLock};
-    pub use options::{connect_with, ConnectOptions};
+    pub use options::{connect_with, redact_url, ConnectOptions};
 }
 
 #[cfg(feature = "mysql")]

@@ -95,6 +95,30 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client>
     crate::connect(&options.apply(url)?).await
 }
 
+/// `url` with the password of its user part replaced by `***` (`postgres://app:***@db/x`), for
+/// messages and displays; a URL with no password comes back as given. The user part ends at the
+/// last `@` before the query, so a password with `/` in it is hidden and an `@` in the query is
+/// left alone.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(distlock::redact_url("redis://:pw@h:6379"), "redis://:***@h:6379");
+/// assert_eq!(distlock::redact_url("postgres://u:pw@db/x?lease=5s"), "postgres://u:***@db/x?lease=5s");
+/// assert_eq!(distlock::redact_url("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
+/// assert_eq!(distlock::redact_url("redis://:pa/ss@h"), "redis://:***@h");
+/// assert_eq!(distlock::redact_url("sqlite:///tmp/a@b/l.db"), "sqlite:///tmp/a@b/l.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let end = url[start..].find('?').map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else { return url.to_string() };
+    match url[start..at].split_once(':') {
+        Some((user, _)) => format!("{}{user}:***{}", &url[..start], &url[at..]),
+        None => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

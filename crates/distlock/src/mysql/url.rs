@@ -74,7 +74,7 @@ impl std::fmt::Display for MysqlUrl {
 impl MysqlUrl {
     /// Parses a `mysql://` or `mariadb://` URL.
     pub fn parse(url: &str) -> Result<MysqlUrl> {
-        let shown = redact(url);
+        let shown = crate::redact_url(url);
         let bad = |reason: String| Error::InvalidUrl { url: shown.clone(), reason };
         let rest = url
             .strip_prefix("mysql://")
@@ -120,18 +120,6 @@ impl MysqlUrl {
         // A lock wait is a "slow statement" by design: no warnings for it.
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
         Ok(MysqlUrl { options, lease, connect_timeout, fencing, shown })
-    }
-}
-
-/// The URL with its password replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    match rest.rsplit_once('@') {
-        Some((auth, host)) => match auth.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
     }
 }
 

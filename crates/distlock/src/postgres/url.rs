@@ -220,7 +220,7 @@ impl std::fmt::Display for PgUrl {
 impl PgUrl {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn parse(url: &str) -> Result<PgUrl> {
-        let bad = |reason: String| Error::InvalidUrl { url: redact(url), reason };
+        let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let rest = url
             .strip_prefix("postgres://")
             .or_else(|| url.strip_prefix("postgresql://"))
@@ -275,7 +275,7 @@ impl PgUrl {
         if rescan.is_zero() {
             return Err(bad("rescan must be more than 0".into()));
         }
-        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, shown: redact(url) })
+        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, shown: crate::redact_url(url) })
     }
 
     /// The session settings of a lock connection: the server ends this session (freeing its
@@ -303,19 +303,6 @@ impl PgUrl {
     /// `tcp_user_timeout`, both set to at most the lease.
     pub(crate) fn server_bound(&self) -> Duration {
         Duration::from_secs(self.lease.as_secs())
-    }
-}
-
-/// The URL with its password replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some(parts) => parts,
-        None => return url.to_string(),
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
     }
 }
 

@@ -128,7 +128,7 @@ pub struct SentinelUrl {
 impl RedisUrl {
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
-        let bad = |reason: String| Error::InvalidUrl { url: redact(url), reason };
+        let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let sentinel = url.starts_with("redis+sentinel://");
         let cluster = url.starts_with("redis+cluster://");
         let rest = if let Some(rest) = url.strip_prefix("redis://") {
@@ -289,20 +289,6 @@ fn enc(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// The URL with any password replaced, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.split_once(':') {
-                Some((u, _)) => format!("{}{u}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
 }
 
 impl std::fmt::Display for RedisUrl {

@@ -85,6 +85,11 @@ impl Client {
     pub async fn inspect(&self, path: &str) -> Result<LockView> {
         let dir = url::lock_path(path)?;
         let children = self.children(&dir).await?;
+        self.view(dir, children).await
+    }
+
+    /// The view of lock directory `dir`, whose children are already listed.
+    async fn view(&self, dir: String, children: Vec<String>) -> Result<LockView> {
         let (mut leases, mut gate) = if children.iter().any(|c| c == "leases" || c == "locks") {
             (self.children(&format!("{dir}/leases")).await?, self.children(&format!("{dir}/locks")).await?)
         } else {
@@ -224,7 +229,7 @@ impl Client {
                 && children.iter().any(|c| is_queue_node(c) || c == "leases" || c == "locks" || c == "lock");
             let mut semaphore = false;
             if may_be_lock {
-                let view = self.inspect(&dir).await?;
+                let view = self.view(dir.clone(), children.clone()).await?;
                 semaphore = view.kind == "semaphore";
                 if !view.contenders.is_empty() {
                     if listing.locks.len() == MAX_LOCKS {
