@@ -34,7 +34,7 @@ fn stat(s: &zk::Stat, a: i64, b: i64) -> String {
         o => format!("other {o:#x}"),
     };
     format!(
-        "v={} cv={} av={} len={} nc={} owner={} created_is_modified={} ctime_is_mtime={}",
+        "v={} cv={} av={} len={} nc={} owner={} created_is_modified={} times={}",
         s.version,
         s.cversion,
         s.aversion,
@@ -42,7 +42,14 @@ fn stat(s: &zk::Stat, a: i64, b: i64) -> String {
         s.num_children,
         owner,
         s.czxid == s.mzxid,
-        s.ctime == s.mtime
+        // An unmodified node's mtime is its ctime. A modified one's is not earlier; whether it
+        // is later depends on the clock (same millisecond or not), so only that is compared.
+        match (s.czxid == s.mzxid, s.mtime.cmp(&s.ctime)) {
+            (true, std::cmp::Ordering::Equal) => "mtime=ctime",
+            (true, _) => "unmodified-but-mtime!=ctime",
+            (false, std::cmp::Ordering::Less) => "mtime<ctime",
+            (false, _) => "mtime>=ctime",
+        }
     )
 }
 
