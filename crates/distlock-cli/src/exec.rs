@@ -69,12 +69,53 @@ pub struct LockArgs {
     /// atomically, for node_exporter's textfile collector.
     #[arg(long = "metrics-textfile", value_name = "PATH")]
     metrics_textfile: Option<std::path::PathBuf>,
+    /// `distlock elect`: campaign in the election named by the one LOCK, announcing this value.
+    #[arg(skip)]
+    elect: Option<String>,
 }
 
 impl LockArgs {
+    /// A campaign in election `name` announcing `value`, waiting as `wait` says (`Some(ZERO)`
+    /// never waits), with `conflict_exit_code` when another leads.
+    pub fn election(
+        backend: BackendArg,
+        name: String,
+        value: String,
+        wait: Option<Duration>,
+        conflict_exit_code: u8,
+        metrics_textfile: Option<std::path::PathBuf>,
+    ) -> LockArgs {
+        LockArgs {
+            backend,
+            wait,
+            nonblock: false,
+            conflict_exit_code,
+            shared: false,
+            exclusive: false,
+            permits: None,
+            simple: false,
+            locks: vec![name],
+            metrics_textfile,
+            elect: Some(value),
+        }
+    }
+
     /// Starts the run's record for `--metrics-textfile` (nothing without it).
     pub fn start_record(&self, command: &'static str) {
         crate::textfile::start(self.metrics_textfile.clone(), command, &self.locks);
+    }
+}
+
+impl ExecArgs {
+    /// `exec` under the locks `lock` names (an election's campaign for `distlock elect`).
+    pub fn under(
+        lock: LockArgs,
+        on_lost: OnLost,
+        grace: Duration,
+        command_string: Option<String>,
+        command: Vec<String>,
+    ) -> ExecArgs {
+        ExecArgs { lock, on_lost, grace, command_string, command }
     }
 }
 
@@ -167,6 +208,8 @@ pub struct Held {
     pub guard: MultiGuard,
     /// The lock paths, comma-separated, for messages.
     pub shown: String,
+    /// The value announced, when leading an election (`distlock elect`).
+    pub value: Option<String>,
 }
 
 impl Held {
@@ -185,6 +228,10 @@ impl Held {
             env.push(("ETCD_LOCK_KEY", join(&|p| p.holder_id())));
             env.push(("ETCD_LOCK_REV", join(&|p| p.fencing_token().to_string())));
         }
+        if let Some(value) = &self.value {
+            env.push(("DISTLOCK_EPOCH", join(&|p| p.fencing_token().to_string())));
+            env.push(("DISTLOCK_VALUE", value.clone()));
+        }
         env
     }
 
@@ -194,7 +241,7 @@ impl Held {
     /// returns [`Released::Lost`] when the release found a lock already lost, so that the caller
     /// exits with the lost status (the command may have run part of the time without it).
     pub async fn release(self) -> Released {
-        let Held { client, guard, shown } = self;
+        let Held { client, guard, shown, .. } = self;
         crate::textfile::released();
         let bound = release_bound(client.lease());
         let outcome = match tokio::time::timeout(bound, guard.release()).await {
@@ -266,7 +313,9 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         .locks
         .iter()
         .map(|name| {
-            if let Some(n) = args.permits {
+            if let Some(value) = &args.elect {
+                client.election(name).and_then(|e| e.candidate(value))
+            } else if let Some(n) = args.permits {
                 client.semaphore_permit(name, n)
             } else if args.shared {
                 client.read_lock(name)
@@ -334,7 +383,11 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             })
         }
         Ok(Ok(None)) => {
-            eprintln!("distlock: {shown} is held by someone else; not acquired");
+            if args.elect.is_some() {
+                eprintln!("distlock: another candidate leads {shown}; not elected");
+            } else {
+                eprintln!("distlock: {shown} is held by someone else; not acquired");
+            }
             crate::textfile::not_acquired("busy");
             client.close(Duration::from_secs(2)).await;
             Ok(Err(args.conflict_exit_code))
@@ -350,7 +403,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
                     })
                     .collect(),
             );
-            Ok(Ok(Held { client, guard, shown }))
+            Ok(Ok(Held { client, guard, shown, value: args.elect.clone() }))
         }
     }
 }

@@ -11,6 +11,13 @@ pub struct HoldArgs {
     lock: LockArgs,
 }
 
+impl HoldArgs {
+    /// `hold` the locks `lock` names (an election's campaign for `distlock elect`).
+    pub fn under(lock: LockArgs) -> HoldArgs {
+        HoldArgs { lock }
+    }
+}
+
 pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::new()?;
     args.lock.start_record("hold");

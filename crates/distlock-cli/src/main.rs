@@ -4,6 +4,7 @@
 
 mod alloc;
 mod bench;
+mod elect;
 mod exec;
 mod hold;
 mod inspect;
@@ -87,6 +88,19 @@ enum Command {
     /// input is closed. If the lock is lost, a message goes to stderr and distlock exits 3.
     #[command(after_help = exec_help!())]
     Hold(hold::HoldArgs),
+    /// Campaign in election NAME announcing --value, and run COMMAND while leading (as exec runs
+    /// it under a lock: it is stopped before the lease ends if the lead is lost); or, with
+    /// --observe, print the leader's value on every change.
+    ///
+    /// Leading is holding the election's lock: on ZooKeeper Curator's LeaderSelector layout
+    /// (node data = the value), on etcd Go's concurrency.Election layout (`etcdctl elect NAME
+    /// PROPOSAL` and `etcdctl elect -l NAME` take part). The command also gets DISTLOCK_EPOCH
+    /// (the fencing token, higher for every new leader) and DISTLOCK_VALUE. Without a command,
+    /// leads until standard input closes or INT, TERM or HUP arrives, as hold does.
+    #[command(after_help = exec_help!())]
+    Elect(elect::ElectArgs),
+    /// Print the value of election NAME's leader; exit 1 if nobody leads.
+    Leader(elect::LeaderArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
     Inspect(inspect::InspectArgs),
     /// A live view of every lock under a prefix: holders and waiters in queue order, refreshed
@@ -197,6 +211,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Exec(args) => exec::run(args).await,
             Command::Hold(args) => hold::run(args).await,
+            Command::Elect(args) => elect::run(args).await,
+            Command::Leader(args) => elect::leader(args).await,
             Command::Inspect(args) => inspect::run(args).await,
             Command::Top(args) => top::run(args).await,
             Command::Serve(args) => serve::run(args).await,

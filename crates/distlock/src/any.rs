@@ -211,6 +211,25 @@ impl Client {
         self.make(name, Kind::Permits(permits))
     }
 
+    /// The leader election `name` (see [`crate::election`]): on ZooKeeper Curator's
+    /// `LeaderSelector` layout under the name's path, on etcd Go's `concurrency.Election` under
+    /// the prefix `name/`. Other backends refuse it with
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
+    /// let election = client.election("scheduler")?;
+    /// let leading = election.campaign("host-a").await?;
+    /// println!("epoch {}", leading.epoch());
+    /// # Ok(()) }
+    /// ```
+    pub fn election(&self, name: &str) -> Result<crate::election::Election> {
+        let name = self.lock_name(name)?;
+        Ok(crate::election::Election::new(self.inner.election(&name)?, self.backend()))
+    }
+
     fn make(&self, name: &str, kind: Kind) -> Result<Lock> {
         let name = self.lock_name(name)?;
         Ok(Lock { inner: self.inner.recipe(&name, kind)?, backend: self.backend() })

@@ -116,6 +116,8 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     /// Every lock in use whose name starts with `prefix`, in the neutral shape; or
     /// [`Error::Unsupported`] naming why this server cannot list them.
     fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
+    /// The election named `name`, or [`Error::Unsupported`] naming why this backend has none.
+    fn election(&self, name: &str) -> Result<Arc<dyn Ballot>>;
     /// Closes the connection, waiting at most `bound`.
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;
     /// The typed client, for [`crate::Client`]'s typed accessors.
@@ -151,6 +153,32 @@ pub(crate) trait Held: Debug + Send + Sync + 'static {
     fn lost(&self) -> BoxFuture<'static, LostReason>;
     /// Releases and waits for the server.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// A backend's side of a leader election (see [`crate::election`]): campaigning is acquiring a
+/// lock whose holder's mark on the server carries the announced value. Everything else (the
+/// guard, loss, resign, observing) is written once over this.
+pub(crate) trait Ballot: Debug + Send + Sync + 'static {
+    /// The election's name on the server.
+    fn name(&self) -> &str;
+    /// The lock a candidate announcing `value` acquires: holding it is leading.
+    fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe>;
+    /// The leader now (the oldest candidate still on the server), if any.
+    fn leader(&self) -> BoxFuture<'_, Result<Option<crate::election::Leader>>>;
+    /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
+    /// with [`Error::LockLost`] if it is no longer ours.
+    fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
+}
+
+/// The backends without elections yet refuse them here (one line each), naming why.
+pub(crate) fn no_elections(backend: &'static str, name: &str) -> Error {
+    Error::Unsupported {
+        backend,
+        what: format!(
+            "elections ({name}): built on ZooKeeper (Curator's LeaderSelector layout) and etcd \
+             (concurrency.Election's layout) so far"
+        ),
+    }
 }
 
 /// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,
@@ -223,10 +251,11 @@ pub(crate) use recipe;
 
 /// The parts of a backend's side of the contract that read the same on every backend whose typed
 /// client has `connect(url)`, `lease()` and `close(bound)`: the connect function for the scheme
-/// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the two
+/// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the
 /// parts that differ as inherent methods of its client in its `contract.rs`:
-/// `checked_name(&self, name) -> Result<String>` and `make(&self, name, kind) -> Result<Arc<dyn
-/// Recipe>>`.
+/// `checked_name(&self, name) -> Result<String>`, `make(&self, name, kind) -> Result<Arc<dyn
+/// Recipe>>` and `election_of(&self, name) -> Result<Arc<dyn Ballot>>` (or
+/// [`no_elections`]).
 macro_rules! backend {
     ($client:ty, $name:literal) => {
         /// Connects to the URL; the scheme table in `any.rs` calls it.
@@ -263,6 +292,9 @@ macro_rules! backend {
             ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
                 Box::pin(<$client>::locks(self, prefix))
             }
+            fn election(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
+                <$client>::election_of(self, name)
+            }
             fn close(&self, bound: std::time::Duration) -> $crate::contract::BoxFuture<'static, ()> {
                 Box::pin(self.clone().close(bound))
             }
@@ -288,6 +320,10 @@ macro_rules! mutex_only_backend {
         impl $client {
             fn checked_name(&self, name: &str) -> $crate::Result<String> {
                 self.mutex(name).map(|_| name.to_string())
+            }
+
+            fn election_of(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
+                Err($crate::contract::no_elections($name, name))
             }
 
             fn make(

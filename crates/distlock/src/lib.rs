@@ -76,6 +76,7 @@ with_a_backend! {
     pub(crate) mod any;
     pub mod blocking;
     pub(crate) mod contract;
+    pub mod election;
     mod margin;
     mod multi;
     mod options;

@@ -238,3 +238,72 @@ async fn semaphore_shares_permits_with_curator_interprocesssemaphorev2() {
     tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
     assert_eq!(curator_entries(&log), 21);
 }
+
+/// Waits (bounded) until the log has a line `line`.
+async fn log_has(log: &Path, line: &str) {
+    let text = || std::fs::read_to_string(log).unwrap();
+    tokio::time::timeout(BOUND, async {
+        while !text().lines().any(|l| l == line) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no line {line:?} within {BOUND:?}:\n{}", text()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_interoperates_with_curator_leaderselector() {
+    let path = unique_path("curator-elect");
+    // Leaders alternate between Curator's LeaderSelector and two distlock candidates, never two
+    // at once.
+    let log = log_file("elect");
+    let java = curator("leader", &path, 20, &log, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (path, log) = (path.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = distlock::Client::from(connect().await);
+            let election = client.election(&path).unwrap();
+            for _ in 0..20 {
+                let leading = election.campaign("distlock").await.unwrap();
+                append(&log, "W enter distlock");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(&log, "W exit distlock");
+                leading.resign().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(check(&log, 1), (20, 40));
+
+    // Curator's getLeader() reads a distlock leader's value as its id.
+    let client = distlock::Client::from(connect().await);
+    let election = client.election(&path).unwrap();
+    let leading = election.campaign("rust-leader").await.unwrap();
+    let asked = log_file("elect-ask");
+    tokio::time::timeout(BOUND, wait_child(curator("getleader", &path, 1, &asked, 1))).await.unwrap();
+    log_has(&asked, "leader-is rust-leader").await;
+    leading.resign().await.unwrap();
+
+    // distlock reads a Curator leader's id, cannot lead beside it, and leads once it resigns.
+    let told = log_file("elect-told");
+    let java = curator("lead-until-told", &path, 1, &told, 1);
+    log_has(&told, "W enter curator").await;
+    let leader = election.leader().await.unwrap().expect("Curator leads");
+    assert_eq!(leader.value, "curator", "{leader:?}");
+    assert!(election.try_campaign("early").await.unwrap().is_none(), "two leaders");
+    let waiting = {
+        let election = election.clone();
+        tokio::spawn(async move { election.campaign_timeout("after", BOUND).await.unwrap() })
+    };
+    append(&told, "resign curator");
+    let leading = waiting.await.unwrap().expect("elected once Curator resigned");
+    assert!(std::fs::read_to_string(&told).unwrap().contains("W exit curator"), "led before Curator resigned");
+    assert!(leading.epoch() > leader.epoch, "epochs rise: {} after {}", leading.epoch(), leader.epoch);
+    assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("after".to_string()));
+    leading.resign().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+}

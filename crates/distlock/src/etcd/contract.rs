@@ -13,6 +13,11 @@ impl Client {
         self.mutex(name).map(|_| name.to_string())
     }
 
+    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        self.mutex(name)?;
+        Ok(Arc::new(super::election::Election { client: self.clone(), name: name.to_string() }))
+    }
+
     fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex => contract::lock(self.mutex(name)?),

@@ -56,6 +56,7 @@
 //! ```
 
 pub(crate) mod contract;
+mod election;
 mod guard;
 mod mutex;
 mod queue;

@@ -28,8 +28,17 @@ pub struct Mutex {
 impl Mutex {
     pub(crate) fn new(client: Client, name: String) -> Mutex {
         let prefix = format!("{name}/");
-        let spec = Spec { name, key_prefix: prefix.clone(), naming: Naming::Session, blockers: prefix, limit: 1 };
+        let spec =
+            Spec { name, key_prefix: prefix.clone(), naming: Naming::Session, blockers: prefix, limit: 1, value: None };
         Mutex { client, spec }
+    }
+
+    /// The same queue as a candidate of election `name` announcing `value` (Go's
+    /// `concurrency.Election` layout: the key holds the proposal).
+    pub(crate) fn candidate(client: Client, name: String, value: std::sync::Arc<str>) -> Mutex {
+        let mut m = Mutex::new(client, name);
+        m.spec.value = Some(value);
+        m
     }
 
     /// The lock's name (its key prefix without the `/`).

@@ -40,6 +40,9 @@ pub(crate) struct Spec {
     pub(crate) blockers: String,
     /// ...while at least this many of them remain.
     pub(crate) limit: u32,
+    /// Our key's value: an election's announced value (as `concurrency.Election` stores the
+    /// proposal), or `None` for a lock (a fresh nonce, which tells our key from others).
+    pub(crate) value: Option<Arc<str>>,
 }
 
 /// Our key as created, and whether older keys block it.
@@ -133,8 +136,13 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
 /// revision, and whether older keys block it.
 async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut Pending) -> Result<Created> {
     let mut stale = 0;
-    // The key's value: tells our own key (created by a try whose answer was lost) from others.
-    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    // The key's value: a lock's tells our own key (created by a try whose answer was lost) from
+    // others. An election's is the announced value, which may be an earlier campaign's too: an
+    // existing key is then never taken for ours (it is deleted and ours created anew).
+    let nonce = match &spec.value {
+        Some(v) => v.to_string(),
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    };
     let mut unique =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     loop {
@@ -168,8 +176,14 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
         // send a delete that could reach the server before the create (another HTTP/2 stream):
         // the create finishes on its own then, and its `Cleanup` deletes the key once it has
         // answered. Run in place (no task) when nobody gives up.
-        let cleanup =
-            Cleanup { client: client.clone(), name: spec.name.clone(), key: Some((key.clone(), nonce.clone())) };
+        // The local gate goes with it: no other acquire of this client may use the key before a
+        // late create's cleanup has run.
+        let cleanup = Cleanup {
+            client: client.clone(),
+            name: spec.name.clone(),
+            key: Some((key.clone(), nonce.clone())),
+            gate: pending.gate.take(),
+        };
         let (task_client, task_name) = (client.clone(), spec.name.clone());
         let (resp, mut cleanup) = crate::detach::detach(async move {
             let etcd = task_client.etcd();
@@ -184,6 +198,7 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
         .await;
         // From here a dropped or failed acquire deletes the key (it may have been created).
         pending.key = cleanup.key.take();
+        pending.gate = cleanup.gate.take();
         let resp = resp?;
         let ops = resp.op_responses();
         let existing = match ops.first() {
@@ -192,7 +207,7 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
         };
         let rev = if resp.succeeded() {
             resp.header().map_or(0, |h| h.revision())
-        } else if let Some(kv) = existing.as_ref().filter(|kv| kv.value() == nonce.as_bytes()) {
+        } else if let Some(kv) = existing.as_ref().filter(|kv| spec.value.is_none() && kv.value() == nonce.as_bytes()) {
             // Ours, from this acquire: the first try's answer was lost and the request sent again.
             kv.create_revision()
         } else if spec.naming == Naming::Session {
@@ -398,14 +413,20 @@ struct Cleanup {
     name: String,
     /// The key and the nonce in its value (only a key with it is ours).
     key: Option<(String, String)>,
+    /// The client's local gate for the key, opened once the key is deleted.
+    gate: Option<OwnedMutexGuard<()>>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
+        let gate = self.gate.take();
         let Some((key, nonce)) = self.key.take() else { return };
         let (client, name) = (self.client.clone(), self.name.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { delete(&client, &name, key, nonce).await });
+            rt.spawn(async move {
+                delete(&client, &name, key, nonce).await;
+                drop(gate);
+            });
         }
     }
 }

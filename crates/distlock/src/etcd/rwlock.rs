@@ -37,6 +37,7 @@ impl RwLock {
             naming: Naming::Unique,
             blockers,
             limit: 1,
+            value: None,
         };
         RwLock { client, read: side("read", format!("{name}/write")), write: side("write", format!("{name}/")) }
     }

@@ -31,8 +31,14 @@ pub struct Semaphore {
 impl Semaphore {
     pub(crate) fn new(client: Client, name: String, permits: u32) -> Semaphore {
         let prefix = format!("{name}/");
-        let spec =
-            Spec { name, key_prefix: prefix.clone(), naming: Naming::SessionUnique, blockers: prefix, limit: permits };
+        let spec = Spec {
+            name,
+            key_prefix: prefix.clone(),
+            naming: Naming::SessionUnique,
+            blockers: prefix,
+            limit: permits,
+            value: None,
+        };
         Semaphore { client, spec }
     }
 

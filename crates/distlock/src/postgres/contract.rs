@@ -9,6 +9,10 @@ use std::sync::Arc;
 contract::backend!(Client, "postgres");
 
 impl Client {
+    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        Err(contract::no_elections("postgres", name))
+    }
+
     fn checked_name(&self, name: &str) -> Result<String> {
         self.key(name).map(|_| name.to_string())
     }

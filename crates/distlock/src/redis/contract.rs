@@ -12,6 +12,10 @@ use std::sync::Arc;
 contract::backend!(Client, "redis");
 
 impl Client {
+    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        Err(contract::no_elections("redis", name))
+    }
+
     fn checked_name(&self, name: &str) -> Result<String> {
         Ok(name.to_string())
     }

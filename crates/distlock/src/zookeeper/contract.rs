@@ -50,6 +50,10 @@ impl Backend for Client {
         Box::pin(Client::locks(self, prefix))
     }
 
+    fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        Ok(Arc::new(super::election::Election { client: self.clone(), dir: super::url::lock_path(name)? }))
+    }
+
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
         Box::pin(self.clone().close(bound))
     }

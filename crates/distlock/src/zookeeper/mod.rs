@@ -10,6 +10,7 @@
 //! - [`inspect`](Client::inspect): who holds and who waits.
 
 pub(crate) mod contract;
+mod election;
 mod guard;
 mod inspect;
 mod multi;

@@ -58,6 +58,12 @@ impl Mutex {
         Ok(Mutex { queue: Queue { client, dir, marker: MARKER, data: None } })
     }
 
+    /// The same queue, our node's data being `data` instead of the owner record: a candidate of
+    /// an election (Curator's LeaderSelector keeps the participant's id there).
+    pub(super) fn with_data(client: Client, dir: String, data: std::sync::Arc<[u8]>) -> Mutex {
+        Mutex { queue: Queue { client, dir, marker: MARKER, data: Some(data) } }
+    }
+
     /// The lock path.
     pub fn path(&self) -> &str {
         &self.queue.dir

@@ -2,9 +2,13 @@
 //
 //   java CuratorPeer CONNECT KIND PATH ITERATIONS LOGFILE [PERMITS]
 //
-// KIND: mutex | read | write | semaphore. Each iteration acquires, appends "<mode> enter curator"
-// to LOGFILE, holds a few milliseconds, appends "<mode> exit curator", releases. Appends are
-// single O_APPEND writes, so lines from every process interleave in true order.
+// KIND: mutex | read | write | semaphore | leader. Each iteration acquires (leader: is elected by a
+// LeaderSelector whose id is "curator"), appends "<mode> enter curator" to LOGFILE, holds a few
+// milliseconds, appends "<mode> exit curator", releases (leader: returns from takeLeadership).
+// Appends are single O_APPEND writes, so lines from every process interleave in true order.
+// KIND getleader: appends "leader-is <id>" (LeaderSelector.getLeader()'s id, "" for none).
+// KIND lead-until-told: leads once as "curator", appends "W enter curator", and gives up the
+// lead once LOGFILE has a line "resign curator".
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -13,6 +17,8 @@ import java.nio.file.StandardOpenOption;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderSelector;
+import org.apache.curator.framework.recipes.leader.LeaderSelectorListenerAdapter;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
@@ -44,6 +50,14 @@ public class CuratorPeer {
             throw new IllegalStateException("no connection to " + connect);
         }
         log("ready curator");
+        if (kind.equals("getleader")) {
+            LeaderSelector reader = new LeaderSelector(client, path, new LeaderSelectorListenerAdapter() {
+                public void takeLeadership(CuratorFramework c) {}
+            });
+            log("leader-is " + reader.getLeader().getId());
+            client.close();
+            return;
+        }
         InterProcessMutex mutex = new InterProcessMutex(client, path);
         InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, path);
         InterProcessSemaphoreV2 sem = new InterProcessSemaphoreV2(client, path, permits);
@@ -65,6 +79,31 @@ public class CuratorPeer {
                     Lease lease = sem.acquire(60, TimeUnit.SECONDS);
                     if (lease == null) throw new IllegalStateException("semaphore timeout");
                     try { hold("S"); } finally { sem.returnLease(lease); }
+                    break;
+                case "leader":
+                case "lead-until-told":
+                    java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(1);
+                    boolean untilTold = kind.equals("lead-until-told");
+                    LeaderSelector selector = new LeaderSelector(client, path, new LeaderSelectorListenerAdapter() {
+                        public void takeLeadership(CuratorFramework c) throws Exception {
+                            if (untilTold) {
+                                log("W enter curator");
+                                long end = System.currentTimeMillis() + 60000;
+                                while (!new String(Files.readAllBytes(log), StandardCharsets.UTF_8).contains("resign curator")) {
+                                    if (System.currentTimeMillis() > end) throw new IllegalStateException("never told to resign");
+                                    Thread.sleep(10);
+                                }
+                                log("W exit curator");
+                            } else {
+                                hold("W");
+                            }
+                            done.countDown();
+                        }
+                    });
+                    selector.setId("curator");
+                    selector.start();
+                    if (!done.await(60, TimeUnit.SECONDS)) throw new IllegalStateException("leader timeout");
+                    selector.close();
                     break;
                 default:
                     throw new IllegalArgumentException("unknown kind " + kind);

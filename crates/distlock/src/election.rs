@@ -1,0 +1,342 @@
+//! Leader election, written once over the lock contract: a leader is the holder of the
+//! election's lock, and its mark on the server carries the value it announces.
+//!
+//! - [`Election::campaign`] waits to lead and returns a [`Leadership`]: its
+//!   [`epoch`](Leadership::epoch) is the lock's fencing token (it rises with every new leader),
+//!   [`lost`](Leadership::lost) and [`lease_deadline`](Leadership::lease_deadline) are the lock's
+//!   (leadership is reported lost before anyone else can be elected),
+//!   [`proclaim`](Leadership::proclaim) changes the announced value without giving up the lead,
+//!   and [`resign`](Leadership::resign) (or dropping it) hands the lead on.
+//! - [`Election::leader`] reads the leader now; [`Election::observe`] reports every change,
+//!   including **no leader** (the last leader resigned or its lease ended and nobody has been
+//!   elected yet), which etcd's `Observe` never reports.
+//!
+//! Layouts are the peers' where they exist:
+//! - **ZooKeeper**: Curator's `LeaderSelector` (an `InterProcessMutex` queue, `_c_<uuid>-lock-<seq>`
+//!   nodes under the election's path, each node's data the candidate's id): Curator's
+//!   `LeaderSelector.getLeader()` reads a distlock leader's value, and the reverse;
+//! - **etcd**: Go's `concurrency.Election` (keys `<name>/<lease id in hex>` holding the proposal,
+//!   the oldest create revision leads): `etcdctl elect NAME PROPOSAL` campaigns against
+//!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader.
+//!
+//! The other backends refuse elections with [`Error::Unsupported`] for now.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn demo() -> distlock::Result<()> {
+//! let client = distlock::connect("zk://127.0.0.1:2181").await?;
+//! let election = client.election("scheduler")?;
+//! let leading = election.campaign("host-a:8080").await?;
+//! println!("leading with epoch {}", leading.epoch());
+//! tokio::select! {
+//!     reason = leading.lost() => eprintln!("no longer leader: {reason}"),
+//!     _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => leading.resign().await?,
+//! }
+//! # Ok(()) }
+//! ```
+
+use crate::contract::{Ballot, Wait};
+use crate::{Error, Guard, Lock, LockState, LostReason, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest announced value, in bytes (ZooKeeper's node data and etcd's values take far more;
+/// a value is an address or an id, and every observer reads it).
+pub const MAX_VALUE: usize = 64 * 1024;
+
+/// How often [`Election::observe`] reads the leader unless told otherwise.
+pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
+
+/// The leader of an election, as read from the server.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(election: distlock::election::Election) -> distlock::Result<()> {
+/// match election.leader().await? {
+///     Some(leader) => println!("{} leads (epoch {})", leader.value, leader.epoch),
+///     None => println!("no leader"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The value the leader announces (its proposal or id).
+    pub value: String,
+    /// The leader's epoch: its lock's fencing token, higher for every later leader.
+    pub epoch: u64,
+    /// The leader's mark on the server: its node path (ZooKeeper) or key (etcd).
+    pub key: String,
+}
+
+/// A change seen by an [`Observer`].
+///
+/// # Examples
+///
+/// ```
+/// use distlock::election::Change;
+/// let change = Change::NoLeader;
+/// assert_eq!(change.value(), "");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A leader, new or announcing a new value.
+    Leader(Leader),
+    /// Nobody leads: the last leader resigned or its lease ended, and nobody has been elected
+    /// yet.
+    NoLeader,
+}
+
+impl Change {
+    /// The leader's value, or the empty string for no leader (as `distlock elect --observe`
+    /// prints it).
+    pub fn value(&self) -> &str {
+        match self {
+            Change::Leader(l) => &l.value,
+            Change::NoLeader => "",
+        }
+    }
+}
+
+/// An election on one backend, made by [`Client::election`](crate::Client::election).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
+/// let election = client.election("billing-writer")?;
+/// if let Some(leading) = election.try_campaign("pod-7").await? {
+///     leading.proclaim("pod-7 (draining)").await?;
+///     leading.resign().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Election {
+    inner: Arc<dyn Ballot>,
+    backend: &'static str,
+}
+
+impl Election {
+    pub(crate) fn new(inner: Arc<dyn Ballot>, backend: &'static str) -> Election {
+        Election { inner, backend }
+    }
+
+    /// The election's name on the server (znode path or key prefix).
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The campaign for `value` as a [`Lock`]: holding it is leading (for [`crate::with_lock`],
+    /// a [`MultiLock`](crate::MultiLock) or code written for locks). Its guard has no
+    /// `proclaim`; [`campaign`](Self::campaign) gives one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a value over [`MAX_VALUE`] bytes.
+    pub fn candidate(&self, value: &str) -> Result<Lock> {
+        Ok(Lock::from_recipe(self.inner.candidate(checked(value)?), self.backend))
+    }
+
+    /// Waits as long as it takes to lead, announcing `value`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped campaign leaves no candidate behind.
+    pub async fn campaign(&self, value: &str) -> Result<Leadership> {
+        Ok(self.run(value, Wait::Forever).await?.expect("waiting without a deadline ends only with the lead"))
+    }
+
+    /// Leads only if nobody leads or waits now; never waits.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`campaign`](Self::campaign).
+    pub async fn try_campaign(&self, value: &str) -> Result<Option<Leadership>> {
+        self.run(value, Wait::Never).await
+    }
+
+    /// Waits at most `timeout` to lead; `None` if not elected in time (nothing is left behind).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`campaign`](Self::campaign).
+    pub async fn campaign_timeout(&self, value: &str, timeout: Duration) -> Result<Option<Leadership>> {
+        self.run(value, Wait::from_timeout(Some(timeout))).await
+    }
+
+    async fn run(&self, value: &str, wait: Wait) -> Result<Option<Leadership>> {
+        let value = checked(value)?;
+        let lock = Lock::from_recipe(self.inner.candidate(value.clone()), self.backend);
+        let guard = lock.take(wait, None).await?;
+        Ok(guard.map(|guard| Leadership {
+            guard,
+            ballot: self.inner.clone(),
+            value: std::sync::Mutex::new(value),
+        }))
+    }
+
+    /// The leader now, or `None` when nobody leads.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        self.inner.leader().await
+    }
+
+    /// A stream of changes, read every [`OBSERVE_EVERY`]: see [`observe_every`](Self::observe_every).
+    pub fn observe(&self) -> Observer {
+        self.observe_every(OBSERVE_EVERY)
+    }
+
+    /// A stream of changes, reading the leader every `interval`: the first
+    /// [`next`](Observer::next) gives the state now (a leader, or [`Change::NoLeader`]), each
+    /// later one the next change: a new leader, a new value, or no leader. A leadership shorter
+    /// than `interval` may go unseen.
+    pub fn observe_every(&self, interval: Duration) -> Observer {
+        Observer { ballot: self.inner.clone(), interval: interval.max(Duration::from_millis(1)), last: None }
+    }
+}
+
+fn checked(value: &str) -> Result<Arc<str>> {
+    if value.len() > MAX_VALUE {
+        return Err(Error::InvalidArgument {
+            what: "election value",
+            reason: format!("{} bytes; at most {MAX_VALUE}", value.len()),
+        });
+    }
+    Ok(Arc::from(value))
+}
+
+/// Leading an [`Election`]: the election's lock, held, and the value announced. Dropping it
+/// resigns in the background.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(election: distlock::election::Election) -> distlock::Result<()> {
+/// let leading = election.campaign("10.0.0.7:9000").await?;
+/// // Pass the epoch to storage that refuses writes from older leaders.
+/// let epoch = leading.epoch();
+/// # let _ = epoch;
+/// leading.resign().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "if unused the leadership is resigned at once"]
+#[derive(Debug)]
+pub struct Leadership {
+    guard: Guard,
+    ballot: Arc<dyn Ballot>,
+    value: std::sync::Mutex<Arc<str>>,
+}
+
+impl Leadership {
+    /// The election's name on the server.
+    pub fn election(&self) -> String {
+        self.guard.lock_name()
+    }
+
+    /// The fencing token of this leadership: higher than every earlier leader's.
+    pub fn epoch(&self) -> u64 {
+        self.guard.fencing_token()
+    }
+
+    /// The value announced now.
+    pub fn value(&self) -> String {
+        self.value.lock().unwrap_or_else(|e| e.into_inner()).to_string()
+    }
+
+    /// Our mark on the server (node path or key).
+    pub fn key(&self) -> String {
+        self.guard.holder_id()
+    }
+
+    /// Announces `value` instead, keeping the lead (and the epoch).
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lead was lost (nothing is announced then);
+    /// [`Error::InvalidArgument`] for a value over [`MAX_VALUE`] bytes.
+    pub async fn proclaim(&self, value: &str) -> Result<()> {
+        let value = checked(value)?;
+        if let LockState::Lost(reason) = self.guard.state() {
+            return Err(Error::LockLost { lock: self.election(), reason });
+        }
+        self.ballot.proclaim(self.key(), self.epoch(), value.clone()).await?;
+        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = value;
+        Ok(())
+    }
+
+    /// The instant after which the server may elect someone else unless it hears from us.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.guard.lease_deadline()
+    }
+
+    /// The state now.
+    pub fn state(&self) -> LockState {
+        self.guard.state()
+    }
+
+    /// Resolves when the lead can no longer be trusted, before anyone else can be elected.
+    pub fn lost(&self) -> Pin<Box<dyn Future<Output = LostReason> + Send + 'static>> {
+        self.guard.lost()
+    }
+
+    /// The election's lock, held.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Gives up the lead and waits for the server.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] if the lead had been lost before.
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+/// Changes of an election's leader, from [`Election::observe`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(election: distlock::election::Election) -> distlock::Result<()> {
+/// let mut changes = election.observe();
+/// loop {
+///     match changes.next().await? {
+///         distlock::election::Change::Leader(l) => println!("leader {} (epoch {})", l.value, l.epoch),
+///         distlock::election::Change::NoLeader => println!("no leader"),
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Observer {
+    ballot: Arc<dyn Ballot>,
+    interval: Duration,
+    /// The last state reported: `Some(None)` no leader, `Some(Some(..))` that leader.
+    last: Option<Option<Leader>>,
+}
+
+impl Observer {
+    /// The next change (the first call: the state now). An error (the server unreachable) is
+    /// returned as it happens; the next call goes on from the last state reported.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is lost by dropping the future.
+    pub async fn next(&mut self) -> Result<Change> {
+        let mut first = self.last.is_none();
+        loop {
+            if !first {
+                tokio::time::sleep(self.interval).await;
+            }
+            first = false;
+            let now = self.ballot.leader().await?;
+            let same = match (&self.last, &now) {
+                (Some(Some(a)), Some(b)) => a.epoch == b.epoch && a.value == b.value,
+                (Some(None), None) => true,
+                _ => false,
+            };
+            if !same {
+                self.last = Some(now.clone());
+                return Ok(now.map_or(Change::NoLeader, Change::Leader));
+            }
+        }
+    }
+}

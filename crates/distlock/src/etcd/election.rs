@@ -1,0 +1,79 @@
+//! Elections on etcd, in the layout of Go's `concurrency.Election` (what `etcdctl elect` uses):
+//! each candidate's key is `<name>/<lease id in hex>` under its session lease, holding the
+//! proposal; the key with the oldest create revision leads. A candidate is the [`Mutex`] queue
+//! with the proposal as the key's value, so the campaign, the check after the wait and the
+//! loss signal are the mutex's; the epoch is the leader key's create revision.
+
+use super::{Client, Mutex};
+use crate::contract::{self, Ballot, BoxFuture, Recipe};
+use crate::election::Leader;
+use crate::{Error, LostReason, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use std::sync::Arc;
+
+/// An election's side on etcd.
+#[derive(Debug, Clone)]
+pub(crate) struct Election {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+}
+
+impl Ballot for Election {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe> {
+        contract::lock(Mutex::candidate(self.client.clone(), self.name.clone(), value))
+    }
+
+    fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>> {
+        Box::pin(async move {
+            // Go's `Leader`: the first key by create revision under `<name>/`.
+            let prefix = format!("{}/", self.name);
+            let options =
+                GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+            let etcd = self.client.etcd();
+            let resp = self
+                .client
+                .call("leader", &self.name, |_| {
+                    let (mut etcd, prefix, options) = (etcd.clone(), prefix.clone(), options.clone());
+                    async move { etcd.get(prefix, Some(options)).await }
+                })
+                .await?;
+            Ok(resp.kvs().first().map(|kv| Leader {
+                value: String::from_utf8_lossy(kv.value()).into_owned(),
+                epoch: kv.create_revision() as u64,
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+            }))
+        })
+    }
+
+    fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            // Go's `Proclaim`: put the new value under the same lease only while the key is the
+            // one we created (its create revision is our epoch).
+            let lease = holder_id
+                .rsplit('/')
+                .next()
+                .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| Error::InvalidArgument { what: "etcd leader key", reason: holder_id.clone() })?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(holder_id.clone(), CompareOp::Equal, token as i64)])
+                .and_then([TxnOp::put(holder_id.clone(), value.as_bytes(), Some(PutOptions::new().with_lease(lease)))]);
+            let etcd = self.client.etcd();
+            let resp = self
+                .client
+                .call("proclaim", &self.name, |_| {
+                    let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                    async move { etcd.txn(txn).await }
+                })
+                .await?;
+            if resp.succeeded() {
+                Ok(())
+            } else {
+                Err(Error::LockLost { lock: self.name.clone(), reason: LostReason::NodeDeleted })
+            }
+        })
+    }
+}

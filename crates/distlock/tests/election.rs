@@ -1,0 +1,148 @@
+//! Leader election, one scenario on every backend the run has a server for: a backend with
+//! elections keeps them exclusive, announces and re-announces the value, raises the epoch with
+//! every leader and reports "no leader"; one without refuses them with a clear error.
+
+use distlock::election::{Change, Leader};
+use distlock::Error;
+use std::time::Duration;
+
+#[path = "common/backends.rs"]
+mod backends;
+use backends::backends;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn unique(what: &str) -> String {
+    format!("election-{what}-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn connect(url: &str) -> distlock::Client {
+    distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+/// The election, or `None` after checking the refusal of a backend without elections.
+fn election(client: &distlock::Client, name: &str) -> Option<distlock::election::Election> {
+    match client.election(name) {
+        Ok(e) => Some(e),
+        Err(Error::Unsupported { what, .. }) => {
+            assert!(what.contains("elections"), "{}: {what}", client.backend());
+            assert!(!["zookeeper", "etcd"].contains(&client.backend()), "{} must have elections", client.backend());
+            None
+        }
+        Err(e) => panic!("{}: {e}", client.backend()),
+    }
+}
+
+async fn next(observer: &mut distlock::election::Observer) -> Change {
+    tokio::time::timeout(BOUND, observer.next()).await.expect("a change within the bound").unwrap()
+}
+
+#[tokio::test]
+async fn one_leader_its_value_and_rising_epochs() {
+    for url in backends() {
+        let (a, b) = (connect(&url).await, connect(&url).await);
+        let name = unique("lead");
+        let Some(ea) = election(&a, &name) else { continue };
+        let eb = election(&b, &name).unwrap();
+        assert_eq!(ea.leader().await.unwrap(), None, "{url}: nobody leads yet");
+        let mut observer = eb.observe_every(Duration::from_millis(10));
+        assert_eq!(next(&mut observer).await, Change::NoLeader, "{url}");
+
+        let la = ea.campaign("alpha").await.unwrap();
+        assert_eq!(la.value(), "alpha");
+        let seen = ea.leader().await.unwrap().unwrap_or_else(|| panic!("{url}: a leader"));
+        assert_eq!((seen.value.as_str(), seen.epoch, seen.key.as_str()), ("alpha", la.epoch(), la.key().as_str()));
+        assert!(la.lease_deadline() > std::time::Instant::now(), "{url}");
+        assert_eq!(next(&mut observer).await, Change::Leader(seen.clone()), "{url}");
+
+        // Nobody else leads meanwhile.
+        assert!(eb.try_campaign("beta").await.unwrap().is_none(), "{url}: two leaders");
+        assert!(eb.campaign_timeout("beta", Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
+
+        // A new value, the same leader and epoch.
+        la.proclaim("alpha-2").await.unwrap();
+        assert_eq!(la.value(), "alpha-2");
+        let proclaimed = Leader { value: "alpha-2".into(), ..seen.clone() };
+        assert_eq!(eb.leader().await.unwrap(), Some(proclaimed.clone()), "{url}");
+        assert_eq!(next(&mut observer).await, Change::Leader(proclaimed), "{url}");
+
+        // The waiting candidate leads once the leader resigns, with a higher epoch.
+        let waiting = tokio::spawn(async move { eb.campaign_timeout("beta", BOUND).await.unwrap() });
+        // Queued behind the leader (checked on the server) before the leader resigns.
+        tokio::time::timeout(BOUND, async {
+            loop {
+                let listing = a.locks(&a.lock_name(&name).unwrap()).await;
+                if listing.map_or(true, |l| l.locks.iter().any(|l| l.entries.len() == 2)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let first_epoch = la.epoch();
+        la.resign().await.unwrap();
+        let lb = waiting.await.unwrap().unwrap_or_else(|| panic!("{url}: elected after the resign"));
+        assert!(lb.epoch() > first_epoch, "{url}: epoch {} after {first_epoch}", lb.epoch());
+        assert_eq!(ea.leader().await.unwrap().map(|l| (l.value, l.epoch)), Some(("beta".into(), lb.epoch())));
+        // The observer may or may not have seen the gap between the two.
+        let mut change = next(&mut observer).await;
+        if change == Change::NoLeader {
+            change = next(&mut observer).await;
+        }
+        assert_eq!(change.value(), "beta", "{url}: {change:?}");
+
+        // No leader once the last one resigns; dropping a leadership resigns too.
+        lb.resign().await.unwrap();
+        assert_eq!(next(&mut observer).await, Change::NoLeader, "{url}");
+        let lc = ea.try_campaign("gamma").await.unwrap().unwrap_or_else(|| panic!("{url}: free again"));
+        assert_eq!(next(&mut observer).await.value(), "gamma", "{url}");
+        drop(lc);
+        assert_eq!(next(&mut observer).await, Change::NoLeader, "{url}: a dropped leadership resigns");
+        assert_eq!(ea.leader().await.unwrap(), None, "{url}: nothing left behind");
+    }
+}
+
+#[tokio::test]
+async fn a_removed_leader_is_told_and_cannot_proclaim() {
+    for url in backends() {
+        let client = connect(&url).await;
+        let name = unique("removed");
+        let Some(election) = election(&client, &name) else { continue };
+        let leading = election.campaign("doomed").await.unwrap();
+        // An operator deletes the leader's node or key.
+        let key = leading.key();
+        if let Some(zk) = client.zookeeper() {
+            zk.zookeeper().delete(&key, None).await.unwrap();
+        } else if let Some(etcd) = client.etcd() {
+            etcd.etcd().delete(key.as_str(), None).await.unwrap();
+        } else {
+            unreachable!("{url}: a backend with elections that this test cannot remove a leader from");
+        }
+        let reason = tokio::time::timeout(BOUND, leading.lost()).await.expect("the loss is told");
+        assert_eq!(reason, distlock::LostReason::NodeDeleted, "{url}");
+        let refused = leading.proclaim("still here").await;
+        assert!(matches!(refused, Err(Error::LockLost { .. })), "{url}: {refused:?}");
+        assert_eq!(election.leader().await.unwrap(), None, "{url}: the value was not put back");
+        // Once the lost leadership is let go, a fresh campaign leads with a higher epoch (on
+        // etcd one client's campaigns share a key, so they queue locally first).
+        let lost_epoch = leading.epoch();
+        assert!(matches!(leading.resign().await, Err(Error::LockLost { .. })), "{url}");
+        let again = election.try_campaign("back").await.unwrap().unwrap_or_else(|| panic!("{url}: free"));
+        assert!(again.epoch() > lost_epoch, "{url}");
+        again.resign().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_values_and_names_are_clear_errors() {
+    for url in backends() {
+        let client = connect(&url).await;
+        let Some(election) = election(&client, &unique("bad")) else { continue };
+        let big = "x".repeat(distlock::election::MAX_VALUE + 1);
+        let e = election.try_campaign(&big).await.unwrap_err().to_string();
+        assert!(e.contains("election value") && e.contains("at most"), "{url}: {e}");
+        assert!(client.election("").is_err(), "{url}: an empty name");
+        assert_eq!(election.leader().await.unwrap(), None, "{url}: nothing was made");
+    }
+}
