@@ -1,5 +1,5 @@
 //! The fault matrix, one for every backend: every fault × every recipe the backend has (mutex,
-//! read/write lock, semaphore), with contenders that record what they believe and write through
+//! read/write lock, semaphore, and an election's campaign: leading is holding), with contenders that record what they believe and write through
 //! a fenced resource (`distlock-faults`). The contenders use only the one API
 //! (`distlock::connect(url)`), so the same cells, pass criteria and checker judge every backend.
 //!
@@ -15,7 +15,8 @@
 //! the same way, and the table says so.
 //!
 //! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
-//! only the scenarios whose names contain TEXT.
+//! only the scenarios whose names contain TEXT, `DISTLOCK_MATRIX_RECIPE=TEXT` only the recipes
+//! whose names do (`election`).
 //! - `matrix_single_server`: ZooKeeper at `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the
 //!   `scripts/zk.sh` directory) adds the server crash-and-restart cells.
 //! - `matrix_ensemble`: when `DISTLOCK_TEST_ENSEMBLE_DIR` names a running `scripts/zk-ensemble.sh`
@@ -57,6 +58,8 @@ enum Recipe {
     Mutex,
     RwLock,
     Semaphore,
+    /// Candidates of an election: the leader is the holder, its epoch the token.
+    Election,
 }
 
 impl Recipe {
@@ -65,7 +68,15 @@ impl Recipe {
             Recipe::Mutex => "mutex",
             Recipe::RwLock => "rwlock",
             Recipe::Semaphore => "semaphore(2)",
+            Recipe::Election => "election",
         }
+    }
+
+    fn by_name(name: &str) -> Recipe {
+        [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election]
+            .into_iter()
+            .find(|r| r.name() == name)
+            .unwrap_or(Recipe::Mutex)
     }
 
     fn permits(self) -> usize {
@@ -233,6 +244,7 @@ fn lock_of(c: &Client, recipe: Recipe, name: &str, shared: bool) -> distlock::Re
         Recipe::RwLock if shared => c.read_lock(name),
         Recipe::RwLock => c.write_lock(name),
         Recipe::Semaphore => c.semaphore_permit(name, 2),
+        Recipe::Election => c.election(name)?.candidate(&format!("candidate of pid {}", std::process::id())),
     }
 }
 
@@ -330,6 +342,7 @@ fn child_holder() {
     let (Ok(url), Ok(name)) = (std::env::var("DISTLOCK_CHILD_URL"), std::env::var("DISTLOCK_CHILD_PATH")) else {
         return;
     };
+    let recipe = Recipe::by_name(&std::env::var("DISTLOCK_CHILD_RECIPE").unwrap_or_default());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let mut out = std::io::stdout();
@@ -346,7 +359,7 @@ fn child_holder() {
                     }
                 },
             };
-            let guard = match c.mutex(&name).unwrap().lock_timeout(Duration::from_secs(5)).await {
+            let guard = match lock_of(&c, recipe, &name, false).unwrap().lock_timeout(Duration::from_secs(5)).await {
                 Ok(Some(g)) => g,
                 Ok(None) => continue,
                 Err(_) => {
@@ -379,12 +392,19 @@ fn say(out: &mut std::io::Stdout, line: &str) {
 }
 
 /// Starts the child holder and feeds its reports into the shared state as contender `id`.
-async fn spawn_child(id: usize, url: String, name: String, shared: Arc<Shared>) -> (u32, tokio::process::Child) {
+async fn spawn_child(
+    id: usize,
+    url: String,
+    name: String,
+    recipe: Recipe,
+    shared: Arc<Shared>,
+) -> (u32, tokio::process::Child) {
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
         .args(["--exact", "child_holder", "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("DISTLOCK_CHILD_URL", url)
         .env("DISTLOCK_CHILD_PATH", name)
+        .env("DISTLOCK_CHILD_RECIPE", recipe.name())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -471,7 +491,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         proxies.push(proxy);
         urls.push(url.clone());
         if id == 0 && scenario.needs_child() {
-            child = Some(spawn_child(id, url, name.clone(), shared.clone()).await);
+            child = Some(spawn_child(id, url, name.clone(), recipe, shared.clone()).await);
             continue;
         }
         // Beside a child holder, in-process contenders rest longer, so that it gets its turns.
@@ -530,7 +550,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
                 distlock_faults::kill(pid).unwrap();
                 drop(c);
                 // A new child takes its place for the next fault.
-                child = Some(spawn_child(0, urls[0].clone(), name.clone(), shared.clone()).await);
+                child = Some(spawn_child(0, urls[0].clone(), name.clone(), recipe, shared.clone()).await);
             }
             Scenario::ServerRestart => {
                 let (tool, dir) = target.restart.as_ref().expect("a restartable server");
@@ -722,16 +742,21 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
 /// Runs every scenario × every recipe the backend has.
 async fn run_matrix(target: Target, scenarios: &[Scenario]) {
     let probe = distlock::connect(&target.direct_url()).await.expect("connect to the backend");
-    let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore]
+    let only_recipe = std::env::var("DISTLOCK_MATRIX_RECIPE").unwrap_or_default();
+    let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election]
         .into_iter()
-        .filter(|&r| lock_of(&probe, r, "matrix-probe", false).is_ok())
+        .filter(|&r| r.name().contains(&only_recipe) && lock_of(&probe, r, "matrix-probe", false).is_ok())
         .collect();
     probe.close(Duration::from_secs(2)).await;
     let mut rows = Vec::new();
     // `DISTLOCK_MATRIX_ONLY=paused` runs only the cells whose scenario names contain it.
     let only = std::env::var("DISTLOCK_MATRIX_ONLY").unwrap_or_default();
     for &scenario in scenarios.iter().filter(|s| s.name().contains(&only)) {
-        let recipes: &[Recipe] = if scenario.needs_child() { &[Recipe::Mutex] } else { &recipes };
+        // A child process holds in the pause and kill cells: a mutex, and a leader where the
+        // backend has elections.
+        let in_child: Vec<Recipe> =
+            recipes.iter().copied().filter(|r| matches!(r, Recipe::Mutex | Recipe::Election)).collect();
+        let recipes: &[Recipe] = if scenario.needs_child() { &in_child } else { &recipes };
         for &recipe in recipes {
             let started = std::time::Instant::now();
             let row =
