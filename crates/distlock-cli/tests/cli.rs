@@ -1074,3 +1074,8 @@ fn odd_commands_and_flags_are_named() {
     let out = distlock(&["exec", "-w", "10000000000000000000", &l, "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+#[test]
+fn elect_observe_and_leader_on_zookeeper() {
+    common::elect_observe_and_leader(&backend("4s"), &lock());
+}

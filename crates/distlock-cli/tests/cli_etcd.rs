@@ -109,3 +109,61 @@ fn a_paused_holder_is_kept_out_by_its_fencing_token() {
 fn a_killed_holder_frees_the_lock_when_its_lease_expires() {
     common::a_killed_holder_frees_the_lock(&backend("?ttl=3s"), &unique("cli-killed-"), Duration::from_secs(3), true);
 }
+
+#[test]
+fn elect_observe_and_leader_on_etcd() {
+    common::elect_observe_and_leader(&backend("?ttl=5s"), &unique("cli-elect-"));
+}
+
+/// `etcdctl elect` and `distlock elect` campaign in one election (Go's `concurrency.Election`
+/// layout), each waiting for the other's leadership to end; `distlock leader` reads etcdctl's
+/// proposal and `etcdctl elect -l` a distlock leader's value.
+#[test]
+fn etcdctl_elect_and_distlock_elect_take_turns_both_ways() {
+    let bound = Duration::from_secs(20);
+    let name = unique("cli-elect-interop-");
+    let b = backend("?ttl=5s");
+    // etcdctl leads: it prints its key and proposal once elected.
+    let mut theirs = etcdctl(&["elect", &name, "their-proposal"]).stdout(Stdio::piped()).spawn().unwrap();
+    let theirs_says = Lines::of(&mut theirs);
+    assert!(theirs_says.next(bound, "etcdctl's key").starts_with(&format!("{name}/")));
+    assert_eq!(theirs_says.next(bound, "etcdctl's proposal"), "their-proposal");
+    let leader = distlock(&b, &["leader", &name]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&leader.stdout).trim_end(), "their-proposal");
+    let busy = distlock(&b, &["elect", "-n", "--value", "ours", &name, "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1), "elected beside etcdctl");
+    let mut ours = distlock(&b, &["elect", "--value", "ours", &name, "--", "sh", "-c", "echo lead; read _ || true"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ours_says = Lines::of(&mut ours);
+    assert!(ours_says.0.recv_timeout(Duration::from_millis(300)).is_err(), "led beside etcdctl");
+    // etcdctl resigns on INT; distlock leads then.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(theirs.id() as i32, libc::SIGINT) };
+    assert!(wait_exit(&mut theirs, bound).success());
+    assert_eq!(ours_says.next(bound, "distlock leading"), "lead");
+
+    // etcdctl observes the distlock leader, and campaigns behind it.
+    let mut listen = etcdctl(&["elect", "-l", &name]).stdout(Stdio::piped()).spawn().unwrap();
+    let listened = Lines::of(&mut listen);
+    assert!(listened.next(bound, "the observed key").starts_with(&format!("{name}/")));
+    assert_eq!(listened.next(bound, "the observed value"), "ours");
+    let mut theirs = etcdctl(&["elect", &name, "second"]).stdout(Stdio::piped()).spawn().unwrap();
+    let theirs_says = Lines::of(&mut theirs);
+    assert!(theirs_says.0.recv_timeout(Duration::from_millis(300)).is_err(), "etcdctl led beside distlock");
+    drop(ours.stdin.take());
+    assert!(wait_exit(&mut ours, bound).success());
+    assert!(theirs_says.next(bound, "etcdctl's key").starts_with(&format!("{name}/")));
+    assert_eq!(theirs_says.next(bound, "etcdctl's proposal"), "second");
+    assert!(listened.next(bound, "the next observed key").starts_with(&format!("{name}/")));
+    assert_eq!(listened.next(bound, "the next observed value"), "second");
+    for mut child in [theirs, listen] {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        wait_exit(&mut child, bound);
+    }
+    let none = distlock(&b, &["leader", &name]).output().unwrap();
+    assert_eq!(none.status.code(), Some(1), "nothing left behind");
+}

@@ -251,3 +251,67 @@ pub fn a_silent_server_ends_the_hold_promptly(
     );
     println!("exec exited 3 {took:?} after the server went silent (lease {lease:?})");
 }
+
+/// `distlock elect`, `elect --observe` and `leader` on one election: the leader's command gets
+/// its value and epoch, nobody else is elected beside it, the waiting candidate leads once the
+/// leader's command ends (with a higher epoch), and the observer prints every leader and an
+/// empty line when nobody leads.
+pub fn elect_observe_and_leader(b: &str, name: &str) {
+    let bound = Duration::from_secs(20);
+    let none = distlock(b, &["leader", name]).output().unwrap();
+    assert_eq!(none.status.code(), Some(1), "no leader yet: {}", String::from_utf8_lossy(&none.stderr));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("has no leader"));
+
+    let mut observer = distlock(b, &["elect", "--observe", "--interval", "20ms", name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let seen = Lines::of(&mut observer);
+    assert_eq!(seen.next(bound, "the observer's first line"), "", "nobody leads at first");
+
+    const LEAD: &str = "echo \"lead $DISTLOCK_VALUE $DISTLOCK_EPOCH\"; read _ || true";
+    let candidate = |value: &str| {
+        let mut c = distlock(b, &["elect", "--value", value, name, "--", "sh", "-c", LEAD])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Lines::of(&mut c);
+        (c, lines)
+    };
+    let (mut alpha, alpha_says) = candidate("alpha");
+    let said = alpha_says.next(bound, "alpha leading");
+    let epoch: u64 = said.strip_prefix("lead alpha ").and_then(|e| e.parse().ok()).unwrap_or_else(|| panic!("{said}"));
+    assert_eq!(seen.next(bound, "alpha observed"), "alpha");
+
+    let json = distlock(b, &["leader", "--json", name]).output().unwrap();
+    assert!(json.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!((json["value"].as_str(), json["epoch"].as_u64()), (Some("alpha"), Some(epoch)), "{json}");
+
+    let busy = distlock(b, &["elect", "-n", "--value", "beta", name, "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("not elected"));
+
+    let (mut beta, beta_says) = candidate("beta");
+    // Beta waits while alpha leads: its command has not run when alpha's ends.
+    assert!(beta_says.0.recv_timeout(Duration::from_millis(300)).is_err(), "beta led beside alpha");
+    drop(alpha.stdin.take());
+    assert!(wait_exit(&mut alpha, bound).success());
+    let said = beta_says.next(bound, "beta leading");
+    let next: u64 = said.strip_prefix("lead beta ").and_then(|e| e.parse().ok()).unwrap_or_else(|| panic!("{said}"));
+    assert!(next > epoch, "epochs rise: {next} after {epoch}");
+    let mut line = seen.next(bound, "beta observed");
+    if line.is_empty() {
+        line = seen.next(bound, "beta observed");
+    }
+    assert_eq!(line, "beta");
+
+    drop(beta.stdin.take());
+    assert!(wait_exit(&mut beta, bound).success());
+    assert_eq!(seen.next(bound, "no leader observed"), "", "no leader once beta's command ended");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(observer.id() as i32, libc::SIGTERM) };
+    assert!(wait_exit(&mut observer, bound).success(), "the observer ends on TERM with status 0");
+}
