@@ -1079,3 +1079,27 @@ fn odd_commands_and_flags_are_named() {
 fn elect_observe_and_leader_on_zookeeper() {
     common::elect_observe_and_leader(&backend("4s"), &lock());
 }
+
+/// `bench handover` measures graceful and crash hand-overs; a crash hand-over cannot be quicker
+/// than the server's giving up on the dead leader (its session timeout).
+#[test]
+fn bench_handover_reports_graceful_and_crash_handovers() {
+    let out = distlock(&["bench", "--backend", &backend("2s"), "--duration", "100ms", "--json", "handover"])
+        .output()
+        .unwrap();
+    let lines = common::json_lines(&out);
+    let r = &lines[0];
+    assert_eq!(r["workload"], "handover", "{r}");
+    let extra: std::collections::HashMap<String, String> = r["extra"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].as_str().unwrap().into(), p[1].as_str().unwrap().into()))
+        .collect();
+    assert!(extra["graceful_handovers"].parse::<u32>().unwrap() >= 10, "{r}");
+    assert_eq!(extra["crash_handovers"], "3", "{r}");
+    let crash: f64 = extra["crash_p50_ms"].parse().unwrap();
+    let lease: f64 = extra["lease_ms"].parse().unwrap();
+    assert!(crash >= lease * 0.5, "a crash hand-over before the server can have ended the session: {r}");
+    assert!(r["p50_us"].as_u64().unwrap() > 0, "{r}");
+}

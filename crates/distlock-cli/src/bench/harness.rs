@@ -47,9 +47,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub(super) curator: bool,
     /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic, scaling,
-    /// observe (default: all the backend has but scaling and observe, which run only when asked
-    /// for). `observe` measures what metrics and spans cost, on any backend.
-    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling", "observe"])]
+    /// observe, handover (default: all the backend has but scaling, observe and handover, which
+    /// run only when asked for). `observe` measures what metrics and spans cost, `handover` an
+    /// election's time without a leader (resign, and SIGKILL of the leader), on any backend.
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling", "observe", "handover"])]
     pub(super) workloads: Vec<String>,
 }
 

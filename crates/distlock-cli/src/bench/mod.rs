@@ -4,6 +4,7 @@
 
 mod curator;
 mod etcd;
+mod handover;
 mod harness;
 mod observe;
 mod postgres;
@@ -30,19 +31,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     }
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
     let (duration, clients, json) = (args.duration, args.clients, args.json);
-    // `observe` (the cost of metrics and spans) runs on any backend through the shared API.
-    if args.workloads.iter().any(|w| w == "observe") {
-        let r = observe::run(backend, duration, &progress).await?;
+    // `observe` (the cost of metrics and spans) and `handover` (an election's) run on any
+    // backend through the shared API.
+    const SHARED: [&str; 2] = ["observe", "handover"];
+    for w in SHARED.iter().filter(|w| args.workloads.iter().any(|a| a == *w)) {
+        let r = match *w {
+            "observe" => observe::run(backend, duration, &progress).await?,
+            _ => handover::run(backend, duration, &progress).await?,
+        };
         if json {
             println!("{}", serde_json::to_string(&r)?);
         } else {
             print_table(std::slice::from_ref(&r));
         }
-        if args.workloads.iter().all(|w| w == "observe") {
-            return Ok(0);
-        }
     }
-    let workloads: Vec<String> = args.workloads.iter().filter(|w| *w != "observe").cloned().collect();
+    if !args.workloads.is_empty() && args.workloads.iter().all(|w| SHARED.contains(&w.as_str())) {
+        return Ok(0);
+    }
+    let workloads: Vec<String> = args.workloads.iter().filter(|w| !SHARED.contains(&w.as_str())).cloned().collect();
     let chosen = |defaults: &[&str]| -> Vec<String> {
         if workloads.is_empty() {
             defaults.iter().filter(|w| **w != "scaling").map(|w| w.to_string()).collect()
