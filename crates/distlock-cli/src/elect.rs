@@ -44,7 +44,8 @@ pub struct ElectArgs {
     /// Run STRING with `sh -c` while leading, instead of a COMMAND after --.
     #[arg(short = 'c', long = "command", value_name = "STRING", conflicts_with_all = ["command", "observe"])]
     command_string: Option<String>,
-    /// The election: a znode path or bare name on ZooKeeper, the key prefix on etcd.
+    /// The election: a znode path or bare name on ZooKeeper, the key prefix on etcd, the key on
+    /// Redis.
     #[arg(value_name = "NAME")]
     name: String,
     /// The command to run while leading, after --. Without one, distlock leads until standard

@@ -94,7 +94,8 @@ enum Command {
     ///
     /// Leading is holding the election's lock: on ZooKeeper Curator's LeaderSelector layout
     /// (node data = the value), on etcd Go's concurrency.Election layout (`etcdctl elect NAME
-    /// PROPOSAL` and `etcdctl elect -l NAME` take part). The command also gets DISTLOCK_EPOCH
+    /// PROPOSAL` and `etcdctl elect -l NAME` take part), on Redis Redisson's lock hash with a
+    /// `value` field. The SQL backends refuse elections for now. The command also gets DISTLOCK_EPOCH
     /// (the fencing token, higher for every new leader) and DISTLOCK_VALUE. Without a command,
     /// leads until standard input closes or INT, TERM or HUP arrives, as hold does.
     #[command(after_help = exec_help!())]

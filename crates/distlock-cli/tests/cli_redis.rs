@@ -168,3 +168,10 @@ fn bench_on_redis_measures_every_floor_and_leaves_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(redis_cli(&["--scan", "--pattern", "*distlock-bench*"]), "", "the run's keys are gone");
 }
+
+#[test]
+fn elect_observe_and_leader_on_redis() {
+    let name = key();
+    common::elect_observe_and_leader(&backend("?lease=5s"), &name);
+    assert_eq!(redis_cli(&["EXISTS", &name]), "0", "the hash went with the last leader");
+}

@@ -175,8 +175,8 @@ pub(crate) fn no_elections(backend: &'static str, name: &str) -> Error {
     Error::Unsupported {
         backend,
         what: format!(
-            "elections ({name}): built on ZooKeeper (Curator's LeaderSelector layout) and etcd \
-             (concurrency.Election's layout) so far"
+            "elections ({name}): built on ZooKeeper (Curator's LeaderSelector layout), etcd \
+             (concurrency.Election's layout) and Redis so far"
         ),
     }
 }

@@ -17,9 +17,16 @@
 //!   `LeaderSelector.getLeader()` reads a distlock leader's value, and the reverse;
 //! - **etcd**: Go's `concurrency.Election` (keys `<name>/<lease id in hex>` holding the proposal,
 //!   the oldest create revision leads): `etcdctl elect NAME PROPOSAL` campaigns against
-//!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader.
+//!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader;
+//! - **Redis** (Redisson has no election): Redisson's RLock hash at the election's key, whose
+//!   grant also puts a `value` field (the announced value) beside the holder's `<uuid>:<n>`
+//!   field; the epoch is the lock's fencing counter. Always this layout, whatever the URL's
+//!   `layout`.
 //!
-//! The other backends refuse elections with [`Error::Unsupported`] for now.
+//! PostgreSQL, MariaDB and SQLite refuse elections with [`Error::Unsupported`] for now.
+//!
+//! [`Election::leader`] names the candidate the server has made leader; that candidate learns it
+//! at most one round trip later (as Curator's `getLeader` and etcd's `Leader` do).
 //!
 //! # Examples
 //!

@@ -13,7 +13,8 @@ contract::backend!(Client, "redis");
 
 impl Client {
     fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
-        Err(contract::no_elections("redis", name))
+        self.validate(name)?;
+        Ok(Arc::new(super::election::Election { client: self.clone(), key: name.to_string() }))
     }
 
     fn checked_name(&self, name: &str) -> Result<String> {

@@ -388,6 +388,8 @@ pub(crate) struct Reentrant<'a> {
     pub(crate) script: &'static redis::Script,
     /// Our holder, from our field and the release channel.
     pub(crate) holder: fn(String, String) -> Holder,
+    /// An election candidate's value, put with the grant.
+    pub(crate) value: Option<Arc<str>>,
 }
 
 impl Reentrant<'_> {
@@ -398,23 +400,20 @@ impl Reentrant<'_> {
         deadline: Option<Instant>,
         guard: fn(Hold, Arc<Reentry>) -> G,
     ) -> Result<Option<G>> {
-        let Reentrant { client, key, token_key, channel, reentry, script, holder } = self;
+        let Reentrant { client, key, token_key, channel, reentry, script, holder, value } = self;
         super::acquire_loop(client, channel, deadline, None, || {
             let (client, key, token_key) = (client.clone(), key.to_string(), token_key.to_string());
             let (channel, reentry, fresh) = (channel.to_string(), reentry.clone(), fresh.clone());
+            let value = value.clone();
             async move {
                 let eval = |plan: Plan| {
-                    let (client, key, token_key) = (&client, &key, &token_key);
+                    let (client, key, token_key, value) = (&client, &key, &token_key, &value);
                     async move {
                         let sent = Instant::now();
-                        let (reply, replication) = client
-                            .eval_acquire(
-                                script,
-                                &[key.as_str(), token_key.as_str()],
-                                &[client.lease_ms().to_string(), plan.field.clone(), plan.mode()],
-                                key,
-                            )
-                            .await?;
+                        let mut args = vec![client.lease_ms().to_string(), plan.field.clone(), plan.mode()];
+                        args.extend(value.as_deref().map(str::to_string));
+                        let (reply, replication) =
+                            client.eval_acquire(script, &[key.as_str(), token_key.as_str()], &args, key).await?;
                         Ok((reply, replication, sent))
                     }
                 };

@@ -61,6 +61,7 @@
 //! ```
 
 pub(crate) mod contract;
+mod election;
 mod fair;
 mod guard;
 mod listing;
@@ -923,6 +924,7 @@ impl Keys {
             reentry,
             script,
             holder,
+            value: None,
         }
     }
 }

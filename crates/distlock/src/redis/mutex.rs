@@ -40,12 +40,29 @@ struct Inner {
     keys: Keys,
     /// The hold in progress.
     reentry: Arc<Reentry>,
+    /// An election candidate's value (see [`crate::election`]), put in the hash with the grant.
+    value: Option<Arc<str>>,
 }
 
 impl Mutex {
     pub(crate) fn new(client: Client, key: String) -> Mutex {
         Mutex {
-            inner: Arc::new(Inner { keys: Keys::new(client, key, super::redisson_channel), reentry: Arc::default() }),
+            inner: Arc::new(Inner {
+                keys: Keys::new(client, key, super::redisson_channel),
+                reentry: Arc::default(),
+                value: None,
+            }),
+        }
+    }
+
+    /// A candidate of election `key` announcing `value`.
+    pub(crate) fn candidate(client: Client, key: String, value: Arc<str>) -> Mutex {
+        Mutex {
+            inner: Arc::new(Inner {
+                keys: Keys::new(client, key, super::redisson_channel),
+                reentry: Arc::default(),
+                value: Some(value),
+            }),
         }
     }
 
@@ -63,9 +80,10 @@ impl Mutex {
 
     async fn acquire(&self, deadline: Option<Instant>) -> Result<Option<MutexGuard>> {
         let inner = &self.inner;
-        let target = inner
+        let mut target = inner
             .keys
             .reentrant(&inner.reentry, &scripts::REDISSON_LOCK, |field, channel| Holder::Redisson { field, channel });
+        target.value = inner.value.clone();
         target.acquire(inner.keys.client.fresh_field(), deadline, MutexGuard::new).await
     }
 }

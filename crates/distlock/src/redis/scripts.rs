@@ -89,13 +89,15 @@ macro_rules! publishing {
 /// Redisson RLock acquire plus a fencing token. KEYS: lock, token counter. ARGV: lease ms,
 /// field, mode (`r`: re-enter the hold in progress under this field only; `n`: a new hold
 /// under a field no earlier hold used, which, when already there, is this very attempt's grant
-/// whose answer was lost, and is answered as granted again without counting twice).
+/// whose answer was lost, and is answered as granted again without counting twice), and for an
+/// election's candidate the value it announces (put in the hash's `value` field with the grant).
 pub(crate) static REDISSON_LOCK: LazyLock<redis::Script> = acquire_script!(
     r#"
 if redis.call('exists', KEYS[1]) == 0 then
   if ARGV[3] == 'r' then return {GONE, 0} end
   local t = next_token(KEYS[2])
   redis.call('hincrby', KEYS[1], ARGV[2], 1)
+  if ARGV[4] then redis.call('hset', KEYS[1], 'value', ARGV[4]) end
   redis.call('pexpire', KEYS[1], ARGV[1])
   return {GRANTED, t}
 end
@@ -496,3 +498,34 @@ end
 return 1
 "#
 );
+
+/// An election's leader (distlock's layout over Redisson's RLock: the holder's hash has a
+/// `value` field beside its `<uuid>:<n>` field). KEYS: lock, token counter. `{field, value,
+/// epoch}` (the epoch is the counter: the last grant's token), or nil with no holder.
+pub(crate) static LEADER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local f = redis.call('hgetall', KEYS[1])
+local holder, value = false, ''
+for i = 1, #f, 2 do
+  if f[i] == 'value' then value = f[i + 1] else holder = f[i] end
+end
+if not holder then return false end
+return {holder, value, redis.call('get', KEYS[2]) or '0'}
+"#,
+    )
+});
+
+/// An election leader's new value, put only while its hold (field) is there and its token is the
+/// last one granted. KEYS: lock, token counter. ARGV: field, value, token. 1 if put, else 0.
+pub(crate) static PROCLAIM: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+if redis.call('hexists', KEYS[1], ARGV[1]) == 1 and redis.call('get', KEYS[2]) == ARGV[3] then
+  redis.call('hset', KEYS[1], 'value', ARGV[2])
+  return 1
+end
+return 0
+"#,
+    )
+});
