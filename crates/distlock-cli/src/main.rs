@@ -92,8 +92,8 @@ enum Command {
     /// it under a lock: it is stopped before the lease ends if the lead is lost); or, with
     /// --observe, print the leader's value on every change.
     ///
-    /// Leading is holding the election's lock: on ZooKeeper Curator's LeaderSelector layout
-    /// (node data = the value), on etcd Go's concurrency.Election layout (`etcdctl elect NAME
+    /// Leading is holding the election's lock: on ZooKeeper Curator's LeaderLatch layout
+    /// (node data = the value; LeaderSelector's with ?election=selector in the URL), on etcd Go's concurrency.Election layout (`etcdctl elect NAME
     /// PROPOSAL` and `etcdctl elect -l NAME` take part), on Redis Redisson's lock hash with a
     /// `value` field. The SQL backends refuse elections for now. The command also gets DISTLOCK_EPOCH
     /// (the fencing token, higher for every new leader) and DISTLOCK_VALUE. Without a command,

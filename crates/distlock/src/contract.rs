@@ -175,7 +175,7 @@ pub(crate) fn no_elections(backend: &'static str, name: &str) -> Error {
     Error::Unsupported {
         backend,
         what: format!(
-            "elections ({name}): built on ZooKeeper (Curator's LeaderSelector layout), etcd \
+            "elections ({name}): built on ZooKeeper (Curator's LeaderLatch and LeaderSelector layouts), etcd \
              (concurrency.Election's layout) and Redis so far"
         ),
     }

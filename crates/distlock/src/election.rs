@@ -12,9 +12,11 @@
 //!   elected yet), which etcd's `Observe` never reports.
 //!
 //! Layouts are the peers' where they exist:
-//! - **ZooKeeper**: Curator's `LeaderSelector` (an `InterProcessMutex` queue, `_c_<uuid>-lock-<seq>`
-//!   nodes under the election's path, each node's data the candidate's id): Curator's
-//!   `LeaderSelector.getLeader()` reads a distlock leader's value, and the reverse;
+//! - **ZooKeeper**: Curator's `LeaderLatch` (`_c_<uuid>-latch-<seq>` nodes under the election's
+//!   path, each node's data the participant's id), or with `?election=selector` in the URL its
+//!   `LeaderSelector` (an `InterProcessMutex` queue of `_c_<uuid>-lock-<seq>` nodes): Curator's
+//!   participants and distlock's take turns, and each reads the other's leader. A path holds one
+//!   layout: a candidate of the other is refused;
 //! - **etcd**: Go's `concurrency.Election` (keys `<name>/<lease id in hex>` holding the proposal,
 //!   the oldest create revision leads): `etcdctl elect NAME PROPOSAL` campaigns against
 //!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader;

@@ -253,16 +253,32 @@ async fn log_has(log: &Path, line: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn election_interoperates_with_curator_leaderselector() {
-    let path = unique_path("curator-elect");
+    election_interoperates_with_curator("selector").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_interoperates_with_curator_leaderlatch() {
+    election_interoperates_with_curator("latch").await;
+}
+
+/// Curator's `LeaderSelector` or `LeaderLatch` (`layout`) and distlock candidates on one path
+/// (the URL's `election=` layout).
+async fn election_interoperates_with_curator(layout: &str) {
+    let path = unique_path(&format!("curator-elect-{layout}"));
+    let url = format!("zk://{}?election={layout}", zk_addr());
+    let (leader, ask, until_told) = match layout {
+        "selector" => ("leader", "getleader", "lead-until-told"),
+        _ => ("latch", "latch-getleader", "latch-until-told"),
+    };
     // Leaders alternate between Curator's LeaderSelector and two distlock candidates, never two
     // at once.
     let log = log_file("elect");
-    let java = curator("leader", &path, 20, &log, 1);
+    let java = curator(leader, &path, 20, &log, 1);
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let (path, log) = (path.clone(), log.clone());
+        let (path, log, url) = (path.clone(), log.clone(), url.clone());
         tasks.push(tokio::spawn(async move {
-            let client = distlock::Client::from(connect().await);
+            let client = distlock::connect(&url).await.unwrap();
             let election = client.election(&path).unwrap();
             for _ in 0..20 {
                 let leading = election.campaign("distlock").await.unwrap();
@@ -280,17 +296,17 @@ async fn election_interoperates_with_curator_leaderselector() {
     assert_eq!(check(&log, 1), (20, 40));
 
     // Curator's getLeader() reads a distlock leader's value as its id.
-    let client = distlock::Client::from(connect().await);
+    let client = distlock::connect(&url).await.unwrap();
     let election = client.election(&path).unwrap();
     let leading = election.campaign("rust-leader").await.unwrap();
     let asked = log_file("elect-ask");
-    tokio::time::timeout(BOUND, wait_child(curator("getleader", &path, 1, &asked, 1))).await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(curator(ask, &path, 1, &asked, 1))).await.unwrap();
     log_has(&asked, "leader-is rust-leader").await;
     leading.resign().await.unwrap();
 
     // distlock reads a Curator leader's id, cannot lead beside it, and leads once it resigns.
     let told = log_file("elect-told");
-    let java = curator("lead-until-told", &path, 1, &told, 1);
+    let java = curator(until_told, &path, 1, &told, 1);
     log_has(&told, "W enter curator").await;
     let leader = election.leader().await.unwrap().expect("Curator leads");
     assert_eq!(leader.value, "curator", "{leader:?}");

@@ -160,3 +160,24 @@ async fn bad_values_and_names_are_clear_errors() {
         assert_eq!(election.leader().await.unwrap(), None, "{url}: nothing was made");
     }
 }
+
+/// On ZooKeeper a path holds one of Curator's two layouts: a candidate of the other is refused,
+/// naming the layout there and how to choose it, never queued beside it (two leaders).
+#[tokio::test]
+async fn zookeeper_refuses_to_mix_the_latch_and_selector_layouts() {
+    let Ok(addr) = std::env::var("DISTLOCK_TEST_ZK") else { return };
+    let path = format!("/distlock-test/{}", unique("mixed"));
+    let latch = connect(&format!("zk://{addr}")).await;
+    let selector = connect(&format!("zk://{addr}?election=selector")).await;
+    let leading = latch.election(&path).unwrap().campaign("latch").await.unwrap();
+    let refused = selector.election(&path).unwrap().try_campaign("selector").await.unwrap_err().to_string();
+    assert!(refused.contains("leader latch") && refused.contains("election=selector"), "{refused}");
+    leading.resign().await.unwrap();
+    let leading = selector.election(&path).unwrap().campaign("selector").await.unwrap();
+    let refused = latch.election(&path).unwrap().try_campaign("latch").await.unwrap_err().to_string();
+    assert!(refused.contains("mutex"), "{refused}");
+    // The reader of each layout sees only its own.
+    assert_eq!(selector.election(&path).unwrap().leader().await.unwrap().map(|l| l.value), Some("selector".into()));
+    assert_eq!(latch.election(&path).unwrap().leader().await.unwrap(), None);
+    leading.resign().await.unwrap();
+}

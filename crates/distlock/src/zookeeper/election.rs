@@ -1,11 +1,13 @@
-//! Elections on ZooKeeper, in the layout of Curator's `LeaderSelector`: each candidate queues
-//! an `InterProcessMutex` node (`_c_<uuid>-lock-<seq>`) under the election's path, whose data is
-//! the candidate's value (LeaderSelector's participant id); the first node in sequence order
-//! leads. A candidate is the [`Mutex`] queue with that data, so the campaign, the watch on the
-//! predecessor only and the loss signal are the mutex's; the epoch is the leader node's czxid.
+//! Elections on ZooKeeper, in the layouts of Curator's leader recipes (the URL's
+//! `election=latch|selector`): `LeaderLatch` (the default), whose participants queue
+//! `_c_<uuid>-latch-<seq>` nodes, or `LeaderSelector`, whose participants queue an
+//! `InterProcessMutex`'s `_c_<uuid>-lock-<seq>` nodes. Either way a node's data is the
+//! participant's id (our value), and the first node in sequence order leads. A candidate is the
+//! [`Mutex`] queue with that marker and data, so the campaign, the watch on the predecessor only
+//! and the loss signal are the mutex's; the epoch is the leader node's czxid.
 
-use super::queue::{node_kind, sort_children, NodeKind, FAMILY};
-use super::{backend, Client, LockSpec, Mutex};
+use super::queue::{sort_children, sort_key, LATCH, LOCK};
+use super::{backend, Client, ElectionLayout, LockSpec, Mutex};
 use crate::contract::{Ballot, BoxFuture, Recipe};
 use crate::election::Leader;
 use crate::{Error, LostReason, Result};
@@ -19,6 +21,16 @@ pub(crate) struct Election {
     pub(crate) dir: String,
 }
 
+impl Election {
+    /// The marker of this election's nodes, by the URL's layout.
+    fn marker(&self) -> &'static str {
+        match self.client.url().election {
+            ElectionLayout::Latch => LATCH,
+            ElectionLayout::Selector => LOCK,
+        }
+    }
+}
+
 impl Ballot for Election {
     fn name(&self) -> &str {
         &self.dir
@@ -26,14 +38,14 @@ impl Ballot for Election {
 
     fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe> {
         let data: Arc<[u8]> = Arc::from(value.as_bytes());
-        Arc::new(LockSpec::Exclusive(Mutex::with_data(self.client.clone(), self.dir.clone(), data)))
+        Arc::new(LockSpec::Exclusive(Mutex::candidate(self.client.clone(), self.dir.clone(), self.marker(), data)))
     }
 
     fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>> {
         Box::pin(async move {
-            // Curator's `LeaderSelector.getLeader()`: the participants in sequence order, the
-            // first one still there leads. A node that goes between the listing and its read is
-            // skipped, as Curator does.
+            // Curator's `getLeader()`: the participants in sequence order, the first one still
+            // there leads. A node that goes between the listing and its read is skipped, as
+            // Curator does.
             let zk = self.client.zk();
             self.client.metrics().sent(1);
             let mut children = match zk.list_children(&self.dir).await {
@@ -44,8 +56,12 @@ impl Ballot for Election {
                 },
                 Err(e) => return Err(backend("getChildren", &self.dir, e)),
             };
-            children.retain(|c| node_kind(c) == NodeKind::Lock);
-            sort_children(&mut children, FAMILY);
+            let marker = [self.marker()];
+            children.retain(|c| {
+                let key = sort_key(c, &marker);
+                key.len() == 10 && key.bytes().all(|b| b.is_ascii_digit())
+            });
+            sort_children(&mut children, &marker);
             for child in children {
                 let path = format!("{}/{child}", self.dir);
                 self.client.metrics().sent(1);

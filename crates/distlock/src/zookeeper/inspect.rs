@@ -1,6 +1,6 @@
 //! Who holds a lock and who waits, for every recipe's layout.
 
-use super::queue::{node_kind, sort_children, sort_key, Exclusive, NodeKind, Policy, FAMILY};
+use super::queue::{node_kind, sort_children, sort_key, Exclusive, NodeKind, Policy, EVERY_MARKER, LATCH};
 use super::rwlock::ReadPolicy;
 use super::{backend, url, Client};
 use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
@@ -132,10 +132,12 @@ impl Client {
             "free"
         } else if queue.iter().any(|c| matches!(node_kind(c), NodeKind::Read | NodeKind::Write)) {
             "rwlock"
+        } else if queue.iter().any(|c| sort_key(c, &[LATCH]).len() == 10) {
+            "election"
         } else {
             "mutex"
         };
-        sort_children(&mut queue, FAMILY);
+        sort_children(&mut queue, EVERY_MARKER);
         let mut contenders = self.read_nodes(&dir, "", &queue, "lock").await?;
         let live: Vec<String> = contenders.iter().map(|c| c.node.clone()).collect();
         for (i, c) in contenders.iter_mut().enumerate() {
@@ -263,7 +265,7 @@ impl Client {
 /// by the ten digits ZooKeeper appends, not a name that merely contains a marker.
 fn is_queue_node(name: &str) -> bool {
     let digits = name.len() >= 10 && name.as_bytes()[name.len() - 10..].iter().all(u8::is_ascii_digit);
-    digits && node_kind(name) != NodeKind::Other && sort_key(name, FAMILY).len() == 10
+    digits && node_kind(name) != NodeKind::Other && sort_key(name, EVERY_MARKER).len() == 10
 }
 
 fn lock_info(view: LockView) -> LockInfo {
@@ -301,6 +303,7 @@ mod tests {
         assert!(is_queue_node("_c_0f3e-lock-0000000042"));
         assert!(is_queue_node("_c_0f3e-__READ__0000000007"));
         assert!(is_queue_node("lock-0000000001"));
+        assert!(is_queue_node("_c_0f3e-latch-0000000002"));
         assert!(!is_queue_node("clock-sync"));
         assert!(!is_queue_node("db-lock-1"));
         assert!(!is_queue_node("locks"));

@@ -32,7 +32,7 @@ pub use queue::QueueStatus;
 pub use reentrant::{ReentrantGuard, ReentrantMutex};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use url::{ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
+pub use url::{ElectionLayout, ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
 
 use crate::{Error, Owner, Result};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -58,10 +58,11 @@ impl Mutex {
         Ok(Mutex { queue: Queue { client, dir, marker: MARKER, data: None } })
     }
 
-    /// The same queue, our node's data being `data` instead of the owner record: a candidate of
-    /// an election (Curator's LeaderSelector keeps the participant's id there).
-    pub(super) fn with_data(client: Client, dir: String, data: std::sync::Arc<[u8]>) -> Mutex {
-        Mutex { queue: Queue { client, dir, marker: MARKER, data: Some(data) } }
+    /// An election's candidate: the same queue algorithm with nodes marked `marker` (`lock-` for
+    /// Curator's LeaderSelector, `latch-` for its LeaderLatch), whose data is `data` instead of
+    /// the owner record (Curator keeps the participant's id there).
+    pub(super) fn candidate(client: Client, dir: String, marker: &'static str, data: std::sync::Arc<[u8]>) -> Mutex {
+        Mutex { queue: Queue { client, dir, marker, data: Some(data) } }
     }
 
     /// The lock path.

@@ -90,6 +90,8 @@ impl Queue {
     pub(crate) fn markers(&self) -> &'static [&'static str] {
         if FAMILY.contains(&self.marker) {
             FAMILY
+        } else if self.marker == LATCH {
+            LATCH_MARKERS
         } else {
             LEASE_MARKERS
         }
@@ -98,6 +100,8 @@ impl Queue {
 
 /// A semaphore's lease nodes.
 const LEASE_MARKERS: &[&str] = &["lease-"];
+/// A leader latch's nodes.
+const LATCH_MARKERS: &[&str] = &[LATCH];
 
 /// What woke a waiter.
 enum Woken {
@@ -157,6 +161,11 @@ pub(crate) const WRITE: &str = "__WRIT__";
 /// and writers are exclusive, readers share with readers. So a path's kind never depends on who
 /// came first: a mutex on a path that readers hold waits for them like a writer.
 pub(crate) const FAMILY: &[&str] = &[LOCK, READ, WRITE];
+/// Marker of Curator's LeaderLatch nodes (`_c_<uuid>-latch-<seq>`): a queue of its own, exclusive
+/// like mutex nodes, never mixed with the lock family's.
+pub(crate) const LATCH: &str = "latch-";
+/// Every queue marker, for reading a directory of any of them.
+pub(crate) const EVERY_MARKER: &[&str] = &[LOCK, READ, WRITE, LATCH];
 
 /// What a child of a lock directory is, by the marker that decides its sort key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,9 +181,10 @@ pub(crate) enum NodeKind {
 }
 
 pub(crate) fn node_kind(name: &str) -> NodeKind {
-    let found = FAMILY.iter().filter_map(|m| name.rfind(m).map(|i| (i + m.len(), *m))).max_by_key(|(end, _)| *end);
+    let found =
+        EVERY_MARKER.iter().filter_map(|m| name.rfind(m).map(|i| (i + m.len(), *m))).max_by_key(|(end, _)| *end);
     match found {
-        Some((_, LOCK)) => NodeKind::Lock,
+        Some((_, LOCK | LATCH)) => NodeKind::Lock,
         Some((_, READ)) => NodeKind::Read,
         Some((_, WRITE)) => NodeKind::Write,
         _ => NodeKind::Other,
@@ -194,8 +204,14 @@ pub(crate) fn sort_key<'a>(name: &'a str, markers: &[&str]) -> &'a str {
 /// Names the recipe a child belongs to when it cannot share our queue (a semaphore's layout and
 /// the queue locks' layout would let both sides hold at once).
 pub(crate) fn other_recipe(name: &str, markers: &[&str]) -> Option<&'static str> {
-    let families: [(&[&str], &str); 2] =
-        [(FAMILY, "a mutex or read/write lock"), (&["leases", "locks"], "a semaphore (use the same permit count)")];
+    let families: [(&[&str], &str); 3] = [
+        (FAMILY, "a mutex or read/write lock"),
+        (&["leases", "locks"], "a semaphore (use the same permit count)"),
+        (
+            LATCH_MARKERS,
+            "a leader latch (Curator's LeaderLatch; for a LeaderSelector's path add ?election=selector to the URL)",
+        ),
+    ];
     for (family, what) in families {
         if family.iter().any(|m| markers.contains(m)) {
             continue;
@@ -474,11 +490,14 @@ impl Queue {
         // Checked once per acquire: whether a semaphore's directories here are in use.
         let mut semaphore_checked = false;
         loop {
-            // Only a semaphore's `locks`/`leases` can belong to another recipe here (mutex and
-            // read/write nodes share one queue). The directories outlive their users for a while
-            // (containers are reaped late): only a semaphore in use makes the path its own.
+            // A semaphore's `locks`/`leases` or a leader latch's nodes belong to another recipe
+            // (mutex and read/write nodes share one queue). A semaphore's directories outlive
+            // their users for a while (containers are reaped late): only a semaphore in use makes
+            // the path its own; a latch's nodes are ephemeral, so there is one in use.
             if let Some(other) = children.iter().find_map(|c| other_recipe(c, self.markers())) {
-                if !semaphore_checked && !Box::pin(self.semaphore_idle()).await? {
+                let in_use = !other.starts_with("a semaphore")
+                    || (!semaphore_checked && !Box::pin(self.semaphore_idle()).await?);
+                if in_use {
                     return Err(Error::InvalidLockPath {
                         path: self.dir.clone(),
                         reason: format!("already in use as {other}; one path holds one kind of lock"),
@@ -907,6 +926,13 @@ mod tests {
         let kinds: Vec<NodeKind> = c.iter().map(|n| node_kind(n)).collect();
         assert_eq!(kinds, [NodeKind::Lock, NodeKind::Write, NodeKind::Read]);
         assert_eq!(node_kind("config"), NodeKind::Other);
+        // A LeaderLatch node is exclusive, in a queue of its own: each side refuses the other.
+        let latch = "_c_x-latch-0000000003";
+        assert_eq!(node_kind(latch), NodeKind::Lock);
+        assert_eq!(sort_key(latch, LATCH_MARKERS), "0000000003");
+        assert!(other_recipe(latch, FAMILY).is_some_and(|w| w.contains("leader latch")));
+        assert!(other_recipe("_c_x-lock-0000000001", LATCH_MARKERS).is_some_and(|w| w.contains("mutex")));
+        assert_eq!(other_recipe(latch, LATCH_MARKERS), None);
         assert!(is_exclusive(&c[0]) && is_exclusive(&c[1]) && !is_exclusive(&c[2]));
         // A reader behind a mutex node waits for it.
         assert_eq!(

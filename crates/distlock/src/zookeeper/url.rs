@@ -35,6 +35,29 @@ pub struct ZkUrl {
     /// not answered (`lease_margin=`); `None` uses the default, 27% of the negotiated timeout
     /// (see [`lease_deadline`](super::MutexGuard::lease_deadline)).
     pub lease_margin: Option<Duration>,
+    /// The layout of elections (`election=latch|selector`): Curator's `LeaderLatch` (the
+    /// default) or `LeaderSelector` (an `InterProcessMutex` queue).
+    pub election: ElectionLayout,
+}
+
+/// Which Curator recipe's nodes a ZooKeeper election uses (see [`crate::election`]).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::zookeeper::{ElectionLayout, ZkUrl};
+/// let url = ZkUrl::parse("zk://127.0.0.1:2181?election=selector").unwrap();
+/// assert_eq!(url.election, ElectionLayout::Selector);
+/// assert_eq!(ZkUrl::parse("zk://127.0.0.1:2181").unwrap().election, ElectionLayout::Latch);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ElectionLayout {
+    /// Curator's `LeaderLatch`: `_c_<uuid>-latch-<seq>` nodes, data = the participant's id.
+    #[default]
+    Latch,
+    /// Curator's `LeaderSelector`: `_c_<uuid>-lock-<seq>` nodes (its `InterProcessMutex`), data =
+    /// the participant's id.
+    Selector,
 }
 
 impl ZkUrl {
@@ -76,11 +99,24 @@ impl ZkUrl {
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut lease_margin = None;
+        let mut election = ElectionLayout::default();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
+            if key == "election" {
+                election = match value {
+                    "latch" => ElectionLayout::Latch,
+                    "selector" => ElectionLayout::Selector,
+                    other => {
+                        return Err(bad(&format!(
+                            "election: unknown layout {other:?} (latch for Curator's LeaderLatch, selector for its LeaderSelector)"
+                        )))
+                    }
+                };
+                continue;
+            }
             if !["lease", "session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin)"
+                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
@@ -105,7 +141,7 @@ impl ZkUrl {
                 )));
             }
         }
-        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin })
+        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
@@ -183,6 +219,7 @@ mod tests {
                 ("zk://a:1?session_timeout=0s", "greater than zero"),
                 ("zk://a:1?colour=red", "unknown option"),
                 ("zk://a:1?session_timeout=4s&lease_margin=4s", "lease_margin"),
+                ("zk://a:1?election=bully", "LeaderSelector"),
             ],
         );
     }

@@ -9,6 +9,7 @@
 // KIND getleader: appends "leader-is <id>" (LeaderSelector.getLeader()'s id, "" for none).
 // KIND lead-until-told: leads once as "curator", appends "W enter curator", and gives up the
 // lead once LOGFILE has a line "resign curator".
+// KIND latch, latch-getleader, latch-until-told: the same with a LeaderLatch whose id is "curator".
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -17,6 +18,7 @@ import java.nio.file.StandardOpenOption;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.LeaderSelector;
 import org.apache.curator.framework.recipes.leader.LeaderSelectorListenerAdapter;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
@@ -50,6 +52,11 @@ public class CuratorPeer {
             throw new IllegalStateException("no connection to " + connect);
         }
         log("ready curator");
+        if (kind.equals("latch-getleader")) {
+            log("leader-is " + new LeaderLatch(client, path).getLeader().getId());
+            client.close();
+            return;
+        }
         if (kind.equals("getleader")) {
             LeaderSelector reader = new LeaderSelector(client, path, new LeaderSelectorListenerAdapter() {
                 public void takeLeadership(CuratorFramework c) {}
@@ -104,6 +111,24 @@ public class CuratorPeer {
                     selector.start();
                     if (!done.await(60, TimeUnit.SECONDS)) throw new IllegalStateException("leader timeout");
                     selector.close();
+                    break;
+                case "latch":
+                case "latch-until-told":
+                    LeaderLatch latch = new LeaderLatch(client, path, "curator");
+                    latch.start();
+                    if (!latch.await(60, TimeUnit.SECONDS)) throw new IllegalStateException("latch timeout");
+                    if (kind.equals("latch")) {
+                        hold("W");
+                    } else {
+                        log("W enter curator");
+                        long end = System.currentTimeMillis() + 60000;
+                        while (!new String(Files.readAllBytes(log), StandardCharsets.UTF_8).contains("resign curator")) {
+                            if (System.currentTimeMillis() > end) throw new IllegalStateException("never told to resign");
+                            Thread.sleep(10);
+                        }
+                        log("W exit curator");
+                    }
+                    latch.close();
                     break;
                 default:
                     throw new IllegalArgumentException("unknown kind " + kind);
