@@ -13,8 +13,9 @@ pub struct ElectArgs {
     #[command(flatten)]
     backend: BackendArg,
     /// The value to announce while leading (`etcdctl elect`'s PROPOSAL, Curator's participant
-    /// id). Default: this host's name and distlock's pid.
-    #[arg(long, value_name = "VALUE", conflicts_with = "observe")]
+    /// id); not empty (--observe prints an empty line for "no leader"). Default: this host's
+    /// name and distlock's pid.
+    #[arg(long, value_name = "VALUE", conflicts_with = "observe", value_parser = non_empty)]
     value: Option<String>,
     /// Print the leader's value on every change, one line each (an empty line when nobody
     /// leads), until INT or TERM; as `etcdctl elect -l` but with "no leader" shown.
@@ -30,16 +31,16 @@ pub struct ElectArgs {
     #[arg(short = 'n', long = "nonblock", conflicts_with = "observe")]
     nonblock: bool,
     /// Exit status when not elected.
-    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED)]
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED, conflicts_with = "observe")]
     conflict_exit_code: u8,
     /// What to do to the command if the lead is lost while it runs.
-    #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term)]
+    #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term, conflicts_with = "observe")]
     on_lost: OnLost,
     /// Time between SIGTERM and SIGKILL when the lead is lost (cut as `exec` cuts it).
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s", conflicts_with = "observe")]
     grace: Duration,
     /// Write the run's figures to PATH in the Prometheus text format, as `exec` does.
-    #[arg(long = "metrics-textfile", value_name = "PATH")]
+    #[arg(long = "metrics-textfile", value_name = "PATH", conflicts_with = "observe")]
     metrics_textfile: Option<std::path::PathBuf>,
     /// Run STRING with `sh -c` while leading, instead of a COMMAND after --.
     #[arg(short = 'c', long = "command", value_name = "STRING", conflicts_with_all = ["command", "observe"])]
@@ -54,6 +55,14 @@ pub struct ElectArgs {
     command: Vec<String>,
 }
 
+fn non_empty(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("the value is empty: `elect --observe` prints an empty line for \"no leader\"".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct LeaderArgs {
     #[command(flatten)]
@@ -61,7 +70,8 @@ pub struct LeaderArgs {
     /// Print `{"name", "value", "epoch", "key"}` as JSON instead of the value alone.
     #[arg(long)]
     json: bool,
-    /// The election: a znode path or bare name on ZooKeeper, the key prefix on etcd.
+    /// The election: a znode path or bare name on ZooKeeper, the key prefix on etcd, the key on
+    /// Redis.
     #[arg(value_name = "NAME")]
     name: String,
 }
@@ -100,8 +110,12 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
                         failing = false;
                     }
                     let mut out = std::io::stdout().lock();
-                    writeln!(out, "{}", printable(&change))?;
-                    out.flush()?;
+                    let written = writeln!(out, "{}", printable(&change)).and_then(|_| out.flush());
+                    match written {
+                        // Whoever read our lines is gone (`| head -1`): the observing is over.
+                        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
+                        other => other?,
+                    }
                 }
                 Err(e) => {
                     // Unknown is not "no leader": say so on stderr and keep trying.

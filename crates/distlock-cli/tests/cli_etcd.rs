@@ -138,6 +138,7 @@ fn etcdctl_elect_and_distlock_elect_take_turns_both_ways() {
         .spawn()
         .unwrap();
     let ours_says = Lines::of(&mut ours);
+    candidates(&name, 2, bound);
     assert!(ours_says.0.recv_timeout(Duration::from_millis(300)).is_err(), "led beside etcdctl");
     // etcdctl resigns on INT; distlock leads then.
     // SAFETY: signalling our own child.
@@ -152,6 +153,7 @@ fn etcdctl_elect_and_distlock_elect_take_turns_both_ways() {
     assert_eq!(listened.next(bound, "the observed value"), "ours");
     let mut theirs = etcdctl(&["elect", &name, "second"]).stdout(Stdio::piped()).spawn().unwrap();
     let theirs_says = Lines::of(&mut theirs);
+    candidates(&name, 2, bound);
     assert!(theirs_says.0.recv_timeout(Duration::from_millis(300)).is_err(), "etcdctl led beside distlock");
     drop(ours.stdin.take());
     assert!(wait_exit(&mut ours, bound).success());
@@ -166,4 +168,19 @@ fn etcdctl_elect_and_distlock_elect_take_turns_both_ways() {
     }
     let none = distlock(&b, &["leader", &name]).output().unwrap();
     assert_eq!(none.status.code(), Some(1), "nothing left behind");
+}
+
+/// Waits (bounded) until `n` candidates' keys are under `name/`: the second candidate is queued
+/// on the server, so a check that it does not lead means something.
+fn candidates(name: &str, n: usize, bound: Duration) {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        let out = etcdctl(&["get", "--prefix", "--keys-only", &format!("{name}/")]).output().unwrap();
+        let keys = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).count();
+        if keys >= n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{n} candidates never queued on {name}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

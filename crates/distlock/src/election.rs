@@ -19,7 +19,9 @@
 //!   layout: a candidate of the other is refused;
 //! - **etcd**: Go's `concurrency.Election` (keys `<name>/<lease id in hex>` holding the proposal,
 //!   the oldest create revision leads): `etcdctl elect NAME PROPOSAL` campaigns against
-//!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader;
+//!   distlock both ways, and `etcdctl elect -l NAME` observes a distlock leader. As in Go, every
+//!   key under `<name>/` is a candidate: a lock or election named `<name>/x` takes part in
+//!   election `<name>` (keep such names apart);
 //! - **Redis** (Redisson has no election): Redisson's RLock hash at the election's key, whose
 //!   grant also puts a `value` field (the announced value) beside the holder's `<uuid>:<n>`
 //!   field; the epoch is the lock's fencing counter. Always this layout, whatever the URL's
@@ -346,6 +348,45 @@ impl Observer {
                 self.last = Some(now.clone());
                 return Ok(now.map_or(Change::NoLeader, Change::Leader));
             }
+        }
+    }
+}
+
+/// The servers' own checks of a proclaim (not the guard's local state): a wrong epoch or a mark
+/// that is not the leader's is refused on the server, and nothing is announced.
+#[cfg(test)]
+mod server_checks {
+    use super::*;
+
+    async fn check(url: &str) {
+        let client = crate::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+        let election = client.election(&format!("proclaim-check-{}", uuid::Uuid::new_v4().simple())).unwrap();
+        let leading = election.campaign("first").await.unwrap();
+        let (key, epoch) = (leading.key(), leading.epoch());
+        let ballot = &leading.ballot;
+        let refused = |r: Result<()>| matches!(r, Err(Error::LockLost { .. }));
+        assert!(refused(ballot.proclaim(key.clone(), epoch + 1, Arc::from("wrong epoch")).await), "{url}");
+        assert!(refused(ballot.proclaim(format!("{key}-not-ours"), epoch, Arc::from("not ours")).await), "{url}");
+        assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("first".into()), "{url}");
+        ballot.proclaim(key, epoch, Arc::from("second")).await.unwrap();
+        assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("second".into()), "{url}");
+        leading.resign().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_wrong_epoch_or_mark_is_refused_by_the_server() {
+        #[cfg(feature = "zookeeper")]
+        {
+            let s = distlock_server::EmbeddedServer::start().await.unwrap();
+            check(&s.url()).await;
+        }
+        #[cfg(feature = "etcd")]
+        if let Ok(addr) = std::env::var("DISTLOCK_TEST_ETCD") {
+            check(&format!("etcd://{addr}")).await;
+        }
+        #[cfg(feature = "redis")]
+        if let Ok(addr) = std::env::var("DISTLOCK_TEST_REDIS") {
+            check(&format!("redis://{addr}")).await;
         }
     }
 }

@@ -89,8 +89,9 @@ pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) 
         });
         queued(&a, &shown, 2).await?;
         let t0 = Instant::now();
+        let pid = child.id().ok_or_else(|| anyhow::anyhow!("the leader process ended before it was killed"))?;
         // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id().unwrap_or(0) as i32, libc::SIGKILL) };
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         let (t1, next) = waiting.await?;
         let next = next?.ok_or_else(|| anyhow::anyhow!("no hand-over after the crash within {BOUND:?}"))?;
         crashes.push(t1.saturating_duration_since(t0).as_micros() as u64);

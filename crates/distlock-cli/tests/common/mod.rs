@@ -270,9 +270,16 @@ pub fn elect_observe_and_leader(b: &str, name: &str) {
     let seen = Lines::of(&mut observer);
     assert_eq!(seen.next(bound, "the observer's first line"), "", "nobody leads at first");
 
-    const LEAD: &str = "echo \"lead $DISTLOCK_VALUE $DISTLOCK_EPOCH\"; read _ || true";
+    // Each leader's command records its lead in one log (single appends), checked at the end.
+    let log = std::env::temp_dir().join(unique("distlock-elect-log-"));
+    std::fs::write(&log, b"").unwrap();
+    let lead = format!(
+        "echo \"$DISTLOCK_VALUE in\" >> {0}; echo \"lead $DISTLOCK_VALUE $DISTLOCK_EPOCH\"; read _ || true; \
+         echo \"$DISTLOCK_VALUE out\" >> {0}",
+        log.display()
+    );
     let candidate = |value: &str| {
-        let mut c = distlock(b, &["elect", "--value", value, name, "--", "sh", "-c", LEAD])
+        let mut c = distlock(b, &["elect", "--value", value, name, "--", "sh", "-c", &lead])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -311,6 +318,16 @@ pub fn elect_observe_and_leader(b: &str, name: &str) {
     drop(beta.stdin.take());
     assert!(wait_exit(&mut beta, bound).success());
     assert_eq!(seen.next(bound, "no leader observed"), "", "no leader once beta's command ended");
+    let led = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        led.lines().collect::<Vec<_>>(),
+        ["alpha in", "alpha out", "beta in", "beta out"],
+        "one leader at a time"
+    );
+    let _ = std::fs::remove_file(&log);
+    let empty = distlock(b, &["elect", "--value", "", name, "--", "true"]).output().unwrap();
+    assert_eq!(empty.status.code(), Some(2), "an empty value is refused");
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("empty"));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(observer.id() as i32, libc::SIGTERM) };
     assert!(wait_exit(&mut observer, bound).success(), "the observer ends on TERM with status 0");

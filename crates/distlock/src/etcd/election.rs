@@ -51,16 +51,15 @@ impl Ballot for Election {
 
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            // Go's `Proclaim`: put the new value under the same lease only while the key is the
-            // one we created (its create revision is our epoch).
-            let lease = holder_id
-                .rsplit('/')
-                .next()
-                .and_then(|hex| i64::from_str_radix(hex, 16).ok())
-                .ok_or_else(|| Error::InvalidArgument { what: "etcd leader key", reason: holder_id.clone() })?;
+            // Go's `Proclaim`: put the new value, keeping the key's lease, only while the key is
+            // the one we created (its create revision is our epoch).
             let txn = Txn::new()
                 .when([Compare::create_revision(holder_id.clone(), CompareOp::Equal, token as i64)])
-                .and_then([TxnOp::put(holder_id.clone(), value.as_bytes(), Some(PutOptions::new().with_lease(lease)))]);
+                .and_then([TxnOp::put(
+                    holder_id.clone(),
+                    value.as_bytes(),
+                    Some(PutOptions::new().with_ignore_lease()),
+                )]);
             let etcd = self.client.etcd();
             let resp = self
                 .client

@@ -228,6 +228,10 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
                     async move { etcd.txn(txn).await }
                 })
                 .await?;
+            // The key is gone; the next create's `Cleanup` (which holds the gate) is its only
+            // deleter now. An ungated delete left armed here could, matching an election's value,
+            // remove a later campaign's key.
+            pending.key = None;
             continue;
         } else {
             pending.key = None; // someone else's key: not ours to delete

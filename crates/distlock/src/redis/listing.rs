@@ -93,12 +93,13 @@ impl Client {
                 let fields: Vec<(String, String)> =
                     redis::cmd("HGETALL").arg(key).query_async(&mut conn).await.map_err(fail("HGETALL"))?;
                 let rw = fields.iter().any(|(f, _)| f == "mode");
-                if !fields.iter().all(|(f, _)| f == "mode" || is_holder_field(f)) {
+                // `value`: an election leader's announced value, beside its holder field.
+                if !fields.iter().all(|(f, _)| f == "mode" || f == "value" || is_holder_field(f)) {
                     return Ok(None); // an application's hash, not a lock
                 }
                 let entries: Vec<Entry> = fields
                     .into_iter()
-                    .filter(|(f, _)| f != "mode")
+                    .filter(|(f, _)| f != "mode" && f != "value")
                     .map(|(f, n)| {
                         let mode = match (rw, f.ends_with(":write")) {
                             (false, _) => "exclusive",

@@ -658,7 +658,11 @@ impl Client {
             "hash" => {
                 let h: Vec<(String, String)> =
                     redis::cmd("HGETALL").arg(name).query_async(&mut conn).await.map_err(fail("HGETALL"))?;
-                h.into_iter().map(|(id, count)| Holder { id, count: count.parse().unwrap_or(0) }).collect()
+                // `value` is an election leader's announced value, not a holder.
+                h.into_iter()
+                    .filter(|(id, _)| id != "value")
+                    .map(|(id, count)| Holder { id, count: count.parse().unwrap_or(0) })
+                    .collect()
             }
             "string" => {
                 let v: Option<String> =

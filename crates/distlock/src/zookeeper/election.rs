@@ -84,16 +84,28 @@ impl Ballot for Election {
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             // Our node's path carries the acquire's unique prefix: while it exists it is the one
-            // we created (its czxid, the epoch, is checked too), owned by our session.
+            // we created, owned by our session (the czxid, the epoch, is compared as a check of
+            // that; it is read only with the write's answer).
             let zk = self.client.zk();
-            self.client.metrics().sent(1);
             let lost = || Error::LockLost { lock: self.dir.clone(), reason: LostReason::NodeDeleted };
-            match zk.set_data(&holder_id, value.as_bytes(), None).await {
-                Ok(stat) if stat.czxid as u64 == token => Ok(()),
-                Ok(_) => Err(lost()),
-                Err(zk::Error::NoNode) => Err(lost()),
-                Err(e) => Err(backend("setData", &holder_id, e)),
+            // The write is conditional on the node's data version read with its czxid (the
+            // epoch), so nothing is written to a node that is not this leadership's.
+            for _ in 0..3 {
+                self.client.metrics().sent(2);
+                let stat = match zk.check_stat(&holder_id).await {
+                    Ok(Some(stat)) if stat.czxid as u64 == token => stat,
+                    Ok(_) => return Err(lost()),
+                    Err(e) => return Err(backend("exists", &holder_id, e)),
+                };
+                match zk.set_data(&holder_id, value.as_bytes(), Some(stat.version)).await {
+                    Ok(_) => return Ok(()),
+                    Err(zk::Error::NoNode) => return Err(lost()),
+                    // Written meanwhile (a revoker): read it again.
+                    Err(zk::Error::BadVersion) => continue,
+                    Err(e) => return Err(backend("setData", &holder_id, e)),
+                }
             }
+            Err(backend("setData", &holder_id, zk::Error::BadVersion))
         })
     }
 }
