@@ -170,17 +170,6 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
 }
 
-/// The backends without elections yet refuse them here (one line each), naming why.
-pub(crate) fn no_elections(backend: &'static str, name: &str) -> Error {
-    Error::Unsupported {
-        backend,
-        what: format!(
-            "elections ({name}): built on ZooKeeper (Curator's LeaderLatch and LeaderSelector layouts), etcd \
-             (concurrency.Election's layout) and Redis so far"
-        ),
-    }
-}
-
 /// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,
 /// `fencing_token`, `lease_deadline`, `state`, `lost`, `release`).
 macro_rules! held {
@@ -254,8 +243,7 @@ pub(crate) use recipe;
 /// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the
 /// parts that differ as inherent methods of its client in its `contract.rs`:
 /// `checked_name(&self, name) -> Result<String>`, `make(&self, name, kind) -> Result<Arc<dyn
-/// Recipe>>` and `election_of(&self, name) -> Result<Arc<dyn Ballot>>` (or
-/// [`no_elections`]).
+/// Recipe>>` and `election_of(&self, name) -> Result<Arc<dyn Ballot>>`.
 macro_rules! backend {
     ($client:ty, $name:literal) => {
         /// Connects to the URL; the scheme table in `any.rs` calls it.
@@ -308,7 +296,7 @@ pub(crate) use backend;
 
 /// The whole contract of a backend that offers the mutex only: [`backend!`], a name checked by
 /// making the mutex, every other kind refused with `$why`, and the mutex's [`Recipe`] and
-/// [`Held`] impls.
+/// [`Held`] impls. The backend writes its `election_of`.
 ///
 /// ```ignore
 /// mutex_only_backend!(Client, "mysql", Mutex, MutexGuard, "MariaDB's GET_LOCK gives the mutex only");
@@ -322,9 +310,6 @@ macro_rules! mutex_only_backend {
                 self.mutex(name).map(|_| name.to_string())
             }
 
-            fn election_of(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
-                Err($crate::contract::no_elections($name, name))
-            }
 
             fn make(
                 &self,

@@ -39,6 +39,7 @@
 //! ```
 
 pub(crate) mod contract;
+mod election;
 mod mutex;
 mod url;
 

@@ -43,6 +43,7 @@
 //! ```
 
 pub(crate) mod contract;
+mod election;
 mod inspect;
 mod mutex;
 mod rwlock;

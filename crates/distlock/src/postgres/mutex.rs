@@ -276,6 +276,16 @@ impl MutexGuard {
         self.hold().target.key
     }
 
+    /// Runs `sql` on the connection that holds the lock (an election's announcement, which names
+    /// that connection's `pg_backend_pid()`); the rows it changed.
+    pub(crate) async fn on_own_connection(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        self.hold().conn.client.execute(sql, params).await
+    }
+
     /// The backend's process id of the holding connection, as `pg_locks.pid` shows it: unknown
     /// here without a query, so the advisory key is given as the holder's mark instead.
     pub fn holder_id(&self) -> String {

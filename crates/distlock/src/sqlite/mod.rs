@@ -52,6 +52,7 @@
 //! ```
 
 pub(crate) mod contract;
+mod election;
 mod mutex;
 mod url;
 
@@ -216,6 +217,11 @@ impl Client {
         let sql = Statements::new(t);
         let file = std::fs::canonicalize(&url.path).unwrap_or_else(|_| url.path.clone());
         Ok(Client { inner: Arc::new(Inner { url, pool, sql, file }) })
+    }
+
+    /// The connection pool (for the election's statements).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
     }
 
     /// The URL this client opened.
