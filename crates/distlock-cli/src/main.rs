@@ -95,7 +95,8 @@ enum Command {
     /// Leading is holding the election's lock: on ZooKeeper Curator's LeaderLatch layout
     /// (node data = the value; LeaderSelector's with ?election=selector in the URL), on etcd Go's concurrency.Election layout (`etcdctl elect NAME
     /// PROPOSAL` and `etcdctl elect -l NAME` take part), on Redis Redisson's lock hash with a
-    /// `value` field. The SQL backends refuse elections for now. The command also gets DISTLOCK_EPOCH
+    /// `value` field, on the SQL backends their lock plus a row announcing the value. The command
+    /// also gets DISTLOCK_EPOCH
     /// (the fencing token, higher for every new leader) and DISTLOCK_VALUE. Without a command,
     /// leads until standard input closes or INT, TERM or HUP arrives, as hold does.
     #[command(after_help = exec_help!())]

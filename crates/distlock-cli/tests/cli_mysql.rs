@@ -116,3 +116,8 @@ fn a_silent_server_ends_the_hold_promptly() {
     common::a_silent_server_ends_the_hold_promptly(&via, &unique("cli-silent-"), &proxy, Duration::from_secs(3));
     drop(proxy);
 }
+
+#[test]
+fn elect_observe_and_leader_on_mariadb() {
+    common::elect_observe_and_leader(&backend("?lease=5s"), &unique("cli-elect-"));
+}

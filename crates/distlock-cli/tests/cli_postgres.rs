@@ -185,3 +185,8 @@ fn connection_errors_name_their_cause() {
         assert!(stderr.contains(says), "{backend}: {stderr}");
     }
 }
+
+#[test]
+fn elect_observe_and_leader_on_postgres() {
+    common::elect_observe_and_leader(&backend(), &name());
+}

@@ -243,3 +243,10 @@ fn inspect_all_lists_the_held_locks_under_a_prefix() {
     assert!(String::from_utf8_lossy(&none.stderr).contains("<LOCK>"), "{}", String::from_utf8_lossy(&none.stderr));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn elect_observe_and_leader_on_sqlite() {
+    let (b, dir) = backend("?lease=5s");
+    common::elect_observe_and_leader(&b, "cli-elect");
+    let _ = std::fs::remove_dir_all(&dir);
+}

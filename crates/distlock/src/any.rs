@@ -214,8 +214,7 @@ impl Client {
     /// The leader election `name` (see [`crate::election`]): on ZooKeeper Curator's
     /// `LeaderLatch` layout under the name's path (`LeaderSelector`'s with `?election=selector`), on etcd Go's `concurrency.Election` under
     /// the prefix `name/`, on Redis a Redisson lock hash at the key `name` with the value beside
-    /// the holder. The SQL backends refuse it with
-    /// [`Error::Unsupported`](crate::Error::Unsupported) for now.
+    /// the holder, on the SQL backends their mutex plus an announcement row.
     ///
     /// # Examples
     ///

@@ -11,7 +11,7 @@
 //!   including **no leader** (the last leader resigned or its lease ended and nobody has been
 //!   elected yet), which etcd's `Observe` never reports.
 //!
-//! Layouts are the peers' where they exist:
+//! Every backend has elections. Layouts are the peers' where they exist:
 //! - **ZooKeeper**: Curator's `LeaderLatch` (`_c_<uuid>-latch-<seq>` nodes under the election's
 //!   path, each node's data the participant's id), or with `?election=selector` in the URL its
 //!   `LeaderSelector` (an `InterProcessMutex` queue of `_c_<uuid>-lock-<seq>` nodes): Curator's
@@ -27,7 +27,12 @@
 //!   field; the epoch is the lock's fencing counter. Always this layout, whatever the URL's
 //!   `layout`.
 //!
-//! PostgreSQL, MariaDB and SQLite refuse elections with [`Error::Unsupported`] for now.
+//! - **PostgreSQL, MariaDB, SQLite** (distlock's layouts): the backend's mutex on the name, then
+//!   an announcement row written once the grant is had (`distlock_leaders`, or
+//!   `<table>_leaders` on SQLite) naming the holder (the holding connection's pid, the
+//!   `GET_LOCK` connection, the lease row's token); the leader is the announcement whose holder
+//!   holds the lock now, so a holder is named leader once it has announced, one statement after
+//!   its grant.
 //!
 //! [`Election::leader`] names the candidate the server has made leader; that candidate learns it
 //! at most one round trip later (as Curator's `getLeader` and etcd's `Leader` do).
