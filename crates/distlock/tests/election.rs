@@ -195,3 +195,54 @@ async fn zookeeper_refuses_to_mix_the_latch_and_selector_layouts() {
     assert_eq!(latch.election(&path).unwrap().leader().await.unwrap(), None);
     leading.resign().await.unwrap();
 }
+
+/// The server's address inside a backend URL (`None` for SQLite, which has no network).
+fn server_addr(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
+    let addr = rest.split(['/', '?']).next()?;
+    (!addr.is_empty() && !url.starts_with("sqlite:")).then(|| addr.replace("localhost", "127.0.0.1"))
+}
+
+/// A leader cut off from the server (a silent partition) with no other candidate: it is told it
+/// lost the lead, and only after that does an observer see "no leader" (never a leader that
+/// still believes it leads beside "no leader"); nobody is left behind. Not on PostgreSQL: its
+/// server ends a silent session by TCP keepalive, which the loopback proxy answers itself (the
+/// fault matrix shows the lock passing on once the partition heals), so nothing ends there.
+#[tokio::test]
+async fn a_partitioned_leader_alone_is_told_first_then_observed_as_no_leader() {
+    for url in backends() {
+        let Some(addr) = server_addr(&url) else { continue };
+        if url.starts_with("postgres") {
+            continue;
+        }
+        let name = unique("alone");
+        let direct = connect(&url).await;
+        let election = direct.election(&name).unwrap();
+        let mut observer = election.observe_every(Duration::from_millis(20));
+        assert_eq!(next(&mut observer).await, Change::NoLeader, "{url}");
+        let proxy = distlock_faults::FaultProxy::start(addr.parse().unwrap()).await.unwrap();
+        let via = connect(&url.replacen(&addr, &proxy.addr().to_string(), 1)).await;
+        let leading = via.election(&name).unwrap().campaign("alone").await.unwrap();
+        assert_eq!(next(&mut observer).await.value(), "alone", "{url}");
+        proxy.set(distlock_faults::Fault::Blackhole);
+        let told = tokio::spawn({
+            let lost = leading.lost();
+            async move {
+                let reason = lost.await;
+                (std::time::Instant::now(), reason)
+            }
+        });
+        let change = tokio::time::timeout(Duration::from_secs(60), observer.next())
+            .await
+            .unwrap_or_else(|_| panic!("{url}: no change within 60 s of the partition"))
+            .unwrap();
+        let seen = std::time::Instant::now();
+        assert_eq!(change, Change::NoLeader, "{url}");
+        let (told_at, reason) = tokio::time::timeout(BOUND, told).await.expect("the loss is told").unwrap();
+        assert!(told_at <= seen, "{url}: the leader was told ({reason}) after the observer saw no leader");
+        proxy.heal();
+        drop(leading);
+        assert_eq!(election.leader().await.unwrap(), None, "{url}: nothing left behind");
+    }
+}
