@@ -32,7 +32,8 @@
 //!   `<table>_leaders` on SQLite) naming the holder (the holding connection's pid, the
 //!   `GET_LOCK` connection, the lease row's token); the leader is the announcement whose holder
 //!   holds the lock now, so a holder is named leader once it has announced, one statement after
-//!   its grant.
+//!   its grant. (On PostgreSQL and MariaDB a pooled connection that led before and is granted
+//!   again shows its earlier announcement for that one statement.)
 //!
 //! [`Election::leader`] names the candidate the server has made leader; that candidate learns it
 //! at most one round trip later (as Curator's `getLeader` and etcd's `Leader` do).
@@ -232,6 +233,7 @@ impl crate::contract::Recipe for Announcing {
         progress: Option<&'a tokio::sync::watch::Sender<crate::QueueStatus>>,
     ) -> crate::contract::BoxFuture<'a, Result<Option<Box<dyn crate::contract::Held>>>> {
         Box::pin(async move {
+            let mut backoff = Backoff::default();
             loop {
                 let Some(held) = self.lock.acquire(wait, progress).await? else { return Ok(None) };
                 // Dropped here (the campaign cancelled), the grant is released in the background.
@@ -239,7 +241,7 @@ impl crate::contract::Recipe for Announcing {
                     Ok(()) => return Ok(Some(held)),
                     Err(Error::LockLost { .. }) => {
                         drop(held);
-                        if wait.give_up_at().is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        if !backoff.wait(wait).await {
                             return Ok(None);
                         }
                     }
@@ -247,6 +249,32 @@ impl crate::contract::Recipe for Announcing {
                 }
             }
         })
+    }
+}
+
+/// The pause before a campaign tries again after a grant it could not announce (lost at once,
+/// or taken over): 10 ms, doubling up to 1 s, never past the wait's deadline.
+#[derive(Debug)]
+pub(crate) struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff(Duration::from_millis(10))
+    }
+}
+
+impl Backoff {
+    /// Pauses; false if the wait's deadline has come (give up).
+    pub(crate) async fn wait(&mut self, wait: Wait) -> bool {
+        let now = tokio::time::Instant::now();
+        let until = match wait.give_up_at() {
+            Some(d) if d <= now => return false,
+            Some(d) => d.min(now + self.0),
+            None => now + self.0,
+        };
+        tokio::time::sleep_until(until).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+        true
     }
 }
 
@@ -411,7 +439,12 @@ mod server_checks {
         let ballot = &leading.ballot;
         let refused = |r: Result<()>| matches!(r, Err(Error::LockLost { .. }));
         assert!(refused(ballot.proclaim(key.clone(), epoch - 1, Arc::from("wrong epoch")).await), "{url}");
-        assert!(refused(ballot.proclaim(format!("{key}-not-ours"), epoch, Arc::from("not ours")).await), "{url}");
+        // Another holder's mark, in the backend's own form (a MariaDB connection id must parse).
+        let other = match key.strip_prefix("connection:").and_then(|id| id.parse::<u64>().ok()) {
+            Some(id) => format!("connection:{}", id + 1),
+            None => format!("{key}-not-ours"),
+        };
+        assert!(refused(ballot.proclaim(other, epoch, Arc::from("not ours")).await), "{url}");
         assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("first".into()), "{url}");
         ballot.proclaim(key, epoch, Arc::from("second")).await.unwrap();
         assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("second".into()), "{url}");

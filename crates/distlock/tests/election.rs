@@ -1,6 +1,6 @@
-//! Leader election, one scenario on every backend the run has a server for: a backend with
-//! elections keeps them exclusive, announces and re-announces the value, raises the epoch with
-//! every leader and reports "no leader"; one without refuses them with a clear error.
+//! Leader election, one scenario on every backend the run has a server for: one leader at a
+//! time, its value announced and re-announced, the epoch rising with every leader, "no leader"
+//! reported, a removed or partitioned leader told first.
 
 use distlock::election::{Change, Leader};
 use distlock::Error;

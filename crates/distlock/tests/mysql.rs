@@ -367,3 +367,37 @@ async fn the_seeds_optimistic_account_on_mariadb() {
     assert_eq!((balance, version), (1050, 3));
     assert_eq!(attempts, vec![1, 2], "one conflict, one retry");
 }
+
+/// An election's statements outlive the server closing an idle pooled connection (as it does
+/// after `wait_timeout`, the lease): the statement runs once more on a new connection, so a
+/// campaign that waited long still announces and `leader()` still answers.
+#[tokio::test]
+async fn an_election_outlives_a_pooled_connection_the_server_closed() {
+    let client = distlock::Client::from(connect("").await);
+    let election = client.election(&unique("idle-election")).unwrap();
+    let leading = election.campaign("first").await.unwrap();
+    let id: u64 = leading.key().strip_prefix("connection:").unwrap().parse().unwrap();
+    leading.resign().await.unwrap();
+    // The resigned lock connection is back in the client's pool; the server ends it.
+    let mut raw = raw().await;
+    sqlx::query(&format!("KILL {id}")).execute(&mut raw).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let there: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?")
+                .bind(id)
+                .fetch_one(&mut raw)
+                .await
+                .unwrap();
+            if there == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the server ends the connection");
+    assert_eq!(election.leader().await.unwrap(), None, "answered on a new connection");
+    let again = election.campaign("second").await.unwrap();
+    assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("second".into()));
+    again.resign().await.unwrap();
+}

@@ -3,13 +3,16 @@
 //! `distlock_leaders (name, conn, token, value)`, only while `IS_USED_LOCK(name)` is its
 //! connection. The leader is the holder whose connection the announcement names (a holder not
 //! yet announced is not a leader yet); the epoch is its fencing token. MariaDB keeps no holder's
-//! token (the fencing sequence is global), so an announcement from the holding connection is
-//! refused only when its token is lower than the one announced on that connection.
+//! token (the fencing sequence is global), so an announcement is refused only when its token is
+//! lower than the one announced already. Names are stored as bytes (`VARBINARY`), compared
+//! exactly, and each check asks `IS_USED_LOCK` for the name as given.
 
 use super::{backend, Client};
 use crate::contract::{self, Ballot, BoxFuture, Recipe};
 use crate::election::{Announcing, Leader};
 use crate::{Error, LostReason, Result};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 
@@ -18,29 +21,58 @@ use tokio::sync::OnceCell;
 pub(crate) struct Election {
     pub(crate) client: Client,
     pub(crate) name: String,
-    /// The leaders' table, created on first use.
+    /// The leaders' table, made sure of on first use.
     pub(crate) created: Arc<OnceCell<()>>,
 }
 
-const CREATE: &str = "CREATE TABLE IF NOT EXISTS distlock_leaders (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-     conn BIGINT UNSIGNED NOT NULL, token BIGINT NOT NULL, value MEDIUMTEXT NOT NULL)";
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS distlock_leaders (name VARBINARY(256) NOT NULL PRIMARY KEY, \
+     conn BIGINT UNSIGNED NOT NULL, token BIGINT NOT NULL, value MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL) \
+     DEFAULT CHARSET = utf8mb4";
+
+/// Whether the table is there (so that a user without the right to create tables can use one
+/// made for it).
+const EXISTS: &str =
+    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'distlock_leaders'";
+
+type Statement<'c, T> = Pin<Box<dyn Future<Output = sqlx::Result<T>> + Send + 'c>>;
 
 impl Election {
-    /// Runs `f` on a connection of the client's, after creating the table on first use.
+    /// Runs `f` on a connection of the client's, after making sure of the table. A pooled
+    /// connection may have been closed by the server while idle (`wait_timeout` is the lease):
+    /// on an error the statement runs once more on a new connection (every statement here may
+    /// run twice).
     async fn on_conn<T, F>(&self, op: &'static str, f: F) -> Result<T>
     where
-        F: for<'c> FnOnce(
-            &'c mut sqlx::MySqlConnection,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = sqlx::Result<T>> + Send + 'c>>,
+        F: for<'c> Fn(&'c mut sqlx::MySqlConnection) -> Statement<'c, T>,
     {
         let mut conn = self.client.checkout().await?;
-        if self.created.get().is_none() {
-            sqlx::query(CREATE).execute(&mut conn.conn).await.map_err(|e| backend("create", &self.name, e))?;
-            let _ = self.created.set(());
-        }
-        let out = f(&mut conn.conn).await.map_err(|e| backend(op, &self.name, e))?;
+        let first = match self.run(&mut conn.conn, &f).await {
+            Ok(out) => {
+                self.client.put_back(conn);
+                return Ok(out);
+            }
+            Err(e) => e,
+        };
+        drop(conn);
+        tracing::debug!(error = %first, op, "election statement failed; once more on a new connection");
+        let mut conn = self.client.open().await?;
+        let out = self.run(&mut conn.conn, &f).await.map_err(|e| backend(op, &self.name, e))?;
         self.client.put_back(conn);
         Ok(out)
+    }
+
+    async fn run<T, F>(&self, conn: &mut sqlx::MySqlConnection, f: &F) -> sqlx::Result<T>
+    where
+        F: for<'c> Fn(&'c mut sqlx::MySqlConnection) -> Statement<'c, T>,
+    {
+        if self.created.get().is_none() {
+            let there: i64 = sqlx::query_scalar(EXISTS).fetch_one(&mut *conn).await?;
+            if there == 0 {
+                sqlx::query(CREATE).execute(&mut *conn).await?;
+            }
+            let _ = self.created.set(());
+        }
+        f(conn).await
     }
 }
 
@@ -59,11 +91,13 @@ impl Ballot for Election {
             let name = self.name.clone();
             let row: Option<(String, i64, u64)> = self
                 .on_conn("leader", move |c| {
+                    let name = name.clone();
                     Box::pin(async move {
                         sqlx::query_as(
-                            "SELECT value, token, conn FROM distlock_leaders WHERE name = ? AND conn = IS_USED_LOCK(name)",
+                            "SELECT value, token, conn FROM distlock_leaders WHERE name = ? AND conn = IS_USED_LOCK(?)",
                         )
-                        .bind(name)
+                        .bind(name.as_bytes())
+                        .bind(&name)
                         .fetch_optional(c)
                         .await
                     })
@@ -83,16 +117,18 @@ impl Ballot for Election {
             let name = self.name.clone();
             let announced: bool = self
                 .on_conn("proclaim", move |c| {
+                    let (name, value) = (name.clone(), value.clone());
                     Box::pin(async move {
+                        // Tokens rise from one holder to the next: an older one never overwrites.
                         sqlx::query(
                             "INSERT INTO distlock_leaders (name, conn, token, value) \
                              SELECT ?, ?, ?, ? FROM DUAL WHERE IS_USED_LOCK(?) = ? \
                              ON DUPLICATE KEY UPDATE \
-                             value = IF(conn <> VALUES(conn) OR token <= VALUES(token), VALUES(value), value), \
-                             token = IF(conn <> VALUES(conn) OR token <= VALUES(token), VALUES(token), token), \
-                             conn = VALUES(conn)",
+                             value = IF(token <= VALUES(token), VALUES(value), value), \
+                             conn = IF(token <= VALUES(token), VALUES(conn), conn), \
+                             token = IF(token <= VALUES(token), VALUES(token), token)",
                         )
-                        .bind(&name)
+                        .bind(name.as_bytes())
                         .bind(conn)
                         .bind(token as i64)
                         .bind(value.as_ref())
@@ -104,11 +140,12 @@ impl Ballot for Election {
                         // CLIENT_FOUND_ROWS an upsert that kept the old row counts as one).
                         let there: Option<i64> = sqlx::query_scalar(
                             "SELECT 1 FROM distlock_leaders WHERE name = ? AND conn = ? AND token = ? \
-                             AND IS_USED_LOCK(name) = conn",
+                             AND IS_USED_LOCK(?) = conn",
                         )
-                        .bind(&name)
+                        .bind(name.as_bytes())
                         .bind(conn)
                         .bind(token as i64)
+                        .bind(&name)
                         .fetch_optional(&mut *c)
                         .await?;
                         Ok(there.is_some())

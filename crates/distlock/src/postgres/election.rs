@@ -47,12 +47,20 @@ impl Election {
         Ok(Election { client, name: name.to_string(), key, created: Arc::default() })
     }
 
-    /// Creates the table on first use (two clients at once: one may see a unique violation).
+    /// Creates the table on first use if it is not there (a user without the right to create
+    /// tables can use one made for it; two clients creating at once: one may see a unique
+    /// violation).
     async fn created(&self) -> Result<()> {
         self.created
             .get_or_try_init(|| async {
                 let conn = self.client.checkout().await?;
-                match conn.client.batch_execute(CREATE).await {
+                let there: bool = conn
+                    .client
+                    .query_one("SELECT to_regclass('distlock_leaders') IS NOT NULL", &[])
+                    .await
+                    .map_err(|e| backend("create", &self.name, e))?
+                    .get(0);
+                match if there { Ok(()) } else { conn.client.batch_execute(CREATE).await } {
                     Ok(()) => {}
                     Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
                     Err(e) => return Err(backend("create", &self.name, e)),
@@ -118,6 +126,7 @@ impl Recipe for Candidate {
         _progress: Option<&'a watch::Sender<QueueStatus>>,
     ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>> {
         Box::pin(async move {
+            let mut backoff = crate::election::Backoff::default();
             loop {
                 let guard = match wait {
                     Wait::Forever => Some(self.mutex.lock().await?),
@@ -132,7 +141,7 @@ impl Recipe for Candidate {
                     Ok(()) => return Ok(Some(Box::new(guard) as Box<dyn Held>)),
                     Err(Error::LockLost { .. }) => {
                         drop(guard);
-                        if wait.give_up_at().is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        if !backoff.wait(wait).await {
                             return Ok(None);
                         }
                     }
