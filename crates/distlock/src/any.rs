@@ -230,6 +230,23 @@ impl Client {
         Ok(crate::election::Election::new(self.inner.election(&name)?, self.backend()))
     }
 
+    /// The scheduled job named `name` (see [`crate::schedule`]): at most once per slot, ShedLock's
+    /// bounds, a record of the last run, by the server's clock, on every backend. The name is
+    /// ShedLock's: at most 64 characters.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
+    /// let hourly = client.schedule("rollup")?.once_per(std::time::Duration::from_secs(3600));
+    /// println!("{:?}", hourly.last_run().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn schedule(&self, name: &str) -> Result<crate::schedule::Schedule> {
+        crate::schedule::check_name(name)?;
+        Ok(crate::schedule::Schedule::new(self.inner.jobs()?, name.to_string(), self.backend()))
+    }
+
     fn make(&self, name: &str, kind: Kind) -> Result<Lock> {
         let name = self.lock_name(name)?;
         Ok(Lock { inner: self.inner.recipe(&name, kind)?, backend: self.backend() })

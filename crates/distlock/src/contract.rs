@@ -118,6 +118,8 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
     /// The election named `name`, or [`Error::Unsupported`] naming why this backend has none.
     fn election(&self, name: &str) -> Result<Arc<dyn Ballot>>;
+    /// The store of scheduled jobs' lock rows and run records (see [`crate::schedule`]).
+    fn jobs(&self) -> Result<Arc<dyn Jobs>>;
     /// Closes the connection, waiting at most `bound`.
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;
     /// The typed client, for [`crate::Client`]'s typed accessors.
@@ -168,6 +170,65 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
     /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
     /// with [`Error::LockLost`] if it is no longer ours.
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
+}
+
+/// A job's lock row, in ShedLock's terms. Times are the server's, in milliseconds since the Unix
+/// epoch. The job is free when `lock_until_ms <= now`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JobLock {
+    /// Until when the job is taken.
+    pub lock_until_ms: i64,
+    /// When it was taken (where the layout keeps it; else the record's start).
+    pub locked_at_ms: i64,
+    /// Who took it (where the layout keeps it; else the record's).
+    pub locked_by: String,
+}
+
+/// One read of a job's lock row and run record, with the server's time.
+#[derive(Debug, Clone)]
+pub(crate) struct JobRead {
+    /// The server's time during the read, in milliseconds since the Unix epoch. It is never
+    /// later than the server's time when a following [`Jobs::write`] is applied, and never
+    /// more than `now_error_ms` earlier than the moment the read was sent.
+    pub now_ms: i64,
+    /// How much earlier than the read's send `now_ms` may be (0 where the server reports its
+    /// time to the millisecond during the request; etcd's is whole seconds).
+    pub now_error_ms: i64,
+    /// The lock row, if there is one.
+    pub lock: Option<JobLock>,
+    /// The last run's record, if there is one.
+    pub run: Option<crate::schedule::Run>,
+    /// The backend's versions of both, for [`Jobs::write`]'s compare.
+    pub seen: Seen,
+}
+
+/// A backend's versions of a job's lock row and record as read (`None`: not there): whatever
+/// the backend compares to know that neither changed since (a node version, a mod revision, the
+/// row's values as text, the key's value).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The lock row's version.
+    pub lock: Option<String>,
+    /// The record's version.
+    pub run: Option<String>,
+}
+
+/// A backend's side of scheduled jobs ([`crate::schedule`]): read a job with the server's time,
+/// and write it back only if nothing changed since. Every decision (free or not, the slot,
+/// the bounds, the token, the record) is made once, in `schedule.rs`.
+pub(crate) trait Jobs: Debug + Send + Sync + 'static {
+    /// Reads job `job`'s lock row and record, and the server's time.
+    fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>>;
+    /// Writes the lock row (unless `lock` is `None`: left as it is) and the record, both at
+    /// once, only if neither changed since the read that gave `seen`: `Ok(false)` if one did
+    /// (nothing was written).
+    fn write<'a>(
+        &'a self,
+        job: &'a str,
+        seen: &'a Seen,
+        lock: Option<&'a JobLock>,
+        run: &'a crate::schedule::Run,
+    ) -> BoxFuture<'a, Result<bool>>;
 }
 
 /// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,
@@ -243,7 +304,8 @@ pub(crate) use recipe;
 /// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the
 /// parts that differ as inherent methods of its client in its `contract.rs`:
 /// `checked_name(&self, name) -> Result<String>`, `make(&self, name, kind) -> Result<Arc<dyn
-/// Recipe>>` and `election_of(&self, name) -> Result<Arc<dyn Ballot>>`.
+/// Recipe>>`, `election_of(&self, name) -> Result<Arc<dyn Ballot>>` and `jobs_of(&self) ->
+/// Result<Arc<dyn Jobs>>`.
 macro_rules! backend {
     ($client:ty, $name:literal) => {
         /// Connects to the URL; the scheme table in `any.rs` calls it.
@@ -282,6 +344,9 @@ macro_rules! backend {
             }
             fn election(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
                 <$client>::election_of(self, name)
+            }
+            fn jobs(&self) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Jobs>> {
+                <$client>::jobs_of(self)
             }
             fn close(&self, bound: std::time::Duration) -> $crate::contract::BoxFuture<'static, ()> {
                 Box::pin(self.clone().close(bound))

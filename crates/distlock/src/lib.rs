@@ -77,6 +77,7 @@ with_a_backend! {
     pub mod blocking;
     pub(crate) mod contract;
     pub mod election;
+    pub mod schedule;
     mod margin;
     mod multi;
     mod options;

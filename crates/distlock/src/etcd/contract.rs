@@ -33,3 +33,9 @@ recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.
 recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
 recipe!(Semaphore, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(LockGuard);
+
+impl super::Client {
+    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        Err(crate::Error::Unsupported { backend: "etcd", what: "scheduled jobs (not yet)".into() })
+    }
+}

@@ -16,3 +16,9 @@ impl Client {
         }))
     }
 }
+
+impl super::Client {
+    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        Err(crate::Error::Unsupported { backend: "mysql", what: "scheduled jobs (not yet)".into() })
+    }
+}

@@ -29,3 +29,9 @@ impl Client {
 recipe!(Mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Semaphore, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(MutexGuard);
+
+impl super::Client {
+    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        Err(crate::Error::Unsupported { backend: "postgres", what: "scheduled jobs (not yet)".into() })
+    }
+}

@@ -52,3 +52,9 @@ impl From<SimpleLock> for crate::Lock {
         crate::Lock::from_recipe(Arc::new(m), "redis")
     }
 }
+
+impl super::Client {
+    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        Err(crate::Error::Unsupported { backend: "redis", what: "scheduled jobs (not yet)".into() })
+    }
+}

@@ -54,6 +54,10 @@ impl Backend for Client {
         Ok(Arc::new(super::election::Election { client: self.clone(), dir: super::url::lock_path(name)? }))
     }
 
+    fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
+        self.jobs_of()
+    }
+
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
         Box::pin(self.clone().close(bound))
     }
@@ -111,5 +115,11 @@ fn zk_path(lock: &str) -> Result<String> {
         Err(bad(format!("give a bare name without '/' or an absolute znode path, e.g. {suggestion}")))
     } else {
         Ok(format!("/distlock/{lock}"))
+    }
+}
+
+impl super::Client {
+    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        Err(crate::Error::Unsupported { backend: "zookeeper", what: "scheduled jobs (not yet)".into() })
     }
 }
