@@ -19,6 +19,6 @@ impl Client {
 
 impl super::Client {
     fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Err(crate::Error::Unsupported { backend: "mysql", what: "scheduled jobs (not yet)".into() })
+        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), created: std::sync::Arc::default() }))
     }
 }

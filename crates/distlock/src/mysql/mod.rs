@@ -40,6 +40,7 @@
 
 pub(crate) mod contract;
 mod election;
+mod jobs;
 mod mutex;
 mod url;
 

@@ -32,6 +32,6 @@ contract::held!(MutexGuard);
 
 impl super::Client {
     fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Err(crate::Error::Unsupported { backend: "postgres", what: "scheduled jobs (not yet)".into() })
+        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), created: std::sync::Arc::default() }))
     }
 }

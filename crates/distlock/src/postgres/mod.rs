@@ -44,6 +44,7 @@
 
 pub(crate) mod contract;
 mod election;
+mod jobs;
 mod inspect;
 mod mutex;
 mod rwlock;

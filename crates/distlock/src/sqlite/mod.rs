@@ -53,6 +53,7 @@
 
 pub(crate) mod contract;
 mod election;
+mod jobs;
 mod mutex;
 mod url;
 

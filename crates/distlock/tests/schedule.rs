@@ -1,0 +1,151 @@
+//! Scheduled jobs on every backend the run has a server for: once per slot by the server's
+//! clock, ShedLock's two bounds, the record of the last run, rising tokens, bad input refused.
+//! One test per backend (`cargo test --test schedule -- redis` runs Redis's).
+
+use distlock::schedule::{SkipReason, Started};
+use distlock::Error;
+use std::time::{Duration, Instant};
+
+#[path = "common/backends.rs"]
+mod backends;
+
+fn unique(what: &str) -> String {
+    format!("job-{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+async fn connect(url: &str) -> distlock::Client {
+    distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+fn running(url: &str, s: Started) -> distlock::schedule::JobGuard {
+    match s {
+        Started::Running(job) => job,
+        Started::Skipped(s) => panic!("{url}: expected to run, skipped: {s}"),
+    }
+}
+
+fn skipped(url: &str, s: Started) -> distlock::schedule::Skipped {
+    match s {
+        Started::Running(job) => panic!("{url}: expected a skip, ran: {:?}", job.run()),
+        Started::Skipped(s) => s,
+    }
+}
+
+/// Starts `job` until it runs, within `bound`.
+async fn start_within(url: &str, job: &distlock::schedule::Schedule, bound: Duration) -> distlock::schedule::JobGuard {
+    let deadline = Instant::now() + bound;
+    loop {
+        match job.try_start().await.unwrap() {
+            Started::Running(j) => return j,
+            Started::Skipped(s) => {
+                assert!(Instant::now() < deadline, "{url}: still skipped after {bound:?}: {s}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn scenario(url: &str) {
+    let (a, b) = (connect(url).await, connect(url).await);
+    let name = unique("slot");
+    let period = Duration::from_secs(2);
+    let ja = a.schedule(&name).unwrap().once_per(period);
+    let jb = b.schedule(&name).unwrap().once_per(period);
+    assert_eq!(ja.last_run().await.unwrap(), None, "{url}: a new job has no record");
+
+    // One run per slot: the other sees it running, then run in this slot.
+    let first = running(url, ja.try_start().await.unwrap());
+    let started = first.run().clone();
+    assert!(first.stop_by() <= Instant::now() + period, "{url}: the hold is at most the period");
+    let s = skipped(url, jb.try_start().await.unwrap());
+    assert_eq!(s.reason, SkipReason::Running, "{url}: {s}");
+    assert!(s.to_string().contains(&started.host), "{url}: the message names the holder: {s}");
+    let done = first.finish(Some(7)).await.unwrap();
+    assert_eq!((done.token, done.exit), (started.token, Some(7)), "{url}");
+    assert!(done.ended_ms.is_some_and(|e| e >= started.started_ms), "{url}: {done:?}");
+    if started.slot == b.schedule(&name).unwrap().once_per(period).last_run().await.unwrap().and_then(|r| r.slot) {
+        // Still in the same slot (the usual case): run already.
+        if let Started::Skipped(s) = jb.try_start().await.unwrap() {
+            assert!(matches!(s.reason, SkipReason::RanInSlot | SkipReason::Taken), "{url}: {s}");
+        }
+    }
+    let last = jb.last_run().await.unwrap().expect("a record");
+    assert_eq!(last, done, "{url}: every client reads the same record");
+    assert_eq!(last.pid, std::process::id(), "{url}");
+    assert!(last.pid_start_ms.is_some(), "{url}");
+
+    // The next slot runs once, with a higher token and slot.
+    let second = start_within(url, &jb, period * 3).await;
+    assert!(second.fencing_token() > started.token, "{url}: tokens rise");
+    assert!(second.run().slot > started.slot, "{url}: a later slot");
+    assert!(matches!(ja.try_start().await.unwrap(), Started::Skipped(_)), "{url}: twice in a slot");
+    second.finish(None).await.unwrap();
+
+    // ShedLock's bounds, without a period: at least 1 s taken after a quick run; a holder that
+    // passes its at-most bound loses the job to the next, and its late finish is refused.
+    let name = unique("bounds");
+    let jb = b.schedule(&name).unwrap().at_most_for(Duration::from_millis(1500)).at_least_for(Duration::from_secs(1));
+    let ja = a.schedule(&name).unwrap().at_most_for(Duration::from_millis(1500)).at_least_for(Duration::from_secs(1));
+    let t0 = Instant::now();
+    running(url, ja.try_start().await.unwrap()).finish(Some(0)).await.unwrap();
+    let s = skipped(url, jb.try_start().await.unwrap());
+    assert_eq!(s.reason, SkipReason::Taken, "{url}: {s}");
+    let next = start_within(url, &jb, Duration::from_secs(5)).await;
+    assert!(t0.elapsed() >= Duration::from_millis(900), "{url}: at least for 1 s, ran again after {:?}", t0.elapsed());
+    // `next` hangs past its bound: the job is given to the next start.
+    let stop_by = next.stop_by();
+    let third = start_within(url, &ja, Duration::from_secs(6)).await;
+    assert!(Instant::now() >= stop_by, "{url}: given on before the holder's stop_by");
+    assert!(matches!(next.finish(Some(0)).await, Err(Error::LockLost { .. })), "{url}: a late finish is refused");
+    third.finish(Some(0)).await.unwrap();
+    assert_eq!(ja.last_run().await.unwrap().unwrap().exit, Some(0), "{url}");
+
+    // Bad input: clear errors, nothing written.
+    for bad in ["", &"x".repeat(65), "a\nb"] {
+        assert!(matches!(a.schedule(bad), Err(Error::InvalidArgument { .. })), "{url}: {bad:?} accepted");
+    }
+    let name = unique("bad");
+    let j = a.schedule(&name).unwrap();
+    assert!(matches!(j.try_start().await, Err(Error::InvalidArgument { .. })), "{url}: no bound accepted");
+    let j = j.at_most_for(Duration::from_secs(1)).at_least_for(Duration::from_secs(2));
+    assert!(matches!(j.try_start().await, Err(Error::InvalidArgument { .. })), "{url}: at least > at most");
+    assert_eq!(j.last_run().await.unwrap(), None, "{url}: refused starts write nothing");
+
+    // A dropped run is finished in the background (no exit status).
+    let name = unique("drop");
+    let j = a.schedule(&name).unwrap().at_most_for(Duration::from_secs(5));
+    drop(running(url, j.try_start().await.unwrap()));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while j.last_run().await.unwrap().is_none_or(|r| r.ended_ms.is_none()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{url}: a dropped run is recorded as ended"));
+    start_within(url, &j, Duration::from_secs(2)).await.finish(None).await.unwrap();
+}
+
+fn url_of(scheme: &str) -> Option<String> {
+    backends::backends().into_iter().find(|u| u.starts_with(scheme))
+}
+
+macro_rules! per_backend {
+    ($($test:ident => $scheme:literal),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $test() {
+            match url_of($scheme) {
+                Some(url) => scenario(&url).await,
+                None => eprintln!("{}: no server in this run; skipped", $scheme),
+            }
+        }
+    )*};
+}
+
+per_backend! {
+    jobs_on_zookeeper => "zk://",
+    jobs_on_redis => "redis://",
+    jobs_on_postgres => "postgres",
+    jobs_on_mysql => "mysql://",
+    jobs_on_etcd => "etcd://",
+    jobs_on_sqlite => "sqlite://",
+}
