@@ -72,6 +72,21 @@ pub struct LockArgs {
     /// `distlock elect`: campaign in the election named by the one LOCK, announcing this value.
     #[arg(skip)]
     elect: Option<String>,
+    /// Run at most once per DURATION across every machine using this job name (LOCK), by the
+    /// server's clock: the slot is the server's time divided by DURATION (aligned on the Unix
+    /// epoch), and a start in a slot that has had its run exits at once with the -E status,
+    /// naming who ran it and when. The name is ShedLock's job name.
+    #[arg(long = "once-per", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    once_per: Option<Duration>,
+    /// ShedLock's lockAtMostFor: the job is taken for at most DURATION; the command is stopped
+    /// before it (TERM, then KILL before the bound) and distlock exits 3. Default: the
+    /// --once-per period.
+    #[arg(long = "at-most-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    at_most_for: Option<Duration>,
+    /// ShedLock's lockAtLeastFor: the job stays taken at least DURATION after its start, even
+    /// when the command ends sooner (a short job on a late cron does not run twice).
+    #[arg(long = "at-least-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    at_least_for: Option<Duration>,
 }
 
 impl LockArgs {
@@ -97,7 +112,32 @@ impl LockArgs {
             locks: vec![name],
             metrics_textfile,
             elect: Some(value),
+            once_per: None,
+            at_most_for: None,
+            at_least_for: None,
         }
+    }
+
+    /// True when the one LOCK is a scheduled job (`--once-per`, `--at-most-for`,
+    /// `--at-least-for`).
+    pub fn is_job(&self) -> bool {
+        self.once_per.is_some() || self.at_most_for.is_some() || self.at_least_for.is_some()
+    }
+
+    /// The scheduled job the flags describe, on `client`.
+    fn schedule(&self, client: &Client, name: &str) -> distlock::Result<distlock::schedule::Schedule> {
+        let mut job = client.schedule(name)?;
+        if let Some(p) = self.once_per {
+            job = job.once_per(p);
+        }
+        if let Some(d) = self.at_most_for {
+            job = job.at_most_for(d);
+        }
+        if let Some(d) = self.at_least_for {
+            job = job.at_least_for(d);
+        }
+        job.at_most()?;
+        Ok(job)
     }
 
     /// Starts the run's record for `--metrics-textfile` (nothing without it).
@@ -210,6 +250,8 @@ pub struct Held {
     pub shown: String,
     /// The value announced, when leading an election (`distlock elect`).
     pub value: Option<String>,
+    /// The scheduled job, when running one (`--once-per`, `--at-most-for`).
+    pub job: Option<distlock::schedule::Schedule>,
 }
 
 impl Held {
@@ -300,7 +342,9 @@ impl Released {
 
 /// Acquires the locks, or says why not: `Err(status)` is the exit status to end with.
 pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<Result<Held, u8>> {
-    let timeout = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
+    // A scheduled job never waits for its next slot: a start finds it free or exits (-w waits
+    // for a run going on elsewhere to end, within the wait).
+    let timeout = if args.nonblock || (args.is_job() && args.wait.is_none()) { Some(Duration::ZERO) } else { args.wait };
     let client = tokio::select! {
         client = args.backend.connect() => client?,
         sig = signals.ending() => {
@@ -309,11 +353,28 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             return Ok(Err(interrupted(sig)));
         }
     };
+    if args.is_job() && args.locks.len() > 1 {
+        client.close(Duration::from_secs(2)).await;
+        anyhow::bail!("a scheduled job (--once-per, --at-most-for, --at-least-for) takes one name, not {}", args.locks.len());
+    }
+    let job = if args.is_job() {
+        match args.schedule(&client, &args.locks[0]) {
+            Ok(job) => Some(job),
+            Err(e) => {
+                client.close(Duration::from_secs(2)).await;
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
     let specs = args
         .locks
         .iter()
         .map(|name| {
-            if let Some(value) = &args.elect {
+            if let Some(job) = &job {
+                job.lock()
+            } else if let Some(value) = &args.elect {
                 client.election(name).and_then(|e| e.candidate(value))
             } else if let Some(n) = args.permits {
                 client.semaphore_permit(name, n)
@@ -383,7 +444,13 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             })
         }
         Ok(Ok(None)) => {
-            if args.elect.is_some() {
+            if let Some(job) = &job {
+                match job.check().await {
+                    Ok(Some(skipped)) => eprintln!("distlock: {skipped}; not run"),
+                    Ok(None) => eprintln!("distlock: {shown}: taken by another start; not run"),
+                    Err(e) => eprintln!("distlock: {shown}: not run; reading its record failed: {e}"),
+                }
+            } else if args.elect.is_some() {
                 eprintln!("distlock: another candidate leads {shown}; not elected");
             } else {
                 eprintln!("distlock: {shown} is held by someone else; not acquired");
@@ -403,7 +470,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
                     })
                     .collect(),
             );
-            Ok(Ok(Held { client, guard, shown, value: args.elect.clone() }))
+            Ok(Ok(Held { client, guard, shown, value: args.elect.clone(), job }))
         }
     }
 }
@@ -500,7 +567,11 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
 
     // The lock's lease bounds how long the command may run once the server stops answering:
     // SIGTERM early enough that SIGKILL lands before the lease deadline, whatever --grace says.
-    let session = held.client.lease();
+    // A scheduled job's bound is its --at-most-for, counted from its start.
+    let session = match &held.job {
+        Some(job) => job.at_most()?,
+        None => held.client.lease(),
+    };
     let grace = args.grace.min(session / 4);
     let kill_margin = (session / 20).min(Duration::from_millis(500));
     if grace < args.grace {
@@ -614,7 +685,12 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             _ = tokio::time::sleep_until(term_at.into()) => {
                 let left = held.guard.lease_deadline().unwrap_or_else(far).saturating_duration_since(Instant::now());
                 if left <= grace + kill_margin {
-                    break Some((format!("no answer from the server; the lease ends in {}", humantime::format_duration(Duration::from_millis(left.as_millis() as u64))), false));
+                    let left = humantime::format_duration(Duration::from_millis(left.as_millis() as u64));
+                    break Some((if held.job.is_some() {
+                        format!("the job's bound (--at-most-for {}) ends in {left}", humantime::format_duration(session))
+                    } else {
+                        format!("no answer from the server; the lease ends in {left}")
+                    }, false));
                 }
             }
         }
@@ -624,8 +700,9 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     }
     let Some((reason, already_lost)) = lost_reason else {
         command_ended(watchdog, terminal);
-        let released = held.release().await;
         let status = status.expect("the loop ends normally only after the command exited");
+        record_exit(&held, exit_code(status)).await;
+        let released = held.release().await;
         // Killed by Ctrl-C (or Ctrl-\\): distlock dies the same way, so a calling shell stops its
         // script. When the command had the terminal, the keypress reached only its group; it is
         // passed on to ours (the calling shell included), as the terminal would have done.
@@ -682,11 +759,24 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     }
     // Whatever is left of the group (a command may exit and leave children behind).
     to_group(libc::SIGKILL);
-    child.wait().await?;
+    let status = child.wait().await?;
     command_ended(watchdog, terminal);
+    record_exit(&held, exit_code(status)).await;
     // Every other lock of a multi-lock is released now, not when the session ends.
     held.release().await;
     Ok(EXIT_LOST)
+}
+
+/// Records a scheduled job's end and exit status (nothing for a lock): a run whose bound passed
+/// and whose job another start took by now is not recorded (the record is the other run's).
+async fn record_exit(held: &Held, code: u8) {
+    let Some(job) = &held.job else { return };
+    let token = held.guard.parts().first().map(|p| p.fencing_token()).unwrap_or_default();
+    match job.finish_run(token, Some(i32::from(code))).await {
+        Ok(true) => {}
+        Ok(false) => eprintln!("distlock: {}: the record is another run's by now; this run's end is not recorded", job.name()),
+        Err(e) => eprintln!("distlock: {}: recording the run's end failed: {e}", job.name()),
+    }
 }
 
 /// How often a command's leftover process group is checked for having ended (a process group has

@@ -14,6 +14,11 @@ pub struct InspectArgs {
     /// and waiters in queue order, in one table for every backend.
     #[arg(long)]
     all: bool,
+    /// LOCK is a scheduled job's name (`exec --once-per`, ShedLock's): show its last run's
+    /// record (holder, pid and process start, start, end, exit status, token, slot) and whether
+    /// it is taken now.
+    #[arg(long, conflicts_with = "all")]
+    job: bool,
     /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name
     /// (PostgreSQL, MariaDB, SQLite, etcd). With --all, a name prefix.
     #[arg(value_name = "LOCK", required_unless_present = "all")]
@@ -33,6 +38,32 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let lock = args.lock.clone().expect("clap requires LOCK without --all");
+    if args.job {
+        let job = client.schedule(&lock)?;
+        let (last, taken) = (job.last_run().await?, job.check().await?);
+        if args.json {
+            let taken = taken.as_ref().map(|t| {
+                serde_json::json!({
+                    "reason": format!("{:?}", t.reason),
+                    "locked_by": t.locked_by,
+                    "lock_until_ms": t.lock_until_ms,
+                    "now_ms": t.now_ms,
+                })
+            });
+            println!("{}", serde_json::json!({ "job": lock, "last_run": last, "taken": taken }));
+        } else {
+            match &last {
+                Some(run) => println!("{run}"),
+                None => println!("{lock}: no run recorded"),
+            }
+            match &taken {
+                Some(t) => println!("{t}"),
+                None => println!("{lock}: free to run now"),
+            }
+        }
+        client.close(Duration::from_secs(2)).await;
+        return Ok(0);
+    }
     if let Some(redis) = client.redis() {
         let view = redis.inspect(&lock).await?;
         if args.json {

@@ -266,6 +266,10 @@ impl Default for Backoff {
 impl Backoff {
     /// Pauses; false if the wait's deadline has come (give up).
     pub(crate) async fn wait(&mut self, wait: Wait) -> bool {
+        // `Never` gives up at once (its `give_up_at` is a now taken after this one's).
+        if wait == Wait::Never {
+            return false;
+        }
         let now = tokio::time::Instant::now();
         let until = match wait.give_up_at() {
             Some(d) if d <= now => return false,

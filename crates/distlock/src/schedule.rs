@@ -93,9 +93,10 @@ pub struct Run {
     pub host: String,
     /// The holder's process id.
     pub pid: u32,
-    /// When the holder's process started (by its host's clock), so that a pid reused later is
-    /// not mistaken for it.
-    pub pid_start_ms: Option<i64>,
+    /// When the holder's process started, in clock ticks after its host's boot (`/proc/PID/stat`'s
+    /// 22nd field, as `ps` reads it): with the host and pid it names the process, so that a pid
+    /// reused later is not mistaken for it.
+    pub pid_start: Option<u64>,
     /// The holder's mark in the lock row (`locked_by`).
     pub locked_by: String,
     /// When it started.
@@ -221,33 +222,22 @@ pub enum Started {
 struct Holder {
     host: String,
     pid: u32,
-    pid_start_ms: Option<i64>,
+    pid_start: Option<u64>,
 }
 
 impl Holder {
     fn this_process() -> Holder {
         let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into());
-        Holder { host, pid: std::process::id(), pid_start_ms: process_start_ms() }
+        Holder { host, pid: std::process::id(), pid_start: process_start() }
     }
 }
 
-/// The start time of this process by its host's clock: boot time (`/proc/stat`'s `btime`) plus
-/// the start's clock ticks after boot (`/proc/self/stat`'s 22nd field).
-fn process_start_ms() -> Option<i64> {
+/// This process's start, in clock ticks after boot (`/proc/self/stat`'s 22nd field).
+fn process_start() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after its end.
     let after = &stat[stat.rfind(')')? + 1..];
-    let ticks: i64 = after.split_whitespace().nth(19)?.parse().ok()?;
-    let btime: i64 = std::fs::read_to_string("/proc/stat")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| btime * 1000 + ticks * 1000 / hz as i64)
+    after.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// A job that runs at most once per slot, or under ShedLock's bounds, across every machine that
@@ -370,7 +360,7 @@ impl Schedule {
                 period_ms: period.map(|p| p as u64),
                 host: holder.host.clone(),
                 pid: holder.pid,
-                pid_start_ms: holder.pid_start_ms,
+                pid_start: holder.pid_start,
                 locked_by: locked_by.clone(),
                 started_ms: now,
                 lock_until_ms: lock_until,
@@ -397,6 +387,23 @@ impl Schedule {
             path: self.name.clone(),
             source: format!("the job kept changing under us ({ATTEMPTS} attempts)").into(),
         })
+    }
+
+    /// Why a start now would be skipped, without starting: `None` if it would run (as far as
+    /// this read can tell; only [`Schedule::try_start`] decides).
+    pub async fn check(&self) -> Result<Option<Skipped>> {
+        // Without bounds (`distlock inspect --job`) the slot is the last run's period.
+        let read = self.jobs.read(&self.name).await?;
+        let period = match self.bounds() {
+            Ok((period, _, _)) => period,
+            Err(_) => read.run.as_ref().and_then(|r| r.period_ms).map(|p| p as i64),
+        };
+        Ok(skipped(&self.name, &read, period))
+    }
+
+    /// The bound on a run: ShedLock's `lockAtMostFor` (the period if not set).
+    pub fn at_most(&self) -> Result<Duration> {
+        Ok(Duration::from_millis(self.bounds()?.1 as u64))
     }
 
     /// The record of the last run, if any.
@@ -651,9 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn process_start_is_before_now() {
-        let start = process_start_ms().expect("Linux has /proc");
-        let now = epoch_ms(SystemTime::now());
-        assert!(start <= now + 1000 && start > now - 86_400_000 * 365, "{start} vs {now}");
+    fn process_start_is_read() {
+        assert!(process_start().is_some_and(|t| t > 0), "Linux has /proc/self/stat");
     }
 }

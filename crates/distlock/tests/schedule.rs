@@ -72,7 +72,7 @@ async fn scenario(url: &str) {
     let last = jb.last_run().await.unwrap().expect("a record");
     assert_eq!(last, done, "{url}: every client reads the same record");
     assert_eq!(last.pid, std::process::id(), "{url}");
-    assert!(last.pid_start_ms.is_some(), "{url}");
+    assert!(last.pid_start.is_some(), "{url}");
 
     // The next slot runs once, with a higher token and slot.
     let second = start_within(url, &jb, period * 3).await;
