@@ -252,6 +252,8 @@ pub struct Held {
     pub value: Option<String>,
     /// The scheduled job, when running one (`--once-per`, `--at-most-for`).
     pub job: Option<distlock::schedule::Schedule>,
+    /// The run's record as its start wrote it, when running a scheduled job.
+    pub run: Option<distlock::schedule::Run>,
 }
 
 impl Held {
@@ -269,6 +271,12 @@ impl Held {
         if self.client.backend() == "etcd" {
             env.push(("ETCD_LOCK_KEY", join(&|p| p.holder_id())));
             env.push(("ETCD_LOCK_REV", join(&|p| p.fencing_token().to_string())));
+        }
+        if let Some(run) = &self.run {
+            env.push(("DISTLOCK_JOB_STARTED_MS", run.started_ms.to_string()));
+            if let Some(slot) = run.slot {
+                env.push(("DISTLOCK_JOB_SLOT", slot.to_string()));
+            }
         }
         if let Some(value) = &self.value {
             env.push(("DISTLOCK_EPOCH", join(&|p| p.fencing_token().to_string())));
@@ -470,7 +478,16 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
                     })
                     .collect(),
             );
-            Ok(Ok(Held { client, guard, shown, value: args.elect.clone(), job }))
+            // The run's record, for the command's environment (the start just wrote it; nobody
+            // else can start the job while it runs).
+            let run = match &job {
+                Some(job) => {
+                    let token = guard.parts().first().map(|p| p.fencing_token());
+                    job.last_run().await.ok().flatten().filter(|r| Some(r.token) == token)
+                }
+                None => None,
+            };
+            Ok(Ok(Held { client, guard, shown, value: args.elect.clone(), job, run }))
         }
     }
 }

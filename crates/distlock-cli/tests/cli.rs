@@ -1103,3 +1103,8 @@ fn bench_handover_reports_graceful_and_crash_handovers() {
     assert!(crash >= lease * 0.5, "a crash hand-over before the server can have ended the session: {r}");
     assert!(r["p50_us"].as_u64().unwrap() > 0, "{r}");
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_zookeeper() {
+    common::once_per_slot_under_skewed_clocks(&backend("4s"), &format!("cli-job-{}", uuid::Uuid::new_v4().simple()));
+}

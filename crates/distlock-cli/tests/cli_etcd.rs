@@ -184,3 +184,8 @@ fn candidates(name: &str, n: usize, bound: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_etcd() {
+    common::once_per_slot_under_skewed_clocks(&backend("?ttl=5s"), &unique("cli-job-"));
+}

@@ -121,3 +121,8 @@ fn a_silent_server_ends_the_hold_promptly() {
 fn elect_observe_and_leader_on_mariadb() {
     common::elect_observe_and_leader(&backend("?lease=5s"), &unique("cli-elect-"));
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_mariadb() {
+    common::once_per_slot_under_skewed_clocks(&backend("?lease=5s"), &unique("cli-job-"));
+}

@@ -190,3 +190,8 @@ fn connection_errors_name_their_cause() {
 fn elect_observe_and_leader_on_postgres() {
     common::elect_observe_and_leader(&backend(), &name());
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_postgres() {
+    common::once_per_slot_under_skewed_clocks(&backend(), &format!("cli-job-{}", uuid::Uuid::new_v4().simple()));
+}

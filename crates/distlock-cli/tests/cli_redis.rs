@@ -175,3 +175,8 @@ fn elect_observe_and_leader_on_redis() {
     common::elect_observe_and_leader(&backend("?lease=5s"), &name);
     assert_eq!(redis_cli(&["EXISTS", &name]), "0", "the hash went with the last leader");
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_redis() {
+    common::once_per_slot_under_skewed_clocks(&backend("?lease=5s"), &key());
+}

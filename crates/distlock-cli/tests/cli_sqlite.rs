@@ -250,3 +250,10 @@ fn elect_observe_and_leader_on_sqlite() {
     common::elect_observe_and_leader(&b, "cli-elect");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn once_per_slot_under_skewed_clocks_on_sqlite() {
+    let (b, dir) = backend("?lease=5s");
+    common::once_per_slot_under_skewed_clocks(&b, "cli-job");
+    let _ = std::fs::remove_dir_all(&dir);
+}

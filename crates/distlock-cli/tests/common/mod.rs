@@ -332,3 +332,161 @@ pub fn elect_observe_and_leader(b: &str, name: &str) {
     unsafe { libc::kill(observer.id() as i32, libc::SIGTERM) };
     assert!(wait_exit(&mut observer, bound).success(), "the observer ends on TERM with status 0");
 }
+
+/// libfaketime, to give a client process a wrong wall clock (its monotonic clock is left true).
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Milliseconds since the Unix epoch by this (unskewed) process's clock.
+fn real_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// `distlock exec --once-per 1s` fired every 200 ms by four processes whose wall clocks are off
+/// by -5, -2, +2 and +5 minutes (libfaketime), for `DISTLOCK_SCHEDULE_SECS` seconds (default
+/// 8; the issue's full run is 30). Meanwhile one run hangs (stopped at its at-most bound) and
+/// the `distlock` of another is killed mid-run. Checked from the runs' own log:
+/// - no two runs at once (each run holds a local `flock -n`; a run that finds it taken logs
+///   OVERLAP);
+/// - no slot run twice, every slot from the first to the last run (but the one after a hung or
+///   killed run's, whose bound may cover it) run, tokens rising with slots;
+/// - the slots are the server's: within two of the real time's (the clients are 120 to 300
+///   slots off);
+/// - every `distlock` exited 0 (ran), 1 (slot had its run), 3 (the hung run, stopped) or of
+///   SIGKILL (the killed one); the record names the last run.
+pub fn once_per_slot_under_skewed_clocks(b: &str, name: &str) {
+    let secs: u64 = std::env::var("DISTLOCK_SCHEDULE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    assert!(std::path::Path::new(FAKETIME_LIB).exists(), "libfaketime is needed (Debian faketime)");
+    let dir = std::env::temp_dir().join(unique("distlock-jobs-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display().to_string();
+    std::fs::write(
+        dir.join("run.sh"),
+        format!(
+            "echo \"start $DISTLOCK_JOB_SLOT $DISTLOCK_TOKEN\" >> {d}/log\n\
+             if mv {d}/hang {d}/hang.taken 2>/dev/null; then echo \"hang $DISTLOCK_JOB_SLOT\" >> {d}/log; sleep 30; fi\n\
+             if mv {d}/kill {d}/kill.taken 2>/dev/null; then echo \"kill $DISTLOCK_JOB_SLOT\" >> {d}/log; echo $DL > {d}/kill.pid; sleep 30; fi\n\
+             echo \"end $DISTLOCK_JOB_SLOT $DISTLOCK_TOKEN\" >> {d}/log\n"
+        ),
+    )
+    .unwrap();
+    let command =
+        format!("export DL=$PPID; flock -n {d}/resource sh {d}/run.sh || echo \"OVERLAP $DISTLOCK_JOB_SLOT\" >> {d}/log");
+    let begin_ms = real_ms();
+    let until = Instant::now() + Duration::from_secs(secs);
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let firers: Vec<_> = ["-300", "-120", "+120", "+300"]
+        .into_iter()
+        .map(|skew| {
+            let (b, name, command, statuses) = (b.to_string(), name.to_string(), command.clone(), statuses.clone());
+            std::thread::spawn(move || {
+                while Instant::now() < until {
+                    let fired = Instant::now();
+                    let child = distlock(&b, &["exec", "--once-per", "1s", &name, "-c", &command])
+                        .env("LD_PRELOAD", FAKETIME_LIB)
+                        .env("FAKETIME", skew)
+                        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .unwrap();
+                    let out = wait_output(child, Duration::from_secs(30));
+                    statuses.lock().unwrap().push((skew, out.status, String::from_utf8_lossy(&out.stderr).into_owned()));
+                    // Every 200 ms, as cron would fire (a run that took longer fires at once).
+                    std::thread::sleep(Duration::from_millis(200).saturating_sub(fired.elapsed()));
+                }
+            })
+        })
+        .collect();
+    // A run hangs a quarter of the way in; the distlock of another is killed half way in.
+    std::thread::sleep(Duration::from_secs(secs) / 4);
+    std::fs::write(dir.join("hang"), "").unwrap();
+    std::thread::sleep(Duration::from_secs(secs) / 4);
+    std::fs::write(dir.join("kill"), "").unwrap();
+    let pid_file = dir.join("kill.pid");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no run took the kill marker");
+        std::thread::sleep(Duration::from_millis(10)); // a file appearing has no event to wait on
+    };
+    // SAFETY: plain kill(2) of the distlock this test started (its pid, written by its command).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+    for f in firers {
+        f.join().unwrap();
+    }
+    let end_ms = real_ms();
+
+    let log = std::fs::read_to_string(dir.join("log")).unwrap();
+    assert!(!log.contains("OVERLAP"), "two runs at once:\n{log}");
+    let mut runs: Vec<(i64, u64)> = Vec::new();
+    let mut stopped = Vec::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["start", slot, token] => runs.push((slot.parse().unwrap(), token.parse().unwrap())),
+            ["hang" | "kill", slot] => stopped.push(slot.parse::<i64>().unwrap()),
+            ["end", ..] => {}
+            _ => panic!("a line of the log not understood: {line:?}\n{log}"),
+        }
+    }
+    assert!(runs.len() >= 3, "too few runs in {secs} s:\n{log}");
+    for w in runs.windows(2) {
+        assert!(w[1].0 > w[0].0, "slot {} run twice, or out of order:\n{log}", w[1].0);
+        assert!(w[1].1 > w[0].1, "tokens do not rise with slots:\n{log}");
+    }
+    let (first, last) = (runs[0].0, runs[runs.len() - 1].0);
+    assert!(
+        first >= begin_ms / 1000 - 2 && last <= end_ms / 1000 + 2,
+        "slots {first}..{last} are not the server's time ({}..{}): a client's skewed clock was used",
+        begin_ms / 1000,
+        end_ms / 1000
+    );
+    let ran: std::collections::HashSet<i64> = runs.iter().map(|r| r.0).collect();
+    let missing: Vec<i64> = (first..=last).filter(|s| !ran.contains(s) && !stopped.contains(&(s - 1))).collect();
+    assert!(missing.is_empty(), "slots {missing:?} had no run while four processes fired:\n{log}");
+    assert_eq!(stopped.len(), 2, "the hung and the killed run:\n{log}");
+
+    let statuses = statuses.lock().unwrap();
+    let (mut ran_n, mut skipped_n, mut stopped_n, mut killed_n) = (0, 0, 0, 0);
+    for (skew, status, stderr) in statuses.iter() {
+        match (status.code(), std::os::unix::process::ExitStatusExt::signal(status)) {
+            (Some(0), _) => ran_n += 1,
+            (Some(1), _) => {
+                assert!(stderr.contains("not run"), "{skew}: exit 1 without saying why: {stderr}");
+                skipped_n += 1
+            }
+            (Some(3), _) => stopped_n += 1,
+            (None, Some(9)) => killed_n += 1,
+            _ => panic!("clock {skew}: distlock ended {status:?}: {stderr}"),
+        }
+    }
+    assert_eq!((stopped_n, killed_n), (1, 1), "one run stopped at its bound, one killed");
+    assert_eq!(ran_n + 2, runs.len(), "every start that ran logged its run");
+    assert!(skipped_n > ran_n, "most starts find their slot run");
+
+    // The record names the last run, read as JSON.
+    let out = distlock(b, &["inspect", "--job", "--json", name]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let last_run = &v["last_run"];
+    assert_eq!(last_run["slot"].as_i64(), Some(last), "{v}");
+    assert_eq!(last_run["token"].as_u64(), Some(runs[runs.len() - 1].1), "{v}");
+    assert!(last_run["pid"].as_u64().is_some() && last_run["pid_start"].as_u64().is_some(), "{v}");
+    eprintln!(
+        "{b}: {} runs in slots {first}..{last} over {secs} s, {skipped_n} starts skipped, one hung run stopped, one killed",
+        runs.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The output of `child`, waiting at most `bound` (killed past it).
+pub fn wait_output(mut child: std::process::Child, bound: Duration) -> std::process::Output {
+    let status = wait_exit(&mut child, bound);
+    let mut stderr = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_end(&mut e, &mut stderr).unwrap();
+    }
+    std::process::Output { status, stdout: Vec::new(), stderr }
+}
