@@ -149,3 +149,136 @@ per_backend! {
     jobs_on_etcd => "etcd://",
     jobs_on_sqlite => "sqlite://",
 }
+
+// ShedLock's own statements (its JDBC provider with `usingDbTime()`), run by hand against the
+// same table: a ShedLock service and distlock exclude each other both ways.
+
+/// ShedLock's PostgreSQL lock statement (with the database's time): 1 row when it took the job.
+/// (`$2::text`: JDBC sends the interval as text; tokio-postgres would infer `interval`.)
+const SHEDLOCK_PG_LOCK: &str = "INSERT INTO shedlock (name, lock_until, locked_at, locked_by) \
+     VALUES ($1, timezone('utc', CURRENT_TIMESTAMP) + cast($2::text as interval), timezone('utc', CURRENT_TIMESTAMP), $3) \
+     ON CONFLICT (name) DO UPDATE SET lock_until = timezone('utc', CURRENT_TIMESTAMP) + cast($2::text as interval), \
+     locked_at = timezone('utc', CURRENT_TIMESTAMP), locked_by = $3 \
+     WHERE shedlock.lock_until <= timezone('utc', CURRENT_TIMESTAMP)";
+/// ShedLock's PostgreSQL unlock (lockAtLeastFor 0).
+const SHEDLOCK_PG_UNLOCK: &str =
+    "UPDATE shedlock SET lock_until = timezone('utc', CURRENT_TIMESTAMP) WHERE name = $1 AND locked_by = $2";
+
+/// ShedLock's MySQL statements: insert, then update when the row is there.
+const SHEDLOCK_MY_INSERT: &str = "INSERT IGNORE INTO shedlock (name, lock_until, locked_at, locked_by) \
+     VALUES (?, UTC_TIMESTAMP(3) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(3), ?)";
+const SHEDLOCK_MY_UPDATE: &str = "UPDATE shedlock SET lock_until = UTC_TIMESTAMP(3) + INTERVAL ? MICROSECOND, \
+     locked_at = UTC_TIMESTAMP(3), locked_by = ? WHERE name = ? AND lock_until <= UTC_TIMESTAMP(3)";
+const SHEDLOCK_MY_UNLOCK: &str = "UPDATE shedlock SET lock_until = UTC_TIMESTAMP(3) WHERE name = ? AND locked_by = ?";
+
+/// The generic JDBC statements on SQLite, with SQLite's own UTC time text.
+const SHEDLOCK_LITE_INSERT: &str = "INSERT OR IGNORE INTO shedlock (name, lock_until, locked_at, locked_by) \
+     VALUES (?1, strftime('%Y-%m-%d %H:%M:%f', 'now', ?2), strftime('%Y-%m-%d %H:%M:%f', 'now'), ?3)";
+const SHEDLOCK_LITE_UPDATE: &str = "UPDATE shedlock SET lock_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?2), \
+     locked_at = strftime('%Y-%m-%d %H:%M:%f', 'now'), locked_by = ?3 \
+     WHERE name = ?1 AND lock_until <= strftime('%Y-%m-%d %H:%M:%f', 'now')";
+const SHEDLOCK_LITE_UNLOCK: &str =
+    "UPDATE shedlock SET lock_until = strftime('%Y-%m-%d %H:%M:%f', 'now') WHERE name = ?1 AND locked_by = ?2";
+
+/// A ShedLock peer speaking SQL to one of the three databases.
+enum Peer {
+    Postgres(tokio_postgres::Client),
+    Mysql(sqlx::MySqlPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+impl Peer {
+    /// ShedLock's lock for 5 s: true if it took the job.
+    async fn lock(&self, name: &str, by: &str) -> bool {
+        match self {
+            Peer::Postgres(c) => c.execute(SHEDLOCK_PG_LOCK, &[&name, &"5000 milliseconds", &by]).await.unwrap() == 1,
+            Peer::Mysql(p) => {
+                let micros: i64 = 5_000_000;
+                let ins = sqlx::query(SHEDLOCK_MY_INSERT).bind(name).bind(micros).bind(by).execute(p).await.unwrap();
+                ins.rows_affected() == 1
+                    || sqlx::query(SHEDLOCK_MY_UPDATE).bind(micros).bind(by).bind(name).execute(p).await.unwrap().rows_affected()
+                        == 1
+            }
+            Peer::Sqlite(p) => {
+                let ins = sqlx::query(SHEDLOCK_LITE_INSERT).bind(name).bind("+5 seconds").bind(by).execute(p).await.unwrap();
+                ins.rows_affected() == 1
+                    || sqlx::query(SHEDLOCK_LITE_UPDATE)
+                        .bind(name)
+                        .bind("+5 seconds")
+                        .bind(by)
+                        .execute(p)
+                        .await
+                        .unwrap()
+                        .rows_affected()
+                        == 1
+            }
+        }
+    }
+
+    async fn unlock(&self, name: &str, by: &str) {
+        match self {
+            Peer::Postgres(c) => assert_eq!(c.execute(SHEDLOCK_PG_UNLOCK, &[&name, &by]).await.unwrap(), 1),
+            Peer::Mysql(p) => {
+                sqlx::query(SHEDLOCK_MY_UNLOCK).bind(name).bind(by).execute(p).await.unwrap();
+            }
+            Peer::Sqlite(p) => {
+                sqlx::query(SHEDLOCK_LITE_UNLOCK).bind(name).bind(by).execute(p).await.unwrap();
+            }
+        }
+    }
+}
+
+/// ShedLock takes the job: distlock is skipped, naming ShedLock's holder; ShedLock unlocks:
+/// distlock runs; while distlock runs (and for its at-least bound) ShedLock cannot take it;
+/// then it can.
+async fn shedlock_interop(url: &str, peer: Peer) {
+    let client = connect(url).await;
+    let name = unique("shedlock");
+    let job = client.schedule(&name).unwrap().at_most_for(Duration::from_secs(5)).at_least_for(Duration::from_secs(1));
+    // distlock made the table (ShedLock's DDL) on first use.
+    assert_eq!(job.last_run().await.unwrap(), None);
+
+    assert!(peer.lock(&name, "java-service-1").await, "{url}: ShedLock takes a free job");
+    let s = skipped(url, job.try_start().await.unwrap());
+    assert_eq!(s.reason, SkipReason::Taken, "{url}");
+    assert!(s.to_string().contains("java-service-1"), "{url}: names ShedLock's holder: {s}");
+    peer.unlock(&name, "java-service-1").await;
+
+    let run = running(url, job.try_start().await.unwrap());
+    assert!(!peer.lock(&name, "java-service-2").await, "{url}: ShedLock took a job distlock runs");
+    run.finish(Some(0)).await.unwrap();
+    assert!(!peer.lock(&name, "java-service-2").await, "{url}: ShedLock ran within distlock's at-least bound");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !peer.lock(&name, "java-service-2").await {
+        assert!(Instant::now() < deadline, "{url}: ShedLock never got the job back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = skipped(url, job.try_start().await.unwrap());
+    assert!(s.to_string().contains("java-service-2"), "{url}: {s}");
+}
+
+#[tokio::test]
+async fn shedlock_interop_on_postgres() {
+    let Some(url) = url_of("postgres") else { return eprintln!("no PostgreSQL in this run; skipped") };
+    let base = url.split('?').next().unwrap().to_string();
+    let (c, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    shedlock_interop(&url, Peer::Postgres(c)).await;
+}
+
+#[tokio::test]
+async fn shedlock_interop_on_mysql() {
+    let Some(url) = url_of("mysql://") else { return eprintln!("no MariaDB in this run; skipped") };
+    let base = url.split('?').next().unwrap().to_string();
+    shedlock_interop(&url, Peer::Mysql(sqlx::MySqlPool::connect(&base).await.unwrap())).await;
+}
+
+#[tokio::test]
+async fn shedlock_interop_on_sqlite() {
+    let url = url_of("sqlite://").expect("SQLite needs no server");
+    let path = url.trim_start_matches("sqlite://").split('?').next().unwrap().to_string();
+    let client = connect(&url).await; // makes the file
+    drop(client);
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{path}")).await.unwrap();
+    shedlock_interop(&url, Peer::Sqlite(pool)).await;
+}
