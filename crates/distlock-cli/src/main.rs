@@ -34,9 +34,12 @@ macro_rules! exec_help {
     () => {
         "EXIT STATUS:
   0      success (exec: the command exited 0); hold: released after stdin closed or INT/TERM/HUP
-  1      the lock was not acquired (-n, or -w ran out); -E N changes it
+  1      the lock was not acquired (-n, or -w ran out); a scheduled job (--once-per) was not
+         run: its slot had its run, or it runs elsewhere (stderr names who ran it and when);
+         -E N changes it (e.g. -E 0 for a quiet cron)
   2      usage error, bad lock name, or backend error (unreachable server, expired session)
-  3      the lock was lost while held; exec terminated the command first
+  3      the lock was lost while held, or a job's --at-most-for bound came; exec terminated
+         the command first
   126    the command was found but could not be run (not executable)
   127    the command was not found
   128+N  exec: the command was killed by signal N; exec and hold: signal N (INT 130, TERM 143,
@@ -50,7 +53,9 @@ ENVIRONMENT:
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
   lock order; on etcd also ETCD_LOCK_KEY (our key) and ETCD_LOCK_REV (its create revision, the
-  fencing token), as etcdctl lock names them; hold prints the same as KEY=value lines."
+  fencing token), as etcdctl lock names them; hold prints the same as KEY=value lines.
+  A scheduled job's command also gets DISTLOCK_JOB_SLOT (with --once-per: the server's time
+  divided by the period) and DISTLOCK_JOB_STARTED_MS (its start, the server's time in ms)."
     };
 }
 
