@@ -352,7 +352,8 @@ impl Released {
 pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<Result<Held, u8>> {
     // A scheduled job never waits for its next slot: a start finds it free or exits (-w waits
     // for a run going on elsewhere to end, within the wait).
-    let timeout = if args.nonblock || (args.is_job() && args.wait.is_none()) { Some(Duration::ZERO) } else { args.wait };
+    let timeout =
+        if args.nonblock || (args.is_job() && args.wait.is_none()) { Some(Duration::ZERO) } else { args.wait };
     let client = tokio::select! {
         client = args.backend.connect() => client?,
         sig = signals.ending() => {
@@ -363,7 +364,10 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
     };
     if args.is_job() && args.locks.len() > 1 {
         client.close(Duration::from_secs(2)).await;
-        anyhow::bail!("a scheduled job (--once-per, --at-most-for, --at-least-for) takes one name, not {}", args.locks.len());
+        anyhow::bail!(
+            "a scheduled job (--once-per, --at-most-for, --at-least-for) takes one name, not {}",
+            args.locks.len()
+        );
     }
     let job = if args.is_job() {
         match args.schedule(&client, &args.locks[0]) {
@@ -791,7 +795,9 @@ async fn record_exit(held: &Held, code: u8) {
     let token = held.guard.parts().first().map(|p| p.fencing_token()).unwrap_or_default();
     match job.finish_run(token, Some(i32::from(code))).await {
         Ok(true) => {}
-        Ok(false) => eprintln!("distlock: {}: the record is another run's by now; this run's end is not recorded", job.name()),
+        Ok(false) => {
+            eprintln!("distlock: {}: the record is another run's by now; this run's end is not recorded", job.name())
+        }
         Err(e) => eprintln!("distlock: {}: recording the run's end failed: {e}", job.name()),
     }
 }

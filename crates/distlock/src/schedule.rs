@@ -136,7 +136,9 @@ impl fmt::Display for Run {
 
 /// A time in milliseconds since the Unix epoch, as RFC 3339 (UTC, milliseconds).
 pub fn show_ms(ms: i64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)).to_string()
+    // RFC 3339 ends with the year 9999 (a key without expiry reads as "until far later").
+    let ms = ms.clamp(0, 253_402_300_799_999);
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
 }
 
 /// Why a start did not run the job.
@@ -179,7 +181,8 @@ pub struct Skipped {
 
 impl fmt::Display for Skipped {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let last = self.last.as_ref().filter(|r| r.locked_by == self.locked_by);
+        // The record is the lock row's run when the row names it (or names nobody: ZooKeeper).
+        let last = self.last.as_ref().filter(|r| self.locked_by.is_empty() || r.locked_by == self.locked_by);
         match (&self.reason, last) {
             (SkipReason::Running, Some(run)) => write!(
                 f,

@@ -60,6 +60,9 @@ enum Recipe {
     Semaphore,
     /// Candidates of an election: the leader is the holder, its epoch the token.
     Election,
+    /// Starts of a scheduled job bounded by the lease (`at_most_for`): the run is the holder,
+    /// its record's token the token, and a holder trusts it until `stop_by`.
+    Job,
 }
 
 impl Recipe {
@@ -69,11 +72,12 @@ impl Recipe {
             Recipe::RwLock => "rwlock",
             Recipe::Semaphore => "semaphore(2)",
             Recipe::Election => "election",
+            Recipe::Job => "job",
         }
     }
 
     fn by_name(name: &str) -> Recipe {
-        [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election]
+        [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election, Recipe::Job]
             .into_iter()
             .find(|r| r.name() == name)
             .unwrap_or(Recipe::Mutex)
@@ -245,6 +249,12 @@ fn lock_of(c: &Client, recipe: Recipe, name: &str, shared: bool) -> distlock::Re
         Recipe::RwLock => c.write_lock(name),
         Recipe::Semaphore => c.semaphore_permit(name, 2),
         Recipe::Election => c.election(name)?.candidate(&format!("candidate of pid {}", std::process::id())),
+        // A job name is ShedLock's (64 characters, no '/' on ZooKeeper): the path's unique end.
+        Recipe::Job => {
+            let flat = name.replace('/', "-");
+            let tail: String = flat.chars().skip(flat.chars().count().saturating_sub(60)).collect();
+            c.schedule(&format!("job{tail}"))?.at_most_for(c.lease()).lock()
+        }
     }
 }
 
@@ -618,9 +628,10 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         leaked,
         recovery_ms,
         losses: shared.losses.load(Ordering::SeqCst),
+        // A job's hold is a lease on every backend, never its connection's.
         by_nature: (scenario == Scenario::ServerRestart && target.restart_forgets)
-            || (scenario == Scenario::Reset && target.connection_bound),
-        pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds,
+            || (scenario == Scenario::Reset && target.connection_bound && recipe != Recipe::Job),
+        pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds && recipe != Recipe::Job,
     }
 }
 
@@ -743,7 +754,7 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
 async fn run_matrix(target: Target, scenarios: &[Scenario]) {
     let probe = distlock::connect(&target.direct_url()).await.expect("connect to the backend");
     let only_recipe = std::env::var("DISTLOCK_MATRIX_RECIPE").unwrap_or_default();
-    let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election]
+    let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election, Recipe::Job]
         .into_iter()
         .filter(|&r| r.name().contains(&only_recipe) && lock_of(&probe, r, "matrix-probe", false).is_ok())
         .collect();
@@ -752,10 +763,9 @@ async fn run_matrix(target: Target, scenarios: &[Scenario]) {
     // `DISTLOCK_MATRIX_ONLY=paused` runs only the cells whose scenario names contain it.
     let only = std::env::var("DISTLOCK_MATRIX_ONLY").unwrap_or_default();
     for &scenario in scenarios.iter().filter(|s| s.name().contains(&only)) {
-        // A child process holds in the pause and kill cells: a mutex, and a leader where the
-        // backend has elections.
+        // A child process holds in the pause and kill cells: a mutex, a leader, a job's run.
         let in_child: Vec<Recipe> =
-            recipes.iter().copied().filter(|r| matches!(r, Recipe::Mutex | Recipe::Election)).collect();
+            recipes.iter().copied().filter(|r| matches!(r, Recipe::Mutex | Recipe::Election | Recipe::Job)).collect();
         let recipes: &[Recipe] = if scenario.needs_child() { &in_child } else { &recipes };
         for &recipe in recipes {
             let started = std::time::Instant::now();

@@ -369,8 +369,9 @@ pub fn once_per_slot_under_skewed_clocks(b: &str, name: &str) {
         ),
     )
     .unwrap();
-    let command =
-        format!("export DL=$PPID; flock -n {d}/resource sh {d}/run.sh || echo \"OVERLAP $DISTLOCK_JOB_SLOT\" >> {d}/log");
+    let command = format!(
+        "export DL=$PPID; flock -n {d}/resource sh {d}/run.sh || echo \"OVERLAP $DISTLOCK_JOB_SLOT\" >> {d}/log"
+    );
     let begin_ms = real_ms();
     let until = Instant::now() + Duration::from_secs(secs);
     let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -390,7 +391,11 @@ pub fn once_per_slot_under_skewed_clocks(b: &str, name: &str) {
                         .spawn()
                         .unwrap();
                     let out = wait_output(child, Duration::from_secs(30));
-                    statuses.lock().unwrap().push((skew, out.status, String::from_utf8_lossy(&out.stderr).into_owned()));
+                    statuses.lock().unwrap().push((
+                        skew,
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).into_owned(),
+                    ));
                     // Every 200 ms, as cron would fire (a run that took longer fires at once).
                     std::thread::sleep(Duration::from_millis(200).saturating_sub(fired.elapsed()));
                 }

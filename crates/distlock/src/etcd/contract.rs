@@ -36,6 +36,6 @@ contract::held!(LockGuard);
 
 impl super::Client {
     fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Err(crate::Error::Unsupported { backend: "etcd", what: "scheduled jobs (not yet)".into() })
+        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone() }))
     }
 }

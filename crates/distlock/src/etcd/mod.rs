@@ -58,6 +58,7 @@
 pub(crate) mod contract;
 mod election;
 mod guard;
+mod jobs;
 mod mutex;
 mod queue;
 mod rwlock;

@@ -152,25 +152,24 @@ impl JobStore for Jobs {
                     };
                 }
                 if ok {
-                    ok = match &seen.run {
-                        None => {
-                            changed(
-                                c,
-                                "INSERT INTO distlock_job_runs (name, token, record) VALUES ($1, $2, $3) \
+                    ok =
+                        match &seen.run {
+                            None => {
+                                changed(
+                                    c,
+                                    "INSERT INTO distlock_job_runs (name, token, record) VALUES ($1, $2, $3) \
                                  ON CONFLICT (name) DO NOTHING",
-                                &[&job, &token, &record],
-                            )
-                            .await?
-                        }
-                        Some(was) => {
-                            changed(
+                                    &[&job, &token, &record],
+                                )
+                                .await?
+                            }
+                            Some(was) => changed(
                                 c,
                                 "UPDATE distlock_job_runs SET token = $2, record = $3 WHERE name = $1 AND record = $4",
                                 &[&job, &token, &record, was],
                             )
-                            .await?
-                        }
-                    };
+                            .await?,
+                        };
                 }
                 c.batch_execute(if ok { "COMMIT" } else { "ROLLBACK" }).await?;
                 Ok(ok)

@@ -44,8 +44,8 @@
 
 pub(crate) mod contract;
 mod election;
-mod jobs;
 mod inspect;
+mod jobs;
 mod mutex;
 mod rwlock;
 mod semaphore;

@@ -55,6 +55,6 @@ impl From<SimpleLock> for crate::Lock {
 
 impl super::Client {
     fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Err(crate::Error::Unsupported { backend: "redis", what: "scheduled jobs (not yet)".into() })
+        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone() }))
     }
 }

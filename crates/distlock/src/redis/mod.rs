@@ -64,6 +64,7 @@ pub(crate) mod contract;
 mod election;
 mod fair;
 mod guard;
+mod jobs;
 mod listing;
 mod mutex;
 mod redlock;

@@ -42,7 +42,7 @@ fn kernel_now_ms() -> i64 {
     if rc != 0 {
         return crate::schedule::epoch_ms(std::time::SystemTime::now());
     }
-    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
 /// SQLite's UTC text for milliseconds since the epoch.
@@ -74,6 +74,9 @@ impl Jobs {
     }
 }
 
+/// A read's row: lock_until, locked_at, locked_by, the lock row as text, the record.
+type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+
 impl JobStore for Jobs {
     fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
         Box::pin(async move {
@@ -83,13 +86,7 @@ impl JobStore for Jobs {
                  FROM (SELECT 1) one LEFT JOIN shedlock s ON s.name = ?1 LEFT JOIN distlock_job_runs r ON r.name = ?1"
             );
             let now_ms = kernel_now_ms();
-            let (until, at, by, lock_text, record): (
-                Option<String>,
-                Option<String>,
-                Option<String>,
-                Option<String>,
-                Option<String>,
-            ) = sqlx::query_as(&sql)
+            let (until, at, by, lock_text, record): Row = sqlx::query_as(&sql)
                 .bind(job)
                 .fetch_one(self.client.pool())
                 .await
@@ -132,18 +129,16 @@ impl JobStore for Jobs {
                 let mut ok = true;
                 if let Some(l) = lock {
                     let done = match &seen.lock {
-                        None => {
-                            sqlx::query(
-                                "INSERT INTO shedlock (name, lock_until, locked_at, locked_by) VALUES (?1, ?2, ?3, ?4) \
+                        None => sqlx::query(
+                            "INSERT INTO shedlock (name, lock_until, locked_at, locked_by) VALUES (?1, ?2, ?3, ?4) \
                                  ON CONFLICT (name) DO NOTHING",
-                            )
-                            .bind(job)
-                            .bind(text(l.lock_until_ms))
-                            .bind(text(l.locked_at_ms))
-                            .bind(&l.locked_by)
-                            .execute(&mut *tx)
-                            .await?
-                        }
+                        )
+                        .bind(job)
+                        .bind(text(l.lock_until_ms))
+                        .bind(text(l.locked_at_ms))
+                        .bind(&l.locked_by)
+                        .execute(&mut *tx)
+                        .await?,
                         Some(was) => {
                             sqlx::query(&format!(
                                 "UPDATE shedlock AS s SET lock_until = ?2, locked_at = ?3, locked_by = ?4 \
@@ -161,20 +156,20 @@ impl JobStore for Jobs {
                     ok = done.rows_affected() == 1;
                 }
                 if ok {
-                    let done = match &seen.run {
-                        None => {
-                            sqlx::query(
-                                "INSERT INTO distlock_job_runs (name, token, record) VALUES (?1, ?2, ?3) \
+                    let done =
+                        match &seen.run {
+                            None => {
+                                sqlx::query(
+                                    "INSERT INTO distlock_job_runs (name, token, record) VALUES (?1, ?2, ?3) \
                                  ON CONFLICT (name) DO NOTHING",
-                            )
-                            .bind(job)
-                            .bind(run.token as i64)
-                            .bind(&record)
-                            .execute(&mut *tx)
-                            .await?
-                        }
-                        Some(was) => {
-                            sqlx::query(
+                                )
+                                .bind(job)
+                                .bind(run.token as i64)
+                                .bind(&record)
+                                .execute(&mut *tx)
+                                .await?
+                            }
+                            Some(was) => sqlx::query(
                                 "UPDATE distlock_job_runs SET token = ?2, record = ?3 WHERE name = ?1 AND record = ?4",
                             )
                             .bind(job)
@@ -182,9 +177,8 @@ impl JobStore for Jobs {
                             .bind(&record)
                             .bind(was)
                             .execute(&mut *tx)
-                            .await?
-                        }
-                    };
+                            .await?,
+                        };
                     ok = done.rows_affected() == 1;
                 }
                 if ok {

@@ -13,6 +13,7 @@ pub(crate) mod contract;
 mod election;
 mod guard;
 mod inspect;
+mod jobs;
 mod multi;
 mod mutex;
 mod naive;

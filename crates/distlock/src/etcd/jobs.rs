@@ -1,0 +1,409 @@
+//! Scheduled jobs on etcd ([`crate::schedule`]). ShedLock has no etcd provider, so the layout
+//! is distlock's own: one key `distlock/jobs/<job>`, under no lease, whose value is JSON
+//! `{"lock": {"lock_until_ms": .., "locked_at_ms": .., "locked_by": ".."} | null, "run": <the
+//! record> | null}`: ShedLock's lock row and distlock's record of the last run together. Both
+//! versions a read reports are the key's mod revision (none while the key is missing), and a
+//! write is one transaction `If ModRevision(key) == seen` (`CreateRevision(key) == 0` for a
+//! missing key) `Then Put(key, both)`: a failed compare writes nothing.
+//!
+//! etcd reports no wall-clock time over gRPC, so the server's time is the `Date` header of the
+//! answer to an HTTP/1.1 `GET /version`, which etcd serves on its client port: asked of the
+//! URL's first endpoint (the next ones only when it does not answer) before the key is read.
+//! The header has whole seconds, so the time read is the `Date`'s second: never later than the
+//! server's time when a following write is applied, and up to a second earlier than the read's
+//! send (`now_error_ms`, which the bounds allow for). Over TLS (`https://` endpoints) the plain
+//! HTTP request cannot be made, and jobs are refused as unsupported.
+
+use super::Client;
+use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
+use crate::schedule::Run;
+use crate::{Error, Result};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+
+/// How much earlier than a read's send its server time may be: the `Date` has whole seconds.
+const DATE_ERROR_MS: i64 = 1000;
+
+/// The most header bytes read from the HTTP answer.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// The job store of an etcd client.
+#[derive(Debug, Clone)]
+pub(crate) struct Jobs {
+    pub(crate) client: Client,
+}
+
+/// The value of a job's key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Stored {
+    /// ShedLock's lock row.
+    lock: Option<StoredLock>,
+    /// The record of the last run.
+    run: Option<Run>,
+}
+
+/// The lock row in a job's key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredLock {
+    lock_until_ms: i64,
+    locked_at_ms: i64,
+    locked_by: String,
+}
+
+impl From<StoredLock> for JobLock {
+    fn from(l: StoredLock) -> JobLock {
+        JobLock { lock_until_ms: l.lock_until_ms, locked_at_ms: l.locked_at_ms, locked_by: l.locked_by }
+    }
+}
+
+impl From<&JobLock> for StoredLock {
+    fn from(l: &JobLock) -> StoredLock {
+        StoredLock { lock_until_ms: l.lock_until_ms, locked_at_ms: l.locked_at_ms, locked_by: l.locked_by.clone() }
+    }
+}
+
+/// A job's key.
+fn key(job: &str) -> String {
+    format!("distlock/jobs/{job}")
+}
+
+/// A job key's value, or the error naming the key.
+fn parse(job: &str, op: &'static str, value: &[u8]) -> Result<Stored> {
+    serde_json::from_slice(value).map_err(|e| Error::Backend {
+        op,
+        path: key(job),
+        source: format!("the key holds a value that is not distlock's job JSON: {e}").into(),
+    })
+}
+
+/// The mod revision a read reported for a job (`None`: the key was missing).
+fn seen_revision(job: &str, seen: &Seen) -> Result<Option<i64>> {
+    let bad = |why: String| Error::Backend { op: "write job", path: key(job), source: why.into() };
+    if seen.lock != seen.run {
+        return Err(bad(format!("versions {seen:?} are not an etcd read's (one mod revision for both)")));
+    }
+    match &seen.lock {
+        None => Ok(None),
+        Some(rev) => rev.parse().map(Some).map_err(|_| bad(format!("version {rev:?} is not a mod revision"))),
+    }
+}
+
+impl Jobs {
+    /// The server's time, in milliseconds since the Unix epoch: the `Date` of an etcd member's
+    /// HTTP answer (the first endpoint's, or the next one's when it does not answer).
+    async fn server_ms(&self) -> Result<i64> {
+        let url = self.client.url();
+        let mut failures = Vec::new();
+        for endpoint in &url.endpoints {
+            let host = match endpoint.split_once("://") {
+                None => endpoint.as_str(),
+                Some(("http", rest)) => rest,
+                Some((scheme, _)) => {
+                    return Err(Error::Unsupported {
+                        backend: "etcd",
+                        what: format!(
+                            "scheduled jobs over {scheme}:// (endpoint {endpoint}): they need the server's time \
+                             from the plain HTTP Date header of GET /version, for now"
+                        ),
+                    })
+                }
+            };
+            let host = host.trim_end_matches('/');
+            match tokio::time::timeout(url.timeout, date_of(host)).await {
+                Ok(Ok(ms)) => return Ok(ms),
+                Ok(Err(why)) => failures.push(format!("http://{host}/version: {why}")),
+                Err(_) => failures.push(format!("http://{host}/version: no answer within {:?}", url.timeout)),
+            }
+        }
+        Err(Error::Backend {
+            op: "server time (HTTP Date)",
+            path: url.to_string(),
+            source: if failures.is_empty() { "the URL has no endpoint".into() } else { failures.join("; ").into() },
+        })
+    }
+}
+
+/// The `Date` of the answer to `GET /version` from `host` (`host:port`), in milliseconds since
+/// the Unix epoch; else why not.
+async fn date_of(host: &str) -> std::result::Result<i64, String> {
+    let stream = TcpStream::connect(host).await.map_err(|e| format!("cannot connect: {e}"))?;
+    let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    write_all(&stream, request.as_bytes()).await.map_err(|e| format!("sending the request: {e}"))?;
+    let head = read_head(&stream).await.map_err(|e| format!("reading the answer: {e}"))?;
+    date_in(&head)
+}
+
+/// Writes all of `buf` (with the readiness API: tokio's `io-util` is not a dependency).
+async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads an HTTP answer's status line and headers (up to the blank line, or the end).
+async fn read_head(stream: &TcpStream) -> std::io::Result<String> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        stream.readable().await?;
+        match stream.try_read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                head.extend_from_slice(&chunk[..n]);
+                if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    head.truncate(end);
+                    break;
+                }
+                if head.len() > MAX_HEAD {
+                    return Err(std::io::Error::other(format!("headers longer than {MAX_HEAD} bytes")));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// The `Date` header of an HTTP answer's head, in milliseconds since the Unix epoch.
+fn date_in(head: &str) -> std::result::Result<i64, String> {
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap_or_default();
+    if !status.starts_with("HTTP/1.") {
+        return Err(format!("not an HTTP/1.x answer: {:?}", status.chars().take(80).collect::<String>()));
+    }
+    let date = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("date"))
+        .map(|(_, value)| value.trim())
+        .ok_or_else(|| format!("the answer ({status}) has no Date header"))?;
+    http_date_ms(date).ok_or_else(|| format!("Date {date:?} is not an HTTP date (IMF-fixdate)"))
+}
+
+/// An HTTP date in IMF-fixdate form (`Thu, 26 Nov 2026 18:21:31 GMT`, what etcd's Go server
+/// sends) as milliseconds since the Unix epoch; `None` if it is not one.
+fn http_date_ms(text: &str) -> Option<i64> {
+    const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let parts: Vec<&str> = text.split_ascii_whitespace().collect();
+    let [weekday, day, month, year, time, "GMT"] = parts.as_slice() else { return None };
+    if !DAYS.contains(&weekday.strip_suffix(',')?) {
+        return None;
+    }
+    let number = |s: &str, digits: usize| -> Option<i64> {
+        (s.len() == digits && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok()).flatten()
+    };
+    let year = number(year, 4)?;
+    let month = MONTHS.iter().position(|m| m == month)? as i64 + 1;
+    let day = number(day, 2)?;
+    if !(1..=days_in_month(year, month)).contains(&day) {
+        return None;
+    }
+    let hms: Vec<&str> = time.split(':').collect();
+    let [h, m, s] = hms.as_slice() else { return None };
+    let (h, m, s) = (number(h, 2)?, number(m, 2)?, number(s, 2)?);
+    // 60 is a leap second (IMF-fixdate allows it): read as the next second's start.
+    if h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    let seconds = days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s;
+    Some(seconds * 1000)
+}
+
+/// The days in month `m` (1 to 12) of year `y` of the proleptic Gregorian calendar.
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        4 | 6 | 9 | 11 => 30,
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of date `y-m-d` (month 1 to 12) of the proleptic Gregorian calendar
+/// (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400; // [0, 399]
+    let mp = (m + 9) % 12; // March is 0
+    let doy = (153 * mp + 2) / 5 + d - 1; // [0, 365]
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy; // [0, 146096]
+    era * 146_097 + doe - 719_468
+}
+
+impl JobStore for Jobs {
+    fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
+        Box::pin(async move {
+            // The time first: a Date is never later than the server's time at a following write.
+            let now_ms = self.server_ms().await?;
+            let key = key(job);
+            let etcd = self.client.etcd();
+            let resp = self
+                .client
+                .call("read job", &key, |_| {
+                    let (mut etcd, key) = (etcd.clone(), key.clone());
+                    async move { etcd.get(key, None).await }
+                })
+                .await?;
+            let Some(kv) = resp.kvs().first() else {
+                return Ok(JobRead {
+                    now_ms,
+                    now_error_ms: DATE_ERROR_MS,
+                    lock: None,
+                    run: None,
+                    seen: Seen::default(),
+                });
+            };
+            let stored = parse(job, "read job", kv.value())?;
+            let revision = kv.mod_revision().to_string();
+            Ok(JobRead {
+                now_ms,
+                now_error_ms: DATE_ERROR_MS,
+                lock: stored.lock.map(JobLock::from),
+                run: stored.run,
+                seen: Seen { lock: Some(revision.clone()), run: Some(revision) },
+            })
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        job: &'a str,
+        seen: &'a Seen,
+        lock: Option<&'a JobLock>,
+        run: &'a Run,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let revision = seen_revision(job, seen)?;
+            let key = key(job);
+            let etcd = self.client.etcd();
+            let lock = match (lock, revision) {
+                (Some(l), _) => Some(StoredLock::from(l)),
+                (None, None) => None,
+                (None, Some(rev)) => {
+                    // The lock row as read: the key's value now, if it is still the version
+                    // read (the transaction's compare makes sure it still is when written).
+                    let resp = self
+                        .client
+                        .call("write job", &key, |_| {
+                            let (mut etcd, key) = (etcd.clone(), key.clone());
+                            async move { etcd.get(key, None).await }
+                        })
+                        .await?;
+                    match resp.kvs().first() {
+                        Some(kv) if kv.mod_revision() == rev => parse(job, "write job", kv.value())?.lock,
+                        _ => return Ok(false),
+                    }
+                }
+            };
+            let value = serde_json::to_vec(&Stored { lock, run: Some(run.clone()) }).map_err(|e| Error::Backend {
+                op: "write job",
+                path: key.clone(),
+                source: format!("the job's value does not serialize: {e}").into(),
+            })?;
+            let compare = match revision {
+                Some(rev) => Compare::mod_revision(key.clone(), CompareOp::Equal, rev),
+                None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            };
+            let txn = Txn::new().when([compare]).and_then([TxnOp::put(key.clone(), value, None)]);
+            // Safe to send again: once a send is applied, the compare fails every later one.
+            let resp = self
+                .client
+                .call("write job", &key, |_| {
+                    let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                    async move { etcd.txn(txn).await }
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn days_from_civil_matches_humantime() {
+        // Every day from 1970 to 2200, against humantime's formatting.
+        for n in 0..84_000i64 {
+            let t = UNIX_EPOCH + Duration::from_secs(n as u64 * 86_400);
+            let text = humantime::format_rfc3339(t).to_string();
+            let (y, m, d) = (&text[0..4], &text[5..7], &text[8..10]);
+            let (y, m, d) = (y.parse().unwrap(), m.parse().unwrap(), d.parse().unwrap());
+            assert_eq!(days_from_civil(y, m, d), n, "{text}");
+            assert!(d <= days_in_month(y, m), "{text}");
+        }
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(1969, 12, 31), -1);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(days_in_month(2000, 2), 29);
+        assert_eq!(days_in_month(2100, 2), 28);
+        assert_eq!(days_in_month(2024, 2), 29);
+    }
+
+    #[test]
+    fn http_dates() {
+        let ms = |s: &str| humantime::parse_rfc3339(s).map(crate::schedule::epoch_ms).unwrap();
+        assert_eq!(http_date_ms("Thu, 26 Nov 2026 18:21:31 GMT"), Some(ms("2026-11-26T18:21:31Z")));
+        assert_eq!(http_date_ms("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(http_date_ms("Tue, 29 Feb 2028 23:59:59 GMT"), Some(ms("2028-02-29T23:59:59Z")));
+        assert_eq!(http_date_ms("Sun, 06 Nov 1994 08:49:37 GMT"), Some(784_111_777_000));
+        for bad in [
+            "",
+            "Thu, 26 Nov 2026 18:21:31",
+            "Thu, 26 Nov 2026 18:21:31 UTC",
+            "Thu 26 Nov 2026 18:21:31 GMT",
+            "Xyz, 26 Nov 2026 18:21:31 GMT",
+            "Thu, 26 Foo 2026 18:21:31 GMT",
+            "Thu, 31 Nov 2026 18:21:31 GMT",
+            "Thu, 29 Feb 2027 18:21:31 GMT",
+            "Thu, 00 Nov 2026 18:21:31 GMT",
+            "Thu, 6 Nov 2026 18:21:31 GMT",
+            "Thu, 26 Nov 26 18:21:31 GMT",
+            "Thu, 26 Nov 2026 24:00:00 GMT",
+            "Thu, 26 Nov 2026 18:60:00 GMT",
+            "Thu, 26 Nov 2026 18:21:61 GMT",
+            "Thu, 26 Nov 2026 18:21 GMT",
+            "Thu, 26 Nov 2026 +8:21:31 GMT",
+            "Thursday, 26-Nov-26 18:21:31 GMT",
+            "Thu Nov 26 18:21:31 2026",
+        ] {
+            assert_eq!(http_date_ms(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn date_headers() {
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\ndate:  Thu, 26 Nov 2026 18:21:31 GMT\r\n";
+        assert_eq!(date_in(head), http_date_ms("Thu, 26 Nov 2026 18:21:31 GMT").ok_or_else(String::new));
+        assert!(date_in("HTTP/1.1 200 OK\r\nServer: x").unwrap_err().contains("no Date"));
+        assert!(date_in("\u{0}\u{0}\u{4}").unwrap_err().contains("not an HTTP"));
+        assert!(date_in("HTTP/1.1 200 OK\r\nDate: soon").unwrap_err().contains("soon"));
+    }
+
+    #[test]
+    fn values_and_versions() {
+        let stored = parse("j", "read job", br#"{"lock":null,"run":null}"#).unwrap();
+        assert!(stored.lock.is_none() && stored.run.is_none());
+        let stored = parse("j", "read job", br#"{"lock":{"lock_until_ms":2,"locked_at_ms":1,"locked_by":"h"}}"#);
+        assert_eq!(stored.unwrap().lock.map(|l| l.locked_by), Some("h".to_string()));
+        assert!(parse("j", "read job", b"lock").unwrap_err().to_string().contains("distlock/jobs/j"));
+        assert!(parse("j", "read job", br#"{"lock":{"lock_until_ms":"x"}}"#).is_err());
+        let seen = |l: Option<&str>, r: Option<&str>| Seen { lock: l.map(Into::into), run: r.map(Into::into) };
+        assert_eq!(seen_revision("j", &seen(None, None)).unwrap(), None);
+        assert_eq!(seen_revision("j", &seen(Some("7"), Some("7"))).unwrap(), Some(7));
+        assert!(seen_revision("j", &seen(Some("7"), Some("8"))).is_err());
+        assert!(seen_revision("j", &seen(Some("x"), Some("x"))).is_err());
+    }
+}
