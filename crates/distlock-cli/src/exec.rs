@@ -291,7 +291,10 @@ impl Held {
     /// returns [`Released::Lost`] when the release found a lock already lost, so that the caller
     /// exits with the lost status (the command may have run part of the time without it).
     pub async fn release(self) -> Released {
-        let Held { client, guard, shown, .. } = self;
+        // The job's store holds a handle of the client: dropped first, or `close` would wait for
+        // its bound (ZooKeeper ends the session once every handle is gone).
+        let Held { client, guard, shown, job, .. } = self;
+        drop(job);
         crate::textfile::released();
         let bound = release_bound(client.lease());
         let outcome = match tokio::time::timeout(bound, guard.release()).await {
@@ -369,7 +372,7 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             args.locks.len()
         );
     }
-    let job = if args.is_job() {
+    let mut job = if args.is_job() {
         match args.schedule(&client, &args.locks[0]) {
             Ok(job) => Some(job),
             Err(e) => {
@@ -443,12 +446,14 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
         Err(sig) => {
             // Interrupted while waiting: our queue node is removed on drop; closing the session
             // makes sure the server has done it before we exit.
+            drop(job);
             client.close(Duration::from_secs(2)).await;
             crate::textfile::not_acquired("interrupted");
             eprintln!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
             Ok(Err(interrupted(sig)))
         }
         Ok(Err(e)) => {
+            drop(job);
             client.close(Duration::from_secs(2)).await;
             Err(match e {
                 distlock::Error::InvalidLockPath { .. } | distlock::Error::InvalidArgument { .. } => e.into(),
@@ -456,7 +461,8 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             })
         }
         Ok(Ok(None)) => {
-            if let Some(job) = &job {
+            // Taken out, so that the job's store (a handle of the client) is gone before `close`.
+            if let Some(job) = job.take() {
                 match job.check().await {
                     Ok(Some(skipped)) => eprintln!("distlock: {skipped}; not run"),
                     Ok(None) => eprintln!("distlock: {shown}: taken by another start; not run"),
