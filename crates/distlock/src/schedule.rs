@@ -303,7 +303,9 @@ impl Schedule {
         let bad = |what, reason: String| Err(Error::InvalidArgument { what, reason });
         let ms = |d: Duration| d.as_millis().min(i64::MAX as u128 / 4) as i64;
         let period = match self.period {
-            Some(p) if p < Duration::from_millis(1) => return bad("once-per period", format!("{p:?} is under 1 ms")),
+            Some(p) if p < Duration::from_millis(1) => {
+                return bad("once-per period", format!("{} is under 1 ms", humantime::format_duration(p)))
+            }
             Some(p) => Some(ms(p)),
             None => None,
         };
@@ -627,8 +629,13 @@ impl Held for JobGuard {
         }
     }
     fn lost(&self) -> BoxFuture<'static, LostReason> {
-        // The bound is the lease deadline: a holder stops before it; nothing else ends a run.
-        Box::pin(std::future::pending())
+        // Nothing but the bound ends a run: the job is the holder's until `stop_by`, and may be
+        // another's after it.
+        let at = self.stop_by;
+        Box::pin(async move {
+            tokio::time::sleep_until(at.into()).await;
+            LostReason::LeaseExpired
+        })
     }
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>> {
         Box::pin(async move { (*self).finish(None).await.map(|_| ()) })

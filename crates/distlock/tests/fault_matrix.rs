@@ -768,6 +768,12 @@ async fn run_matrix(target: Target, scenarios: &[Scenario]) {
             recipes.iter().copied().filter(|r| matches!(r, Recipe::Mutex | Recipe::Election | Recipe::Job)).collect();
         let recipes: &[Recipe] = if scenario.needs_child() { &in_child } else { &recipes };
         for &recipe in recipes {
+            // A job's run renews nothing: the short partition and the delay (which test
+            // renewals) are left out of its cells unless DISTLOCK_MATRIX_FULL=1.
+            let full = std::env::var("DISTLOCK_MATRIX_FULL").is_ok_and(|v| v == "1");
+            if recipe == Recipe::Job && !full && matches!(scenario, Scenario::BlackholeShort | Scenario::Delay) {
+                continue;
+            }
             let started = std::time::Instant::now();
             let row =
                 tokio::time::timeout(Duration::from_secs(180), cell(&target, scenario, recipe)).await.unwrap_or_else(
