@@ -583,6 +583,12 @@ fn argv(args: &ExecArgs) -> anyhow::Result<Vec<String>> {
 
 pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     let argv = argv(&args)?;
+    if args.lock.is_job() && args.on_lost == OnLost::Ignore {
+        anyhow::bail!(
+            "--on-lost ignore cannot go with a scheduled job (--once-per, --at-most-for): past its bound the job \
+             may be another's, so the command is always stopped there"
+        );
+    }
     let mut signals = Signals::new()?;
     args.lock.start_record("exec");
     let held = match acquire(&args.lock, &mut signals).await? {
@@ -646,7 +652,11 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         }
     };
     let pgid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
-    let watchdog = match crate::supervise::Watchdog::start(pgid, grace + kill_margin) {
+    // A job's bound holds on the server whatever happens to us: the watchdog keeps it too.
+    let kill_by = held.job.as_ref().map(|_| {
+        held.guard.lease_deadline().unwrap_or_else(Instant::now).checked_sub(kill_margin).unwrap_or_else(Instant::now)
+    });
+    let watchdog = match crate::supervise::Watchdog::start(pgid, grace + kill_margin, kill_by) {
         Ok(w) => w,
         Err(e) => {
             // Nothing would end the command if we died: it does not run at all.

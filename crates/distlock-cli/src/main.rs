@@ -126,6 +126,10 @@ enum Command {
         /// SIGKILL this long after SIGTERM.
         #[arg(value_parser = duration_arg)]
         kill_after: Duration,
+        /// SIGKILL the group at this CLOCK_MONOTONIC instant (ms) whatever happens to exec: a
+        /// scheduled job's bound.
+        #[arg(long = "kill-at-monotonic-ms")]
+        kill_at: Option<u64>,
     },
 }
 
@@ -195,9 +199,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    if let Command::Supervise { pgid, kill_after } = cli.command {
-        // No runtime, no threads: the watchdog only reads a pipe and sends signals.
-        return ExitCode::from(supervise::run(pgid, kill_after));
+    if let Command::Supervise { pgid, kill_after, kill_at } = cli.command {
+        // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
+        return ExitCode::from(supervise::run(pgid, kill_after, kill_at));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

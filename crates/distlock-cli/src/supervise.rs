@@ -7,6 +7,11 @@
 //! watchdog sees end-of-file without `done`: it sends SIGTERM to the whole command group and
 //! SIGKILL after the grace period, which `exec` has already cut to fit the lock's lease.
 //!
+//! A scheduled job's run has a bound the server keeps whatever happens to us (its
+//! `--at-most-for`): the watchdog is then also given that instant (on `CLOCK_MONOTONIC`, which
+//! every process of the machine shares) and kills the group there itself, so that a `distlock
+//! exec` that died late, or is stopped (SIGSTOP), cannot let the command outlive the bound.
+//!
 //! Why a watchdog and not `PR_SET_PDEATHSIG`: the death signal reaches only the direct child, not
 //! what it started, and it fires when the *thread* that forked exits, which in a multi-threaded
 //! runtime can happen while `exec` lives on. A pipe's end-of-file is certain and immediate.
@@ -23,20 +28,22 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts a watchdog for process group `pgid`, killing it within `kill_after` of our death.
-    pub fn start(pgid: libc::pid_t, kill_after: Duration) -> anyhow::Result<Watchdog> {
+    /// Starts a watchdog for process group `pgid`, killing it within `kill_after` of our death,
+    /// and at `kill_at` at the latest if given (whatever happens to us).
+    pub fn start(pgid: libc::pid_t, kill_after: Duration, kill_at: Option<Instant>) -> anyhow::Result<Watchdog> {
         // /proc/self/exe works even when our binary was replaced or removed meanwhile (a package
         // upgrade during a long wait), where the path current_exe() gives would not.
         let exe = match std::path::Path::new("/proc/self/exe") {
             p if p.exists() => p.to_path_buf(),
             _ => std::env::current_exe()?,
         };
-        let mut child = Command::new(exe)
-            .args(["supervise", &pgid.to_string(), &format!("{}ms", kill_after.as_millis())])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()?;
+        let mut args = vec!["supervise".to_string(), pgid.to_string(), format!("{}ms", kill_after.as_millis())];
+        if let Some(at) = kill_at {
+            let ms = monotonic_ms() + at.saturating_duration_since(Instant::now()).as_millis() as u64;
+            args.extend(["--kill-at-monotonic-ms".to_string(), ms.to_string()]);
+        }
+        let mut child =
+            Command::new(exe).args(&args).stdin(Stdio::piped()).stdout(Stdio::null()).process_group(0).spawn()?;
         let pipe = child.stdin.take();
         Ok(Watchdog { pipe, child })
     }
@@ -101,8 +108,17 @@ fn scan_group(pgid: libc::pid_t, mut found: impl FnMut(u32)) -> bool {
     true
 }
 
-/// `distlock supervise PGID KILL_AFTER`: the watchdog itself. Returns its exit status.
-pub fn run(pgid: libc::pid_t, kill_after: Duration) -> u8 {
+/// This machine's `CLOCK_MONOTONIC` in milliseconds (shared by every process).
+fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// `distlock supervise PGID KILL_AFTER [--kill-at-monotonic-ms MS]`: the watchdog itself.
+/// Returns its exit status.
+pub fn run(pgid: libc::pid_t, kill_after: Duration, kill_at: Option<u64>) -> u8 {
     // Terminal hang-ups and interrupts are for the command and for exec, not for us.
     // SAFETY: setting signal dispositions to SIG_IGN before any thread is started.
     unsafe {
@@ -110,14 +126,37 @@ pub fn run(pgid: libc::pid_t, kill_after: Duration) -> u8 {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let mut said = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut said);
-    if said.starts_with(b"done") || pgid <= 1 {
+    // The pipe is read on a thread, so that the bound (if any) is kept while exec lives.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut said = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut said);
+        let _ = tx.send(said.starts_with(b"done"));
+    });
+    let bound = kill_at.map(|ms| Instant::now() + Duration::from_millis(ms.saturating_sub(monotonic_ms())));
+    let done = match bound {
+        None => rx.recv().unwrap_or(false),
+        Some(bound) => {
+            match rx.recv_timeout(bound.saturating_duration_since(Instant::now())) {
+                Ok(done) => done,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => false,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    // exec should have ended the command by now: the bound is kept here.
+                    if pgid > 1 && group_alive(pgid) {
+                        eprintln!("distlock: the job's bound came with its command still running; killing process group {pgid}");
+                        signal_group(pgid, libc::SIGKILL);
+                    }
+                    return rx.recv().map_or(0, |_| 0);
+                }
+            }
+        }
+    };
+    if done || pgid <= 1 {
         return 0;
     }
     eprintln!("distlock: distlock exec ended without releasing; terminating its command (process group {pgid})");
     signal_group(pgid, libc::SIGTERM);
-    let deadline = Instant::now() + kill_after;
+    let deadline = bound.map_or(Instant::now() + kill_after, |b| b.min(Instant::now() + kill_after));
     while group_alive(pgid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20)); // polling a process group: no event to wait on
     }

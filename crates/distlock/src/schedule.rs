@@ -63,6 +63,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
+/// The shortest at-most bound: a start's round trip and a command's start must fit well within.
+const MIN_AT_MOST: Duration = Duration::from_millis(100);
+
+/// The longest period or bound (a year): longer is not a schedule, and would pass the end of
+/// some servers' time columns (MariaDB's `TIMESTAMP` ends in 2038).
+const MAX_BOUND: Duration = Duration::from_secs(366 * 86_400);
+
 /// How many times a start or a finish reads again after another writer changed the job between
 /// its read and its write.
 const ATTEMPTS: u32 = 50;
@@ -83,7 +90,8 @@ const ATTEMPTS: u32 = 50;
 pub struct Run {
     /// The job's name.
     pub job: String,
-    /// One more than the previous run's token.
+    /// The run's fencing token: the last run's plus one, and at least the start's server time
+    /// in milliseconds × 1000 (so that it rises past a record its server lost).
     pub token: u64,
     /// The slot it ran in (`started_ms / period_ms`), for a job run once per period.
     pub slot: Option<u64>,
@@ -310,8 +318,25 @@ impl Schedule {
             None => None,
         };
         let at_most = match (self.at_most, period) {
-            (Some(d), _) if d.is_zero() => return bad("at-most-for", "0 would stop the job before it starts".into()),
+            (Some(d), _) if d < MIN_AT_MOST => {
+                return bad(
+                    "at-most-for",
+                    format!("{} is under 100 ms: too short for a round trip and a start", humantime::format_duration(d)),
+                )
+            }
+            (Some(d), _) if d > MAX_BOUND => {
+                return bad("at-most-for", format!("{} is over a year", humantime::format_duration(d)))
+            }
             (Some(d), _) => ms(d),
+            (None, Some(p)) if p < MIN_AT_MOST.as_millis() as i64 => {
+                return bad(
+                    "once-per period",
+                    format!(
+                        "{} is under 100 ms, the shortest hold (give at-most-for)",
+                        humantime::format_duration(Duration::from_millis(p as u64))
+                    ),
+                )
+            }
             (None, Some(p)) => p,
             (None, None) => {
                 return bad(
@@ -320,6 +345,9 @@ impl Schedule {
                 )
             }
         };
+        if self.period.is_some_and(|p| p > MAX_BOUND) {
+            return bad("once-per period", "over a year".into());
+        }
         let at_least = ms(self.at_least);
         if at_least > at_most {
             return bad(
@@ -360,7 +388,9 @@ impl Schedule {
             let locked_by = format!("{}:{}:{}", holder.host, holder.pid, &uuid::Uuid::new_v4().simple().to_string()[..8]);
             let run = Run {
                 job: self.name.clone(),
-                token: read.run.as_ref().map_or(0, |r| r.token) + 1,
+                // Rises from run to run, and past a record lost with its server's data (Redis
+                // without persistence) as long as the server's clock does.
+                token: (read.run.as_ref().map_or(0, |r| r.token) + 1).max(now.max(0) as u64 * 1000),
                 slot: slot.map(|s| s as u64),
                 period_ms: period.map(|p| p as u64),
                 host: holder.host.clone(),
@@ -377,6 +407,24 @@ impl Schedule {
             if self.jobs.write(&self.name, &read.seen, Some(&lock), &run).await? {
                 let bound = Duration::from_millis(at_most as u64);
                 let stop_by = sent + bound - crate::margin::margin(bound, Duration::ZERO);
+                // A start confirmed with less than three quarters of its bound left (a reply
+                // held up in the network) is given back: the work would not have its time, and
+                // the job may be another's soon after.
+                if std::time::Instant::now() + bound / 4 >= stop_by {
+                    if let Err(e) = self.finish_run(run.token, None).await {
+                        tracing::warn!(job = %self.name, error = %e, "giving back a late start failed");
+                    }
+                    return Err(Error::Backend {
+                        op: "start",
+                        path: self.name.clone(),
+                        source: format!(
+                            "the start was confirmed {} after it was sent, too late for its bound of {}; not run",
+                            humantime::format_duration(Duration::from_millis(sent.elapsed().as_millis() as u64)),
+                            humantime::format_duration(bound)
+                        )
+                        .into(),
+                    });
+                }
                 tracing::debug!(job = %self.name, token = run.token, slot = ?run.slot, "job started");
                 return Ok(Started::Running(JobGuard {
                     schedule: self.clone(),
@@ -596,6 +644,8 @@ impl Recipe for Schedule {
             loop {
                 match self.try_start().await? {
                     Started::Running(job) => return Ok(Some(Box::new(job) as Box<dyn Held>)),
+                    // A slot that had its run is not waited out: the next slot is another run.
+                    Started::Skipped(s) if s.reason == SkipReason::RanInSlot => return Ok(None),
                     Started::Skipped(s) => {
                         tracing::debug!(job = %self.name, "{s}");
                         if !backoff.wait(wait).await {

@@ -343,8 +343,9 @@ fn real_ms() -> i64 {
 
 /// `distlock exec --once-per 1s` fired every 200 ms by four processes whose wall clocks are off
 /// by -5, -2, +2 and +5 minutes (libfaketime), for `DISTLOCK_SCHEDULE_SECS` seconds (default
-/// 8; the issue's full run is 30). Meanwhile one run hangs (stopped at its at-most bound) and
-/// the `distlock` of another is killed mid-run. Checked from the runs' own log:
+/// 8; the issue's full run is 30). Meanwhile one run hangs ignoring SIGTERM (killed at its
+/// at-most bound) and the `distlock` of another, whose command ignores SIGTERM too, is killed
+/// late in its run (its watchdog must kill the command by the bound). Checked from the runs' own log:
 /// - no two runs at once (each run holds a local `flock -n`; a run that finds it taken logs
 ///   OVERLAP);
 /// - no slot run twice, every slot from the first to the last run (but the one after a hung or
@@ -363,8 +364,8 @@ pub fn once_per_slot_under_skewed_clocks(b: &str, name: &str) {
         dir.join("run.sh"),
         format!(
             "echo \"start $DISTLOCK_JOB_SLOT $DISTLOCK_TOKEN\" >> {d}/log\n\
-             if mv {d}/hang {d}/hang.taken 2>/dev/null; then echo \"hang $DISTLOCK_JOB_SLOT\" >> {d}/log; sleep 30; fi\n\
-             if mv {d}/kill {d}/kill.taken 2>/dev/null; then echo \"kill $DISTLOCK_JOB_SLOT\" >> {d}/log; echo $DL > {d}/kill.pid; sleep 30; fi\n\
+             if mv {d}/hang {d}/hang.taken 2>/dev/null; then echo \"hang $DISTLOCK_JOB_SLOT\" >> {d}/log; trap '' TERM; sleep 30; fi\n\
+             if mv {d}/kill {d}/kill.taken 2>/dev/null; then echo \"kill $DISTLOCK_JOB_SLOT\" >> {d}/log; trap '' TERM; echo $DL > {d}/kill.pid; sleep 30; fi\n\
              echo \"end $DISTLOCK_JOB_SLOT $DISTLOCK_TOKEN\" >> {d}/log\n"
         ),
     )
@@ -416,6 +417,9 @@ pub fn once_per_slot_under_skewed_clocks(b: &str, name: &str) {
         assert!(Instant::now() < deadline, "no run took the kill marker");
         std::thread::sleep(Duration::from_millis(10)); // a file appearing has no event to wait on
     };
+    // Killed late in its run (its bound is 1 s, its command ignores SIGTERM): the watchdog must
+    // kill the command by the job's bound, not a grace period after distlock's death.
+    std::thread::sleep(Duration::from_millis(750));
     // SAFETY: plain kill(2) of the distlock this test started (its pid, written by its command).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
     for f in firers {

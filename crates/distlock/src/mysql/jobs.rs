@@ -53,8 +53,12 @@ impl Jobs {
     }
 
     async fn ready(&self, conn: &mut MySqlConnection) -> sqlx::Result<()> {
+        // ShedLock's JDBC sessions keep the server's time zone, in which its `TIMESTAMP` values
+        // are written and read; the client's sessions are set to UTC. Job statements read and
+        // write in the server's zone, so that both see the same wall-clock values.
+        sqlx::query("SET time_zone = @@global.time_zone").execute(&mut *conn).await?;
         if self.created.get().is_some() {
-            return sqlx::query("SELECT 1").execute(&mut *conn).await.map(|_| ());
+            return Ok(());
         }
         for (table, create) in [("shedlock", CREATE_SHEDLOCK), ("distlock_job_runs", CREATE_RUNS)] {
             let there: i64 = sqlx::query_scalar(
@@ -65,6 +69,20 @@ impl Jobs {
             .await?;
             if there == 0 {
                 sqlx::query(create).execute(&mut *conn).await?;
+            }
+        }
+        let column: Option<(String, Option<u32>)> = sqlx::query_as(
+            "SELECT CAST(DATA_TYPE AS CHAR), CAST(DATETIME_PRECISION AS UNSIGNED) FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = 'shedlock' AND column_name = 'lock_until'",
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some((kind, precision)) = column {
+            if !matches!(kind.to_ascii_lowercase().as_str(), "timestamp" | "datetime") || precision.unwrap_or(0) < 3 {
+                return Err(sqlx::Error::Protocol(format!(
+                    "table shedlock's lock_until is {kind}({}); jobs need ShedLock's TIMESTAMP(3) (milliseconds)",
+                    precision.unwrap_or(0)
+                )));
             }
         }
         let _ = self.created.set(());

@@ -54,6 +54,30 @@ impl Jobs {
                         }
                     }
                 }
+                // ShedLock's UTC wall-clock values need its column type, to the millisecond: a
+                // `timestamptz` or a coarser column would move or round every bound.
+                let row = conn
+                    .client
+                    .query_opt(
+                        "SELECT data_type, datetime_precision FROM information_schema.columns \
+                         WHERE table_schema = current_schema() AND table_name = 'shedlock' AND column_name = 'lock_until'",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| backend("create", "shedlock", e))?;
+                if let Some(row) = row {
+                    let (kind, precision): (String, Option<i32>) = (row.get(0), row.get(1));
+                    if kind != "timestamp without time zone" || precision.is_some_and(|p| p < 3) {
+                        return Err(Error::Unsupported {
+                            backend: "postgres",
+                            what: format!(
+                                "jobs on table shedlock whose lock_until is {kind}({}): ShedLock's PostgreSQL table has \
+                                 TIMESTAMP (UTC, without time zone, milliseconds at least)",
+                                precision.map_or("default".into(), |p| p.to_string())
+                            ),
+                        });
+                    }
+                }
                 self.client.put_back(conn);
                 Ok(())
             })
@@ -122,7 +146,9 @@ impl JobStore for Jobs {
             let conn = self.client.checkout().await?;
             let c = &conn.client;
             let outcome: std::result::Result<bool, tokio_postgres::Error> = async {
-                c.batch_execute("BEGIN").await?;
+                // The client's connections commit asynchronously; a start must be durable
+                // before it is run (a crash must not forget it and give the slot again).
+                c.batch_execute("BEGIN; SET LOCAL synchronous_commit = on").await?;
                 let mut ok = true;
                 if let Some(l) = lock {
                     let at = AT.replace("$2", "$3");

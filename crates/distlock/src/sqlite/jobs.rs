@@ -50,10 +50,13 @@ fn text(ms: i64) -> String {
     crate::schedule::show_ms(ms).trim_end_matches('Z').replacen('T', " ", 1)
 }
 
-/// Milliseconds since the epoch of a stored time: integer milliseconds, or text.
+/// Milliseconds since the epoch of a stored time: text, or an integer (milliseconds as a JDBC
+/// driver writes them; a number too small for milliseconds since 1973 is seconds, as
+/// `unixepoch()` writes them).
 fn stored_ms(v: &str) -> Option<i64> {
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        v.parse().ok()
+        let n: i64 = v.parse().ok()?;
+        Some(if n < 100_000_000_000 { n * 1000 } else { n })
     } else {
         parse_ms(v)
     }
@@ -203,6 +206,7 @@ mod tests {
         assert_eq!(text(1_700_000_000_123), "2023-11-14 22:13:20.123");
         assert_eq!(stored_ms("2023-11-14 22:13:20.123"), Some(1_700_000_000_123));
         assert_eq!(stored_ms("1700000000123"), Some(1_700_000_000_123));
+        assert_eq!(stored_ms("1700000000"), Some(1_700_000_000_000));
         assert_eq!(stored_ms("later"), None);
         let (k, s) = (kernel_now_ms(), crate::schedule::epoch_ms(std::time::SystemTime::now()));
         assert!((k - s).abs() < 1000, "{k} vs {s}");
