@@ -19,9 +19,15 @@
 //! - [`Schedule::at_least_for`] (ShedLock's `lockAtLeastFor`): when the run ends earlier, the job
 //!   stays taken until this long after its start, so a short job on a late cron does not run
 //!   twice.
-//! - The record of the last run ([`Run`]): who ran it (host, pid and the process's start time,
-//!   so a reused pid is not mistaken), when it started and ended by the server's clock, its exit
-//!   status, its slot and its fencing token (one more than the last run's).
+//! - The record of the last run ([`Run`]): who ran it (host, pid and the process's start, so a
+//!   reused pid is not mistaken), when it started and ended by the server's clock, its exit
+//!   status, its slot and its fencing token (above the last run's, and at least the start's
+//!   server time in ms × 1000).
+//!
+//! A start whose reply is lost, or that is dropped while its write is on its way, may have
+//! taken the job on the server: the job is then taken until its bound without a run (at most
+//! once, never twice). A start confirmed with less than three quarters of its bound left is
+//! given back and reported as an error.
 //!
 //! Layouts (ShedLock's where it has a provider, so that Java services using ShedLock and cron
 //! jobs using distlock exclude each other):
