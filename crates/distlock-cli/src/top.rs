@@ -29,9 +29,29 @@ pub struct TopArgs {
     /// With --http: write the address it listens on (port 0 picks a free one) to FILE.
     #[arg(long, value_name = "FILE", requires = "http")]
     http_addr_file: Option<std::path::PathBuf>,
+    /// Also show scheduled job NAME (`exec --once-per`): its state now and its last run
+    /// (repeat for several jobs).
+    #[arg(long = "job", value_name = "NAME")]
+    jobs: Vec<String>,
     /// The locks whose names start with PREFIX (all if left out); as `inspect --all` takes it.
     #[arg(value_name = "PREFIX")]
     prefix: Option<String>,
+}
+
+/// The `--job` lines: each job's state now and its last run, read again every refresh.
+async fn job_lines(schedules: &[distlock::schedule::Schedule]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for job in schedules {
+        let read = async { Ok::<_, distlock::Error>((job.check().await?, job.last_run().await?)) };
+        lines.push(match tokio::time::timeout(Duration::from_secs(5), read).await {
+            Ok(Ok((Some(taken), _))) => format!("{taken}"),
+            Ok(Ok((None, Some(run)))) => format!("{}: free to run; last: {run}", job.name()),
+            Ok(Ok((None, None))) => format!("{}: free to run; no run recorded", job.name()),
+            Ok(Err(e)) => format!("{}: {e}", job.name()),
+            Err(_) => format!("{}: no answer within 5 s", job.name()),
+        });
+    }
+    lines
 }
 
 fn refresh_arg(s: &str) -> Result<Duration, String> {
@@ -140,10 +160,18 @@ fn sort(listing: &mut Listing, key: SortKey, reverse: bool, history: &History) {
 }
 
 /// The screen (or page) text: a title line, the table with the sparkline column, the notes.
-fn render(listing: &Listing, history: &History, title: &str, rows: usize) -> String {
+fn render(listing: &Listing, history: &History, title: &str, rows: usize, jobs: &[String]) -> String {
     let spark = |l: &LockInfo| history.sparkline(&l.name);
     let column: inspect::Column<'_> = ("ACQUIRED (last 20 refreshes)", &spark);
-    format!("{title}\n{}", inspect::table(listing, rows, Some(column)))
+    let mut text = format!("{title}\n{}", inspect::table(listing, rows, Some(column)));
+    if !jobs.is_empty() {
+        text.push_str("\nJOBS\n");
+        for line in jobs {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text
 }
 
 pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
@@ -151,11 +179,13 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;
+    let schedules = args.jobs.iter().map(|j| client.schedule(j)).collect::<distlock::Result<Vec<_>>>()?;
     let url = distlock::redact_url(crate::backend_or_default(&args.backend.backend));
     let code = match args.http {
-        Some(addr) => http(client.clone(), prefix, first, &args, &url, addr).await,
-        None => terminal(client.clone(), prefix, first, &args, &url).await,
+        Some(addr) => http(client.clone(), prefix, first, &schedules, &args, &url, addr).await,
+        None => terminal(client.clone(), prefix, first, &schedules, &args, &url).await,
     };
+    drop(schedules);
     client.close(Duration::from_secs(2)).await;
     code
 }
@@ -197,6 +227,7 @@ async fn terminal(
     client: distlock::Client,
     prefix: String,
     first: Listing,
+    schedules: &[distlock::schedule::Schedule],
     args: &TopArgs,
     url: &str,
 ) -> anyhow::Result<u8> {
@@ -230,14 +261,16 @@ async fn terminal(
     let mut history = History::default();
     history.record(&first);
     let mut listing = first;
+    let mut jobs = job_lines(schedules).await;
     let mut next = tokio::time::Instant::now() + args.interval;
     let result = loop {
         sort(&mut listing, key, reverse, &history);
         let drawn = terminal.draw(|frame| {
             let area = frame.area();
             let notes = listing.unseen.len() + usize::from(error.is_some()) + usize::from(listing.truncated);
-            let rows = (area.height as usize).saturating_sub(4 + notes);
-            let text = render(&listing, &history, &title(url, &prefix, key, reverse, error.as_deref()), rows);
+            let job_rows = if jobs.is_empty() { 0 } else { jobs.len() + 1 };
+            let rows = (area.height as usize).saturating_sub(4 + notes + job_rows);
+            let text = render(&listing, &history, &title(url, &prefix, key, reverse, error.as_deref()), rows, &jobs);
             frame.render_widget(Paragraph::new(text), area);
         });
         if let Err(e) = drawn {
@@ -261,6 +294,7 @@ async fn terminal(
             _ = tokio::time::sleep_until(next) => {
                 next = tokio::time::Instant::now() + args.interval;
                 error = refresh(&client, &prefix, &mut history, &mut listing).await;
+                jobs = job_lines(schedules).await;
             }
         }
     };
@@ -295,6 +329,7 @@ async fn http(
     client: distlock::Client,
     prefix: String,
     first: Listing,
+    schedules: &[distlock::schedule::Schedule],
     args: &TopArgs,
     url: &str,
     addr: SocketAddr,
@@ -308,13 +343,13 @@ async fn http(
     let mut history = History::default();
     history.record(&first);
     let key = args.sort;
-    let view = |listing: &mut Listing, history: &History, error: Option<&str>| {
+    let view = |listing: &mut Listing, history: &History, error: Option<&str>, jobs: &[String]| {
         sort(listing, key, false, history);
         let title = title(url, &prefix, key, false, error).replace(" (s next, r reverse, q quit)", "");
-        render(listing, history, &title, 500)
+        render(listing, history, &title, 500, jobs)
     };
     let mut listing = first;
-    let text = Arc::new(Mutex::new(view(&mut listing, &history, None)));
+    let text = Arc::new(Mutex::new(view(&mut listing, &history, None, &job_lines(schedules).await)));
     let page = PAGE.replace("REFRESH_MS", &args.interval.as_millis().to_string());
     let served = text.clone();
     let accept = tokio::spawn(async move {
@@ -349,7 +384,8 @@ async fn http(
             _ = int.recv() => break,
             _ = term.recv() => break,
         };
-        let t = view(&mut listing, &history, error.as_deref());
+        let jobs = job_lines(schedules).await;
+        let t = view(&mut listing, &history, error.as_deref(), &jobs);
         *text.lock().unwrap_or_else(|e| e.into_inner()) = t;
     }
     accept.abort();

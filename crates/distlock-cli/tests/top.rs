@@ -234,3 +234,79 @@ fn top_http_renders_the_holder_and_the_waiter_in_headless_chromium() {
     queue.end();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `top --job NAME` shows each job's state and last run under the locks, refreshed: one that
+/// ran in this slot, one running now (its pid named), on the text `top --http` serves at `/view`.
+#[test]
+fn top_shows_scheduled_jobs_state_and_last_run() {
+    let url = &backends()[0];
+    let (done, running) = (unique("topjob-done-"), unique("topjob-running-"));
+    let ran = common::distlock(url, &["exec", "--once-per", "1h", &done, "--", "true"]).output().unwrap();
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    let dir = std::env::temp_dir().join(unique("distlock-top-jobs-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let started = dir.join("started");
+    let runner = common::distlock(
+        url,
+        &["exec", "--once-per", "1h", &running, "-c", &format!("touch {}; sleep 30", started.display())],
+    )
+    .spawn()
+    .unwrap();
+    let mut runner = KillOnDrop(runner);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the running job never started");
+        std::thread::sleep(Duration::from_millis(20)); // a file appearing has no event to wait on
+    }
+    let addr_file = dir.join("addr");
+    let top = common::distlock(
+        url,
+        &[
+            "top",
+            "--interval",
+            "200ms",
+            "--http",
+            "127.0.0.1:0",
+            "--http-addr-file",
+            addr_file.to_str().unwrap(),
+            "--job",
+            &done,
+            "--job",
+            &running,
+            "topjob-",
+        ],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut top = KillOnDrop(top);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr = loop {
+        if let Ok(a) = std::fs::read_to_string(&addr_file) {
+            if a.ends_with('\n') {
+                break a.trim().to_string();
+            }
+        }
+        assert!(Instant::now() < deadline, "top --http did not write its address");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let view = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /view HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    };
+    let jobs = &view[view.find("JOBS").unwrap_or_else(|| panic!("no JOBS section:\n{view}"))..];
+    let line = |name: &str| jobs.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}:\n{view}"));
+    assert!(line(&done).contains("already run in this slot") && line(&done).contains("with status 0"), "{view}");
+    let pid = runner.0.id().to_string();
+    assert!(line(&running).contains("running, started by") && line(&running).contains(&pid), "{view}");
+    assert!(Command::new("kill").args(["-INT", &top.0.id().to_string()]).status().unwrap().success());
+    assert!(wait_exit(&mut top.0, Duration::from_secs(10)).success());
+    assert!(Command::new("kill").args(["-TERM", &runner.0.id().to_string()]).status().unwrap().success());
+    wait_exit(&mut runner.0, Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(dir);
+}
