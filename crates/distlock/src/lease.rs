@@ -156,6 +156,11 @@ impl HolderSlot {
         h.lease = Some((std::sync::Arc::downgrade(lease), name.to_string()));
     }
 
+    /// Whether the connection's end has been seen.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).closed
+    }
+
     /// The connection ended: its lock (if still held) is lost, and so is any set later.
     pub(crate) fn connection_closed(&self) {
         let held = {

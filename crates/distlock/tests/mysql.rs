@@ -401,3 +401,39 @@ async fn an_election_outlives_a_pooled_connection_the_server_closed() {
     assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("second".into()));
     again.resign().await.unwrap();
 }
+
+/// An idle pooled connection the server closed (its `wait_timeout` is the lease) is not handed
+/// out again: the next acquire takes the lock on a live connection, without an error.
+#[tokio::test]
+async fn a_pooled_connection_the_server_closed_is_not_handed_out() {
+    let client = connect("?lease=3s").await;
+    let name = unique("idle-closed");
+    let mutex = client.mutex(&name).unwrap();
+    let guard = mutex.try_lock().await.unwrap().expect("free");
+    let id: u64 = guard.holder_id().trim_start_matches("connection:").parse().unwrap();
+    guard.release().await.unwrap();
+    // The server ends the idle connection after its wait_timeout: seen from a third party.
+    let mut third = raw().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let alive: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut third)
+            .await
+            .unwrap();
+        if alive == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server never closed the idle connection {id}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its socket watcher saw the close when the server sent it (before the processlist row
+    // went): the lock is taken again at once, on a new connection.
+    let again = match mutex.try_lock().await {
+        Ok(Some(g)) => g,
+        Ok(None) => panic!("nobody else holds {name}"),
+        Err(e) => panic!("the closed pooled connection was handed out: {e}"),
+    };
+    assert_ne!(again.holder_id(), format!("connection:{id}"));
+    again.release().await.unwrap();
+}

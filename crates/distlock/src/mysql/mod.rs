@@ -216,10 +216,15 @@ impl Client {
 
     /// An idle connection, or a new one.
     pub(crate) async fn checkout(&self) -> Result<Conn> {
-        let idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match idle {
-            Some(c) => Ok(c),
-            None => self.open().await,
+        loop {
+            let idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match idle {
+                // Closed by the server while idle (`wait_timeout` is the lease), as its socket
+                // watcher saw: not handed out.
+                Some(c) if c.holder.is_closed() => continue,
+                Some(c) => return Ok(c),
+                None => return self.open().await,
+            }
         }
     }
 
