@@ -157,6 +157,7 @@ impl HolderSlot {
     }
 
     /// Whether the connection's end has been seen.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn is_closed(&self) -> bool {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).closed
     }

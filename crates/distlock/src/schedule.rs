@@ -699,12 +699,14 @@ impl Held for JobGuard {
 }
 
 /// Milliseconds since the Unix epoch of a system time (0 before it).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn epoch_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Parses an RFC 3339 instant (`2026-11-26T18:30:00.123Z`, or SQLite's `2026-11-26
 /// 18:30:00.123`) to milliseconds since the Unix epoch.
+#[cfg_attr(not(any(feature = "sqlite", feature = "zookeeper", feature = "redis")), allow(dead_code))]
 pub(crate) fn parse_ms(text: &str) -> Option<i64> {
     let t = text.trim();
     let t = if t.contains('T') { t.to_string() } else { format!("{}Z", t.replacen(' ', "T", 1)) };
