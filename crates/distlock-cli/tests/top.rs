@@ -55,6 +55,20 @@ impl Queue {
     }
 }
 
+/// The address `top --http` wrote to `addr_file` once listening (bounded wait).
+fn served_at(addr_file: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(a) = std::fs::read_to_string(addr_file) {
+            if a.ends_with('\n') {
+                return a.trim().to_string();
+            }
+        }
+        assert!(Instant::now() < deadline, "top --http did not write its address");
+        std::thread::sleep(Duration::from_millis(20)); // a file appearing has no event to wait on
+    }
+}
+
 /// A child killed when dropped (a failed assertion must not leave `top --http` running).
 struct KillOnDrop(std::process::Child);
 
@@ -186,16 +200,7 @@ fn top_http_renders_the_holder_and_the_waiter_in_headless_chromium() {
     .spawn()
     .unwrap();
     let mut top = KillOnDrop(top);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            if a.ends_with('\n') {
-                break a.trim().to_string();
-            }
-        }
-        assert!(Instant::now() < deadline, "top --http did not write its address");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let addr = served_at(&addr_file);
     let chromium = Command::new("chromium")
         .args([
             "--headless",
@@ -280,16 +285,7 @@ fn top_shows_scheduled_jobs_state_and_last_run() {
     .spawn()
     .unwrap();
     let mut top = KillOnDrop(top);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            if a.ends_with('\n') {
-                break a.trim().to_string();
-            }
-        }
-        assert!(Instant::now() < deadline, "top --http did not write its address");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let addr = served_at(&addr_file);
     let view = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&addr).unwrap();

@@ -174,7 +174,7 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
 
 /// A job's lock row, in ShedLock's terms. Times are the server's, in milliseconds since the Unix
 /// epoch. The job is free when `lock_until_ms <= now`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct JobLock {
     /// Until when the job is taken.
     pub lock_until_ms: i64,

@@ -26,8 +26,10 @@
 //!
 //! A start whose reply is lost, or that is dropped while its write is on its way, may have
 //! taken the job on the server: the job is then taken until its bound without a run (at most
-//! once, never twice). A start confirmed with less than three quarters of its bound left is
-//! given back and reported as an error.
+//! once, never twice). A client that sends a write again after a lost answer (etcd's) hears
+//! "changed" from its own write: the next read finds its own run in the record, and it runs. A
+//! start confirmed with less than three quarters of its bound left is given back and reported
+//! as an error.
 //!
 //! Layouts (ShedLock's where it has a provider, so that Java services using ShedLock and cron
 //! jobs using distlock exclude each other):
@@ -126,9 +128,18 @@ pub struct Run {
 }
 
 impl Run {
-    /// True while the run is not recorded as ended and its hold has not run out at `now_ms`.
-    pub fn running_at(&self, now_ms: i64) -> bool {
-        self.ended_ms.is_none() && now_ms < self.lock_until_ms
+    /// The record as a backend stores it (JSON).
+    pub(crate) fn stored(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
+    }
+
+    /// A record as a backend stored it, or the error naming where (`place`) it is kept.
+    pub(crate) fn from_stored(job: &str, place: &str, stored: &[u8]) -> Result<Run> {
+        serde_json::from_slice(stored).map_err(|e| Error::Backend {
+            op: "read job",
+            path: job.to_string(),
+            source: format!("{place} holds a record that is not distlock's: {e}").into(),
+        })
     }
 }
 
@@ -148,11 +159,31 @@ impl fmt::Display for Run {
     }
 }
 
+/// The last millisecond RFC 3339 can show: 9999-12-31T23:59:59.999Z.
+const LAST_MS: i64 = 253_402_300_799_999;
+
+/// A lock row whose `lock_until` is unknown (no expiry on Redis; data that does not parse, which
+/// ShedLock reads as taken) is taken until this, "forever".
+pub(crate) const FOREVER_MS: i64 = i64::MAX / 4;
+
 /// A time in milliseconds since the Unix epoch, as RFC 3339 (UTC, milliseconds).
 pub fn show_ms(ms: i64) -> String {
     // RFC 3339 ends with the year 9999 (a key without expiry reads as "until far later").
-    let ms = ms.clamp(0, 253_402_300_799_999);
+    let ms = ms.clamp(0, LAST_MS);
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
+}
+
+/// `ms` as the RFC 3339 instant a layout stores (ShedLock's), or an error past the year 9999,
+/// which it cannot show (where [`show_ms`] would write another time).
+#[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
+pub(crate) fn stored_time(job: &str, ms: i64) -> Result<String> {
+    if ms > LAST_MS {
+        return Err(Error::InvalidArgument {
+            what: "job time",
+            reason: format!("job {job}: {ms} ms since the epoch is past the year 9999 (give a shorter bound)"),
+        });
+    }
+    Ok(show_ms(ms))
 }
 
 /// Why a start did not run the job.
@@ -376,10 +407,18 @@ impl Schedule {
     pub async fn try_start(&self) -> Result<Started> {
         let (period, at_most, at_least) = self.bounds()?;
         let holder = Holder::this_process();
+        // The last write answered "changed", and when it was sent: a client that sent it again
+        // after a lost answer (etcd's) hears "changed" from its own write.
+        let mut attempt: Option<(Run, std::time::Instant)> = None;
         for _ in 0..ATTEMPTS {
             // The hold is counted from before the read was sent: the server's `now` is later.
             let sent = std::time::Instant::now();
             let read = self.jobs.read(&self.name).await?;
+            if let Some((ours, ours_sent)) = attempt.take() {
+                if read.run.as_ref().is_some_and(|r| r.token == ours.token && r.locked_by == ours.locked_by) {
+                    return self.confirmed(ours, ours_sent, at_most).await;
+                }
+            }
             if let Some(skipped) = skipped(&self.name, &read, period) {
                 return Ok(Started::Skipped(skipped));
             }
@@ -411,41 +450,42 @@ impl Schedule {
             };
             let lock = JobLock { lock_until_ms: lock_until, locked_at_ms: now, locked_by };
             if self.jobs.write(&self.name, &read.seen, Some(&lock), &run).await? {
-                let bound = Duration::from_millis(at_most as u64);
-                let stop_by = sent + bound - crate::margin::margin(bound, Duration::ZERO);
-                // A start confirmed with less than three quarters of its bound left (a reply
-                // held up in the network) is given back: the work would not have its time, and
-                // the job may be another's soon after.
-                if std::time::Instant::now() + bound / 4 >= stop_by {
-                    if let Err(e) = self.finish_run(run.token, None).await {
-                        tracing::warn!(job = %self.name, error = %e, "giving back a late start failed");
-                    }
-                    return Err(Error::Backend {
-                        op: "start",
-                        path: self.name.clone(),
-                        source: format!(
-                            "the start was confirmed {} after it was sent, too late for its bound of {}; not run",
-                            humantime::format_duration(Duration::from_millis(sent.elapsed().as_millis() as u64)),
-                            humantime::format_duration(bound)
-                        )
-                        .into(),
-                    });
-                }
-                tracing::debug!(job = %self.name, token = run.token, slot = ?run.slot, "job started");
-                return Ok(Started::Running(JobGuard {
-                    schedule: self.clone(),
-                    run,
-                    stop_by,
-                    finished: false,
-                }));
+                return self.confirmed(run, sent, at_most).await;
             }
             tracing::debug!(job = %self.name, "the job changed between read and write; reading again");
+            attempt = Some((run, sent));
         }
         Err(Error::Backend {
             op: "start",
             path: self.name.clone(),
             source: format!("the job kept changing under us ({ATTEMPTS} attempts)").into(),
         })
+    }
+
+    /// A start the server applied: running until `stop_by` (its bound from `sent`, the send of
+    /// the read it was decided on), unless it was confirmed with less than three quarters of its
+    /// bound left (a reply held up in the network): then it is given back, as the work would not
+    /// have its time and the job may be another's soon after.
+    async fn confirmed(&self, run: Run, sent: std::time::Instant, at_most: i64) -> Result<Started> {
+        let bound = Duration::from_millis(at_most as u64);
+        let stop_by = sent + bound - crate::margin::margin(bound, Duration::ZERO);
+        if std::time::Instant::now() + bound / 4 >= stop_by {
+            if let Err(e) = self.finish_run(run.token, None).await {
+                tracing::warn!(job = %self.name, error = %e, "giving back a late start failed");
+            }
+            return Err(Error::Backend {
+                op: "start",
+                path: self.name.clone(),
+                source: format!(
+                    "the start was confirmed {} after it was sent, too late for its bound of {}; not run",
+                    humantime::format_duration(Duration::from_millis(sent.elapsed().as_millis() as u64)),
+                    humantime::format_duration(bound)
+                )
+                .into(),
+            });
+        }
+        tracing::debug!(job = %self.name, token = run.token, slot = ?run.slot, "job started");
+        Ok(Started::Running(JobGuard { schedule: self.clone(), run, stop_by, finished: false }))
     }
 
     /// Why a start now would be skipped, without starting: `None` if it would run (as far as
@@ -474,10 +514,17 @@ impl Schedule {
     /// the slot's end and ShedLock's at-least bound). `Ok(false)` if the record is another run's
     /// now, or this run's end was recorded already.
     pub async fn finish_run(&self, token: u64, exit: Option<i32>) -> Result<bool> {
+        Ok(matches!(self.end(token, exit).await?, Ended::Now(_)))
+    }
+
+    /// Records the end of run `token` (one read and one write; again on a change between).
+    async fn end(&self, token: u64, exit: Option<i32>) -> Result<Ended> {
         for _ in 0..ATTEMPTS {
             let read = self.jobs.read(&self.name).await?;
-            let Some(mut run) = read.run.clone().filter(|r| r.token == token && r.ended_ms.is_none()) else {
-                return Ok(false);
+            let mut run = match read.run.clone() {
+                Some(r) if r.token == token && r.ended_ms.is_none() => r,
+                Some(r) if r.token == token => return Ok(Ended::Before(r)),
+                _ => return Ok(Ended::Another),
             };
             let now = read.now_ms;
             // The lock row is still this run's: it names it, or (ZooKeeper, whose row names
@@ -494,7 +541,7 @@ impl Schedule {
             run.ended_ms = Some(now);
             run.exit = exit;
             if self.jobs.write(&self.name, &read.seen, lock.as_ref(), &run).await? {
-                return Ok(true);
+                return Ok(Ended::Now(run));
             }
         }
         Err(Error::Backend {
@@ -604,17 +651,21 @@ impl JobGuard {
     /// at-most bound was passed and another started).
     pub async fn finish(mut self, exit: Option<i32>) -> Result<Run> {
         self.finished = true;
-        let mut run = self.run.clone();
-        if !self.schedule.finish_run(run.token, exit).await? {
-            let last = self.schedule.last_run().await?;
-            if last.as_ref().is_some_and(|l| l.token == run.token && l.ended_ms.is_some()) {
-                return Ok(last.expect("checked"));
-            }
-            return Err(Error::LockLost { lock: run.job, reason: LostReason::LeaseExpired });
+        match self.schedule.end(self.run.token, exit).await? {
+            Ended::Now(run) | Ended::Before(run) => Ok(run),
+            Ended::Another => Err(Error::LockLost { lock: self.run.job.clone(), reason: LostReason::LeaseExpired }),
         }
-        run.exit = exit;
-        Ok(self.schedule.last_run().await?.filter(|l| l.token == run.token).unwrap_or(run))
     }
+}
+
+/// What recording a run's end found.
+enum Ended {
+    /// Recorded now: the record as written.
+    Now(Run),
+    /// Recorded before (`exec` records the exit status, then releases).
+    Before(Run),
+    /// The record is another run's by now.
+    Another,
 }
 
 impl Drop for JobGuard {
@@ -723,6 +774,53 @@ mod tests {
         assert_eq!(parse_ms("2023-11-14T22:13:20.123Z"), Some(1_700_000_000_123));
         assert_eq!(parse_ms("2023-11-14 22:13:20.123"), Some(1_700_000_000_123));
         assert_eq!(parse_ms("soon"), None);
+    }
+
+    /// The decision logic only (the servers are in `tests/schedule.rs`): a store whose first
+    /// write is applied but answers "changed", as a write sent again after a lost answer does.
+    #[derive(Debug, Default)]
+    struct EchoStore {
+        state: std::sync::Mutex<(Option<JobLock>, Option<Run>, u32)>,
+    }
+
+    impl Jobs for EchoStore {
+        fn read<'a>(&'a self, _job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
+            let (lock, run, version) = self.state.lock().unwrap().clone();
+            let seen = crate::contract::Seen { lock: Some(version.to_string()), run: Some(version.to_string()) };
+            Box::pin(async move { Ok(JobRead { now_ms: epoch_ms(SystemTime::now()), now_error_ms: 0, lock, run, seen }) })
+        }
+
+        fn write<'a>(
+            &'a self,
+            _job: &'a str,
+            seen: &'a crate::contract::Seen,
+            lock: Option<&'a JobLock>,
+            run: &'a Run,
+        ) -> BoxFuture<'a, Result<bool>> {
+            let mut state = self.state.lock().unwrap();
+            let applied = seen.run == Some(state.2.to_string());
+            if applied {
+                if let Some(l) = lock {
+                    state.0 = Some(l.clone());
+                }
+                state.1 = Some(run.clone());
+                state.2 += 1;
+            }
+            // The first write's answer is lost: its second send finds the version moved.
+            let answer = applied && state.2 > 1;
+            Box::pin(async move { Ok(answer) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_start_that_hears_changed_from_its_own_write_runs() {
+        let store = Arc::new(EchoStore::default());
+        let job = Schedule::new(store.clone(), "j".into(), "test").at_most_for(Duration::from_secs(10));
+        let Started::Running(guard) = job.try_start().await.unwrap() else { panic!("its own write was taken for another's") };
+        let recorded = store.state.lock().unwrap().1.clone().unwrap();
+        assert_eq!((guard.run().token, &guard.run().locked_by), (recorded.token, &recorded.locked_by));
+        assert_eq!(store.state.lock().unwrap().2, 1, "one start written");
+        guard.finish(Some(0)).await.unwrap();
     }
 
     #[test]

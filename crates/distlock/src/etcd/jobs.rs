@@ -38,29 +38,9 @@ pub(crate) struct Jobs {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Stored {
     /// ShedLock's lock row.
-    lock: Option<StoredLock>,
+    lock: Option<JobLock>,
     /// The record of the last run.
     run: Option<Run>,
-}
-
-/// The lock row in a job's key.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredLock {
-    lock_until_ms: i64,
-    locked_at_ms: i64,
-    locked_by: String,
-}
-
-impl From<StoredLock> for JobLock {
-    fn from(l: StoredLock) -> JobLock {
-        JobLock { lock_until_ms: l.lock_until_ms, locked_at_ms: l.locked_at_ms, locked_by: l.locked_by }
-    }
-}
-
-impl From<&JobLock> for StoredLock {
-    fn from(l: &JobLock) -> StoredLock {
-        StoredLock { lock_until_ms: l.lock_until_ms, locked_at_ms: l.locked_at_ms, locked_by: l.locked_by.clone() }
-    }
 }
 
 /// A job's key.
@@ -77,16 +57,21 @@ fn parse(job: &str, op: &'static str, value: &[u8]) -> Result<Stored> {
     })
 }
 
-/// The mod revision a read reported for a job (`None`: the key was missing).
-fn seen_revision(job: &str, seen: &Seen) -> Result<Option<i64>> {
+/// The mod revision a read reported for a job (`None`: the key was missing), and the lock row
+/// it read (`Seen.run` keeps the revision, `Seen.lock` the lock row as JSON).
+fn seen_of(job: &str, seen: &Seen) -> Result<(Option<i64>, Option<JobLock>)> {
     let bad = |why: String| Error::Backend { op: "write job", path: key(job), source: why.into() };
-    if seen.lock != seen.run {
-        return Err(bad(format!("versions {seen:?} are not an etcd read's (one mod revision for both)")));
-    }
-    match &seen.lock {
-        None => Ok(None),
-        Some(rev) => rev.parse().map(Some).map_err(|_| bad(format!("version {rev:?} is not a mod revision"))),
-    }
+    let revision = match &seen.run {
+        None => None,
+        Some(rev) => Some(rev.parse().map_err(|_| bad(format!("version {rev:?} is not a mod revision")))?),
+    };
+    let lock = match &seen.lock {
+        None => None,
+        Some(json) => {
+            Some(serde_json::from_str(json).map_err(|e| bad(format!("{json:?} is not a lock row read: {e}")))?)
+        }
+    };
+    Ok((revision, lock))
 }
 
 impl Jobs {
@@ -264,13 +249,14 @@ impl JobStore for Jobs {
                 });
             };
             let stored = parse(job, "read job", kv.value())?;
-            let revision = kv.mod_revision().to_string();
+            // The lock row goes into `Seen` too: a write that leaves it as it is puts it back.
+            let lock_seen = stored.lock.as_ref().map(|l| serde_json::to_string(l).expect("a lock row serializes"));
             Ok(JobRead {
                 now_ms,
                 now_error_ms: DATE_ERROR_MS,
-                lock: stored.lock.map(JobLock::from),
+                lock: stored.lock,
                 run: stored.run,
-                seen: Seen { lock: Some(revision.clone()), run: Some(revision) },
+                seen: Seen { lock: lock_seen, run: Some(kv.mod_revision().to_string()) },
             })
         })
     }
@@ -283,33 +269,12 @@ impl JobStore for Jobs {
         run: &'a Run,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let revision = seen_revision(job, seen)?;
+            let (revision, lock_read) = seen_of(job, seen)?;
             let key = key(job);
             let etcd = self.client.etcd();
-            let lock = match (lock, revision) {
-                (Some(l), _) => Some(StoredLock::from(l)),
-                (None, None) => None,
-                (None, Some(rev)) => {
-                    // The lock row as read: the key's value now, if it is still the version
-                    // read (the transaction's compare makes sure it still is when written).
-                    let resp = self
-                        .client
-                        .call("write job", &key, |_| {
-                            let (mut etcd, key) = (etcd.clone(), key.clone());
-                            async move { etcd.get(key, None).await }
-                        })
-                        .await?;
-                    match resp.kvs().first() {
-                        Some(kv) if kv.mod_revision() == rev => parse(job, "write job", kv.value())?.lock,
-                        _ => return Ok(false),
-                    }
-                }
-            };
-            let value = serde_json::to_vec(&Stored { lock, run: Some(run.clone()) }).map_err(|e| Error::Backend {
-                op: "write job",
-                path: key.clone(),
-                source: format!("the job's value does not serialize: {e}").into(),
-            })?;
+            // The transaction's compare makes sure the lock row read is still the one there.
+            let lock = lock.cloned().or(lock_read);
+            let value = serde_json::to_vec(&Stored { lock, run: Some(run.clone()) }).expect("a job's value serializes");
             let compare = match revision {
                 Some(rev) => Compare::mod_revision(key.clone(), CompareOp::Equal, rev),
                 None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
@@ -401,9 +366,11 @@ mod tests {
         assert!(parse("j", "read job", b"lock").unwrap_err().to_string().contains("distlock/jobs/j"));
         assert!(parse("j", "read job", br#"{"lock":{"lock_until_ms":"x"}}"#).is_err());
         let seen = |l: Option<&str>, r: Option<&str>| Seen { lock: l.map(Into::into), run: r.map(Into::into) };
-        assert_eq!(seen_revision("j", &seen(None, None)).unwrap(), None);
-        assert_eq!(seen_revision("j", &seen(Some("7"), Some("7"))).unwrap(), Some(7));
-        assert!(seen_revision("j", &seen(Some("7"), Some("8"))).is_err());
-        assert!(seen_revision("j", &seen(Some("x"), Some("x"))).is_err());
+        assert_eq!(seen_of("j", &seen(None, None)).unwrap(), (None, None));
+        let row = r#"{"lock_until_ms":2,"locked_at_ms":1,"locked_by":"h"}"#;
+        let (rev, lock) = seen_of("j", &seen(Some(row), Some("7"))).unwrap();
+        assert_eq!((rev, lock.map(|l| (l.lock_until_ms, l.locked_by))), (Some(7), Some((2, "h".to_string()))));
+        assert!(seen_of("j", &seen(Some("7"), Some("8"))).is_err(), "a lock row that is not one");
+        assert!(seen_of("j", &seen(None, Some("x"))).is_err(), "a revision that is not one");
     }
 }

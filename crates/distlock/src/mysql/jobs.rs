@@ -9,7 +9,7 @@
 use super::{backend, Client};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
 use crate::schedule::Run;
-use crate::{Error, Result};
+use crate::Result;
 use sqlx::{Connection, MySqlConnection};
 use std::sync::Arc;
 use tokio::sync::OnceCell;
@@ -112,14 +112,7 @@ impl JobStore for Jobs {
                 .map_err(|e| backend("read job", job, e))?;
             self.client.put_back(conn);
             let (now_ms, lock_until, locked_at, locked_by, lock_text, record) = row;
-            let run = match &record {
-                Some(text) => Some(serde_json::from_str::<Run>(text).map_err(|e| Error::Backend {
-                    op: "read job",
-                    path: job.to_string(),
-                    source: format!("distlock_job_runs holds a record that is not distlock's: {e}").into(),
-                })?),
-                None => None,
-            };
+            let run = record.as_ref().map(|r| Run::from_stored(job, "distlock_job_runs", r.as_bytes())).transpose()?;
             let lock = match (lock_until, locked_at, locked_by) {
                 (Some(lock_until_ms), Some(locked_at_ms), Some(locked_by)) => {
                     Some(JobLock { lock_until_ms, locked_at_ms, locked_by })
@@ -139,7 +132,7 @@ impl JobStore for Jobs {
         run: &'a Run,
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
-            let record = serde_json::to_string(run).expect("a record serializes");
+            let record = run.stored();
             let mut conn = self.conn().await?;
             let outcome: sqlx::Result<bool> = async {
                 let mut tx = conn.conn.begin().await?;

@@ -110,14 +110,7 @@ impl JobStore for Jobs {
             self.client.put_back(conn);
             let lock_text: Option<String> = row.get(4);
             let record: Option<String> = row.get(5);
-            let run = match &record {
-                Some(text) => Some(serde_json::from_str::<Run>(text).map_err(|e| Error::Backend {
-                    op: "read job",
-                    path: job.to_string(),
-                    source: format!("distlock_job_runs holds a record that is not distlock's: {e}").into(),
-                })?),
-                None => None,
-            };
+            let run = record.as_ref().map(|r| Run::from_stored(job, "distlock_job_runs", r.as_bytes())).transpose()?;
             Ok(JobRead {
                 now_ms: row.get(0),
                 now_error_ms: 0,
@@ -141,7 +134,7 @@ impl JobStore for Jobs {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             self.created().await?;
-            let record = serde_json::to_string(run).expect("a record serializes");
+            let record = run.stored();
             let token = run.token as i64;
             let conn = self.client.checkout().await?;
             let c = &conn.client;

@@ -10,12 +10,9 @@
 
 use super::{Client, Replication};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
-use crate::schedule::{parse_ms, show_ms, Run};
+use crate::schedule::{parse_ms, stored_time, Run, FOREVER_MS};
 use crate::{Error, Result};
 use std::sync::LazyLock;
-
-/// A lock key without expiry (`PTTL` -1) is taken until this, "forever".
-const FOREVER_MS: i64 = i64::MAX / 4;
 
 /// The server's time in milliseconds, then the lock key's value and `PTTL`, and the record's
 /// value (`false`, a nil reply, for a missing key). A key of another type is an error naming it.
@@ -137,14 +134,7 @@ impl JobStore for Jobs {
                 self.client.eval(&READ, &[&lock_key, &record_key], &[], "read job", job).await?;
             let lock = text(job, &lock_key, lock)?;
             let record = text(job, &record_key, record)?;
-            let run = match &record {
-                Some(json) => Some(serde_json::from_str::<Run>(json).map_err(|e| Error::Backend {
-                    op: "read job",
-                    path: job.to_string(),
-                    source: format!("{record_key} holds a record that is not distlock's: {e}").into(),
-                })?),
-                None => None,
-            };
+            let run = record.as_ref().map(|r| Run::from_stored(job, &record_key, r.as_bytes())).transpose()?;
             let row = lock.as_deref().map(|value| {
                 let (locked_at_ms, locked_by) = parse_value(value, now);
                 // -1: no expiry; -2 (the key went between the GET and the PTTL, which a script
@@ -169,11 +159,7 @@ impl JobStore for Jobs {
         Box::pin(async move {
             self.check(job)?;
             let (lock_key, record_key) = (lock_key(job), record_key(job));
-            let record = serde_json::to_string(run).map_err(|e| Error::Backend {
-                op: "write job",
-                path: job.to_string(),
-                source: format!("the record does not serialize: {e}").into(),
-            })?;
+            let record = run.stored();
             let was = |v: &Option<String>| match v {
                 Some(v) => ["1".to_string(), v.clone()],
                 None => ["0".to_string(), String::new()],
@@ -181,9 +167,11 @@ impl JobStore for Jobs {
             let [lock_there, lock_was] = was(&seen.lock);
             let [record_there, record_was] = was(&seen.run);
             let (write_lock, until, value) = match lock {
-                Some(l) => {
-                    ("1", l.lock_until_ms.to_string(), format!("ADDED:{}@{}", iso(job, l.locked_at_ms)?, l.locked_by))
-                }
+                Some(l) => (
+                    "1",
+                    l.lock_until_ms.to_string(),
+                    format!("ADDED:{}@{}", stored_time(job, l.locked_at_ms)?, l.locked_by),
+                ),
                 None => ("0", String::new(), String::new()),
             };
             let args = [write_lock.to_string(), lock_there, lock_was, record_there, record_was, until, value, record];
@@ -214,7 +202,11 @@ impl Jobs {
             Some(l) if run.ended_ms.is_none() => Err(Error::Backend {
                 op: "start job",
                 path: job.to_string(),
-                source: format!("{why}; the job stays taken until {} without a run", iso(job, l.lock_until_ms)?).into(),
+                source: format!(
+                    "{why}; the job stays taken until {} without a run",
+                    stored_time(job, l.lock_until_ms)?
+                )
+                .into(),
             }),
             _ => {
                 tracing::warn!(job, token = run.token, "{why} (the end of the run)");
@@ -222,18 +214,6 @@ impl Jobs {
             }
         }
     }
-}
-
-/// `ms` as RFC 3339 (what ShedLock writes), or an error past the year 9999 it cannot show.
-fn iso(job: &str, ms: i64) -> Result<String> {
-    const LAST_MS: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
-    if ms > LAST_MS {
-        return Err(Error::InvalidArgument {
-            what: "job time",
-            reason: format!("job {job}: {ms} ms since the epoch is past the year 9999 (give a shorter bound)"),
-        });
-    }
-    Ok(show_ms(ms))
 }
 
 #[cfg(test)]
@@ -265,7 +245,7 @@ mod tests {
         assert_eq!(parse_value("ADDED:2023-11-14T22:13:20.123Z@a@b", 5), (1_700_000_000_123, "a@b".into()));
         assert_eq!(parse_value("ADDED:soon@host", 5), (5, "ADDED:soon@host".into()));
         assert_eq!(parse_value("someone", 5), (5, "someone".into()));
-        assert!(iso("j", i64::MAX / 4).is_err());
-        assert_eq!(iso("j", 1_700_000_000_123).unwrap(), "2023-11-14T22:13:20.123Z");
+        assert!(stored_time("j", FOREVER_MS).is_err());
+        assert_eq!(stored_time("j", 1_700_000_000_123).unwrap(), "2023-11-14T22:13:20.123Z");
     }
 }

@@ -15,7 +15,7 @@
 use super::{backend, Client};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
 use crate::schedule::{parse_ms, Run};
-use crate::{Error, Result};
+use crate::Result;
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 
@@ -94,18 +94,11 @@ impl JobStore for Jobs {
                 .fetch_one(self.client.pool())
                 .await
                 .map_err(|e| backend("read job", job, e))?;
-            let bad = |what: String| Error::Backend { op: "read job", path: job.to_string(), source: what.into() };
-            let run = match &record {
-                Some(text) => Some(
-                    serde_json::from_str::<Run>(text)
-                        .map_err(|e| bad(format!("distlock_job_runs holds a record that is not distlock's: {e}")))?,
-                ),
-                None => None,
-            };
+            let run = record.as_ref().map(|r| Run::from_stored(job, "distlock_job_runs", r.as_bytes())).transpose()?;
             let lock = match (until, at, by) {
                 (Some(until), Some(at), Some(locked_by)) => Some(JobLock {
                     // A time that does not parse holds the job (ShedLock does the same).
-                    lock_until_ms: stored_ms(&until).unwrap_or(i64::MAX / 4),
+                    lock_until_ms: stored_ms(&until).unwrap_or(crate::schedule::FOREVER_MS),
                     locked_at_ms: stored_ms(&at).unwrap_or(0),
                     locked_by,
                 }),
@@ -124,7 +117,7 @@ impl JobStore for Jobs {
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             self.created().await?;
-            let record = serde_json::to_string(run).expect("a record serializes");
+            let record = run.stored();
             let outcome: sqlx::Result<bool> = async {
                 // IMMEDIATE: the write lock is waited for (busy timeout) before anything is read, so a
                 // concurrent writer cannot leave this transaction on a stale snapshot.

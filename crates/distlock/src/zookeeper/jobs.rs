@@ -11,7 +11,7 @@
 
 use super::{backend, Client};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
-use crate::schedule::{parse_ms, show_ms, Run};
+use crate::schedule::{parse_ms, stored_time, Run, FOREVER_MS};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,8 +21,6 @@ use zookeeper_client as zk;
 const LOCKS: &str = "/shedlock";
 /// distlock's parent of the records.
 const RECORDS: &str = "/distlock-jobs";
-/// Lock data that does not parse is taken until this, "forever".
-const FOREVER_MS: i64 = i64::MAX / 4;
 
 /// The job store of a ZooKeeper client.
 #[derive(Debug, Clone)]
@@ -56,18 +54,6 @@ fn version(job: &str, seen: &str) -> Result<i32> {
         path: job.to_string(),
         source: format!("{seen:?} is not a ZooKeeper data version").into(),
     })
-}
-
-/// `ms` as the ISO-8601 instant ShedLock writes, or an error past the year 9999 it cannot show.
-fn iso(job: &str, ms: i64) -> Result<String> {
-    const LAST_MS: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
-    if ms > LAST_MS {
-        return Err(Error::InvalidArgument {
-            what: "job time",
-            reason: format!("job {job}: {ms} ms since the epoch is past the year 9999 (give a shorter bound)"),
-        });
-    }
-    Ok(show_ms(ms))
 }
 
 impl Jobs {
@@ -130,14 +116,7 @@ impl JobStore for Jobs {
                 Err(e) => return Err(backend("getData", &lock_path, e)),
             };
             let record = match record {
-                Ok((data, stat)) => {
-                    let run = serde_json::from_slice::<Run>(&data).map_err(|e| Error::Backend {
-                        op: "read job",
-                        path: job.to_string(),
-                        source: format!("{record_path} holds a record that is not distlock's: {e}").into(),
-                    })?;
-                    Some((run, stat.version.to_string()))
-                }
+                Ok((data, stat)) => Some((Run::from_stored(job, &record_path, &data)?, stat.version.to_string())),
                 Err(zk::Error::NoNode) => None,
                 Err(e) => return Err(backend("getData", &record_path, e)),
             };
@@ -157,19 +136,15 @@ impl JobStore for Jobs {
         Box::pin(async move {
             let (lock_path, record_path) = paths(job)?;
             self.parents(false).await?;
-            let record = serde_json::to_vec(run).map_err(|e| Error::Backend {
-                op: "write job",
-                path: job.to_string(),
-                source: format!("the record does not serialize: {e}").into(),
-            })?;
+            let record = run.stored();
             let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
             let mut txn = self.client.zk().new_multi_writer();
             let mut ops: Vec<(&str, &[u8], Option<&String>)> = Vec::with_capacity(2);
-            let lock_data = lock.map(|l| iso(job, l.lock_until_ms)).transpose()?;
+            let lock_data = lock.map(|l| stored_time(job, l.lock_until_ms)).transpose()?;
             if let Some(data) = &lock_data {
                 ops.push((&lock_path, data.as_bytes(), seen.lock.as_ref()));
             }
-            ops.push((&record_path, &record, seen.run.as_ref()));
+            ops.push((&record_path, record.as_bytes(), seen.run.as_ref()));
             for (path, data, was) in &ops {
                 let added = match was {
                     Some(v) => txn.add_set_data(path, data, Some(version(job, v)?)),
@@ -213,6 +188,6 @@ mod tests {
             let e = paths(bad).unwrap_err();
             assert!(matches!(&e, Error::InvalidArgument { what: "job name", .. }), "{bad:?}: {e}");
         }
-        assert!(iso("j", FOREVER_MS).is_err());
+        assert!(stored_time("j", FOREVER_MS).is_err());
     }
 }
