@@ -127,6 +127,11 @@ pub struct Run {
     pub exit: Option<i32>,
 }
 
+// etcd keeps the record inside its own JSON value.
+#[cfg_attr(
+    not(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 impl Run {
     /// The record as a backend stores it (JSON).
     pub(crate) fn stored(&self) -> String {
