@@ -169,6 +169,7 @@ const LAST_MS: i64 = 253_402_300_799_999;
 
 /// A lock row whose `lock_until` is unknown (no expiry on Redis; data that does not parse, which
 /// ShedLock reads as taken) is taken until this, "forever".
+#[cfg_attr(not(any(feature = "zookeeper", feature = "redis", feature = "sqlite")), allow(dead_code))]
 pub(crate) const FOREVER_MS: i64 = i64::MAX / 4;
 
 /// A time in milliseconds since the Unix epoch, as RFC 3339 (UTC, milliseconds).
