@@ -42,14 +42,19 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
             let client = Client::connect(&url).await.expect("connect");
             let lock = client.mutex(&lock_path).expect("lock path");
             start.wait().await; // all ten start together, like the seeds' CountDownLatch
-            let number = if locked {
-                distlock::with_lock(&lock, Duration::from_secs(30), |_token| issue(&client, &counter))
-                    .await
-                    .expect("lock")
+            if locked {
+                // Recorded while the lock is held, so the list's order is the order of the holds
+                // (a worker recording after its release could be overtaken by the next holder).
+                distlock::with_lock(&lock, Duration::from_secs(30), |_token| async {
+                    let number = issue(&client, &counter).await;
+                    issued.lock().unwrap().push((worker, number));
+                })
+                .await
+                .expect("lock");
             } else {
-                issue(&client, &counter).await
-            };
-            issued.lock().unwrap().push((worker, number));
+                let number = issue(&client, &counter).await;
+                issued.lock().unwrap().push((worker, number));
+            }
         }));
     }
     for t in tasks {
@@ -83,7 +88,7 @@ async fn main() {
     println!("  -> {} distinct numbers for {WORKERS} orders (duplicates mean lost updates)\n", numbers.len());
 
     let locked = run(&url, true).await;
-    println!("under the distlock mutex, in completion order:");
+    println!("under the distlock mutex, in the order of the holds:");
     for (w, n) in &locked {
         println!("  worker {w} issued order #{n:04}");
     }

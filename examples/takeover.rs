@@ -5,27 +5,77 @@
 //! With neither, the parent starts distlock's embedded ZooKeeper-protocol server in-process and
 //! the workers connect to it.
 //! The example starts its three worker processes itself (`takeover --worker N URL LOCK`).
+//! The times shown are the workers' own readings (the order lines arrive in may differ).
+//!
+//! Mutual exclusion is judged by the holders' own timestamps on `CLOCK_MONOTONIC`, which every
+//! process on the machine shares: each worker reads the clock after it got the lock and again
+//! before it lets go, and the parent checks, once every worker has finished, that no two of these
+//! intervals overlap. The order in which the workers' lines reach the parent (three pipes, three
+//! reader threads) proves nothing and is not used.
 
 use distlock::zookeeper::Client;
+// CLOCK_MONOTONIC in nanoseconds: the clock every process on this machine shares.
+use distlock_faults::mono_now;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TURNS: usize = 4;
 const HOLD: Duration = Duration::from_millis(300);
 const VICTIM: usize = 1;
+/// How long the victim holds its first turn at most, waiting to be killed (a bound, so a parent
+/// that died leaves no process behind for long).
+const VICTIM_HOLD_BOUND: Duration = Duration::from_secs(60);
 
+/// One worker process: `TURNS` turns under the lock. Each line carries the worker's own clock
+/// reading: `holds` is read after the lock was granted, `done` before it is released, so the
+/// interval between them lies inside the hold. The victim keeps its first turn until it is killed.
 async fn worker(id: usize, url: &str, lock_path: &str) {
     let client = Client::connect(url).await.expect("connect");
     let lock = client.mutex(lock_path).expect("lock path");
     for turn in 1..=TURNS {
         let guard = lock.lock().await.expect("lock");
-        println!("worker {id} holds turn {turn} token {}", guard.fencing_token());
+        println!("worker {id} holds turn {turn} at {} token {}", mono_now(), guard.fencing_token());
+        if id == VICTIM {
+            // Held until the parent kills this process: the kill surely lands while it holds.
+            tokio::time::sleep(VICTIM_HOLD_BOUND).await;
+            eprintln!("worker {id}: never killed");
+            std::process::exit(1);
+        }
         tokio::time::sleep(HOLD).await; // the work done under the lock
-        println!("worker {id} done turn {turn}");
+        println!("worker {id} done turn {turn} at {}", mono_now());
         guard.release().await.expect("release");
     }
+}
+
+/// What one line of a worker says.
+enum Event {
+    Holds { turn: usize, at: u64, token: u64 },
+    Done { turn: usize, at: u64 },
+}
+
+fn parse(line: &str) -> Option<Event> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["worker", _, "holds", "turn", turn, "at", at, "token", token] => {
+            Some(Event::Holds { turn: turn.parse().ok()?, at: at.parse().ok()?, token: token.parse().ok()? })
+        }
+        ["worker", _, "done", "turn", turn, "at", at] => {
+            Some(Event::Done { turn: turn.parse().ok()?, at: at.parse().ok()? })
+        }
+        _ => None,
+    }
+}
+
+/// A turn under the lock, as its holder recorded it: `[from, to]` lies within the hold.
+#[derive(Debug)]
+struct Turn {
+    worker: usize,
+    turn: usize,
+    from: u64,
+    to: Option<u64>,
+    token: u64,
 }
 
 fn main() {
@@ -55,7 +105,7 @@ fn main() {
     let lock_path = format!("/distlock-demo/takeover-{}", uuid::Uuid::new_v4().simple());
     let exe = std::env::current_exe().expect("own path");
 
-    let (tx, rx) = mpsc::channel::<(usize, String, Instant)>();
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
     let mut children = Vec::new();
     for id in 0..3 {
         let mut child = Command::new(&exe)
@@ -67,65 +117,107 @@ fn main() {
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in out.lines().map_while(Result::ok) {
-                let _ = tx.send((id, line, Instant::now()));
+                let _ = tx.send((id, line));
             }
         });
         children.push(child);
     }
     drop(tx);
 
-    let started = Instant::now();
-    let mut killed_at: Option<Instant> = None;
-    let mut reported = false;
-    let mut holder: Option<usize> = None;
-    let mut tokens = Vec::new();
+    let started = mono_now();
+    let secs = |at: u64| at.saturating_sub(started) as f64 / 1e9;
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut killed_at: Option<u64> = None;
     let mut ok = true;
-    while let Ok((id, line, at)) = rx.recv_timeout(Duration::from_secs(60)) {
-        let t = at.duration_since(started).as_secs_f64();
-        println!("[{t:6.2}s] {line}");
-        if line.contains(" holds ") {
-            if let Some(h) = holder {
-                if h != id {
-                    println!("FAILED: worker {id} holds while worker {h} still does");
-                    ok = false;
+    while let Ok((id, line)) = rx.recv_timeout(Duration::from_secs(60)) {
+        match parse(&line) {
+            Some(Event::Holds { turn, at, token }) => {
+                println!("[{:6.2}s] worker {id} holds turn {turn} (fencing token {token})", secs(at));
+                turns.push(Turn { worker: id, turn, from: at, to: None, token });
+                if id == VICTIM && killed_at.is_none() {
+                    // Read before the kill: the victim's hold ends no earlier than this.
+                    let at = mono_now();
+                    children[VICTIM].kill().expect("kill");
+                    children[VICTIM].wait().expect("reap");
+                    killed_at = Some(at);
+                    println!("[{:6.2}s] >>> killed worker {VICTIM} with SIGKILL while it held the lock", secs(at));
                 }
             }
-            holder = Some(id);
-            tokens.push(line.rsplit(' ').next().unwrap().parse::<u64>().unwrap());
-            if id == VICTIM && killed_at.is_none() {
-                children[VICTIM].kill().expect("kill");
-                children[VICTIM].wait().expect("reap");
-                killed_at = Some(Instant::now());
-                holder = None; // a dead process holds nothing; its node lives on until its session expires
-                println!("[{t:6.2}s] >>> killed worker {VICTIM} with SIGKILL while it held the lock");
+            Some(Event::Done { turn, at }) => {
+                println!("[{:6.2}s] worker {id} done turn {turn}", secs(at));
+                match turns.iter_mut().find(|t| t.worker == id && t.turn == turn && t.to.is_none()) {
+                    Some(t) => t.to = Some(at),
+                    None => {
+                        println!("FAILED: worker {id} finished turn {turn} it never reported holding");
+                        ok = false;
+                    }
+                }
             }
-        } else if line.contains(" done ") {
-            holder = None;
-        }
-        if line.contains(" holds ") && id != VICTIM && !reported {
-            if let Some(k) = killed_at {
-                println!("[{t:6.2}s] >>> the lock passed on {:.2}s after the kill", at.duration_since(k).as_secs_f64());
-                reported = true;
-            }
+            None => println!("          worker {id}: {line}"),
         }
     }
     for (id, child) in children.iter_mut().enumerate() {
         if id != VICTIM {
             let status = child.wait().expect("wait");
-            ok &= status.success();
+            if !status.success() {
+                println!("FAILED: worker {id} exited with {status}");
+                ok = false;
+            }
         }
     }
-    if !tokens.windows(2).all(|w| w[0] < w[1]) {
-        println!("FAILED: fencing tokens did not rise: {tokens:?}");
-        ok = false;
+    // The verdict, from the holders' own clock readings.
+    turns.sort_by_key(|t| t.from);
+    for t in &mut turns {
+        if t.worker == VICTIM && t.to.is_none() {
+            t.to = killed_at; // its hold lasted at least until the kill was sent
+        }
+    }
+    for pair in turns.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        match a.to {
+            Some(end) if end <= b.from => {}
+            Some(end) => {
+                println!(
+                    "FAILED: worker {} took turn {} at {:.3}s while worker {} held turn {} until {:.3}s",
+                    b.worker,
+                    b.turn,
+                    secs(b.from),
+                    a.worker,
+                    a.turn,
+                    secs(end)
+                );
+                ok = false;
+            }
+            None => {
+                println!(
+                    "FAILED: worker {} never finished turn {} yet worker {} held after it",
+                    a.worker, a.turn, b.worker
+                );
+                ok = false;
+            }
+        }
+        if a.token >= b.token {
+            println!("FAILED: fencing tokens did not rise: {} then {}", a.token, b.token);
+            ok = false;
+        }
     }
     let expected_turns = 2 * TURNS + 1; // two survivors' turns, plus the victim's fatal one
-    if tokens.len() < expected_turns {
-        println!("FAILED: only {} turns were taken", tokens.len());
+    if turns.len() != expected_turns {
+        println!("FAILED: {} turns were taken, not {expected_turns}", turns.len());
+        ok = false;
+    }
+    if let Some(k) = killed_at {
+        if let Some(next) = turns.iter().find(|t| t.from > k) {
+            println!(">>> the lock passed on {:.2}s after the kill", (next.from - k) as f64 / 1e9);
+        }
+    } else {
+        println!("FAILED: the victim never held the lock");
         ok = false;
     }
     if !ok {
         std::process::exit(1);
     }
-    println!("the two surviving workers finished all {TURNS} turns each; tokens rose throughout");
+    println!(
+        "the two surviving workers finished all {TURNS} turns each; no two holds overlapped; tokens rose throughout"
+    );
 }

@@ -17,6 +17,10 @@
 #                                         (the matrix runs on ZooKeeper in each server pass, and
 #                                         once on Redis, PostgreSQL, MariaDB, etcd and SQLite)
 #   scripts/test.sh -- ARGS               extra arguments for `cargo test` (e.g. a name filter)
+#   scripts/test.sh --stress [-- ARGS]    the same with CPU hogs beside the tests (one busy loop
+#                                         per core, DISTLOCK_STRESS_HOGS=N for another count),
+#                                         then scripts/demo.sh 20 times with the hogs
+#                                         (DISTLOCK_STRESS_DEMOS=N)
 #
 # The first single-server pass runs every Rust test (unit, integration, fault tests, the fault
 # matrix, CLI, Curator interop, doc tests); a second one (the embedded server after Apache's)
@@ -30,7 +34,15 @@ scripts/deps.sh
 servers=${DISTLOCK_TEST_SERVER:-both}
 [[ "$servers" == both || "$servers" == all ]] && servers="zookeeper embedded ensemble"
 extra=()
+stress=
+if [[ "${1:-}" == "--stress" ]]; then stress=1; shift; fi
 if [[ "${1:-}" == "--" ]]; then shift; extra=("$@"); fi
+if [[ $# -gt 0 && ${#extra[@]} -eq 0 ]]; then
+    echo "test.sh: unexpected argument '$1' (use --stress, or -- before cargo test's arguments)" >&2
+    exit 2
+fi
+# shellcheck source=lib/hogs.sh
+source scripts/lib/hogs.sh
 
 # Every temporary file of the run (the tests' own database files, etcd clusters, copies of the
 # binaries) goes under one directory, removed at the end whatever happens.
@@ -47,6 +59,7 @@ cargo build --workspace --all-targets --examples
 
 started=()
 cleanup() {
+    stop_hogs
     rm -rf "$run_tmp" || true
     scripts/redis.sh stop .tmp/test-redis
     scripts/postgres.sh stop .tmp/test-postgres
@@ -62,6 +75,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ -n "$stress" ]]; then start_hogs "${DISTLOCK_STRESS_HOGS:-$(nproc)}"; fi
 export DISTLOCK_MATRIX_OUT="$PWD/.tmp/fault-matrix"
 rm -rf .tmp/test-redis; mkdir -p .tmp/test-redis
 DISTLOCK_TEST_REDIS=$(scripts/redis.sh start .tmp/test-redis)
@@ -129,4 +143,11 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     # The seeds' optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     target/debug/examples/optimistic_account "$DISTLOCK_TEST_POSTGRES"
 fi
-echo "test.sh: all passed ($servers)"
+if [[ -n "$stress" ]]; then
+    demos=${DISTLOCK_STRESS_DEMOS:-20}
+    for ((run = 1; run <= demos; run++)); do
+        scripts/demo.sh > "$run_tmp/demo.out" 2>&1 || { cat "$run_tmp/demo.out"; echo "test.sh: demo.sh failed on run $run of $demos under stress" >&2; exit 1; }
+    done
+    echo "test.sh: demo.sh passed $demos of $demos runs under stress"
+fi
+echo "test.sh: all passed ($servers${stress:+, under stress})"

@@ -18,19 +18,20 @@ fn exec_on_sqlite_excludes_passes_the_token_and_inspect_shows_the_row() {
     let first = distlock(&b, &["exec", "job", "--", "sh", "-c", "echo $DISTLOCK_TOKEN"]).output().unwrap();
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let t1: u64 = String::from_utf8_lossy(&first.stdout).trim().parse().unwrap();
-    let mut holder = distlock(&b, &["exec", "job", "--", "sh", "-c", "echo held; read _ || true"])
+    let mut holder = distlock(&b, &["exec", "job", "--", "sh", "-c", "echo $DISTLOCK_TOKEN; read _ || true"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let lines = common::Lines::of(&mut holder);
-    assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
+    let t2: u64 = lines.next(Duration::from_secs(20), "the holder's token").trim().parse().unwrap();
+    assert!(t2 > t1, "{t2} after {t1}");
     let busy = distlock(&b, &["exec", "-n", "job", "--", "true"]).output().unwrap();
     assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
     let view = distlock(&b, &["inspect", "--json", "job"]).output().unwrap();
     let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
     assert_eq!(view["held"], true, "{view}");
-    assert_eq!(view["fencing_token"].as_u64(), Some(t1 + 1), "{view}");
+    assert_eq!(view["fencing_token"].as_u64(), Some(t2), "{view}");
     drop(holder.stdin.take());
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     let view = distlock(&b, &["inspect", "--json", "job"]).output().unwrap();

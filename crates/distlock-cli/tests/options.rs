@@ -35,9 +35,10 @@ fn connect_timeout_is_honoured_on_every_scheme() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
         report.push(format!("{url}: gave up after {took:?}"));
-        // ± 10 %, and a little for starting the process on a loaded machine.
+        // Not early; late by at most a second (starting a debug build's process on a busy
+        // machine), which still tells the timeout honoured from a default one (10 s or more).
         assert!(
-            took >= timeout * 9 / 10 && took <= timeout * 11 / 10 + Duration::from_millis(300),
+            took >= timeout * 9 / 10 && took <= timeout + Duration::from_secs(1),
             "{url}: gave up after {took:?}, not {timeout:?}: {stderr}"
         );
     }

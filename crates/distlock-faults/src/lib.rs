@@ -13,6 +13,8 @@
 //!   fencing token; the [`Report`] lists overlapping holds and stale writes.
 //! - [`process`]: [`pause`], [`resume`] and [`kill`] a server or client process (SIGSTOP,
 //!   SIGCONT, SIGKILL), for stop-the-world pauses and crashes.
+//! - [`watch`]: [`FreeWatch`], which records when the server first shows a lock free, so a test
+//!   compares that with the holder's loss deadline instead of querying the server late.
 //!
 //! Faults are injected on loopback only: the proxy listens on 127.0.0.1 and needs no root, no
 //! `tc` and no firewall rules, so tests can run anywhere and in parallel.
@@ -33,7 +35,9 @@ pub mod checker;
 pub mod peers;
 pub mod process;
 pub mod proxy;
+pub mod watch;
 
 pub use checker::{mono_now, FencedResource, Hold, HoldId, Mode, Report, WriteRecord};
 pub use process::{kill, pause, resume};
 pub use proxy::{zk_reply, ClientWrite, Fault, FaultProxy};
+pub use watch::FreeWatch;

@@ -483,7 +483,10 @@ impl Schedule {
                 op: "start",
                 path: self.name.clone(),
                 source: format!(
-                    "the start was confirmed {} after it was sent, too late for its bound of {}; not run",
+                    "the start (token {}{}) was confirmed {} after it was sent, too late for its bound of {}; \
+                     given back, not run",
+                    run.token,
+                    run.slot.map(|s| format!(", slot {s}")).unwrap_or_default(),
                     humantime::format_duration(Duration::from_millis(sent.elapsed().as_millis() as u64)),
                     humantime::format_duration(bound)
                 )

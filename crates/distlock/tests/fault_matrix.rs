@@ -36,7 +36,7 @@ use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// The lease in the matrix (ZooKeeper's session timeout), where the backend allows it (the SQL
 /// servers' session timeouts count whole seconds from 3 s: `SQL_LEASE`). Faults last a share of
@@ -47,6 +47,9 @@ const CONTENDERS: usize = 3;
 /// How long a contender holds; it writes every `WRITE_EVERY` meanwhile.
 const HOLD: Duration = Duration::from_millis(150);
 const WRITE_EVERY: Duration = Duration::from_millis(20);
+/// The longest a child holder keeps the lock waiting for the parent's word (a bound, should the
+/// parent never say it).
+const CHILD_HOLD_MAX: Duration = Duration::from_secs(30);
 /// How long an in-process contender rests after a release.
 const REST: Duration = Duration::from_millis(30);
 /// Gap between faults, so the lock moves on between them.
@@ -344,8 +347,10 @@ async fn hold_and_write(guard: &Guard, recipe: Recipe, mode: Mode, write: impl F
 }
 
 /// The child process side of the pause and kill cells: holds a mutex in cycles and reports on
-/// stdout (`HELD token start_ns`, `WRITE token seq`, `END start_ns end_ns`). Run by the parent
-/// through this test binary; does nothing when started by hand.
+/// stdout (`HELD token start_ns`, `WRITE token seq`, `END start_ns end_ns`). Each hold lasts
+/// until the parent writes a line to its stdin (or the lock is lost, or `CHILD_HOLD_MAX`
+/// passed), so the parent's pause or kill surely lands while it holds. Run by the parent through
+/// this test binary; does nothing when started by hand.
 #[test]
 #[ignore = "run by the fault matrix as a child process"]
 fn child_holder() {
@@ -355,6 +360,15 @@ fn child_holder() {
     let recipe = Recipe::by_name(&std::env::var("DISTLOCK_CHILD_RECIPE").unwrap_or_default());
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
+        // The parent's "let go" lines, counted: a hold ends once the count moves past the one
+        // seen when it began.
+        let (let_go, let_go_count) = tokio::sync::watch::channel(0u64);
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(_)) = lines.next_line().await {
+                let_go.send_modify(|n| *n += 1);
+            }
+        });
         let mut out = std::io::stdout();
         let mut seq = 0u64;
         let mut client: Option<Client> = None;
@@ -380,10 +394,11 @@ fn child_holder() {
             };
             let token = guard.fencing_token();
             let start = mono_now();
+            let told = *let_go_count.borrow();
             say(&mut out, &format!("HELD {token} {start}"));
-            // Hold long enough to be paused while holding.
-            let until = tokio::time::Instant::now() + Duration::from_millis(1500);
-            while tokio::time::Instant::now() < until && !guard.state().is_lost() {
+            // Held until the parent says let go (after its pause or instead of a kill).
+            let until = tokio::time::Instant::now() + CHILD_HOLD_MAX;
+            while tokio::time::Instant::now() < until && !guard.state().is_lost() && *let_go_count.borrow() == told {
                 // The work between the check and the write: a pause here makes a stale write.
                 tokio::time::sleep(WRITE_EVERY).await;
                 seq += 1;
@@ -415,6 +430,7 @@ async fn spawn_child(
         .env("DISTLOCK_CHILD_URL", url)
         .env("DISTLOCK_CHILD_PATH", name)
         .env("DISTLOCK_CHILD_RECIPE", recipe.name())
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -551,9 +567,25 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
             }
             Scenario::Pause { .. } => {
                 let pid = child.as_ref().unwrap().0;
+                let paused_at = mono_now();
                 distlock_faults::pause(pid).unwrap();
                 tokio::time::sleep(target.lease * 3 / 2).await;
+                if !(target.pause_holds && recipe != Recipe::Job) {
+                    // Paused until someone else has the lock (bounded): the checker then has a
+                    // stale holder to catch, whatever the machine's load did to the timing.
+                    let deadline = tokio::time::Instant::now() + BOUND;
+                    while !shared.grants.lock().unwrap().iter().any(|&g| g > paused_at)
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
                 distlock_faults::resume(pid).unwrap();
+                // Resumed, it writes (stale, or fenced off) and learns its loss; then let go.
+                tokio::time::sleep(WRITE_EVERY * 5).await;
+                let stdin = child.as_mut().unwrap().1.stdin.as_mut().unwrap();
+                let _ = stdin.write_all(b"let go\n").await;
+                let _ = stdin.flush().await;
             }
             Scenario::Kill => {
                 let (pid, c) = child.take().unwrap();

@@ -5,7 +5,7 @@
 use distlock::mysql::Client;
 use distlock::optimistic::optimistic_update;
 use distlock::{Error, LockState, LostReason};
-use distlock_faults::{Fault, FaultProxy, FencedResource, Mode};
+use distlock_faults::{Fault, FaultProxy, FencedResource, FreeWatch, Mode};
 use sqlx::{Connection, MySqlConnection};
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,14 +228,25 @@ async fn a_partitioned_holder_is_lost_before_the_server_frees_its_lock() {
     let proxy = FaultProxy::start(hostport.parse().unwrap()).await.unwrap();
     let proxied = target.replace(&hostport, &proxy.addr().to_string());
     let a = Client::connect(&format!("{proxied}?lease=3s")).await.unwrap();
-    let mut raw = raw().await;
+    let raw = Arc::new(tokio::sync::Mutex::new(raw().await));
     let name = unique("partition");
     let held = a.mutex(&name).unwrap().lock().await.unwrap();
     let lost = held.lost();
     proxy.set(Fault::Blackhole);
+    // The server's side, watched from now on: when the lock is first seen free.
+    let watch = FreeWatch::start(Duration::from_millis(5), {
+        let name = name.clone();
+        move || {
+            let (raw, name) = (raw.clone(), name.clone());
+            async move { holder(&mut *raw.lock().await, &name).await.is_some() }
+        }
+    });
     let reason = tokio::time::timeout(Duration::from_secs(10), lost).await.expect("lost within the lease");
     assert_eq!(reason, LostReason::LeaseExpired);
-    assert!(holder(&mut raw, &name).await.is_some(), "the server still held it when we were told");
+    // The holder's deadline came before the server freed the lock.
+    let deadline = held.lease_deadline();
+    let freed = watch.freed_at(Duration::from_secs(10)).await;
+    assert!(deadline < freed, "the server freed the lock {:?} before the holder's deadline", deadline - freed);
     let b = connect("").await;
     let g =
         b.mutex(&name).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("freed by wait_timeout");

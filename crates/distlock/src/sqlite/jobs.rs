@@ -12,7 +12,7 @@
 //! not through the C library, so that a process whose library calls are given another time
 //! (libfaketime, a test's skew) still agrees with the others on the slot.
 
-use super::{backend, Client};
+use super::{backend, kernel_now_ms, Client};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
 use crate::schedule::{parse_ms, Run};
 use crate::Result;
@@ -32,17 +32,6 @@ const LOCK_TEXT: &str = "CAST(s.lock_until AS TEXT) || '|' || CAST(s.locked_at A
 pub(crate) struct Jobs {
     pub(crate) client: Client,
     pub(crate) created: Arc<OnceCell<()>>,
-}
-
-/// The machine's real-time clock, by the system call (see the module's docs), in milliseconds.
-fn kernel_now_ms() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec to the pointer given, which is valid.
-    let rc = unsafe { libc::syscall(libc::SYS_clock_gettime, libc::CLOCK_REALTIME, &mut ts as *mut libc::timespec) };
-    if rc != 0 {
-        return crate::schedule::epoch_ms(std::time::SystemTime::now());
-    }
-    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
 /// SQLite's UTC text for milliseconds since the epoch.

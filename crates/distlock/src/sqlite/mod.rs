@@ -12,11 +12,14 @@
 //! | `lock_until` | the lease's end, UTC, `YYYY-MM-DD HH:MM:SS.SSS` (SQLite's clock) |
 //! | `locked_at` | when the holder took it |
 //! | `locked_by` | the holder: `host:pid:random` |
-//! | `fencing_token` | one more than the table's fencing counter and the row's last token |
+//! | `fencing_token` | one more than the table's fencing counter and the row's last token, and at least the clock in µs |
 //!
 //! The fencing counter is one row of table `distlock_leases_fencing` (`<table>_fencing`), moved up
 //! by triggers whenever a lock row gets a token: a lock row deleted by hand does not bring an old
-//! token back, and neither does a deleted counter while the lock rows stand.
+//! token back, and neither does a deleted counter while the lock rows stand. Every token is also
+//! at least the machine's clock in microseconds (milliseconds × 1,000), so a database file
+//! restored from an older copy does not bring old tokens back either (tokens rise by one within a
+//! millisecond and jump to the clock across milliseconds).
 //!
 //! A lock is free when `lock_until <= now`. Taking it is one upsert that succeeds only if the row
 //! is missing or expired, and advances the token; the guard's watchdog extends `lock_until` every
@@ -103,6 +106,32 @@ struct Statements {
     list: String,
 }
 
+/// The least fencing token an acquire may hand out now: the machine's real-time clock in
+/// microseconds (whole milliseconds times 1,000), read by the system call as the job store reads
+/// it (libfaketime in a client does not move it).
+///
+/// Why it is sound: every token is at least the floor of its own grant and one more than the last
+/// one, so a token handed out in millisecond `m` is below `(m + 1) × 1000` unless a thousand grants
+/// were written to the file within one millisecond (each is a write transaction: far slower). A
+/// file restored from an older copy forgets the tokens handed out since the copy; the next grant,
+/// at least a millisecond after them, is floored above every one of them. It needs the clock not
+/// to step back across the restore, as PostgreSQL's and MariaDB's floors do.
+pub(crate) fn fencing_floor() -> i64 {
+    kernel_now_ms().saturating_mul(1000)
+}
+
+/// The machine's real-time clock by the system call (not libc's, which libfaketime replaces), in
+/// milliseconds since the epoch.
+pub(crate) fn kernel_now_ms() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to the pointer given, which is valid.
+    let rc = unsafe { libc::syscall(libc::SYS_clock_gettime, libc::CLOCK_REALTIME, &mut ts as *mut libc::timespec) };
+    if rc != 0 {
+        return crate::schedule::epoch_ms(std::time::SystemTime::now());
+    }
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
 /// `strftime` of SQLite's clock now, and `?3` (a modifier such as `+30.000 seconds`) later.
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 const UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)";
@@ -112,15 +141,18 @@ const UNTIL_MS: &str = "CAST(round((julianday(lock_until) - 2440587.5) * 8640000
 impl Statements {
     fn new(t: &str) -> Statements {
         Statements {
-            // ?1 name, ?2 holder, ?3 the lease as a modifier.
+            // ?1 name, ?2 holder, ?3 the lease as a modifier, ?4 the clock floor (see
+            // `fencing_floor`; unbound, none).
             // The token is one more than both the table's counter (kept apart from the lock
             // rows, so deleting a row cannot bring a token back) and the row's own last token
-            // (so a deleted counter cannot either); a trigger moves the counter up. The lease's
-            // end comes back in Unix milliseconds: the statement may have waited for the file
-            // lock, and the lease runs from when it ran, not from when it was sent.
+            // (so a deleted counter cannot either), and at least the clock floor (so a file
+            // restored from an older copy cannot either); a trigger moves the counter up. The
+            // lease's end comes back in Unix milliseconds: the statement may have waited for the
+            // file lock, and the lease runs from when it ran, not from when it was sent.
             acquire: format!(
                 "INSERT INTO {t} (name, lock_until, locked_at, locked_by, fencing_token) \
-                 VALUES (?1, {UNTIL}, {NOW}, ?2, coalesce((SELECT token FROM {t}_fencing WHERE id = 1), 0) + 1) \
+                 VALUES (?1, {UNTIL}, {NOW}, ?2, \
+                 max(coalesce((SELECT token FROM {t}_fencing WHERE id = 1), 0) + 1, coalesce(?4, 0))) \
                  ON CONFLICT (name) DO UPDATE SET lock_until = excluded.lock_until, \
                  locked_at = excluded.locked_at, locked_by = excluded.locked_by, \
                  fencing_token = max(excluded.fencing_token, {t}.fencing_token + 1) \
@@ -231,7 +263,8 @@ impl Client {
     }
 
     /// The acquire and release statements of the lease table (`?1` name, `?2` holder, `?3` the
-    /// lease as a modifier such as `+30.000 seconds`), for measuring the table's own floor.
+    /// lease as a modifier such as `+30.000 seconds`; the acquire's `?4`, the fencing floor, may
+    /// be left unbound), for measuring the table's own floor.
     #[doc(hidden)]
     pub fn lease_statements(&self) -> (&str, &str) {
         (&self.inner.sql.acquire, &self.inner.sql.release)

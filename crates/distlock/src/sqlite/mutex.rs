@@ -154,6 +154,7 @@ async fn attempt(
         .bind(&name)
         .bind(&holder)
         .bind(inner.url.lease_modifier())
+        .bind(super::fencing_floor())
         .fetch_optional(&inner.pool)
         .await
         .map_err(|e| backend("acquire", &name, e))?;

@@ -127,6 +127,8 @@ struct Watching {
     grant_on_delete: bool,
     /// The queue's length at the listing.
     queue_len: usize,
+    /// How many nodes were ahead of ours at the listing (published once the watch is set).
+    ahead: usize,
 }
 
 /// Whether none of `paths` exists, read in one round trip (no watches). Any error answers
@@ -531,9 +533,6 @@ impl Queue {
             if let Wait::Never = wait {
                 return Ok(None);
             }
-            if let Some(p) = progress {
-                p.send_replace(QueueStatus { ahead: ours, queue_len: children.len() });
-            }
             // If the blocker were gone, would we proceed with what we know now? Then its deletion
             // alone grants us the lock: nodes created later sort after ours.
             let grant_on_delete = policy.proceeds_without(&children, ours, blocker);
@@ -573,6 +572,7 @@ impl Queue {
                 further,
                 grant_on_delete,
                 queue_len: children.len(),
+                ahead: ours,
             };
             // Waiters hold no copy of the queue while they sleep: memory per waiter stays constant
             // however long the queue is (a waiter near the front keeps a few names, see `further`).
@@ -596,7 +596,7 @@ impl Queue {
         watching: Watching,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Woken> {
-        let Watching { blocker: blocker_path, lookahead, further, mut grant_on_delete, queue_len } = watching;
+        let Watching { blocker: blocker_path, lookahead, further, mut grant_on_delete, queue_len, ahead } = watching;
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
         // Whether the blocker's deletion may grant us the lock without a listing, now or once
@@ -680,6 +680,11 @@ impl Queue {
             },
         };
         drop(blocker_path);
+        // Waiting now, with the watch set: a release from here on wakes us (published only now,
+        // so that whoever waits for this status knows the wake-up will come as an event).
+        if let Some(p) = progress {
+            p.send_replace(QueueStatus { ahead, queue_len });
+        }
         let mut own_changed = own_watcher.map(|o| Box::pin(o.changed()));
         let mut blocker_changed = Box::pin(blocker_watcher.changed());
         // The read of the nodes further ahead, once the ahead node has gone (see `further`).
