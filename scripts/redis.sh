@@ -13,6 +13,11 @@
 #   scripts/redis.sh sentinel DIR MASTER NAME   start a Sentinel monitoring MASTER as NAME (quorum
 #                                 2, down after 1 s, failover timeout 5 s), and wait until it
 #                                 answers for NAME.
+#   scripts/redis.sh start-tls DIR   the same as start, set up as production is: TLS only (no
+#                                 plaintext port), client certificates required, no default
+#                                 user; one ACL user `distlock` whose password is in
+#                                 DIR/password (mode 600). The run's own CA, server and client
+#                                 certificates are in DIR/certs (scripts/lib/certs.sh).
 #   scripts/redis.sh cluster DIR  start a 6-node cluster (3 masters, 3 replicas; node timeout 1 s)
 #                                 in DIR/n1..n6, wait until every node reports cluster_state:ok
 #                                 and every replica is linked, and print the nodes' addresses
@@ -34,6 +39,20 @@ log() { echo "redis.sh: $*" >&2; }
 source "$(dirname "$0")/lib/zookeeper.sh"
 # shellcheck source=lib/process.sh
 source "$(dirname "$0")/lib/process.sh"
+# shellcheck source=lib/certs.sh
+source "$(dirname "$0")/lib/certs.sh"
+
+# rcli PORT ARGS...: redis-cli to this directory's server, over TLS as its user when it has TLS.
+rcli() {
+    local port=$1
+    shift
+    if [[ -f "$dir/tls.enabled" ]]; then
+        REDISCLI_AUTH=$(cat "$dir/password") redis-cli --tls --cacert "$dir/certs/ca.pem" --cert "$dir/certs/client.pem" \
+            --key "$dir/certs/client.key" --user distlock --no-auth-warning -h 127.0.0.1 -p "$port" "$@"
+    else
+        redis-cli -h 127.0.0.1 -p "$port" "$@"
+    fi
+}
 
 install_redis() {
     command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
@@ -69,6 +88,11 @@ launch() {
         extra=(--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 1000
             --cluster-port "$(cat "$dir/cluster.port")")
     fi
+    if [[ -f "$dir/tls.enabled" ]]; then
+        extra=(--tls-port "$port" --tls-cert-file "$dir/certs/server.pem" --tls-key-file "$dir/certs/server.key"
+            --tls-ca-cert-file "$dir/certs/ca.pem" --tls-auth-clients yes --aclfile "$dir/users.acl")
+        port=0
+    fi
     if [[ -f "$dir/master.addr" ]]; then
         extra=(--replicaof "$(cut -d: -f1 "$dir/master.addr")" "$(cut -d: -f2 "$dir/master.addr")" --repl-diskless-sync-delay 0)
     fi
@@ -77,9 +101,10 @@ launch() {
         > "$dir/redis.out" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$dir/redis.pid"
+    port=$(cat "$dir/redis.port")
     # Wait (bounded: 30 s) for PING.
     for _ in $(seq 1 300); do
-        if [[ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" == PONG ]] && linked "$port" && watching "$port"; then
+        if [[ "$(rcli "$port" ping 2>/dev/null)" == PONG ]] && linked "$port" && watching "$port"; then
             log "redis-server pid $pid serving on 127.0.0.1:$port"
             echo "127.0.0.1:$port"
             return
@@ -162,8 +187,20 @@ cluster() {
 }
 crash() { crash_recorded "$dir/redis.pid" redis-server; }
 
+start_tls() {
+    mkdir -p "$dir"
+    make_certs "$dir/certs"
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+    # The password's SHA-256 in the ACL file, not the password.
+    (umask 077; printf 'user default off\nuser distlock on #%s ~* &* +@all\n' \
+        "$(tr -d '\n' < "$dir/password" | sha256sum | cut -d' ' -f1)" > "$dir/users.acl")
+    touch "$dir/tls.enabled"
+    start
+}
+
 case "$cmd" in
     start) start ;;
+    start-tls) start_tls ;;
     cluster) cluster ;;
     replica)
         [[ -n "${3:-}" ]] || { echo "usage: $0 replica DIR MASTER_HOST:PORT" >&2; exit 2; }
@@ -183,5 +220,5 @@ CONF
     stop) dir=$(cd "$dir" && pwd); stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;
     restart) dir=$(cd "$dir" && pwd); stop; launch ;;
-    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR" >&2; exit 2 ;;
 esac

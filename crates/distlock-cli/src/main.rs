@@ -142,7 +142,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
     /// Backend URL: zk://host:2181,host2:2181/chroot?lease=10s,
-    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple,
+    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple (rediss:// for TLS),
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
     /// redis+cluster://node1:7000,node2:7001?lease=30s,
     /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
@@ -162,6 +162,17 @@ pub struct BackendArg {
     /// connect_timeout). A refused connection is reported at once.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub connect_timeout: Option<Duration>,
+    /// TLS: verify the server's certificate against the CA certificates in this PEM file instead
+    /// of the system's roots (the URL asks for TLS: rediss://, sslmode=, ssl-mode=, https://
+    /// endpoints, or the secure port). As etcdctl --cacert; the URL's cacert= on every backend.
+    #[arg(long, value_name = "PEM_FILE")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// TLS: the client certificate (PEM) for a server that asks for one; needs --key.
+    #[arg(long, value_name = "PEM_FILE", requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// TLS: the client certificate's private key (PEM); needs --cert.
+    #[arg(long, value_name = "PEM_FILE", requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
 }
 
 impl BackendArg {
@@ -173,6 +184,15 @@ impl BackendArg {
         }
         if let Some(t) = self.connect_timeout {
             options = options.connect_timeout(t);
+        }
+        if let Some(p) = &self.cacert {
+            options = options.cacert(p);
+        }
+        if let Some(p) = &self.cert {
+            options = options.cert(p);
+        }
+        if let Some(p) = &self.key {
+            options = options.key(p);
         }
         options
     }

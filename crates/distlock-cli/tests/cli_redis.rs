@@ -180,3 +180,55 @@ fn elect_observe_and_leader_on_redis() {
 fn once_per_slot_under_skewed_clocks_on_redis() {
     common::once_per_slot_under_skewed_clocks(&backend("?lease=5s"), &key());
 }
+
+/// `exec`, `elect` and a scheduled job against a Redis set up as production is (TLS only, client
+/// certificates required, an ACL user), the CA and client certificate given by `--cacert --cert
+/// --key`; without the CA flag (system roots) the server is refused as untrusted, exit 2; the
+/// password is in no output.
+#[test]
+fn exec_elect_and_a_job_over_tls_with_the_certificate_flags() {
+    let dir = std::env::temp_dir().join(format!("distlock-cli-redis-tls-{}", uuid::Uuid::new_v4().simple()));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/redis.sh");
+    struct Stop(std::path::PathBuf, &'static str);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = Command::new(self.1).arg("stop").arg(&self.0).output();
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let out = Command::new(script).arg("start-tls").arg(&dir).output().unwrap();
+    let _stop = Stop(dir.clone(), script);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let addr = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let password = std::fs::read_to_string(dir.join("password")).unwrap().trim().to_string();
+    let certs = dir.join("certs");
+    let file = |name: &str| certs.join(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let b = format!("rediss://distlock:{password}@{addr}?connect_timeout=3s");
+    let tls = ["--cacert", ca.as_str(), "--cert", cert.as_str(), "--key", key.as_str()];
+    let run = |args: &[&str]| {
+        let out = distlock(&b, &[&args[..1], &tls[..], &args[1..]].concat()).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains(&password), "the password shown: {text}");
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&["exec", "tls-cli", "--", "sh", "-c", "echo token=$DISTLOCK_TOKEN"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("token="), "{text}");
+    let (code, text) = run(&["elect", "tls-cli-election", "--", "echo", "leading"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("leading"), "{text}");
+    let (code, text) = run(&["exec", "--once-per", "1h", "tls-cli-job", "--", "echo", "ran"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = run(&["exec", "--once-per", "1h", "tls-cli-job", "--", "echo", "ran"]);
+    assert_eq!(code, Some(1), "the slot had its run: {text}");
+    // The system's roots do not know the test CA: refused, naming the cause.
+    let out = distlock(&b, &["exec", "--cert", &cert, "--key", &key, "tls-cli", "--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not signed by a CA trusted here"), "{err}");
+    assert!(!err.contains(&password), "{err}");
+    // A key without its certificate is refused before anything is contacted.
+    let out = distlock(&b, &["exec", "--key", &key, "tls-cli", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}

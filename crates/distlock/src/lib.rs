@@ -113,6 +113,7 @@ pub mod redis;
 pub mod sqlite;
 mod state;
 mod template;
+pub mod tls;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 mod watchdog;
 #[cfg(feature = "zookeeper")]

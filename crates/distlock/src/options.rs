@@ -31,6 +31,7 @@ const LEASE_KEYS: &[&str] = &["lease", "session_timeout", "ttl"];
 pub struct ConnectOptions {
     connect_timeout: Option<Duration>,
     lease: Option<Duration>,
+    tls: crate::tls::TlsFiles,
 }
 
 impl ConnectOptions {
@@ -48,6 +49,26 @@ impl ConnectOptions {
     /// How long the server keeps the lock of a holder it no longer hears from.
     pub fn lease(mut self, lease: Duration) -> ConnectOptions {
         self.lease = Some(lease);
+        self
+    }
+
+    /// Verify the server's TLS certificate against the CA certificates in this PEM file (not
+    /// the system's roots). The URL must ask for TLS in its backend's way (`rediss://`,
+    /// `sslmode=`, `https://` endpoints…); see [`crate::tls`].
+    pub fn cacert(mut self, path: impl Into<std::path::PathBuf>) -> ConnectOptions {
+        self.tls.cacert = Some(path.into());
+        self
+    }
+
+    /// Present this client certificate (PEM) to a server that asks for one; needs [`key`](Self::key).
+    pub fn cert(mut self, path: impl Into<std::path::PathBuf>) -> ConnectOptions {
+        self.tls.cert = Some(path.into());
+        self
+    }
+
+    /// The client certificate's private key (PEM).
+    pub fn key(mut self, path: impl Into<std::path::PathBuf>) -> ConnectOptions {
+        self.tls.key = Some(path.into());
         self
     }
 
@@ -70,6 +91,18 @@ impl ConnectOptions {
         };
         set(LEASE_KEYS, "lease", self.lease)?;
         set(&["connect_timeout"], "connect timeout", self.connect_timeout)?;
+        self.tls.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
+        for (name, path) in [("cacert", &self.tls.cacert), ("cert", &self.tls.cert), ("key", &self.tls.key)] {
+            let Some(path) = path else { continue };
+            let text = path.to_str().filter(|t| !t.is_empty() && !t.contains(['&', '#', '?', '='])).ok_or_else(|| {
+                Error::InvalidArgument {
+                    what: "TLS file path",
+                    reason: format!("{name} {:?}: empty, not UTF-8, or has one of & # ? = (rename or link the file)", path.display()),
+                }
+            })?;
+            pairs.retain(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) != name);
+            pairs.push(format!("{name}={text}"));
+        }
         Ok(if pairs.is_empty() { base.to_string() } else { format!("{base}?{}", pairs.join("&")) })
     }
 }

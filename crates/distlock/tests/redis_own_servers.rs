@@ -770,3 +770,78 @@ async fn lossy_failover(
     assert_eq!(u.overlaps.len(), 1);
     distlock_faults::resume(nodes.master_pid).unwrap();
 }
+
+/// A server set up as production is (`scripts/redis.sh start-tls`: TLS only, client
+/// certificates required, no default user, an ACL user with a password): `rediss://` with the
+/// CA, the client certificate and key locks, elects and runs a job; everything short of that is
+/// refused with an error naming the cause, within the connect timeout, without the password.
+#[tokio::test]
+async fn a_tls_only_server_with_an_acl_user() {
+    let server = Server::launch(&["start-tls"]);
+    let certs = server.dir.join("certs");
+    let password = std::fs::read_to_string(server.dir.join("password")).unwrap().trim().to_string();
+    let file = |name: &str| certs.join(name).display().to_string();
+    let files = format!("cacert={}&cert={}&key={}", file("ca.pem"), file("client.pem"), file("client.key"));
+    let url = format!("rediss://distlock:{password}@{}?lease=5s&connect_timeout=3s&{files}", server.addr);
+
+    // Locks exclude each other, tokens rise; an election and a job run.
+    let (a, b) = (distlock::connect(&url).await.unwrap(), distlock::connect(&url).await.unwrap());
+    let g = a.mutex("tls-lock").unwrap().lock().await.unwrap();
+    assert!(b.mutex("tls-lock").unwrap().try_lock().await.unwrap().is_none(), "held over TLS");
+    let first = g.fencing_token();
+    g.release().await.unwrap();
+    let g = b.mutex("tls-lock").unwrap().try_lock().await.unwrap().expect("free after the release");
+    assert!(g.fencing_token() > first);
+    // redis-cli over TLS, as its user, sees the lock's hash.
+    let out = Command::new("redis-cli")
+        .args(["--tls", "--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")])
+        .args(["--user", "distlock", "--no-auth-warning", "-p", server.addr.rsplit(':').next().unwrap()])
+        .args(["TYPE", "tls-lock"])
+        .env("REDISCLI_AUTH", &password)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hash", "{}", String::from_utf8_lossy(&out.stderr));
+    g.release().await.unwrap();
+    let leading = a.election("tls-election").unwrap().campaign("a").await.unwrap();
+    assert_eq!(b.election("tls-election").unwrap().leader().await.unwrap().map(|l| l.value), Some("a".to_string()));
+    leading.resign().await.unwrap();
+    match a.schedule("tls-job").unwrap().at_most_for(Duration::from_secs(5)).try_start().await.unwrap() {
+        distlock::schedule::Started::Running(job) => drop(job.finish(Some(0)).await.unwrap()),
+        distlock::schedule::Started::Skipped(s) => panic!("a fresh job skipped: {s}"),
+    }
+
+    // Everything short of the production set-up is refused, naming the cause.
+    let addr = &server.addr;
+    let refused: Vec<(String, &str)> = vec![
+        // A CA that did not sign the server's certificate.
+        (url.replace(&file("ca.pem"), &file("other-ca.pem")), "not signed by a CA trusted here"),
+        // No client certificate, where the server requires one.
+        (
+            format!("rediss://distlock:{password}@{addr}?connect_timeout=3s&cacert={}", file("ca.pem")),
+            "give cert and key",
+        ),
+        // A wrong password.
+        (url.replace(&password, "not-the-password"), "authentication failed"),
+        // No user: the default user is off.
+        (url.replace(&format!("distlock:{password}@"), ""), "Authentication required"),
+        // Plaintext to the TLS port.
+        (format!("redis://distlock:{password}@{addr}?connect_timeout=3s"), "ask for TLS: rediss://"),
+        // A CA file that does not exist.
+        (url.replace(&file("ca.pem"), "/no/such/ca.pem"), "/no/such/ca.pem"),
+    ];
+    for (bad, says) in refused {
+        let started = std::time::Instant::now();
+        let e = match distlock::connect(&bad).await {
+            Ok(c) => match c.mutex("tls-refused").unwrap().try_lock().await {
+                Ok(_) => panic!("{bad}: connected and locked"),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        let text = e.to_string();
+        assert!(started.elapsed() < Duration::from_secs(10), "{bad}: took {:?}: {text}", started.elapsed());
+        assert!(text.contains(says), "{bad}: {text}");
+        assert!(!text.contains(&password), "the password is in the error: {text}");
+        println!("refused in {:?}: {text}", started.elapsed());
+    }
+}

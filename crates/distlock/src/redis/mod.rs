@@ -218,12 +218,38 @@ pub(crate) async fn open_cluster(
     if let Some(push) = push {
         builder = builder.use_protocol(redis::ProtocolVersion::RESP3).push_sender(push);
     }
+    if let Some(certs) = tls_certificates(url)? {
+        builder = builder.certs(certs);
+    }
     let client = builder.build().map_err(|e| failed(e.to_string()))?;
     let conn = tokio::time::timeout(url.connect_timeout, client.get_async_connection())
         .await
         .map_err(|_| failed(format!("no cluster node answered within {:?}", url.connect_timeout)))?
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(crate::tls::explain(e.to_string(), url.tls, "rediss+cluster://")))?;
     Ok(conn)
+}
+
+/// The redis crate's client for one server (`conn` is its URL), over TLS with the URL's files
+/// when the URL asks for TLS.
+fn open_client(url: &RedisUrl, conn: &str) -> Result<redis::Client> {
+    let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+    match tls_certificates(url)? {
+        Some(certs) => redis::Client::build_with_tls(conn, certs),
+        None => redis::Client::open(conn),
+    }
+    .map_err(|e| failed(e.to_string()))
+}
+
+/// The CA and client certificate of a TLS URL, read from their files (`None` without TLS).
+fn tls_certificates(url: &RedisUrl) -> Result<Option<redis::TlsCertificates>> {
+    if !url.tls {
+        return Ok(None);
+    }
+    let pem = url.tls_files.read()?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: pem.identity.map(|(client_cert, client_key)| redis::ClientTlsConfig { client_cert, client_key }),
+        root_cert: pem.ca,
+    }))
 }
 
 /// The master a client talks to: its `host:port`, the redis crate's client and connection for
@@ -239,7 +265,7 @@ struct Master {
 /// to be a master with ROLE). Each step waits at most `bound` for an answer.
 async fn open_master(url: &RedisUrl, host: &str, port: u16, bound: Duration) -> Result<Master> {
     let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
-    let client = redis::Client::open(url.connection_string_for(host, port)).map_err(|e| failed(e.to_string()))?;
+    let client = open_client(url, &url.connection_string_for(host, port))?;
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(url.connect_timeout))
         .set_response_timeout(Some(response_timeout(url)))
@@ -248,7 +274,7 @@ async fn open_master(url: &RedisUrl, host: &str, port: u16, bound: Duration) -> 
     let conn = tokio::time::timeout(bound, client.get_connection_manager_with_config(config))
         .await
         .map_err(|_| failed(format!("no answer from {host}:{port} within {bound:?}")))?
-        .map_err(|e| failed(format!("{host}:{port}: {e}")))?;
+        .map_err(|e| failed(crate::tls::explain(format!("{host}:{port}: {e}"), url.tls, "rediss://")))?;
     let mut probe = conn.clone();
     let role: redis::Value = tokio::time::timeout(bound, redis::cmd("ROLE").query_async(&mut probe))
         .await
@@ -322,8 +348,9 @@ async fn ask_sentinels(url: &RedisUrl, sentinel: &SentinelUrl) -> Result<(String
     let mut why = Vec::new();
     let mut unanswered = 0;
     for hp in &sentinel.hosts {
+        // Sentinels are spoken to as the servers are: over TLS with the same files, if asked.
+        let client = open_client(url, &format!("{}://{hp}", url.scheme()))?;
         let asked = async {
-            let client = redis::Client::open(format!("redis://{hp}"))?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")

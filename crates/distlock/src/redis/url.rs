@@ -46,8 +46,9 @@ impl std::str::FromStr for Layout {
     }
 }
 
-/// A parsed `redis://[user:password@]host:port[/db][?lease=30s&connect_timeout=10s&layout=redisson]`
-/// (`rediss://` for TLS is not compiled in yet).
+/// A parsed `redis://[user:password@]host:port[/db][?lease=30s&connect_timeout=10s&layout=redisson]`;
+/// `rediss://` (and `rediss+sentinel://`, `rediss+cluster://`) for TLS, the server's certificate
+/// verified (see [`crate::tls`]).
 ///
 /// Query keys:
 /// - `lease`: how long the server keeps a lock whose holder stopped renewing (default 30 s,
@@ -56,7 +57,9 @@ impl std::str::FromStr for Layout {
 /// - `layout`: `redisson` (default) or `simple` for [`Client::mutex`](super::Client::mutex);
 /// - `replicas`: that many replicas must confirm each acquire (`WAIT`, pipelined with it) within
 ///   `replica_timeout` (default 1 s), or the acquire fails with
-///   [`Error::NotReplicated`](crate::Error::NotReplicated) and takes nothing (default 0: no wait).
+///   [`Error::NotReplicated`](crate::Error::NotReplicated) and takes nothing (default 0: no wait);
+/// - `cacert`, `cert`, `key` (TLS schemes only): the CA that verifies the server (default: the
+///   system's roots), and a client certificate and key for a server that asks for one.
 ///
 /// An unknown key is an error naming it.
 ///
@@ -103,6 +106,11 @@ pub struct RedisUrl {
     /// learnt from (`host` and `port` are the first's). Every key of a lock lives in one slot
     /// (hash tags `{K}`); redirects and failovers are followed by the redis crate.
     pub cluster: Option<Vec<String>>,
+    /// TLS (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`): to the servers and to the
+    /// Sentinels.
+    pub tls: bool,
+    /// The TLS files (CA, client certificate and key), with `tls`.
+    pub tls_files: crate::tls::TlsFiles,
 }
 
 /// The Sentinel part of a `redis+sentinel://s1:26379,s2:26379/MASTER[/db]` URL.
@@ -129,19 +137,20 @@ impl RedisUrl {
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
-        let sentinel = url.starts_with("redis+sentinel://");
-        let cluster = url.starts_with("redis+cluster://");
-        let rest = if let Some(rest) = url.strip_prefix("redis://") {
+        let tls = url.starts_with("rediss");
+        let plain = url.strip_prefix("rediss").map(|r| format!("redis{r}"));
+        let plain = plain.as_deref().unwrap_or(url);
+        let sentinel = plain.starts_with("redis+sentinel://");
+        let cluster = plain.starts_with("redis+cluster://");
+        let rest = if let Some(rest) = plain.strip_prefix("redis://") {
             rest
-        } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        } else if let Some(rest) = plain.strip_prefix("redis+sentinel://") {
             rest
-        } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        } else if let Some(rest) = plain.strip_prefix("redis+cluster://") {
             rest
-        } else if url.starts_with("rediss://") {
-            return Err(bad("TLS (rediss://) is not supported yet; use redis:// on a trusted network".into()));
         } else {
             return Err(bad(
-                "must start with redis:// (e.g. redis://127.0.0.1:6379), redis+sentinel:// (e.g. redis+sentinel://127.0.0.1:26379/mymaster) or redis+cluster:// (e.g. redis+cluster://127.0.0.1:7000,127.0.0.1:7001)".into(),
+                "must start with redis:// (e.g. redis://127.0.0.1:6379), redis+sentinel:// (e.g. redis+sentinel://127.0.0.1:26379/mymaster) or redis+cluster:// (e.g. redis+cluster://127.0.0.1:7000,127.0.0.1:7001), or rediss… for TLS".into(),
             ));
         };
         let (rest, query) = match rest.split_once('?') {
@@ -225,10 +234,18 @@ impl RedisUrl {
             replica_timeout: Duration::from_secs(1),
             sentinel,
             cluster,
+            tls,
+            tls_files: Default::default(),
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
             let duration = || parse_duration(value).map_err(|e| bad(format!("{key}: {e}")));
+            if parsed.tls_files.take(key, value, &[]).map_err(bad)? {
+                if !tls {
+                    return Err(bad(format!("{key} is a TLS file: write rediss:// to connect with TLS")));
+                }
+                continue;
+            }
             match key {
                 "lease" => {
                     parsed.lease = duration()?;
@@ -261,11 +278,12 @@ impl RedisUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout)"
+                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout, cacert, cert, key)"
                     )))
                 }
             }
         }
+        parsed.tls_files.check().map_err(bad)?;
         Ok(parsed)
     }
 
@@ -277,7 +295,16 @@ impl RedisUrl {
             (None, Some(p)) => format!(":{}@", enc(p)),
             (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
         };
-        format!("redis://{auth}{host}:{port}/{}", self.db)
+        format!("{}://{auth}{host}:{port}/{}", self.scheme(), self.db)
+    }
+
+    /// `redis` or, with TLS, `rediss`: the redis crate's scheme for one server.
+    pub(crate) fn scheme(&self) -> &'static str {
+        if self.tls {
+            "rediss"
+        } else {
+            "redis"
+        }
     }
 }
 
@@ -298,11 +325,17 @@ impl std::fmt::Display for RedisUrl {
             (None, Some(_)) => ":***@".to_string(),
             (None, None) => String::new(),
         };
+        let scheme = self.scheme();
         match (&self.sentinel, &self.cluster) {
-            (Some(s), _) => write!(f, "redis+sentinel://{user}{}/{}/{}", s.hosts.join(","), s.master, self.db),
-            (None, Some(nodes)) => write!(f, "redis+cluster://{user}{}", nodes.join(",")),
-            (None, None) => write!(f, "redis://{user}{}:{}/{}", self.host, self.port, self.db),
+            (Some(s), _) => write!(f, "{scheme}+sentinel://{user}{}/{}/{}", s.hosts.join(","), s.master, self.db)?,
+            (None, Some(nodes)) => write!(f, "{scheme}+cluster://{user}{}", nodes.join(","))?,
+            (None, None) => write!(f, "{scheme}://{user}{}:{}/{}", self.host, self.port, self.db)?,
         }
+        let files = self.tls_files.query_pairs();
+        if !files.is_empty() {
+            write!(f, "?{}", files.join("&"))?;
+        }
+        Ok(())
     }
 }
 
@@ -338,6 +371,19 @@ mod tests {
     }
 
     #[test]
+    fn tls_schemes_and_files() {
+        let u = RedisUrl::parse("rediss://app:pw@db.example:6380?cacert=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
+        assert!(u.tls);
+        assert_eq!(u.connection_string_for(&u.host, u.port), "rediss://app:pw@db.example:6380/0");
+        assert_eq!(u.to_string(), "rediss://app@db.example:6380/0?cacert=/ca.pem&cert=/c.pem&key=/k.pem");
+        let c = RedisUrl::parse("rediss+cluster://a:1,b:2").unwrap();
+        assert!(c.tls && c.cluster.is_some());
+        let s = RedisUrl::parse("rediss+sentinel://a:1/m").unwrap();
+        assert!(s.tls && s.sentinel.is_some());
+        assert!(!RedisUrl::parse("redis://a:1").unwrap().tls);
+    }
+
+    #[test]
     fn cluster_nodes() {
         let u = RedisUrl::parse("redis+cluster://10.0.0.1:7000,10.0.0.2?lease=5s").unwrap();
         assert_eq!(u.cluster.as_deref(), Some(&["10.0.0.1:7000".to_string(), "10.0.0.2:6379".to_string()][..]));
@@ -348,7 +394,8 @@ mod tests {
     fn bad_urls_name_the_problem() {
         for (url, says) in [
             ("zk://h:1", "redis://"),
-            ("rediss://h:1", "TLS"),
+            ("redis://h:1?cacert=/ca.pem", "rediss://"),
+            ("rediss://h:1?cert=/c.pem", "key"),
             ("redis://h:99999", "port"),
             ("redis://h:1/x", "database"),
             ("redis://a:1,b:2", "Sentinel"),

@@ -1,0 +1,190 @@
+//! TLS settings every network backend takes the same way: the CA that verifies the server, and
+//! the client certificate and key for a server that asks for one (mutual TLS). Their URL keys are
+//! etcdctl's flag names, `cacert`, `cert` and `key`, in every scheme (each backend also takes its
+//! own client's names for them, such as libpq's `sslrootcert`); `distlock --cacert --cert --key`
+//! put them in any URL through [`ConnectOptions`](crate::ConnectOptions).
+//!
+//! The server's certificate is always verified: against `cacert` when given, else against the
+//! system's roots, and its name against the URL's host. Files are read when connecting; an
+//! unreadable or malformed one is an error naming the file, never a silent downgrade.
+//!
+//! The TLS stack is rustls (with the *ring* provider) for the whole crate: every client library
+//! distlock builds on can use it, it needs no system library at build or run time, and one stack
+//! means one verification behaviour on every backend.
+
+use crate::{Error, Result};
+use std::path::PathBuf;
+
+/// The TLS files of a URL (see the module's docs).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::tls::TlsFiles;
+/// let mut files = TlsFiles::default();
+/// assert!(files.take("cacert", "/etc/ssl/ca.pem", &[]).unwrap());
+/// assert!(!files.take("lease", "5s", &[]).unwrap());
+/// assert_eq!(files.cacert.as_deref(), Some(std::path::Path::new("/etc/ssl/ca.pem")));
+/// assert!(files.take("cert", "/c.pem", &[]).is_ok());
+/// assert!(files.check().unwrap_err().contains("key"), "a certificate needs its key");
+/// ```
+#[derive(Clone, Default, PartialEq, Eq, Debug)]
+pub struct TlsFiles {
+    /// PEM file of the CA certificates that verify the server (default: the system's roots).
+    pub cacert: Option<PathBuf>,
+    /// PEM file of the client certificate (chain), for servers that ask for one.
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    pub key: Option<PathBuf>,
+}
+
+/// The contents of [`TlsFiles`], read.
+#[derive(Clone)]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
+pub(crate) struct TlsPem {
+    /// The CA certificates (PEM), if a CA file was given.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// The client certificate and key (PEM), if given.
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsFiles {
+    /// Takes the URL query pair `key=value` if `key` is `cacert`, `cert` or `key`, or an alias
+    /// of one (`(alias, name)` pairs); `Ok(false)` for any other key.
+    ///
+    /// # Errors
+    ///
+    /// An empty value, or a file given twice (under two names).
+    pub fn take(&mut self, key: &str, value: &str, aliases: &[(&str, &str)]) -> std::result::Result<bool, String> {
+        let name = aliases.iter().find(|(alias, _)| *alias == key).map_or(key, |(_, name)| *name);
+        let slot = match name {
+            "cacert" => &mut self.cacert,
+            "cert" => &mut self.cert,
+            "key" => &mut self.key,
+            _ => return Ok(false),
+        };
+        if value.is_empty() {
+            return Err(format!("{key} needs a file's path"));
+        }
+        if slot.is_some() {
+            return Err(format!("{key}: the {name} file is given twice"));
+        }
+        *slot = Some(PathBuf::from(value));
+        Ok(true)
+    }
+
+    /// Whether no file is given.
+    pub fn is_empty(&self) -> bool {
+        self.cacert.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// Checks that a client certificate comes with its key and a key with its certificate.
+    ///
+    /// # Errors
+    ///
+    /// What is missing, in words.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        match (&self.cert, &self.key) {
+            (Some(_), None) => Err("a client certificate (cert) needs its private key (key)".into()),
+            (None, Some(_)) => Err("a private key (key) needs its client certificate (cert)".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The files as URL query pairs (`cacert=…`), for showing a URL.
+    pub fn query_pairs(&self) -> Vec<String> {
+        [("cacert", &self.cacert), ("cert", &self.cert), ("key", &self.key)]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|p| format!("{k}={}", p.display())))
+            .collect()
+    }
+
+    /// Reads the files.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")),
+        allow(dead_code)
+    )]
+    pub(crate) fn read(&self) -> Result<TlsPem> {
+        let read = |what: &'static str, path: &PathBuf, label: &str| -> Result<Vec<u8>> {
+            let bad = |reason: String| Error::InvalidArgument { what, reason };
+            let data = std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+            let text = String::from_utf8_lossy(&data);
+            if !text.contains("-----BEGIN ") || (!label.is_empty() && !text.contains(label)) {
+                return Err(bad(format!(
+                    "{} holds no PEM {}",
+                    path.display(),
+                    if label.is_empty() { "data".to_string() } else { label.trim_end_matches('-').to_lowercase() }
+                )));
+            }
+            Ok(data)
+        };
+        self.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
+        let ca = match &self.cacert {
+            Some(p) => Some(read("CA certificate file (cacert)", p, "CERTIFICATE-----")?),
+            None => None,
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some((
+                read("client certificate file (cert)", c, "CERTIFICATE-----")?,
+                read("client key file (key)", k, "PRIVATE KEY-----")?,
+            )),
+            _ => None,
+        };
+        Ok(TlsPem { ca, identity })
+    }
+}
+
+/// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
+/// an untrusted or misnamed server certificate, a client certificate the server requires, or a
+/// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
+pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
+    let r = reason.to_lowercase();
+    let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
+        "the server's certificate is not signed by a CA trusted here: give the CA that signed it with cacert"
+    } else if r.contains("notvalidforname") || r.contains("not valid for name") {
+        "the server's certificate does not name the host connected to: connect by a name (or address) it lists"
+    } else if r.contains("expired") && r.contains("cert") {
+        "the server's certificate has expired (or is not valid yet)"
+    } else if r.contains("certificaterequired")
+        || r.contains("certificate required")
+        || r.contains("certificate_required")
+    {
+        "the server requires a client certificate: give cert and key"
+    } else if tls && (r.contains("corrupt message") || r.contains("invalidcontenttype") || r.contains("wrong version"))
+    {
+        "the server did not answer in TLS: is this its TLS port?"
+    } else if !tls && (r.contains("reset by peer") || r.contains("unexpected eof") || r.contains("broken pipe")) {
+        return format!("{reason} (if the server takes TLS only, ask for TLS: {ask_tls})");
+    } else {
+        return reason;
+    };
+    format!("{reason} ({hint})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aliases_map_to_the_three_files_and_unreadable_files_are_named() {
+        let mut f = TlsFiles::default();
+        assert!(f.take("sslrootcert", "/no/such/ca.pem", &[("sslrootcert", "cacert")]).unwrap());
+        assert!(f.take("cacert", "/x", &[]).unwrap_err().contains("twice"));
+        assert!(f.take("cert", "", &[]).unwrap_err().contains("path"));
+        let Err(e) = f.read() else { panic!("read a missing file") };
+        assert!(e.to_string().contains("/no/such/ca.pem"), "{e}");
+        let dir = std::env::temp_dir().join(format!("distlock-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_pem = dir.join("ca.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let f = TlsFiles { cacert: Some(not_pem.clone()), ..Default::default() };
+        let Err(e) = f.read() else { panic!("read a file that is not PEM") };
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
