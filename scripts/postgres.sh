@@ -10,6 +10,13 @@
 #   scripts/postgres.sh stop DIR      stop the server recorded in DIR/postgres.pid (only that one).
 #   scripts/postgres.sh kill DIR      SIGKILL its postmaster (a crash).
 #   scripts/postgres.sh restart DIR   start it again on the same port (after kill or stop).
+#   scripts/postgres.sh start-tls DIR the same, set up as production is: ssl = on and only
+#                                     `hostssl` lines in pg_hba.conf: user `distlock` with a
+#                                     SCRAM password (in DIR/password, mode 600; database
+#                                     `locks`) and user `certuser` by client certificate (database
+#                                     `locks_cert`); the run's CA and client certificate (CN
+#                                     certuser) in DIR/certs. Prints
+#                                     `postgres://distlock@127.0.0.1:PORT/locks`.
 #
 # Trust authentication on loopback only; fsync on (durability is part of what is tested).
 # Needs Debian's PostgreSQL 15 server (`postgresql-15`), installed if missing.
@@ -27,6 +34,8 @@ log() { echo "postgres.sh: $*" >&2; }
 source "$(dirname "$0")/lib/zookeeper.sh"
 # shellcheck source=lib/process.sh
 source "$(dirname "$0")/lib/process.sh"
+# shellcheck source=lib/certs.sh
+source "$(dirname "$0")/lib/certs.sh"
 
 bin() {
     local b
@@ -47,22 +56,74 @@ as_owner() {
     if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# ready PORT DATA: the server answers a query (with TLS only, over its Unix socket, as its
+# loopback port takes no query without TLS and a password; and the port accepts connections).
+ready() {
+    if [[ -f "$dir/tls.enabled" ]]; then
+        psql -h "$2" -p "$1" -U postgres -d postgres -Atqc 'select 1' > /dev/null 2>&1 &&
+            "$(bin)/pg_isready" -q -h 127.0.0.1 -p "$1"
+    else
+        psql -h 127.0.0.1 -p "$1" -U postgres -d postgres -Atqc 'select 1' > /dev/null 2>&1
+    fi
+}
+
+# The TLS set-up of a new cluster (see start-tls above).
+setup_tls() {
+    local data=$1 port=$2 pw
+    make_certs "$dir/certs" certuser
+    mkdir -p "$data/certs"
+    cp "$dir/certs/server.pem" "$dir/certs/server.key" "$dir/certs/ca.pem" "$data/certs/"
+    if [[ $(id -u) == 0 ]]; then chown -R postgres:postgres "$data/certs"; fi
+    chmod 600 "$data/certs/server.key"
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+    cat >> "$data/data/postgresql.conf" <<CONF
+ssl = on
+ssl_cert_file = '$data/certs/server.pem'
+ssl_key_file = '$data/certs/server.key'
+ssl_ca_file = '$data/certs/ca.pem'
+password_encryption = 'scram-sha-256'
+CONF
+    # Only TLS on the network: a SCRAM password user and a certificate user. The local socket
+    # (the script's own checks and set-up) trusts the postgres user alone.
+    cat > "$data/data/pg_hba.conf" <<HBA
+local all postgres trust
+hostssl all distlock 127.0.0.1/32 scram-sha-256
+hostssl all certuser 127.0.0.1/32 cert
+HBA
+    pw=$(cat "$dir/password")
+    touch "$dir/tls.enabled"
+    launch > /dev/null
+    psql -h "$data" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -q > /dev/null <<SQL
+CREATE ROLE distlock LOGIN PASSWORD '$pw';
+CREATE ROLE certuser LOGIN;
+CREATE DATABASE locks OWNER distlock;
+CREATE DATABASE locks_cert OWNER certuser;
+SQL
+}
+
 launch() {
     local port pid b data
     b=$(bin)
     port=$(cat "$dir/postgres.port")
     data=$(cat "$dir/data.path")
-    # The postmaster itself, in the background, so its pid is ours to record.
-    as_owner nohup "$b/postgres" -D "$data/data" -c listen_addresses=127.0.0.1 -p "$port" -k "$data" \
+    # The postmaster itself, in the background, so its pid is ours to record. An external
+    # command, not a function: a function run in the background is a copy of this shell that
+    # would live as long as the server, holding this script's output open.
+    local run_as=()
+    if [[ $(id -u) == 0 ]]; then run_as=(runuser -u postgres --); fi
+    nohup "${run_as[@]}" "$b/postgres" -D "$data/data" -c listen_addresses=127.0.0.1 -p "$port" -k "$data" \
         -c max_connections=300 -c shared_buffers=32MB > "$dir/postgres.log" 2>&1 < /dev/null &
     # runuser execs postgres in its place only after a fork: read the postmaster's pid file.
     for _ in $(seq 1 300); do
-        if [[ -f "$data/data/postmaster.pid" ]] &&
-            psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -Atqc 'select 1' > /dev/null 2>&1; then
+        if [[ -f "$data/data/postmaster.pid" ]] && ready "$port" "$data"; then
             pid=$(head -n 1 "$data/data/postmaster.pid")
             echo "$pid" > "$dir/postgres.pid"
             log "postgres pid $pid serving on 127.0.0.1:$port"
-            echo "postgres://postgres@127.0.0.1:$port/postgres"
+            if [[ -f "$dir/tls.enabled" ]]; then
+                echo "postgres://distlock@127.0.0.1:$port/locks"
+            else
+                echo "postgres://postgres@127.0.0.1:$port/postgres"
+            fi
             return
         fi
         sleep 0.1
@@ -90,11 +151,18 @@ start() {
             { log "initdb failed:"; cat "$dir/initdb.log" >&2; exit 1; }
     fi
     free_ports 1 > "$dir/postgres.port"
+    if [[ -n "${tls:-}" ]]; then
+        # Started once to be set up, and running from then on.
+        setup_tls "$(cat "$dir/data.path")" "$(cat "$dir/postgres.port")"
+        echo "postgres://distlock@127.0.0.1:$(cat "$dir/postgres.port")/locks"
+        return
+    fi
     launch
 }
 
 case "$cmd" in
     start) start ;;
+    start-tls) tls=1 start ;;
     stop)
         # SIGINT is PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave).
         if [[ -f "$dir/postgres.pid" ]] && kill -0 "$(cat "$dir/postgres.pid")" 2>/dev/null; then
@@ -113,5 +181,5 @@ case "$cmd" in
         dir=$(cd "$dir" && pwd)
         # A killed postmaster leaves its pid file; postgres removes a stale one itself.
         launch ;;
-    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR" >&2; exit 2 ;;
 esac

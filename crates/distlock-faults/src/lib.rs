@@ -35,9 +35,11 @@ pub mod checker;
 pub mod peers;
 pub mod process;
 pub mod proxy;
+pub mod server;
 pub mod watch;
 
 pub use checker::{mono_now, FencedResource, Hold, HoldId, Mode, Report, WriteRecord};
 pub use process::{kill, pause, resume};
 pub use proxy::{zk_reply, ClientWrite, Fault, FaultProxy};
+pub use server::OwnServer;
 pub use watch::FreeWatch;

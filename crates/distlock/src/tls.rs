@@ -40,7 +40,7 @@ pub struct TlsFiles {
 
 /// The contents of [`TlsFiles`], read.
 #[derive(Clone)]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) struct TlsPem {
     /// The CA certificates (PEM), if a CA file was given.
     pub(crate) ca: Option<Vec<u8>>,
@@ -104,10 +104,7 @@ impl TlsFiles {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub(crate) fn read(&self) -> Result<TlsPem> {
         let read = |what: &'static str, path: &PathBuf, label: &str| -> Result<Vec<u8>> {
             let bad = |reason: String| Error::InvalidArgument { what, reason };
@@ -138,10 +135,180 @@ impl TlsFiles {
     }
 }
 
+/// How much of the server's certificate a connection checks (libpq's and MySQL's modes map here).
+#[cfg(feature = "postgres")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// The chain to a trusted CA and the host's name (`verify-full`, `VERIFY_IDENTITY`): the
+    /// default of every TLS URL of distlock.
+    Full,
+    /// The chain only (`verify-ca`, `VERIFY_CA`): any certificate the CA signed.
+    Chain,
+    /// Nothing (`require`/`prefer` without a CA, as libpq does): encryption without knowing
+    /// who answers. Only where the URL says so.
+    Nothing,
+}
+
+/// A rustls client configuration: the CA of `pem` (else the system's roots) checked as `verify`
+/// says, and the client certificate of `pem` if any.
+#[cfg(feature = "postgres")]
+pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::sync::Arc;
+    let bad = |what: &'static str, reason: String| Error::InvalidArgument { what, reason };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("TLS settings", e.to_string()))?;
+    let builder = if verify == Verify::Nothing {
+        let algorithms = provider.signature_verification_algorithms;
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(Unverified(algorithms)))
+    } else {
+        let webpki = webpki_verifier(pem, provider)?;
+        match verify {
+            Verify::Chain => builder.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly(webpki))),
+            _ => builder.with_webpki_verifier(webpki),
+        }
+    };
+    match &pem.identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| bad("client certificate file (cert)", e.to_string()))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| bad("client key file (key)", e.to_string()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad("client certificate and key (cert, key)", e.to_string()))
+        }
+    }
+}
+
+/// The standard verifier: chains to the CA of `pem`, else to the system's roots.
+#[cfg(feature = "postgres")]
+fn webpki_verifier(
+    pem: &TlsPem,
+    provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
+) -> Result<std::sync::Arc<rustls::client::WebPkiServerVerifier>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |what: &'static str, reason: String| Error::InvalidArgument { what, reason };
+    let mut roots = rustls::RootCertStore::empty();
+    match &pem.ca {
+        Some(ca) => {
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                let cert = cert.map_err(|e| bad("CA certificate file (cacert)", e.to_string()))?;
+                roots.add(cert).map_err(|e| bad("CA certificate file (cacert)", e.to_string()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                let _ = roots.add(cert); // a system root rustls cannot use is skipped, as browsers do
+            }
+            if roots.is_empty() {
+                return Err(bad("TLS roots", "no cacert given and no usable system root certificate found".into()));
+            }
+        }
+    }
+    rustls::client::WebPkiServerVerifier::builder_with_provider(std::sync::Arc::new(roots), provider)
+        .build()
+        .map_err(|e| bad("CA certificate file (cacert)", e.to_string()))
+}
+
+/// Checks the chain to a trusted CA, not the name (`verify-ca`).
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+struct ChainOnly(std::sync::Arc<rustls::client::WebPkiServerVerifier>);
+
+/// Checks nothing but the handshake's signatures (`require` without a CA).
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+struct Unverified(rustls::crypto::WebPkiSupportedAlgorithms);
+
+#[cfg(feature = "postgres")]
+impl rustls::client::danger::ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+            | Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext { .. })) => {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
     let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
@@ -153,12 +320,19 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     } else if r.contains("certificaterequired")
         || r.contains("certificate required")
         || r.contains("certificate_required")
+        || r.contains("requires a valid client certificate")
     {
         "the server requires a client certificate: give cert and key"
     } else if tls && (r.contains("corrupt message") || r.contains("invalidcontenttype") || r.contains("wrong version"))
     {
         "the server did not answer in TLS: is this its TLS port?"
-    } else if !tls && (r.contains("reset by peer") || r.contains("unexpected eof") || r.contains("broken pipe")) {
+    } else if !tls
+        && (r.contains("reset by peer")
+            || r.contains("unexpected eof")
+            || r.contains("broken pipe")
+            || r.contains("no encryption")
+            || r.contains("secure transport"))
+    {
         return format!("{reason} (if the server takes TLS only, ask for TLS: {ask_tls})");
     } else {
         return reason;

@@ -422,3 +422,71 @@ async fn a_semaphore_waiter_gets_released_and_orphaned_permits() {
     again.release().await.unwrap();
     assert!(matches!(got.release().await, Err(Error::LockLost { .. })));
 }
+
+/// A PostgreSQL set up as production is (`scripts/postgres.sh start-tls`: `ssl = on`, only
+/// `hostssl` lines, a SCRAM user and a certificate user): `sslmode=verify-full` with the CA locks,
+/// elects and runs a job as either user; what falls short is refused, naming the cause, within
+/// the connect timeout, without the password.
+#[tokio::test]
+async fn a_tls_only_server_with_scram_and_certificate_users() {
+    let server = distlock_faults::OwnServer::start("postgres.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let (ca, other_ca) = (server.file("certs/ca.pem"), server.file("certs/other-ca.pem"));
+    let (cert, key) = (server.file("certs/client.pem"), server.file("certs/client.key"));
+    let addr = server.printed.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let scram = format!(
+        "postgres://distlock:{password}@{addr}/locks?sslmode=verify-full&sslrootcert={ca}&lease=5s&connect_timeout=3s"
+    );
+    let by_cert = format!(
+        "postgres://certuser@{addr}/locks_cert?sslmode=verify-full&cacert={ca}&cert={cert}&key={key}&lease=5s&connect_timeout=3s"
+    );
+    for url in [&scram, &by_cert] {
+        let (a, b) = (distlock::connect(url).await.unwrap(), distlock::connect(url).await.unwrap());
+        let g = a.mutex("tls-lock").unwrap().lock().await.unwrap();
+        assert!(b.mutex("tls-lock").unwrap().try_lock().await.unwrap().is_none(), "held over TLS");
+        let first = g.fencing_token();
+        g.release().await.unwrap();
+        let g = b.mutex("tls-lock").unwrap().try_lock().await.unwrap().expect("free after the release");
+        assert!(g.fencing_token() > first);
+        g.release().await.unwrap();
+        let leading = a.election("tls-election").unwrap().campaign("a").await.unwrap();
+        assert_eq!(b.election("tls-election").unwrap().leader().await.unwrap().map(|l| l.value), Some("a".into()));
+        leading.resign().await.unwrap();
+        match a.schedule("tls-job").unwrap().at_most_for(Duration::from_secs(5)).try_start().await.unwrap() {
+            distlock::schedule::Started::Running(job) => drop(job.finish(Some(0)).await.unwrap()),
+            distlock::schedule::Started::Skipped(s) => panic!("a fresh job skipped: {s}"),
+        }
+    }
+    // psql sees our session's TLS.
+    let _open = distlock::connect(&scram).await.unwrap();
+    let out = std::process::Command::new("psql")
+        .arg(format!("host=127.0.0.1 port={} user=distlock dbname=locks sslmode=verify-full sslrootcert={ca}", addr.rsplit(':').next().unwrap()))
+        .args(["-Atc", "select count(*) > 0 from pg_stat_ssl s join pg_stat_activity a using (pid) where a.application_name = 'distlock' and s.ssl"])
+        .env("PGPASSWORD", &password)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t", "{}", String::from_utf8_lossy(&out.stderr));
+
+    let refused: Vec<(String, &str)> = vec![
+        (scram.replace(&ca, &other_ca), "not signed by a CA trusted here"),
+        (
+            scram.replace("sslmode=verify-full", "sslmode=disable").replace(&format!("&sslrootcert={ca}"), ""),
+            "ask for TLS",
+        ),
+        (scram.replace(&password, "not-the-password"), "password authentication failed"),
+        (by_cert.replace(&format!("&cert={cert}&key={key}"), ""), "give cert and key"),
+        (scram.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
+        (scram.replace("sslmode=verify-full", "sslmode=sometimes"), "sslmode=sometimes"),
+    ];
+    for (bad, says) in refused {
+        let started = std::time::Instant::now();
+        let e = match distlock::connect(&bad).await {
+            Ok(_) => panic!("{bad}: connected"),
+            Err(e) => e.to_string(),
+        };
+        assert!(started.elapsed() < Duration::from_secs(10), "{bad}: took {:?}: {e}", started.elapsed());
+        assert!(e.contains(says), "{bad}: {e}");
+        assert!(!e.contains(&password), "the password is in the error: {e}");
+        println!("refused in {:?}: {e}", started.elapsed());
+    }
+}

@@ -165,7 +165,9 @@ async fn a_restart_without_persistence_is_reported_at_once_and_by_every_release(
 async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
     let master = Server::start();
     let replica = Server::replica_of(&master);
-    let url = format!("redis://{}?lease=5s&replicas=1&replica_timeout=1500ms", master.addr);
+    // The replica's confirmation may take a while right after it is resumed: 1.5 s, under the
+    // bound on each request (a sixth of the 10 s lease).
+    let url = format!("redis://{}?lease=10s&replicas=1&replica_timeout=1500ms", master.addr);
     let redis = Client::connect(&url).await.unwrap();
     let g = redis.mutex("replicated").unwrap().lock().await.expect("the replica confirms");
     g.release().await.unwrap();

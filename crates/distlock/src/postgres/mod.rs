@@ -55,7 +55,7 @@ pub use inspect::{LockView, Session};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use url::{AdvisoryKey, KeyScheme, PgUrl};
+pub use url::{AdvisoryKey, KeyScheme, PgUrl, SslMode};
 
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -85,6 +85,9 @@ pub struct Client {
 
 struct Inner {
     url: PgUrl,
+    /// The TLS connector of every connection (plaintext when `sslmode` says so or the server
+    /// offers no TLS under `prefer`).
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
     idle: StdMutex<Vec<Conn>>,
     /// The connection that `LISTEN`s for semaphore releases, started by the first waiter.
     listener: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
@@ -195,9 +198,11 @@ impl Client {
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
+        let tls = url.tls()?;
         let client = Client {
             inner: Arc::new(Inner {
                 watchdog: Arc::new(crate::watchdog::Watchdog::new(url.server_bound() / 6)),
+                tls,
                 url,
                 idle: StdMutex::new(Vec::new()),
                 listener: tokio::sync::Mutex::new(None),
@@ -207,6 +212,11 @@ impl Client {
         let conn = client.open().await?;
         client.put_back(conn);
         Ok(client)
+    }
+
+    /// The TLS connector of this client's connections (for cancel requests too).
+    pub(crate) fn tls(&self) -> tokio_postgres_rustls::MakeRustlsConnect {
+        self.inner.tls.clone()
     }
 
     /// The renewals of this client's held locks.
@@ -285,7 +295,7 @@ impl Client {
         use futures::StreamExt;
         let url = &self.inner.url;
         let (client, mut connection) =
-            tokio::time::timeout(url.connect_timeout, url.config.connect(tokio_postgres::NoTls))
+            tokio::time::timeout(url.connect_timeout, url.config.connect(self.inner.tls.clone()))
                 .await
                 .map_err(|_| "no answer".to_string())?
                 .map_err(|e| e.to_string())?;
@@ -342,10 +352,13 @@ impl Client {
     async fn open(&self) -> Result<Conn> {
         let url = &self.inner.url;
         let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
-        let (client, connection) = tokio::time::timeout(url.connect_timeout, url.config.connect(tokio_postgres::NoTls))
-            .await
-            .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(cause(&e)))?;
+        let (client, connection) =
+            tokio::time::timeout(url.connect_timeout, url.config.connect(self.inner.tls.clone()))
+                .await
+                .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
+                .map_err(|e| {
+                    failed(crate::tls::explain(cause(&e), url.ssl_mode != SslMode::Disable, "sslmode=verify-full"))
+                })?;
         let (tx, closed) = watch::channel(false);
         let holder: Arc<crate::lease::HolderSlot> = Arc::default();
         let held = holder.clone();

@@ -102,7 +102,7 @@ impl Mutex {
 
     async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let conn = self.client.checkout().await?;
-        let cancel = (conn.client.cancel_token(), conn.cancelled.clone());
+        let cancel = (conn.client.cancel_token(), conn.cancelled.clone(), self.client.tls());
         let (client, target) = (self.client.clone(), self.target.clone());
         let attempt = async move {
             let name = &target.name;
@@ -162,7 +162,7 @@ impl Mutex {
 /// by its guard's drop, and the connection is never reused (a late cancel could hit later work).
 struct Cancelling<T: Send + 'static> {
     fut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
-    cancel: Option<(tokio_postgres::CancelToken, Arc<AtomicBool>)>,
+    cancel: Option<(tokio_postgres::CancelToken, Arc<AtomicBool>, tokio_postgres_rustls::MakeRustlsConnect)>,
 }
 
 impl<T: Send + 'static> std::future::Future for Cancelling<T> {
@@ -178,13 +178,13 @@ impl<T: Send + 'static> std::future::Future for Cancelling<T> {
 
 impl<T: Send + 'static> Drop for Cancelling<T> {
     fn drop(&mut self) {
-        let (Some(fut), Some((cancel, cancelled))) = (self.fut.take(), self.cancel.take()) else { return };
+        let (Some(fut), Some((cancel, cancelled, tls))) = (self.fut.take(), self.cancel.take()) else { return };
         cancelled.store(true, Ordering::SeqCst);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let mut attempt = tokio::spawn(fut);
                 for _ in 0..50 {
-                    let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+                    let _ = cancel.cancel_query(tls.clone()).await;
                     if tokio::time::timeout(Duration::from_millis(200), &mut attempt).await.is_ok() {
                         return;
                     }

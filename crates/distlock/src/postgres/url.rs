@@ -166,7 +166,7 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 }
 
 /// A parsed `postgres://[user[:password]@]host[:port][/database][?lease=30s&connect_timeout=10s&keys=distributedlock]`
-/// (`postgresql://` too). TLS is not compiled in yet.
+/// (`postgresql://` too).
 ///
 /// Query keys:
 /// - `lease`: the longest the server keeps a silent holder's session, and so its locks (default
@@ -175,7 +175,15 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// - `keys`: `distributedlock` (default) or `raw` (see [`KeyScheme`]);
 /// - `application_name`: shown in `pg_stat_activity` (default `distlock`);
 /// - `rescan`: how often a semaphore's waiters try its slots again without having been told of a
-///   release (default 500 ms; a permit freed by a dead holder's session is found this way).
+///   release (default 500 ms; a permit freed by a dead holder's session is found this way);
+/// - `sslmode`: libpq's, with libpq's meaning: `disable` (plaintext), `prefer` (the default: TLS
+///   if the server offers it, else plaintext; the certificate not checked), `require` (TLS; the
+///   certificate not checked, or its chain when a CA is given, as libpq does), `verify-ca` (TLS,
+///   the chain to the CA checked), `verify-full` (TLS, the chain and the host's name checked:
+///   the one to use against a server you do not control);
+/// - `sslrootcert` (or `cacert`), `sslcert` (or `cert`), `sslkey` (or `key`): the CA that
+///   verifies the server (default: the system's roots), and a client certificate and key for
+///   certificate authentication (see [`crate::tls`]).
 ///
 /// An unknown key is an error naming it.
 ///
@@ -201,8 +209,27 @@ pub struct PgUrl {
     pub keys: KeyScheme,
     /// How often semaphore waiters rescan unprompted.
     pub rescan: Duration,
+    /// TLS, as libpq's `sslmode` says.
+    pub ssl_mode: SslMode,
+    /// The TLS files (CA, client certificate and key).
+    pub tls_files: crate::tls::TlsFiles,
     /// The URL without its password, for messages.
     shown: String,
+}
+
+/// libpq's `sslmode` (see [`PgUrl`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plaintext.
+    Disable,
+    /// TLS when the server offers it, the certificate unchecked (libpq's default).
+    Prefer,
+    /// TLS; the certificate unchecked, or its chain when a CA is given.
+    Require,
+    /// TLS, the chain to the CA checked.
+    VerifyCa,
+    /// TLS, the chain and the host's name checked.
+    VerifyFull,
 }
 
 impl std::fmt::Debug for PgUrl {
@@ -230,9 +257,36 @@ impl PgUrl {
             (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::DistributedLock);
         let mut application_name = "distlock".to_string();
         let mut rescan = Duration::from_millis(500);
+        let mut ssl_mode = SslMode::Prefer;
+        let mut tls_files = crate::tls::TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if tls_files
+                .take(k, v, &[("sslrootcert", "cacert"), ("sslcert", "cert"), ("sslkey", "key")])
+                .map_err(bad)?
+            {
+                continue;
+            }
             match k {
+                "sslmode" => {
+                    ssl_mode = match v {
+                        "disable" => SslMode::Disable,
+                        "prefer" => SslMode::Prefer,
+                        "require" => SslMode::Require,
+                        "verify-ca" => SslMode::VerifyCa,
+                        "verify-full" => SslMode::VerifyFull,
+                        "allow" => {
+                            return Err(bad(
+                                "sslmode=allow (plaintext first) is not supported: use prefer or disable".into()
+                            ))
+                        }
+                        _ => {
+                            return Err(bad(format!(
+                                "sslmode={v}: use disable, prefer, require, verify-ca or verify-full"
+                            )))
+                        }
+                    }
+                }
                 "lease" => lease = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
                 "keys" => {
@@ -246,7 +300,8 @@ impl PgUrl {
                 "rescan" => rescan = crate::duration::url_duration(k, v)?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan)"
+                        "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan, \
+                         sslmode, sslrootcert, sslcert, sslkey)"
                     )))
                 }
             }
@@ -275,7 +330,29 @@ impl PgUrl {
         if rescan.is_zero() {
             return Err(bad("rescan must be more than 0".into()));
         }
-        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, shown: crate::redact_url(url) })
+        tls_files.check().map_err(bad)?;
+        if ssl_mode == SslMode::Disable && !tls_files.is_empty() {
+            return Err(bad("TLS files with sslmode=disable: drop them or ask for TLS (sslmode=verify-full)".into()));
+        }
+        config.ssl_mode(match ssl_mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, ssl_mode, tls_files, shown: crate::redact_url(url) })
+    }
+
+    /// The TLS connector of this URL: its files read, the server checked as `sslmode` says.
+    pub(crate) fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        use crate::tls::Verify;
+        let verify = match self.ssl_mode {
+            SslMode::Disable | SslMode::Prefer if self.tls_files.cacert.is_none() => Verify::Nothing,
+            SslMode::Require if self.tls_files.cacert.is_none() => Verify::Nothing,
+            SslMode::VerifyFull => Verify::Full,
+            _ => Verify::Chain,
+        };
+        let pem = self.tls_files.read()?;
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(crate::tls::client_config(&pem, verify)?))
     }
 
     /// The session settings of a lock connection: the server ends this session (freeing its

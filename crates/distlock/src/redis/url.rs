@@ -284,6 +284,15 @@ impl RedisUrl {
             }
         }
         parsed.tls_files.check().map_err(bad)?;
+        let request_bound = (parsed.lease / 6).min(parsed.connect_timeout);
+        if parsed.replicas > 0 && parsed.replica_timeout >= request_bound {
+            return Err(bad(format!(
+                "replica_timeout {} is not under the bound on each request ({}: a sixth of the lease, at most \
+                 connect_timeout): shorten it or lengthen the lease",
+                humantime::format_duration(parsed.replica_timeout),
+                humantime::format_duration(request_bound)
+            )));
+        }
         Ok(parsed)
     }
 
@@ -402,6 +411,7 @@ mod tests {
             ("redis+sentinel://a:1,b:2", "master name"),
             ("redis+cluster://a:1/2", "database 0"),
             ("redis+cluster://a:1?replicas=1", "cluster"),
+            ("redis://h:1?lease=5s&replicas=1&replica_timeout=1s", "replica_timeout"),
             ("redis://h:1?lease=1ms", "too short"),
             ("redis://h:1?lease=100000h", "too long"),
             ("redis://h:1?lease=soon", "lease"),
