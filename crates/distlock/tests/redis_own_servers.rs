@@ -7,6 +7,8 @@
 //! the fenced checker).
 #![cfg(feature = "redis")]
 
+mod common;
+
 use distlock::redis::Client;
 use distlock::{Error, LostReason};
 use std::path::PathBuf;
@@ -787,13 +789,9 @@ async fn a_tls_only_server_with_an_acl_user() {
     let url = format!("rediss://distlock:{password}@{}?lease=5s&connect_timeout=3s&{files}", server.addr);
 
     // Locks exclude each other, tokens rise; an election and a job run.
-    let (a, b) = (distlock::connect(&url).await.unwrap(), distlock::connect(&url).await.unwrap());
+    common::secure::locks_elects_and_runs_a_job(&url).await;
+    let a = distlock::connect(&url).await.unwrap();
     let g = a.mutex("tls-lock").unwrap().lock().await.unwrap();
-    assert!(b.mutex("tls-lock").unwrap().try_lock().await.unwrap().is_none(), "held over TLS");
-    let first = g.fencing_token();
-    g.release().await.unwrap();
-    let g = b.mutex("tls-lock").unwrap().try_lock().await.unwrap().expect("free after the release");
-    assert!(g.fencing_token() > first);
     // redis-cli over TLS, as its user, sees the lock's hash.
     let out = Command::new("redis-cli")
         .args(["--tls", "--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")])
@@ -804,13 +802,6 @@ async fn a_tls_only_server_with_an_acl_user() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hash", "{}", String::from_utf8_lossy(&out.stderr));
     g.release().await.unwrap();
-    let leading = a.election("tls-election").unwrap().campaign("a").await.unwrap();
-    assert_eq!(b.election("tls-election").unwrap().leader().await.unwrap().map(|l| l.value), Some("a".to_string()));
-    leading.resign().await.unwrap();
-    match a.schedule("tls-job").unwrap().at_most_for(Duration::from_secs(5)).try_start().await.unwrap() {
-        distlock::schedule::Started::Running(job) => drop(job.finish(Some(0)).await.unwrap()),
-        distlock::schedule::Started::Skipped(s) => panic!("a fresh job skipped: {s}"),
-    }
 
     // Everything short of the production set-up is refused, naming the cause.
     let addr = &server.addr;
@@ -832,18 +823,6 @@ async fn a_tls_only_server_with_an_acl_user() {
         (url.replace(&file("ca.pem"), "/no/such/ca.pem"), "/no/such/ca.pem"),
     ];
     for (bad, says) in refused {
-        let started = std::time::Instant::now();
-        let e = match distlock::connect(&bad).await {
-            Ok(c) => match c.mutex("tls-refused").unwrap().try_lock().await {
-                Ok(_) => panic!("{bad}: connected and locked"),
-                Err(e) => e,
-            },
-            Err(e) => e,
-        };
-        let text = e.to_string();
-        assert!(started.elapsed() < Duration::from_secs(10), "{bad}: took {:?}: {text}", started.elapsed());
-        assert!(text.contains(says), "{bad}: {text}");
-        assert!(!text.contains(&password), "the password is in the error: {text}");
-        println!("refused in {:?}: {text}", started.elapsed());
+        common::secure::refused(&bad, says, &password).await;
     }
 }

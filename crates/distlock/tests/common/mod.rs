@@ -8,6 +8,8 @@
 use distlock::zookeeper::Client;
 use std::time::Duration;
 
+pub mod secure;
+
 pub fn zk_addr() -> String {
     std::env::var("DISTLOCK_TEST_ZK").expect(
         "DISTLOCK_TEST_ZK is not set: run the tests with scripts/test.sh, which starts ZooKeeper on a free port",
