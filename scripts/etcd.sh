@@ -4,6 +4,11 @@
 #   scripts/etcd.sh start DIR     install Debian's etcd-server and etcd-client if missing, start one
 #                                 member on free 127.0.0.1 ports with its data under DIR, wait
 #                                 until it is healthy, and print its client address (host:port).
+#   scripts/etcd.sh start-tls DIR the same, set up as production is: TLS only, client
+#                                 certificates required (--client-cert-auth), auth enabled;
+#                                 user distlock (password in DIR/password, mode 600; or its
+#                                 client certificate's name) may read and write every key. The
+#                                 run's CA and certificates are in DIR/certs.
 #   scripts/etcd.sh cluster DIR   start a 3-member cluster in DIR/n1..n3 the same way, wait until
 #                                 every member is healthy, and print the client addresses
 #                                 (comma-separated). Each member DIR/nI can be stopped, killed,
@@ -26,6 +31,21 @@ log() { echo "etcd.sh: $*" >&2; }
 source "$(dirname "$0")/lib/zookeeper.sh"
 # shellcheck source=lib/process.sh
 source "$(dirname "$0")/lib/process.sh"
+# shellcheck source=lib/certs.sh
+source "$(dirname "$0")/lib/certs.sh"
+
+# ctl MEMBER ARGS...: etcdctl to a member, over TLS with the client certificate when it has TLS
+# (the certificate's name, distlock, is the etcd user once auth is on).
+ctl() {
+    local m=$1
+    shift
+    if [[ -f "$m/tls.enabled" ]]; then
+        ETCDCTL_API=3 etcdctl --endpoints="https://127.0.0.1:$(cat "$m/client.port")" --cacert "$m/certs/ca.pem" \
+            --cert "$m/certs/client.pem" --key "$m/certs/client.key" "$@"
+    else
+        ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$(cat "$m/client.port")" "$@"
+    fi
+}
 
 install_etcd() {
     command -v etcd >/dev/null && command -v etcdctl >/dev/null && return
@@ -37,11 +57,16 @@ install_etcd() {
 
 # launch MEMBERDIR: start the member described by MEMBERDIR/{name,client.port,peer.port,cluster}.
 launch() {
-    local m=$1 pid
+    local m=$1 pid scheme=http tls=()
     mkdir -p "$m/data"
-    nohup etcd --name "$(cat "$m/name")" --data-dir "$m/data" \
-        --listen-client-urls "http://127.0.0.1:$(cat "$m/client.port")" \
-        --advertise-client-urls "http://127.0.0.1:$(cat "$m/client.port")" \
+    if [[ -f "$m/tls.enabled" ]]; then
+        scheme=https
+        tls=(--cert-file "$m/certs/server.pem" --key-file "$m/certs/server.key"
+            --trusted-ca-file "$m/certs/ca.pem" --client-cert-auth)
+    fi
+    nohup etcd --name "$(cat "$m/name")" --data-dir "$m/data" "${tls[@]}" \
+        --listen-client-urls "$scheme://127.0.0.1:$(cat "$m/client.port")" \
+        --advertise-client-urls "$scheme://127.0.0.1:$(cat "$m/client.port")" \
         --listen-peer-urls "http://127.0.0.1:$(cat "$m/peer.port")" \
         --initial-advertise-peer-urls "http://127.0.0.1:$(cat "$m/peer.port")" \
         --initial-cluster "$(cat "$m/cluster")" --initial-cluster-state new \
@@ -56,8 +81,7 @@ healthy() {
     local m
     for m in "$@"; do
         for _ in $(seq 1 300); do
-            if ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$(cat "$m/client.port")" --command-timeout=1s \
-                endpoint health > /dev/null 2>&1; then
+            if ctl "$m" --command-timeout=1s endpoint health > /dev/null 2>&1; then
                 continue 2
             fi
             kill -0 "$(cat "$m/etcd.pid")" 2>/dev/null || { log "etcd in $m exited:"; tail -5 "$m/etcd.log" >&2; exit 1; }
@@ -75,7 +99,7 @@ members() {
 }
 
 case "$cmd" in
-start)
+start|start-tls)
     install_etcd
     mkdir -p "$dir"
     read -r cport pport < <(free_ports 2)
@@ -83,8 +107,26 @@ start)
     echo "$pport" > "$dir/peer.port"
     echo "t1" > "$dir/name"
     echo "t1=http://127.0.0.1:$pport" > "$dir/cluster"
+    if [[ "$cmd" == start-tls ]]; then
+        make_certs "$dir/certs" distlock
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+        touch "$dir/tls.enabled"
+    fi
     launch "$dir"
     healthy "$dir"
+    if [[ "$cmd" == start-tls ]]; then
+        # Authentication on: root, and user distlock (its password, or its certificate's name)
+        # with read and write on every key.
+        {
+            ctl "$dir" user add "root:$(cat "$dir/password")-root"
+            ctl "$dir" user grant-role root root
+            ctl "$dir" user add "distlock:$(cat "$dir/password")"
+            ctl "$dir" role add locks
+            ctl "$dir" role grant-permission locks --from-key readwrite ''
+            ctl "$dir" user grant-role distlock locks
+            ctl "$dir" auth enable
+        } > "$dir/auth.log" 2>&1 || { log "auth set-up failed:"; cat "$dir/auth.log" >&2; exit 1; }
+    fi
     log "etcd pid $(cat "$dir/etcd.pid") on 127.0.0.1:$cport"
     echo "127.0.0.1:$cport"
     ;;
@@ -122,15 +164,14 @@ restart)
     ;;
 leader)
     for m in "$dir"/n[0-9]; do
-        if ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$(cat "$m/client.port")" --command-timeout=1s \
-            endpoint status 2>/dev/null | awk -F', ' '{print $5}' | grep -q true; then
+        if ctl "$m" --command-timeout=1s endpoint status 2>/dev/null | awk -F', ' '{print $5}' | grep -q true; then
             echo "$m"; exit 0
         fi
     done
     log "no leader found"; exit 1
     ;;
 *)
-    echo "usage: $0 start|cluster|stop|kill|restart|leader DIR" >&2
+    echo "usage: $0 start|start-tls|cluster|stop|kill|restart|leader DIR" >&2
     exit 2
     ;;
 esac

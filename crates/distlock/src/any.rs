@@ -22,14 +22,18 @@ use tokio::sync::watch;
 pub const SCHEMES: &[(&str, &str)] = &[
     ("zk", "zookeeper"),
     ("redis", "redis"),
+    ("rediss", "redis"),
     ("redis+sentinel", "redis"),
+    ("rediss+sentinel", "redis"),
     ("redis+cluster", "redis"),
+    ("rediss+cluster", "redis"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
     ("mysql", "mysql"),
     ("mariadb", "mysql"),
     ("sqlite", "sqlite"),
     ("etcd", "etcd"),
+    ("etcds", "etcd"),
 ];
 
 /// A backend's connect function, by URL.
@@ -40,7 +44,7 @@ const BACKENDS: &[(&[&str], Connector)] = &[
     #[cfg(feature = "zookeeper")]
     (&["zk"], crate::zookeeper::contract::connect),
     #[cfg(feature = "redis")]
-    (&["redis", "rediss", "redis+sentinel", "redis+cluster"], crate::redis::contract::connect),
+    (&["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"], crate::redis::contract::connect),
     #[cfg(feature = "postgres")]
     (&["postgres", "postgresql"], crate::postgres::contract::connect),
     #[cfg(feature = "mysql")]
@@ -48,7 +52,7 @@ const BACKENDS: &[(&[&str], Connector)] = &[
     #[cfg(feature = "sqlite")]
     (&["sqlite"], crate::sqlite::contract::connect),
     #[cfg(feature = "etcd")]
-    (&["etcd"], crate::etcd::contract::connect),
+    (&["etcd", "etcds"], crate::etcd::contract::connect),
 ];
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
@@ -71,8 +75,8 @@ pub async fn connect(url: &str) -> Result<Client> {
     if let Some((_, connect)) = BACKENDS.iter().find(|(schemes, _)| schemes.contains(&scheme)) {
         return connect(url).await;
     }
-    let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
-    match SCHEMES.iter().find(|(s, _)| *s == scheme || (*s == "redis" && scheme == "rediss")) {
+    let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
+    match SCHEMES.iter().find(|(s, _)| *s == scheme) {
         Some((_, feature)) => {
             Err(bad(format!("the {scheme}:// backend is not compiled in (enable distlock's {feature:?} feature)")))
         }

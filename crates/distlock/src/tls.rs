@@ -40,7 +40,7 @@ pub struct TlsFiles {
 
 /// The contents of [`TlsFiles`], read.
 #[derive(Clone)]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
 pub(crate) struct TlsPem {
     /// The CA certificates (PEM), if a CA file was given.
     pub(crate) ca: Option<Vec<u8>>,
@@ -104,7 +104,7 @@ impl TlsFiles {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
     pub(crate) fn read(&self) -> Result<TlsPem> {
         let read = |what: &'static str, path: &PathBuf, label: &str| -> Result<Vec<u8>> {
             let bad = |reason: String| Error::InvalidArgument { what, reason };
@@ -136,8 +136,9 @@ impl TlsFiles {
 }
 
 /// How much of the server's certificate a connection checks (libpq's and MySQL's modes map here).
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Verify {
     /// The chain to a trusted CA and the host's name (`verify-full`, `VERIFY_IDENTITY`): the
     /// default of every TLS URL of distlock.
@@ -151,7 +152,7 @@ pub(crate) enum Verify {
 
 /// A rustls client configuration: the CA of `pem` (else the system's roots) checked as `verify`
 /// says, and the client certificate of `pem` if any.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -186,7 +187,7 @@ pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::Clie
 }
 
 /// The standard verifier: chains to the CA of `pem`, else to the system's roots.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 fn webpki_verifier(
     pem: &TlsPem,
     provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
@@ -218,16 +219,16 @@ fn webpki_verifier(
 }
 
 /// Checks the chain to a trusted CA, not the name (`verify-ca`).
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 #[derive(Debug)]
 struct ChainOnly(std::sync::Arc<rustls::client::WebPkiServerVerifier>);
 
 /// Checks nothing but the handshake's signatures (`require` without a CA).
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 #[derive(Debug)]
 struct Unverified(rustls::crypto::WebPkiSupportedAlgorithms);
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 impl rustls::client::danger::ServerCertVerifier for Unverified {
     fn verify_server_cert(
         &self,
@@ -263,7 +264,7 @@ impl rustls::client::danger::ServerCertVerifier for Unverified {
     }
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 impl rustls::client::danger::ServerCertVerifier for ChainOnly {
     fn verify_server_cert(
         &self,
@@ -308,7 +309,7 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
-#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
     let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {

@@ -11,8 +11,8 @@
 //! URL's first endpoint (the next ones only when it does not answer) before the key is read.
 //! The header has whole seconds, so the time read is the `Date`'s second: never later than the
 //! server's time when a following write is applied, and up to a second earlier than the read's
-//! send (`now_error_ms`, which the bounds allow for). Over TLS (`https://` endpoints) the plain
-//! HTTP request cannot be made, and jobs are refused as unsupported.
+//! send (`now_error_ms`, which the bounds allow for). Over TLS (`etcds://`) the request goes
+//! over TLS as well, with the URL's CA and client certificate.
 
 use super::Client;
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
@@ -80,25 +80,21 @@ impl Jobs {
     async fn server_ms(&self) -> Result<i64> {
         let url = self.client.url();
         let mut failures = Vec::new();
+        let tls = match url.tls {
+            true => {
+                let pem = url.tls_files.read()?;
+                let config = crate::tls::client_config(&pem, crate::tls::Verify::Full)?;
+                Some(tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)))
+            }
+            false => None,
+        };
         for endpoint in &url.endpoints {
-            let host = match endpoint.split_once("://") {
-                None => endpoint.as_str(),
-                Some(("http", rest)) => rest,
-                Some((scheme, _)) => {
-                    return Err(Error::Unsupported {
-                        backend: "etcd",
-                        what: format!(
-                            "scheduled jobs over {scheme}:// (endpoint {endpoint}): they need the server's time \
-                             from the plain HTTP Date header of GET /version, for now"
-                        ),
-                    })
-                }
-            };
+            let host = endpoint.split_once("://").map_or(endpoint.as_str(), |(_, rest)| rest);
             let host = host.trim_end_matches('/');
-            match tokio::time::timeout(url.timeout, date_of(host)).await {
+            match tokio::time::timeout(url.timeout, date_of(host, tls.as_ref())).await {
                 Ok(Ok(ms)) => return Ok(ms),
-                Ok(Err(why)) => failures.push(format!("http://{host}/version: {why}")),
-                Err(_) => failures.push(format!("http://{host}/version: no answer within {:?}", url.timeout)),
+                Ok(Err(why)) => failures.push(format!("{endpoint}/version: {why}")),
+                Err(_) => failures.push(format!("{endpoint}/version: no answer within {:?}", url.timeout)),
             }
         }
         Err(Error::Backend {
@@ -109,50 +105,48 @@ impl Jobs {
     }
 }
 
-/// The `Date` of the answer to `GET /version` from `host` (`host:port`), in milliseconds since
-/// the Unix epoch; else why not.
-async fn date_of(host: &str) -> std::result::Result<i64, String> {
+/// The `Date` of the answer to `GET /version` from `host` (`host:port`), over TLS with `tls`, in
+/// milliseconds since the Unix epoch; else why not.
+async fn date_of(host: &str, tls: Option<&tokio_rustls::TlsConnector>) -> std::result::Result<i64, String> {
     let stream = TcpStream::connect(host).await.map_err(|e| format!("cannot connect: {e}"))?;
-    let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    write_all(&stream, request.as_bytes()).await.map_err(|e| format!("sending the request: {e}"))?;
-    let head = read_head(&stream).await.map_err(|e| format!("reading the answer: {e}"))?;
+    let head = match tls {
+        None => ask_version(stream, host).await,
+        Some(tls) => {
+            let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_matches(['[', ']']);
+            let name = rustls::pki_types::ServerName::try_from(name.to_string())
+                .map_err(|e| format!("{name:?} is not a host name: {e}"))?;
+            let stream =
+                tls.connect(name, stream).await.map_err(|e| crate::tls::explain(format!("TLS: {e}"), true, ""))?;
+            ask_version(stream, host).await
+        }
+    }?;
     date_in(&head)
 }
 
-/// Writes all of `buf` (with the readiness API: tokio's `io-util` is not a dependency).
-async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        stream.writable().await?;
-        match stream.try_write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Reads an HTTP answer's status line and headers (up to the blank line, or the end).
-async fn read_head(stream: &TcpStream) -> std::io::Result<String> {
+/// Sends `GET /version` and reads the answer's status line and headers (up to the blank line,
+/// or the end).
+async fn ask_version<S>(mut stream: S, host: &str) -> std::result::Result<String, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.map_err(|e| format!("sending the request: {e}"))?;
+    stream.flush().await.map_err(|e| format!("sending the request: {e}"))?;
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
-        stream.readable().await?;
-        match stream.try_read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => {
-                head.extend_from_slice(&chunk[..n]);
-                if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-                    head.truncate(end);
-                    break;
-                }
-                if head.len() > MAX_HEAD {
-                    return Err(std::io::Error::other(format!("headers longer than {MAX_HEAD} bytes")));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        let n = stream.read(&mut chunk).await.map_err(|e| format!("reading the answer: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            head.truncate(end);
+            break;
+        }
+        if head.len() > MAX_HEAD {
+            return Err(format!("reading the answer: headers longer than {MAX_HEAD} bytes"));
         }
     }
     Ok(String::from_utf8_lossy(&head).into_owned())

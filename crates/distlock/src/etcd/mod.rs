@@ -121,16 +121,31 @@ impl Client {
     pub async fn connect_url(url: EtcdUrl) -> Result<Client> {
         let shown = url.to_string();
         let failed = |reason: String| Error::Connect { url: shown.clone(), reason };
-        let options = etcd_client::ConnectOptions::new()
+        let mut options = etcd_client::ConnectOptions::new()
             .with_connect_timeout(url.connect_timeout)
             // HTTP/2 pings find a dead connection (etcd refuses pings more often than every 5 s).
             .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3))
             .with_keep_alive_while_idle(true);
+        if let Some((name, password)) = &url.user {
+            options = options.with_user(name, password);
+        }
+        if url.tls {
+            let pem = url.tls_files.read()?;
+            let mut tls = etcd_client::TlsOptions::new();
+            tls = match &pem.ca {
+                Some(ca) => tls.ca_certificate(etcd_client::Certificate::from_pem(ca)),
+                None => tls.with_native_roots(),
+            };
+            if let Some((cert, key)) = &pem.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
         let etcd =
             tokio::time::timeout(url.connect_timeout, etcd_client::Client::connect(&url.endpoints, Some(options)))
                 .await
                 .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(crate::tls::explain(error_text(&e), url.tls, "etcds://")))?;
         let client = Client {
             inner: Arc::new(Inner {
                 url,
@@ -143,7 +158,7 @@ impl Client {
         tokio::time::timeout(bound, client.session_within(bound))
             .await
             .map_err(|_| failed(format!("no lease granted within {bound:?}")))?
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(crate::tls::explain(e.to_string(), client.inner.url.tls, "etcds://")))?;
         Ok(client)
     }
 
@@ -532,4 +547,19 @@ impl Client {
         }
         Ok(listing)
     }
+}
+
+/// An etcd client error in words: its message and those of its causes (a TLS failure is a few
+/// causes down a transport error), each once.
+fn error_text(e: &etcd_client::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
 }

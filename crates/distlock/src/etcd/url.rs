@@ -6,14 +6,21 @@ use std::time::Duration;
 /// Default session TTL (the lease every lock of a client is put under).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
-/// A parsed `etcd://host:port[,host:port…][?ttl=30s&timeout=5s&connect_timeout=5s]`.
+/// A parsed `etcd://[user:password@]host:port[,host:port…][?ttl=30s&timeout=5s&connect_timeout=5s]`;
+/// `etcds://` for TLS (etcdctl's `https://` endpoints), the members' certificates verified.
+///
+/// With `user:password@`, the client authenticates as that etcd user (etcd's `auth enable`);
+/// over `etcds://` with a client certificate and no user, etcd's `--client-cert-auth` takes the
+/// user from the certificate's common name.
 ///
 /// Query keys:
 /// - `ttl` (or `lease`): the session lease's TTL, whole seconds from 2 s (etcd's own minimum) to
 ///   a day; the client keeps it alive every third of it, and a holder that stops doing so keeps
 ///   its locks that long at most;
 /// - `timeout`: how long one request may take before it counts as failed (default 5 s);
-/// - `connect_timeout`: how long connecting may take (default 5 s).
+/// - `connect_timeout`: how long connecting may take (default 5 s);
+/// - `cacert`, `cert`, `key` (`etcds://` only): the CA that verifies the members (default: the
+///   system's roots), and a client certificate and key, as `etcdctl --cacert --cert --key`.
 ///
 /// # Examples
 ///
@@ -24,10 +31,16 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// assert_eq!(url.ttl, std::time::Duration::from_secs(10));
 /// assert!(EtcdUrl::parse("etcd://127.0.0.1:2379?ttl=1500ms").is_err());
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EtcdUrl {
-    /// The members to talk to, as `http://host:port`.
+    /// The members to talk to, as `http://host:port` (`https://` with TLS).
     pub endpoints: Vec<String>,
+    /// The etcd user and password, if given (the password never shown).
+    pub user: Option<(String, String)>,
+    /// TLS (`etcds://`).
+    pub tls: bool,
+    /// The TLS files (CA, client certificate and key), with `tls`.
+    pub tls_files: crate::tls::TlsFiles,
     /// The session lease's TTL.
     pub ttl: Duration,
     /// The bound on one request.
@@ -38,17 +51,51 @@ pub struct EtcdUrl {
 
 impl std::fmt::Display for EtcdUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hosts: Vec<&str> = self.endpoints.iter().map(|e| e.trim_start_matches("http://")).collect();
-        write!(f, "etcd://{}", hosts.join(","))
+        let hosts: Vec<&str> =
+            self.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |(_, h)| h)).collect();
+        let user = self.user.as_ref().map(|(u, _)| format!("{u}:***@")).unwrap_or_default();
+        write!(f, "{}://{user}{}", if self.tls { "etcds" } else { "etcd" }, hosts.join(","))?;
+        let files = self.tls_files.query_pairs();
+        if !files.is_empty() {
+            write!(f, "?{}", files.join("&"))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for EtcdUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUrl")
+            .field("url", &self.to_string())
+            .field("ttl", &self.ttl)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
     }
 }
 
 impl EtcdUrl {
     /// Parses an `etcd://` URL.
     pub fn parse(url: &str) -> Result<EtcdUrl> {
-        let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| bad("an etcd URL starts with etcd://".into()))?;
+        let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
+        let (tls, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) => (true, rest),
+            _ => return Err(bad("an etcd URL starts with etcd:// (etcds:// for TLS)".into())),
+        };
         let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (user, hosts) = match hosts.rsplit_once('@') {
+            Some((userinfo, hosts)) => {
+                let (name, password) = userinfo.split_once(':').ok_or_else(|| {
+                    bad("an etcd user needs its password: write etcd://USER:PASSWORD@host:2379".into())
+                })?;
+                if name.is_empty() {
+                    return Err(bad("an empty etcd user name".into()));
+                }
+                (Some((name.to_string(), password.to_string())), hosts)
+            }
+            None => (None, hosts),
+        };
         let hosts = hosts.trim_end_matches('/');
         if hosts.contains('/') {
             return Err(bad("an etcd URL has no path: the lock name is the key prefix".into()));
@@ -61,23 +108,37 @@ impl EtcdUrl {
                 return Err(bad(format!("{host:?} has no host name")));
             }
             port.parse::<u16>().map_err(|_| bad(format!("{port:?} in {host:?} is not a port number")))?;
-            endpoints.push(format!("http://{host}"));
+            endpoints.push(format!("{}://{host}", if tls { "https" } else { "http" }));
         }
         let mut out = EtcdUrl {
             endpoints,
+            user,
+            tls,
+            tls_files: Default::default(),
             ttl: DEFAULT_TTL,
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if out.tls_files.take(k, v, &[]).map_err(bad)? {
+                if !tls {
+                    return Err(bad(format!("{k} is a TLS file: write etcds:// to connect with TLS")));
+                }
+                continue;
+            }
             match k {
                 "ttl" | "lease" => out.ttl = parse_duration(v)?,
                 "timeout" => out.timeout = parse_duration(v)?,
                 "connect_timeout" => out.connect_timeout = parse_duration(v)?,
-                _ => return Err(bad(format!("unknown URL key {k:?} (known: ttl, timeout, connect_timeout)"))),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown URL key {k:?} (known: ttl, timeout, connect_timeout, cacert, cert, key)"
+                    )))
+                }
             }
         }
+        out.tls_files.check().map_err(bad)?;
         if out.ttl.subsec_nanos() != 0 || !(2..=86_400).contains(&out.ttl.as_secs()) {
             return Err(bad(format!(
                 "ttl={} must be whole seconds from 2s to 1 day (etcd leases count seconds)",
