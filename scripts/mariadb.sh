@@ -10,6 +10,11 @@
 #                                    and remove its data directory.
 #   scripts/mariadb.sh kill DIR      SIGKILL it (a crash).
 #   scripts/mariadb.sh restart DIR   start it again on the same port and data (after kill or stop).
+#   scripts/mariadb.sh start-tls DIR the same, set up as production is: require_secure_transport
+#                                    = ON (TLS only), user `distlock` with a password (in
+#                                    DIR/password, mode 600) and user `x509user` by client
+#                                    certificate (REQUIRE X509); the run's CA and client
+#                                    certificate in DIR/certs.
 #
 # Needs Debian's `mariadb-server` (10.11), installed if missing.
 set -euo pipefail
@@ -26,6 +31,8 @@ log() { echo "mariadb.sh: $*" >&2; }
 source "$(dirname "$0")/lib/zookeeper.sh"
 # shellcheck source=lib/process.sh
 source "$(dirname "$0")/lib/process.sh"
+# shellcheck source=lib/certs.sh
+source "$(dirname "$0")/lib/certs.sh"
 
 install_mariadb() {
     command -v mariadbd >/dev/null || [[ -x /usr/sbin/mariadbd ]] && return
@@ -38,10 +45,18 @@ install_mariadb() {
 mariadbd_bin() { command -v mariadbd || echo /usr/sbin/mariadbd; }
 
 launch() {
-    local port data pid
+    local port data pid tls=() users
     port=$(cat "$dir/mariadb.port")
     data=$(cat "$dir/data.path")
-    nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" \
+    users="CREATE USER IF NOT EXISTS distlock@'%'; GRANT ALL ON *.* TO distlock@'%'"
+    if [[ -f "$dir/tls.enabled" ]]; then
+        tls=(--ssl-cert="$dir/certs/server.pem" --ssl-key="$dir/certs/server.key" --ssl-ca="$dir/certs/ca.pem"
+            --require-secure-transport=ON)
+        users="CREATE USER IF NOT EXISTS distlock@'%' IDENTIFIED BY '$(cat "$dir/password")' REQUIRE SSL;
+            GRANT ALL ON *.* TO distlock@'%'; CREATE USER IF NOT EXISTS x509user@'%' REQUIRE X509;
+            GRANT ALL ON *.* TO x509user@'%'"
+    fi
+    nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" "${tls[@]}" \
         --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
         --log-error="$dir/mariadb.log" --innodb-buffer-pool-size=32M --max-connections=300 \
         > "$dir/mariadb.out" 2>&1 < /dev/null &
@@ -49,8 +64,7 @@ launch() {
     echo "$pid" > "$dir/mariadb.pid"
     for _ in $(seq 1 300); do
         if mariadb --no-defaults -S "$data/sock" -u root -e 'select 1' > /dev/null 2>&1; then
-            mariadb --no-defaults -S "$data/sock" -u root -e \
-                "CREATE USER IF NOT EXISTS distlock@'%'; GRANT ALL ON *.* TO distlock@'%'; CREATE DATABASE IF NOT EXISTS distlock"
+            mariadb --no-defaults -S "$data/sock" -u root -e "$users; CREATE DATABASE IF NOT EXISTS distlock"
             log "mariadbd pid $pid serving on 127.0.0.1:$port"
             echo "mysql://distlock@127.0.0.1:$port/distlock"
             return
@@ -84,6 +98,12 @@ start() {
 
 case "$cmd" in
     start) start ;;
+    start-tls)
+        mkdir -p "$dir"
+        make_certs "$dir/certs" x509user
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+        touch "$dir/tls.enabled"
+        start ;;
     stop)
         stop_recorded "$dir/mariadb.pid" mariadb
         if [[ -f "$dir/data.path" ]] && [[ "$(cat "$dir/data.path")" == /tmp/distlock-mariadb.* ]]; then
@@ -93,5 +113,5 @@ case "$cmd" in
     restart)
         dir=$(cd "$dir" && pwd)
         launch ;;
-    *) echo "usage: $0 start|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR" >&2; exit 2 ;;
 esac

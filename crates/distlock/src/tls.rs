@@ -104,7 +104,10 @@ impl TlsFiles {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn read(&self) -> Result<TlsPem> {
         let read = |what: &'static str, path: &PathBuf, label: &str| -> Result<Vec<u8>> {
             let bad = |reason: String| Error::InvalidArgument { what, reason };
@@ -309,7 +312,7 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")), allow(dead_code))]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
     let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {

@@ -2,6 +2,8 @@
 //! `scripts/mariadb.sh`, which exports `DISTLOCK_TEST_MYSQL=mysql://…`).
 #![cfg(feature = "mysql")]
 
+mod common;
+
 use distlock::mysql::Client;
 use distlock::optimistic::optimistic_update;
 use distlock::{Error, LockState, LostReason};
@@ -447,4 +449,37 @@ async fn a_pooled_connection_the_server_closed_is_not_handed_out() {
     };
     assert_ne!(again.holder_id(), format!("connection:{id}"));
     again.release().await.unwrap();
+}
+
+/// A MariaDB set up as production is (`scripts/mariadb.sh start-tls`: `require_secure_transport`,
+/// a password user and a `REQUIRE X509` user): `ssl-mode=VERIFY_IDENTITY` with the CA locks,
+/// elects and runs a job as either user; what falls short is refused, naming the cause, without
+/// the password.
+#[tokio::test]
+async fn a_tls_only_server_with_password_and_x509_users() {
+    let server = distlock_faults::OwnServer::start("mariadb.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let (ca, other_ca) = (server.file("certs/ca.pem"), server.file("certs/other-ca.pem"));
+    let (cert, key) = (server.file("certs/client.pem"), server.file("certs/client.key"));
+    let addr = server.printed.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let by_password = format!(
+        "mysql://distlock:{password}@{addr}/distlock?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}&lease=5s&connect_timeout=3s"
+    );
+    let by_cert =
+        format!("mysql://x509user@{addr}/distlock?cacert={ca}&cert={cert}&key={key}&lease=5s&connect_timeout=3s");
+    for url in [&by_password, &by_cert] {
+        common::secure::locks_elects_and_runs_a_job(url).await;
+    }
+    let refused: Vec<(String, &str)> = vec![
+        (by_password.replace(&ca, &other_ca), "certificate"),
+        // Plaintext: the user REQUIRE SSL is refused as any login would be.
+        (by_password.replace(&format!("?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"), "?"), "Access denied"),
+        (by_password.replace(&password, "not-the-password"), "Access denied"),
+        (by_cert.replace(&format!("&cert={cert}&key={key}"), ""), "Access denied"),
+        (by_password.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
+        (by_password.replace("VERIFY_IDENTITY", "SOMETIMES"), "ssl-mode=SOMETIMES"),
+    ];
+    for (bad, says) in refused {
+        common::secure::refused(&bad, says, &password).await;
+    }
 }

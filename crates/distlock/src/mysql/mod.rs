@@ -138,6 +138,9 @@ impl Client {
 
     /// Connects with a parsed URL.
     pub async fn connect_url(url: MysqlUrl) -> Result<Client> {
+        // The TLS files are read by the driver at each connection: checked here first, so that a
+        // missing or malformed one is named at once.
+        url.tls_files.read()?;
         let client = Client {
             inner: Arc::new(Inner {
                 watchdog: Arc::new(crate::watchdog::Watchdog::new(url.lease / 6)),
@@ -265,7 +268,7 @@ impl Client {
         tokio::time::timeout(url.connect_timeout, setup)
             .await
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(e.to_string()))
+            .map_err(|e| failed(crate::tls::explain(e.to_string(), url.tls, "ssl-mode=VERIFY_IDENTITY")))
     }
 }
 

@@ -17,7 +17,14 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// - `fencing`: where fencing tokens come from: `sequence` (the default: one MariaDB `SEQUENCE`,
 ///   `distlock_fencing_seq`, read in the acquire statement; a server without sequences, such as
 ///   MySQL, falls back to `row`) or `row` (a counter row per lock name in `distlock_fencing`,
-///   written by the acquire statement, about half the sequence's speed).
+///   written by the acquire statement, about half the sequence's speed);
+/// - `ssl-mode` (MySQL's names, any case): `DISABLED` (plaintext; the default, unless a CA is
+///   given), `PREFERRED` (TLS if the server offers it, the certificate unchecked), `REQUIRED` (TLS,
+///   the certificate unchecked), `VERIFY_CA` (TLS, the chain to the CA checked),
+///   `VERIFY_IDENTITY` (TLS, the chain and the host's name checked; the default when a CA is
+///   given);
+/// - `ssl-ca` (or `cacert`), `ssl-cert` (or `cert`), `ssl-key` (or `key`): the CA that verifies
+///   the server, and a client certificate and key (for `REQUIRE X509` users).
 ///
 /// # Examples
 ///
@@ -38,6 +45,10 @@ pub struct MysqlUrl {
     pub connect_timeout: Duration,
     /// See the query keys above.
     pub fencing: Fencing,
+    /// The TLS files (CA, client certificate and key).
+    pub tls_files: crate::tls::TlsFiles,
+    /// Whether the connection is TLS (any `ssl-mode` but `DISABLED`).
+    pub tls: bool,
     shown: String,
 }
 
@@ -82,9 +93,30 @@ impl MysqlUrl {
             .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (mut lease, mut connect_timeout, mut fencing) = (DEFAULT_LEASE, Duration::from_secs(10), Fencing::Sequence);
+        let mut tls_files = crate::tls::TlsFiles::default();
+        let mut ssl_mode = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let aliases = [("ssl-ca", "cacert"), ("ssl-cert", "cert"), ("ssl-key", "key")];
+            if tls_files.take(k, v, &aliases).map_err(&bad)? {
+                continue;
+            }
             match k {
+                "ssl-mode" | "ssl_mode" => {
+                    use sqlx::mysql::MySqlSslMode as M;
+                    ssl_mode = Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
+                        "DISABLED" => M::Disabled,
+                        "PREFERRED" => M::Preferred,
+                        "REQUIRED" => M::Required,
+                        "VERIFY_CA" => M::VerifyCa,
+                        "VERIFY_IDENTITY" => M::VerifyIdentity,
+                        _ => {
+                            return Err(bad(format!(
+                                "ssl-mode={v}: use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
+                            )))
+                        }
+                    })
+                }
                 "lease" => lease = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
                 "fencing" => {
@@ -94,7 +126,11 @@ impl MysqlUrl {
                         _ => return Err(bad(format!("fencing={v:?}: give sequence or row"))),
                     }
                 }
-                _ => return Err(bad(format!("unknown URL key {k:?} (known: lease, connect_timeout, fencing)"))),
+                _ => {
+                    return Err(bad(format!(
+                        "unknown URL key {k:?} (known: lease, connect_timeout, fencing, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
+                    )))
+                }
             }
         }
         if !(Duration::from_secs(3)..=Duration::from_secs(86_400)).contains(&lease) || lease.subsec_nanos() != 0 {
@@ -115,11 +151,28 @@ impl MysqlUrl {
                 "no database: give mysql://[user@]host[:port]/database (the fencing table lives there)".into()
             ));
         }
-        let options: sqlx::mysql::MySqlConnectOptions =
+        let mut options: sqlx::mysql::MySqlConnectOptions =
             format!("mysql://{base}").parse().map_err(|e: sqlx::Error| bad(e.to_string()))?;
+        // TLS only when asked for (a CA given asks for it, fully verified), then checked as asked.
+        use sqlx::mysql::MySqlSslMode as M;
+        tls_files.check().map_err(&bad)?;
+        let ssl_mode = ssl_mode.unwrap_or(if tls_files.cacert.is_some() { M::VerifyIdentity } else { M::Disabled });
+        if matches!(ssl_mode, M::Disabled) && !tls_files.is_empty() {
+            return Err(bad(
+                "TLS files with ssl-mode=DISABLED: drop them or ask for TLS (ssl-mode=VERIFY_IDENTITY)".into()
+            ));
+        }
+        options = options.ssl_mode(ssl_mode);
+        if let Some(ca) = &tls_files.cacert {
+            options = options.ssl_ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&tls_files.cert, &tls_files.key) {
+            options = options.ssl_client_cert(cert).ssl_client_key(key);
+        }
         // A lock wait is a "slow statement" by design: no warnings for it.
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
-        Ok(MysqlUrl { options, lease, connect_timeout, fencing, shown })
+        let tls = !matches!(ssl_mode, M::Disabled);
+        Ok(MysqlUrl { options, lease, connect_timeout, fencing, tls_files, tls, shown })
     }
 }
 
