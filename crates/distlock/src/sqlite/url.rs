@@ -77,6 +77,9 @@ impl SqliteUrl {
                 "busy_timeout" => out.busy_timeout = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => out.connect_timeout = crate::duration::url_duration(k, v)?,
                 "table" => out.table = v.to_string(),
+                "cacert" | "cert" | "key" => {
+                    return Err(bad(format!("{k}: a SQLite database is a local file, reached without TLS")))
+                }
                 _ => {
                     return Err(bad(format!(
                         "unknown URL key {k:?} (known: lease, table, busy_timeout, connect_timeout)"
