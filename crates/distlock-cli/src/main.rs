@@ -148,7 +148,7 @@ pub struct BackendArg {
     /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
     /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
     /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
-    /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock);
+    /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock; etcds:// for TLS);
     /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=
     #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
     pub backend: String,
@@ -163,8 +163,8 @@ pub struct BackendArg {
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub connect_timeout: Option<Duration>,
     /// TLS: verify the server's certificate against the CA certificates in this PEM file instead
-    /// of the system's roots (the URL asks for TLS: rediss://, sslmode=, ssl-mode=, https://
-    /// endpoints, or the secure port). As etcdctl --cacert; the URL's cacert= on every backend.
+    /// of the system's roots (rediss://, etcds://; on PostgreSQL and MariaDB a TLS file asks for
+    /// TLS, fully verified). As etcdctl --cacert; the URL's cacert= on every backend.
     #[arg(long, value_name = "PEM_FILE")]
     pub cacert: Option<std::path::PathBuf>,
     /// TLS: the client certificate (PEM) for a server that asks for one; needs --key.

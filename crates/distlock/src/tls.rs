@@ -4,9 +4,12 @@
 //! own client's names for them, such as libpq's `sslrootcert`); `distlock --cacert --cert --key`
 //! put them in any URL through [`ConnectOptions`](crate::ConnectOptions).
 //!
-//! The server's certificate is always verified: against `cacert` when given, else against the
-//! system's roots, and its name against the URL's host. Files are read when connecting; an
-//! unreadable or malformed one is an error naming the file, never a silent downgrade.
+//! A URL asks for TLS by its scheme (`rediss://`, `etcds://`), its mode (`sslmode=`, `ssl-mode=`)
+//! or by naming a TLS file; the server's certificate is then verified by default: against
+//! `cacert` when given, else against the system's roots, and its name against the URL's host.
+//! Checking less is only possible through the backend's own modes (libpq's `require`, MySQL's
+//! `REQUIRED`…). Files are read when connecting; an unreadable or malformed one is an error
+//! naming the file, never a silent downgrade.
 //!
 //! The TLS stack is rustls (with the *ring* provider) for the whole crate: every client library
 //! distlock builds on can use it, it needs no system library at build or run time, and one stack

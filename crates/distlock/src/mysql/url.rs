@@ -18,11 +18,12 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 ///   `distlock_fencing_seq`, read in the acquire statement; a server without sequences, such as
 ///   MySQL, falls back to `row`) or `row` (a counter row per lock name in `distlock_fencing`,
 ///   written by the acquire statement, about half the sequence's speed);
-/// - `ssl-mode` (MySQL's names, any case): `DISABLED` (plaintext; the default, unless a CA is
-///   given), `PREFERRED` (TLS if the server offers it, the certificate unchecked), `REQUIRED` (TLS,
-///   the certificate unchecked), `VERIFY_CA` (TLS, the chain to the CA checked),
-///   `VERIFY_IDENTITY` (TLS, the chain and the host's name checked; the default when a CA is
-///   given);
+/// - `ssl-mode` (MySQL's names, any case): `DISABLED` (plaintext; the default without TLS
+///   files), `PREFERRED` (TLS if the server offers it, the certificate unchecked), `REQUIRED` (TLS,
+///   the certificate unchecked), `VERIFY_IDENTITY` (TLS, the chain and the host's name checked;
+///   the default when TLS files are given). `VERIFY_CA` is refused: the driver adds the CA to the
+///   system's roots rather than using it alone, so a chain check without the name would take any
+///   publicly signed certificate;
 /// - `ssl-ca` (or `cacert`), `ssl-cert` (or `cert`), `ssl-key` (or `key`): the CA that verifies
 ///   the server, and a client certificate and key (for `REQUIRE X509` users).
 ///
@@ -156,11 +157,30 @@ impl MysqlUrl {
         // TLS only when asked for (a CA given asks for it, fully verified), then checked as asked.
         use sqlx::mysql::MySqlSslMode as M;
         tls_files.check().map_err(&bad)?;
-        let ssl_mode = ssl_mode.unwrap_or(if tls_files.cacert.is_some() { M::VerifyIdentity } else { M::Disabled });
-        if matches!(ssl_mode, M::Disabled) && !tls_files.is_empty() {
-            return Err(bad(
-                "TLS files with ssl-mode=DISABLED: drop them or ask for TLS (ssl-mode=VERIFY_IDENTITY)".into()
-            ));
+        // The driver adds the CA to the system's roots (it cannot use it alone): VERIFY_CA would
+        // then take any certificate a public CA signed, for any host, and PREFERRED or REQUIRED
+        // would not look at the CA at all. A CA is used with VERIFY_IDENTITY only.
+        let ssl_mode = ssl_mode.unwrap_or(if tls_files.is_empty() { M::Disabled } else { M::VerifyIdentity });
+        match ssl_mode {
+            M::Disabled if !tls_files.is_empty() => {
+                return Err(bad(
+                    "TLS files with ssl-mode=DISABLED: drop them or ask for TLS (ssl-mode=VERIFY_IDENTITY)".into(),
+                ))
+            }
+            M::VerifyCa => {
+                return Err(bad(
+                    "ssl-mode=VERIFY_CA is not offered: the driver would accept a certificate any public CA signed \
+                     for any host; use VERIFY_IDENTITY (the server's name checked)"
+                        .into(),
+                ))
+            }
+            M::Preferred | M::Required if tls_files.cacert.is_some() => {
+                return Err(bad(format!(
+                    "ssl-mode={} does not check the certificate, so the CA would not be used: use VERIFY_IDENTITY",
+                    if matches!(ssl_mode, M::Preferred) { "PREFERRED" } else { "REQUIRED" }
+                )))
+            }
+            _ => {}
         }
         options = options.ssl_mode(ssl_mode);
         if let Some(ca) = &tls_files.cacert {
@@ -179,6 +199,25 @@ impl MysqlUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_only_when_asked_and_a_ca_only_where_it_is_used() {
+        use sqlx::mysql::MySqlSslMode as M;
+        let mode = |q: &str| MysqlUrl::parse(&format!("mysql://u@h/db?{q}")).map(|u| u.options.get_ssl_mode());
+        assert!(matches!(mode("").unwrap(), M::Disabled));
+        assert!(matches!(mode("ssl-ca=/ca.pem").unwrap(), M::VerifyIdentity));
+        assert!(matches!(mode("ssl-cert=/c.pem&ssl-key=/k.pem").unwrap(), M::VerifyIdentity));
+        assert!(matches!(mode("ssl-mode=required").unwrap(), M::Required));
+        for (q, says) in [
+            ("ssl-mode=VERIFY_CA&ssl-ca=/ca.pem", "VERIFY_CA"),
+            ("ssl-mode=REQUIRED&ssl-ca=/ca.pem", "REQUIRED"),
+            ("ssl-mode=DISABLED&cacert=/ca.pem", "DISABLED"),
+            ("ssl-cert=/c.pem", "key"),
+        ] {
+            let e = mode(q).unwrap_err().to_string();
+            assert!(e.contains(says), "{q}: {e}");
+        }
+    }
 
     #[test]
     fn bad_urls_are_named() {

@@ -176,11 +176,12 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// - `application_name`: shown in `pg_stat_activity` (default `distlock`);
 /// - `rescan`: how often a semaphore's waiters try its slots again without having been told of a
 ///   release (default 500 ms; a permit freed by a dead holder's session is found this way);
-/// - `sslmode`: libpq's, with libpq's meaning: `disable` (plaintext), `prefer` (the default: TLS
-///   if the server offers it, else plaintext; the certificate not checked), `require` (TLS; the
+/// - `sslmode`: libpq's, with libpq's meaning: `disable` (plaintext), `prefer` (the default
+///   without TLS files: TLS if the server offers it, else plaintext; the certificate not checked), `require` (TLS; the
 ///   certificate not checked, or its chain when a CA is given, as libpq does), `verify-ca` (TLS,
 ///   the chain to the CA checked), `verify-full` (TLS, the chain and the host's name checked:
-///   the one to use against a server you do not control);
+///   the one to use against a server you do not control, and the default when TLS files are
+///   given);
 /// - `sslrootcert` (or `cacert`), `sslcert` (or `cert`), `sslkey` (or `key`): the CA that
 ///   verifies the server (default: the system's roots), and a client certificate and key for
 ///   certificate authentication (see [`crate::tls`]).
@@ -257,7 +258,7 @@ impl PgUrl {
             (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::DistributedLock);
         let mut application_name = "distlock".to_string();
         let mut rescan = Duration::from_millis(500);
-        let mut ssl_mode = SslMode::Prefer;
+        let mut ssl_mode = None;
         let mut tls_files = crate::tls::TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -270,11 +271,11 @@ impl PgUrl {
             match k {
                 "sslmode" => {
                     ssl_mode = match v {
-                        "disable" => SslMode::Disable,
-                        "prefer" => SslMode::Prefer,
-                        "require" => SslMode::Require,
-                        "verify-ca" => SslMode::VerifyCa,
-                        "verify-full" => SslMode::VerifyFull,
+                        "disable" => Some(SslMode::Disable),
+                        "prefer" => Some(SslMode::Prefer),
+                        "require" => Some(SslMode::Require),
+                        "verify-ca" => Some(SslMode::VerifyCa),
+                        "verify-full" => Some(SslMode::VerifyFull),
                         "allow" => {
                             return Err(bad(
                                 "sslmode=allow (plaintext first) is not supported: use prefer or disable".into()
@@ -331,6 +332,9 @@ impl PgUrl {
             return Err(bad("rescan must be more than 0".into()));
         }
         tls_files.check().map_err(bad)?;
+        // libpq's default is prefer; TLS files given without a mode ask for TLS, fully verified
+        // (prefer could fall back to plaintext when the server, or someone in between, says no).
+        let ssl_mode = ssl_mode.unwrap_or(if tls_files.is_empty() { SslMode::Prefer } else { SslMode::VerifyFull });
         if ssl_mode == SslMode::Disable && !tls_files.is_empty() {
             return Err(bad("TLS files with sslmode=disable: drop them or ask for TLS (sslmode=verify-full)".into()));
         }
@@ -386,6 +390,21 @@ impl PgUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ssl_modes_as_libpq_and_tls_files_ask_for_the_full_check() {
+        let mode = |q: &str| PgUrl::parse(&format!("postgres://u@h/db?{q}")).map(|u| u.ssl_mode);
+        assert_eq!(mode("").unwrap(), SslMode::Prefer);
+        assert_eq!(mode("sslrootcert=/ca.pem").unwrap(), SslMode::VerifyFull);
+        assert_eq!(mode("cert=/c.pem&key=/k.pem").unwrap(), SslMode::VerifyFull);
+        assert_eq!(mode("sslmode=require&sslrootcert=/ca.pem").unwrap(), SslMode::Require);
+        for (q, says) in
+            [("sslmode=allow", "allow"), ("sslmode=disable&cacert=/ca.pem", "disable"), ("sslmode=x", "sslmode=x")]
+        {
+            let e = mode(q).unwrap_err().to_string();
+            assert!(e.contains(says), "{q}: {e}");
+        }
+    }
 
     #[test]
     fn settings_stay_within_the_lease() {
