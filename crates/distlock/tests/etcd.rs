@@ -656,7 +656,7 @@ async fn a_tls_only_cluster_with_auth_and_client_certificates() {
     let refused: Vec<(String, &str)> = vec![
         (by_cert.replace(&ca, &other_ca), "not signed by a CA trusted here"),
         (by_password.replace(&password, "not-the-password"), "authentication failed"),
-        (by_cert.replace("etcds://", "etcd://").replace(&format!("&{files}"), ""), ""),
+        (by_cert.replace("etcds://", "etcd://").replace(&format!("&{files}"), ""), "ask for TLS: etcds://"),
         (by_cert.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
         (by_cert.replace("etcds://", "etcd://"), "write etcds://"),
     ];
