@@ -362,17 +362,22 @@ fn child_holder() {
     rt.block_on(async move {
         // The parent's "let go" lines, counted: a hold ends once the count moves past the one
         // seen when it began.
+        // Its stdin closed, the parent is done with the cell: the hold ends and the child exits.
         let (let_go, let_go_count) = tokio::sync::watch::channel(0u64);
+        let parent_done = Arc::new(AtomicBool::new(false));
+        let done = parent_done.clone();
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
             while let Ok(Some(_)) = lines.next_line().await {
                 let_go.send_modify(|n| *n += 1);
             }
+            done.store(true, Ordering::SeqCst);
+            let_go.send_modify(|n| *n += 1);
         });
         let mut out = std::io::stdout();
         let mut seq = 0u64;
         let mut client: Option<Client> = None;
-        loop {
+        while !parent_done.load(Ordering::SeqCst) {
             let c = match &client {
                 Some(c) => c.clone(),
                 None => match distlock::connect(&url).await {
@@ -398,14 +403,21 @@ fn child_holder() {
             say(&mut out, &format!("HELD {token} {start}"));
             // Held until the parent says let go (after its pause or instead of a kill).
             let until = tokio::time::Instant::now() + CHILD_HOLD_MAX;
-            while tokio::time::Instant::now() < until && !guard.state().is_lost() && *let_go_count.borrow() == told {
+            while tokio::time::Instant::now() < until
+                && !guard.state().is_lost()
+                && *let_go_count.borrow() == told
+                && !parent_done.load(Ordering::SeqCst)
+            {
                 // The work between the check and the write: a pause here makes a stale write.
                 tokio::time::sleep(WRITE_EVERY).await;
                 seq += 1;
                 say(&mut out, &format!("WRITE {token} {seq}"));
             }
             say(&mut out, &format!("END {start} {}", mono_now()));
-            drop(guard);
+            let _ = tokio::time::timeout(Duration::from_secs(10), guard.release()).await;
+        }
+        if let Some(c) = client {
+            c.close(Duration::from_secs(2)).await;
         }
     });
 }
@@ -442,7 +454,10 @@ async fn spawn_child(
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let mut open: Option<(u64, u64)> = None;
         while let Ok(Some(line)) = lines.next_line().await {
-            let f: Vec<&str> = line.split_whitespace().collect();
+            // The test harness starts its own line ("test child_holder ... ") before the first
+            // report: a report is read from where its word begins.
+            let at = ["HELD ", "WRITE ", "END "].iter().filter_map(|w| line.find(w)).min().unwrap_or(0);
+            let f: Vec<&str> = line[at..].split_whitespace().collect();
             match f.as_slice() {
                 ["HELD", token, start] => {
                     let (token, start) = (token.parse().unwrap(), start.parse().unwrap());
@@ -475,7 +490,7 @@ fn script(args: &[&str]) -> String {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let out = std::process::Command::new("bash")
         .args(args.iter().map(|a| if a.starts_with("scripts/") { format!("{root}/{a}") } else { a.to_string() }))
-        .stderr(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::null())
         .output()
         .expect("run script");
     assert!(out.status.success(), "{args:?} failed");
@@ -617,16 +632,19 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
             }
         }
     }
-    // Let the lock move on after the last fault, then stop everyone.
+    // Let the lock move on after the last fault, then stop everyone: the child first (its stdin
+    // closed, it lets go and exits), or the contenders would wait out its hold.
     tokio::time::sleep(GAP * 2).await;
     shared.stop.store(true, Ordering::SeqCst);
+    if let Some((pid, mut c)) = child.take() {
+        distlock_faults::resume(pid).ok();
+        drop(c.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(15), c.wait()).await.is_err() {
+            distlock_faults::kill(pid).ok();
+        }
+    }
     for t in tasks {
         tokio::time::timeout(BOUND, t).await.expect("contender stops").unwrap();
-    }
-    if let Some((pid, c)) = child.take() {
-        distlock_faults::resume(pid).ok();
-        distlock_faults::kill(pid).ok();
-        drop(c);
     }
     drop(proxies);
     // Nothing may be left on the server once every client has released or ended.
