@@ -3,6 +3,11 @@
 #
 #   scripts/embedded.sh start DIR   start on a free 127.0.0.1 port (tickTime 500 ms, in memory),
 #                                   wait until it answers `ruok`, print host:port on stdout
+#   scripts/embedded.sh start-tls DIR  the same, set up as production is: TLS only (client
+#                                   certificates required), and every session must log in by
+#                                   digest as `distlock`, whose password is in DIR/password
+#                                   (DIR/users holds its digest; both mode 600). The run's own CA,
+#                                   server and client certificates are in DIR/certs.
 #   scripts/embedded.sh stop DIR    stop the server recorded in DIR/server.pid (only that one)
 #
 # Needs target/debug/distlock (scripts/test.sh builds it first).
@@ -12,17 +17,34 @@ cmd=${1:-}; dir=${2:-}
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 bin=${DISTLOCK_BIN:-target/debug/distlock}
 
+log() { echo "embedded.sh: $*" >&2; }
+# shellcheck source=lib/zookeeper.sh
+source scripts/lib/zookeeper.sh
+# shellcheck source=lib/certs.sh
+source scripts/lib/certs.sh
+
 case "$cmd" in
-start)
+start|start-tls)
     mkdir -p "$dir"
     rm -f "$dir/addr"
-    nohup "$bin" serve --listen 127.0.0.1:0 --tick 500ms --addr-file "$dir/addr" > "$dir/server.log" 2>&1 < /dev/null &
+    secure=()
+    if [[ "$cmd" == start-tls ]]; then
+        make_certs "$dir/certs"
+        (umask 077; openssl rand -hex 16 > "$dir/password")
+        # The users file holds ZooKeeper's digest of user:password, never the password.
+        (umask 077; printf 'distlock:%s\n' "$(printf 'distlock:%s' "$(cat "$dir/password")" | openssl sha1 -binary | base64)" > "$dir/users")
+        secure=(--tls-cert "$dir/certs/server.pem" --tls-key "$dir/certs/server.key"
+            --tls-client-ca "$dir/certs/ca.pem" --users "$dir/users" --auth-required)
+    fi
+    nohup "$bin" serve --listen 127.0.0.1:0 --tick 500ms --addr-file "$dir/addr" "${secure[@]}" \
+        > "$dir/server.log" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$dir/server.pid"
     for _ in $(seq 1 100); do
         if [[ -s "$dir/addr" ]]; then
             addr=$(cat "$dir/addr")
-            if [[ "$(python3 -c 'import socket,sys; h,p=sys.argv[1].split(":"); s=socket.create_connection((h,int(p)),1); s.sendall(b"ruok"); print(s.recv(4).decode())' "$addr" 2>/dev/null)" == imok ]]; then
+            if [[ ${#secure[@]} -gt 0 ]]; then answer=$(four "${addr#*:}" ruok "$dir/certs"); else answer=$(four "${addr#*:}" ruok); fi
+            if [[ "$answer" == imok ]]; then
                 echo "embedded.sh: distlock serve pid $pid on $addr" >&2
                 echo "$addr"
                 exit 0
@@ -42,5 +64,5 @@ stop)
     rm -f "$dir/server.pid"
     echo "embedded.sh: stopped pid $pid" >&2
     ;;
-*) echo "usage: $0 start|stop DIR" >&2; exit 2 ;;
+*) echo "usage: $0 start|start-tls|stop DIR" >&2; exit 2 ;;
 esac

@@ -137,10 +137,11 @@ done
 if [[ ${#extra[@]} -eq 0 ]]; then
     # The same fault matrix on the other five backends, once (their servers were started above;
     # the restart cells kill and restart them, so nothing else runs meanwhile).
-    echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd and SQLite ==="
-    # Each has its own server and mostly waits on leases: all five run at once.
-    DISTLOCK_MATRIX_BACKENDS=1 cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=5 \
-        matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite
+    # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
+    echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd and SQLite, and over TLS ==="
+    # Each has its own server and mostly waits on leases: all ten run at once.
+    DISTLOCK_MATRIX_BACKENDS=1 cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=10 \
+        matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_tls_
     # The seeds' optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     target/debug/examples/optimistic_account "$DISTLOCK_TEST_POSTGRES"
 fi

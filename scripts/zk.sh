@@ -8,6 +8,13 @@
 #   scripts/zk.sh kill DIR    SIGKILL that server (a crash; its data stays in DIR).
 #   scripts/zk.sh restart DIR start it again on the same port with the same data (after a kill
 #                             or stop), and wait until it answers `ruok`.
+#   scripts/zk.sh start-tls DIR  the same as start, set up as production is: only a secure
+#                             client port (Netty, TLS, client certificates required), and every
+#                             session must log in by SASL DIGEST-MD5 before anything else (a
+#                             digest `addauth` is no login: any user:password is accepted). One
+#                             SASL user, `distlock`, whose password is in DIR/password (and in
+#                             DIR/jaas.conf; both mode 600). The run's own CA, server and client
+#                             certificates are in DIR/certs (scripts/lib/certs.sh).
 #
 # Settings chosen for tests: tickTime 500 ms (so sessions may be as short as 1 s), the admin
 # HTTP server off (it would take port 8080), every four-letter word allowed, containers checked
@@ -30,7 +37,11 @@ log() { echo "zk.sh: $*" >&2; }
 source "$(dirname "$0")/lib/zookeeper.sh"
 # shellcheck source=lib/process.sh
 source "$(dirname "$0")/lib/process.sh"
-ruok() { four "$1" ruok; }
+# shellcheck source=lib/certs.sh
+source "$(dirname "$0")/lib/certs.sh"
+ruok() {
+    if [[ -f "$dir/tls.enabled" ]]; then four "$1" ruok "$dir/certs"; else four "$1" ruok; fi
+}
 
 start() {
     install_zookeeper
@@ -41,15 +52,17 @@ start() {
         cat "$dir/zk.addr"
         return
     fi
-    local port
+    local port port_key=clientPort
     port=$(free_ports 1)
+    # With TLS, the one port is the secure one: no plaintext port.
+    [[ -f "$dir/tls.enabled" ]] && port_key=secureClientPort
     cat > "$dir/zoo.cfg" <<CFG
 tickTime=500
 minSessionTimeout=1000
 maxSessionTimeout=60000
 dataDir=$dir/data
-clientPort=$port
-clientPortAddress=127.0.0.1
+${port_key}=$port
+${port_key}Address=127.0.0.1
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=*
@@ -61,11 +74,46 @@ CFG
     launch
 }
 
+start_tls() {
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    make_certs "$dir/certs"
+    # The server's PEM key store holds its key and certificate in one file.
+    (umask 077; cat "$dir/certs/server.key" "$dir/certs/server.pem" > "$dir/certs/server-store.pem")
+    (umask 077; openssl rand -hex 16 > "$dir/password")
+    local password
+    password=$(cat "$dir/password")
+    (umask 077; cat > "$dir/jaas.conf" <<JAAS
+Server {
+    org.apache.zookeeper.server.auth.DigestLoginModule required
+    user_distlock="$password";
+};
+JAAS
+)
+    touch "$dir/tls.enabled"
+    start
+}
+
 launch() {
-    local cp="$dir:/usr/share/java/zookeeper.jar" port
-    port=$(sed -n 's/^clientPort=//p' "$dir/zoo.cfg")
+    local cp="$dir:/usr/share/java/zookeeper.jar" port secure=()
+    port=$(sed -n 's/^\(secureC\|c\)lientPort=//p' "$dir/zoo.cfg")
+    if [[ -f "$dir/tls.enabled" ]]; then
+        local jar
+        for jar in buffer codec common handler resolver transport transport-native-unix-common transport-native-epoll; do
+            cp="$cp:/usr/share/java/netty-$jar.jar"
+        done
+        secure=(
+            -Dzookeeper.serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+            -Dzookeeper.ssl.keyStore.location="$dir/certs/server-store.pem" -Dzookeeper.ssl.keyStore.type=PEM
+            -Dzookeeper.ssl.trustStore.location="$dir/certs/ca.pem" -Dzookeeper.ssl.trustStore.type=PEM
+            -Dzookeeper.ssl.clientAuth=need
+            -Djava.security.auth.login.config="$dir/jaas.conf"
+            -Dzookeeper.authProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider
+            -Dzookeeper.enforce.auth.enabled=true -Dzookeeper.enforce.auth.schemes=sasl
+        )
+    fi
     nohup java -Xmx512m -Dzk.logfile="$dir/zk.log" -Dlog4j.configuration="file:$dir/log4j.properties" \
-        -Dznode.container.checkIntervalMs=1000 -Dzookeeper.jmx.log4j.disable=true \
+        -Dznode.container.checkIntervalMs=1000 -Dzookeeper.jmx.log4j.disable=true "${secure[@]}" \
         -cp "$cp" org.apache.zookeeper.server.ZooKeeperServerMain "$dir/zoo.cfg" \
         > "$dir/zk.out" 2>&1 < /dev/null &
     local pid=$!
@@ -92,6 +140,7 @@ crash() { crash_recorded "$dir/zk.pid" ZooKeeper; }
 
 case "$cmd" in
     start) start ;;
+    start-tls) start_tls ;;
     stop) stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;
     restart) dir=$(cd "$dir" && pwd); stop; launch ;;

@@ -24,11 +24,16 @@ PY
 }
 
 four() {
-    # Sends a four-letter word to 127.0.0.1:$1 and prints the answer (empty if none within 1 s).
-    python3 - "$1" "$2" <<'PY' 2>/dev/null || true
-import socket, sys
+    # Sends a four-letter word to 127.0.0.1:$1 and prints the answer (empty if none within 1 s);
+    # over TLS with DIR=$3's client certificate (scripts/lib/certs.sh's names) when $3 is given.
+    python3 - "$1" "$2" "${3:-}" <<'PY' 2>/dev/null || true
+import socket, ssl, sys
 try:
     s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
+    if sys.argv[3]:
+        ctx = ssl.create_default_context(cafile=sys.argv[3] + "/ca.pem")
+        ctx.load_cert_chain(sys.argv[3] + "/client.pem", sys.argv[3] + "/client.key")
+        s = ctx.wrap_socket(s, server_hostname="127.0.0.1")
     s.sendall(sys.argv[2].encode())
     out = b""
     while True:
@@ -37,7 +42,7 @@ try:
             break
         out += chunk
     print(out.decode(errors="replace"), end="")
-except OSError:
+except (OSError, ssl.SSLError):
     pass
 PY
 }

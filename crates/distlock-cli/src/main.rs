@@ -141,7 +141,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
-    /// Backend URL: zk://host:2181,host2:2181/chroot?lease=10s,
+    /// Backend URL: zk://[user:password@]host:2181,host2:2181/chroot?lease=10s (zks:// for TLS, auth=sasl for a SASL login),
     /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple (rediss:// for TLS),
     /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
     /// redis+cluster://node1:7000,node2:7001?lease=30s,

@@ -44,6 +44,28 @@ pub struct ServeArgs {
     /// With --metrics: write the metrics endpoint's bound address to this file.
     #[arg(long, value_name = "FILE", requires = "metrics")]
     metrics_addr_file: Option<PathBuf>,
+    /// Serve TLS only, with this certificate chain (PEM); clients connect with zks://.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by these CA certificates (PEM) from every client.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// The digest logins this server knows, one `user:BASE64(SHA1(user:password))` per line
+    /// (ZooKeeper's digest form): `addauth digest` with another user or password fails.
+    #[arg(long, value_name = "FILE")]
+    users: Option<PathBuf>,
+    /// Every session must log in (a digest of --users) before anything else; others are closed
+    /// with "authentication required".
+    #[arg(long, requires = "users")]
+    auth_required: bool,
+}
+
+/// Reads a file a flag names; the error names the flag and the file.
+fn read_flag_file(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag}: cannot read {}: {e}", path.display()))
 }
 
 /// A `--listen` value, checked for form; host names are resolved when binding.
@@ -153,7 +175,32 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if args.tick.is_zero() {
         anyhow::bail!("invalid --tick: must be greater than zero");
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let ca = args.tls_client_ca.as_deref().map(|p| read_flag_file("--tls-client-ca", p)).transpose()?;
+            let config = distlock_server::tls::server_config(
+                &read_flag_file("--tls-cert", cert)?,
+                &read_flag_file("--tls-key", key)?,
+                ca.as_deref(),
+            )
+            .map_err(|e| anyhow::anyhow!("TLS: {e}"))?;
+            Some(config)
+        }
+        _ => None,
+    };
+    let users = match &args.users {
+        Some(file) => {
+            let text = String::from_utf8_lossy(&read_flag_file("--users", file)?).into_owned();
+            let users = distlock_server::tls::read_users(&text)
+                .map_err(|e| anyhow::anyhow!("--users {}: {e}", file.display()))?;
+            Some(std::sync::Arc::new(users))
+        }
+        None => None,
+    };
     let config = distlock_server::Config {
+        tls: tls.clone(),
+        users,
+        auth_required: args.auth_required,
         tick: args.tick,
         max_frame: args.max_frame,
         max_connections: args.max_connections,
@@ -186,7 +233,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         write_addr_file(f, addr)?;
     }
     eprintln!(
-        "distlock serve: ZooKeeper protocol on {addr} ({})",
+        "distlock serve: ZooKeeper protocol on {addr}{}{} ({})",
+        if tls.is_some() { " over TLS only" } else { "" },
+        if args.auth_required { ", login required" } else { "" },
         match &args.data_dir {
             Some(d) => format!("data in {}, fsync {}", d.display(), args.fsync),
             None => "in memory".to_string(),

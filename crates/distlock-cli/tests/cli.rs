@@ -1113,3 +1113,52 @@ fn bench_handover_reports_graceful_and_crash_handovers() {
 fn once_per_slot_under_skewed_clocks_on_zookeeper() {
     common::once_per_slot_under_skewed_clocks(&backend("4s"), &format!("cli-job-{}", uuid::Uuid::new_v4().simple()));
 }
+
+/// `distlock serve` set up as production is (scripts/embedded.sh start-tls: TLS only, client
+/// certificates required, `--users` and `--auth-required`): `exec`, `elect` and a job run over
+/// `zks://` with the certificate flags and a digest login; a session without a login, a wrong
+/// password, a missing client certificate and a plaintext URL are refused (exit 2), naming the
+/// cause, without the password.
+#[test]
+fn serve_tls_only_with_logins() {
+    let server = common::ScriptServer::start("embedded", "start-tls");
+    let (dir, addr) = (&server.dir, &server.printed);
+    let password = std::fs::read_to_string(dir.join("password")).unwrap().trim().to_string();
+    let users = std::fs::read_to_string(dir.join("users")).unwrap();
+    assert!(!users.contains(&password), "the users file holds a digest, not the password");
+    let file = |name: &str| dir.join("certs").join(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let url = format!("zks://distlock:{password}@{addr}?connect_timeout=5s&lease=4s");
+    let tls = ["--cacert", ca.as_str(), "--cert", cert.as_str(), "--key", key.as_str()];
+    let run = |url: &str, args: &[&str], tls: &[&str]| {
+        let out = Command::new(BIN)
+            .env("DISTLOCK_BACKEND", url)
+            .args([&args[..1], tls, &args[1..]].concat())
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains(&password), "the password shown: {text}");
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&url, &["exec", "tls-cli", "--", "sh", "-c", "echo token=$DISTLOCK_TOKEN"], &tls);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("token="), "{text}");
+    let (code, text) = run(&url, &["elect", "tls-cli-election", "--", "echo", "leading"], &tls);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("leading"), "{text}");
+    let (code, text) = run(&url, &["exec", "--once-per", "1h", "tls-cli-job", "--", "echo", "ran"], &tls);
+    assert_eq!(code, Some(0), "{text}");
+    let refused = [
+        (format!("zks://{addr}?connect_timeout=5s"), &tls[..], "requires a login"),
+        (url.replace(&password, "not-the-password"), &tls[..], "refused user \"distlock\""),
+        (url.clone(), &tls[..2], "client certificate"),
+        (url.replace("zks://", "zk://"), &[][..], "write zks://"),
+    ];
+    for (bad, flags, says) in refused {
+        let started = Instant::now();
+        let (code, text) = run(&bad, &["exec", "tls-cli", "--", "true"], flags);
+        assert_eq!(code, Some(2), "{bad}: {text}");
+        assert!(text.contains(says), "{bad}: {text}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{bad}: took {:?}", started.elapsed());
+    }
+}

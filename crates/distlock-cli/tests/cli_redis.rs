@@ -187,19 +187,8 @@ fn once_per_slot_under_skewed_clocks_on_redis() {
 /// password is in no output.
 #[test]
 fn exec_elect_and_a_job_over_tls_with_the_certificate_flags() {
-    let dir = std::env::temp_dir().join(format!("distlock-cli-redis-tls-{}", uuid::Uuid::new_v4().simple()));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/redis.sh");
-    struct Stop(std::path::PathBuf, &'static str);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = Command::new(self.1).arg("stop").arg(&self.0).output();
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let out = Command::new(script).arg("start-tls").arg(&dir).output().unwrap();
-    let _stop = Stop(dir.clone(), script);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let addr = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let server = common::ScriptServer::start("redis", "start-tls");
+    let (dir, addr) = (&server.dir, &server.printed);
     let password = std::fs::read_to_string(dir.join("password")).unwrap().trim().to_string();
     let certs = dir.join("certs");
     let file = |name: &str| certs.join(name).display().to_string();

@@ -30,6 +30,7 @@ pub mod persist;
 pub mod proto;
 mod server;
 mod state;
+pub mod tls;
 mod tree;
 
 pub use metrics::Metrics;
@@ -48,7 +49,7 @@ use tokio::net::TcpListener;
 /// let c = distlock_server::Config { tick: std::time::Duration::from_millis(500), ..Default::default() };
 /// assert_eq!(c.max_frame, 1 << 20);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// ZooKeeper's tickTime: session timeouts are bounded to 2..20 ticks. Default 2 s.
     pub tick: Duration,
@@ -69,6 +70,32 @@ pub struct Config {
     /// Most reply and event bytes queued for one connection; a client that does not read its
     /// replies is disconnected past it. Default 64 MiB.
     pub max_queued_output: usize,
+    /// TLS: when set, every connection must complete this handshake first (no plaintext at all;
+    /// four-letter words too go over TLS). See [`tls::server_config`].
+    pub tls: Option<Arc<tls::ServerConfig>>,
+    /// The digest logins this server knows (user name → `user:BASE64(SHA1(user:password))`, the
+    /// form ZooKeeper's `DigestAuthenticationProvider` prints). When set, an `addauth digest`
+    /// of any other user or password fails (the client sees AuthFailed) instead of adding an
+    /// identity. See [`tls::read_users`].
+    pub users: Option<Arc<std::collections::HashMap<String, String>>>,
+    /// Every session must log in (a digest of `users`) before any other request; one that does
+    /// not gets ZooKeeper's "session closed: authentication required" (-124) and is closed.
+    pub auth_required: bool,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("tick", &self.tick)
+            .field("max_frame", &self.max_frame)
+            .field("max_connections", &self.max_connections)
+            .field("data_dir", &self.data_dir)
+            .field("fsync", &self.fsync)
+            .field("tls", &self.tls.is_some())
+            .field("users", &self.users.as_ref().map(|u| u.len()))
+            .field("auth_required", &self.auth_required)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Config {
@@ -83,6 +110,9 @@ impl Default for Config {
             snapshot_every: 10_000,
             container_check: Duration::from_secs(1),
             max_queued_output: 64 << 20,
+            tls: None,
+            users: None,
+            auth_required: false,
         }
     }
 }

@@ -302,6 +302,8 @@ pub mod err {
     pub const SESSION_EXPIRED: i32 = -112;
     pub const INVALID_ACL: i32 = -114;
     pub const AUTH_FAILED: i32 = -115;
+    /// The session did not log in and the server requires it (ZooKeeper's enforce.auth).
+    pub const SESSION_CLOSED_REQUIRE_AUTH: i32 = -124;
     pub const NO_WATCHER: i32 = -121;
     pub const RECONFIG_DISABLED: i32 = -123;
     pub const QUOTA_EXCEEDED: i32 = -125;

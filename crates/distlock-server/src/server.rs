@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 pub type Shared = Arc<Mutex<State>>;
 
@@ -22,9 +22,9 @@ static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 /// Serves connections from `listener` until `shutdown` resolves.
 pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::future::Future<Output = ()>) {
     let connections = Arc::new(AtomicUsize::new(0));
-    let (tick, max_conns) = {
+    let (tick, max_conns, tls) = {
         let s = state.lock().unwrap();
-        (s.config.tick, s.config.max_connections)
+        (s.config.tick, s.config.max_connections, s.config.tls.clone().map(tokio_rustls::TlsAcceptor::from))
     };
     let timers = tokio::spawn(timers(state.clone(), tick));
     // Tells open connections to close when the server stops.
@@ -50,11 +50,25 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                 }
                 connections.fetch_add(1, Ordering::SeqCst);
                 state.lock().unwrap().counters.connections_accepted += 1;
-                let (state, connections) = (state.clone(), connections.clone());
+                let (state, connections, tls) = (state.clone(), connections.clone(), tls.clone());
                 let mut stop = closing.subscribe();
                 tokio::spawn(async move {
+                    socket.set_nodelay(true).ok();
+                    let connection = async {
+                        match tls {
+                            None => serve(socket, peer, state).await,
+                            Some(tls) => {
+                                // A client that does not finish its handshake in time is dropped.
+                                let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket))
+                                    .await
+                                    .map_err(|_| format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}"))?
+                                    .map_err(|e| format!("TLS handshake: {e}"))?;
+                                serve(stream, peer, state).await
+                            }
+                        }
+                    };
                     let result = tokio::select! {
-                        r = serve(socket, peer, state) => r,
+                        r = connection => r,
                         _ = stop.wait_for(|c| *c) => Err("server stopping".to_string()),
                     };
                     if let Err(reason) = result {
@@ -139,8 +153,10 @@ async fn read_frame(
     Ok(frame)
 }
 
-async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result<(), String> {
-    socket.set_nodelay(true).ok();
+async fn serve<S>(mut socket: S, peer: SocketAddr, state: Shared) -> Result<(), String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let max_frame = state.lock().unwrap().config.max_frame;
     let mut first = [0u8; 4];
     socket.read_exact(&mut first).await.map_err(|e| format!("read: {e}"))?;
@@ -168,7 +184,7 @@ async fn serve(mut socket: TcpStream, peer: SocketAddr, state: Shared) -> Result
     };
     // The new session is on disk before its client learns its id.
     State::sync(&state);
-    let (reader, mut writer) = socket.into_split();
+    let (reader, mut writer) = tokio::io::split(socket);
     let mut reader = tokio::io::BufReader::with_capacity(64 << 10, reader);
     writer.write_all(&response).await.map_err(|e| format!("write: {e}"))?;
     let Some(sid) = sid else {

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 /// The URL schemes distlock knows, and the cargo feature each needs.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("zk", "zookeeper"),
+    ("zks", "zookeeper"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
@@ -42,7 +43,7 @@ type Connector = fn(&str) -> BoxFuture<'_, Result<Client>>;
 /// The compiled-in backends: the schemes each serves, and how it connects.
 const BACKENDS: &[(&[&str], Connector)] = &[
     #[cfg(feature = "zookeeper")]
-    (&["zk"], crate::zookeeper::contract::connect),
+    (&["zk", "zks"], crate::zookeeper::contract::connect),
     #[cfg(feature = "redis")]
     (&["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"], crate::redis::contract::connect),
     #[cfg(feature = "postgres")]

@@ -43,7 +43,10 @@ pub struct TlsFiles {
 
 /// The contents of [`TlsFiles`], read.
 #[derive(Clone)]
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) struct TlsPem {
     /// The CA certificates (PEM), if a CA file was given.
     pub(crate) ca: Option<Vec<u8>>,
@@ -108,7 +111,7 @@ impl TlsFiles {
     ///
     /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
     #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")),
+        not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
         allow(dead_code)
     )]
     pub(crate) fn read(&self) -> Result<TlsPem> {
@@ -141,8 +144,53 @@ impl TlsFiles {
     }
 }
 
+/// The system's root certificates as PEM text (for a client library that takes only PEM).
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when the system has no root certificate.
+#[cfg(feature = "zookeeper")]
+pub(crate) fn system_roots_pem() -> Result<String> {
+    let found = rustls_native_certs::load_native_certs();
+    if found.certs.is_empty() {
+        return Err(Error::InvalidArgument {
+            what: "TLS roots",
+            reason: "no cacert given and no system root certificate found".into(),
+        });
+    }
+    let mut pem = String::new();
+    for cert in found.certs {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let text = base64(cert.as_ref());
+        for line in text.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    Ok(pem)
+}
+
+/// Standard base64 with padding.
+#[cfg(feature = "zookeeper")]
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// How much of the server's certificate a connection checks (libpq's and MySQL's modes map here).
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Verify {
@@ -158,7 +206,7 @@ pub(crate) enum Verify {
 
 /// A rustls client configuration: the CA of `pem` (else the system's roots) checked as `verify`
 /// says, and the client certificate of `pem` if any.
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -193,7 +241,7 @@ pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::Clie
 }
 
 /// The standard verifier: chains to the CA of `pem`, else to the system's roots.
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 fn webpki_verifier(
     pem: &TlsPem,
     provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
@@ -225,16 +273,16 @@ fn webpki_verifier(
 }
 
 /// Checks the chain to a trusted CA, not the name (`verify-ca`).
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 #[derive(Debug)]
 struct ChainOnly(std::sync::Arc<rustls::client::WebPkiServerVerifier>);
 
 /// Checks nothing but the handshake's signatures (`require` without a CA).
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 #[derive(Debug)]
 struct Unverified(rustls::crypto::WebPkiSupportedAlgorithms);
 
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 impl rustls::client::danger::ServerCertVerifier for Unverified {
     fn verify_server_cert(
         &self,
@@ -270,7 +318,7 @@ impl rustls::client::danger::ServerCertVerifier for Unverified {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "etcd"))]
+#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
 impl rustls::client::danger::ServerCertVerifier for ChainOnly {
     fn verify_server_cert(
         &self,
@@ -315,7 +363,10 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
-#[cfg_attr(not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
     let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
@@ -330,6 +381,8 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
         || r.contains("requires a valid client certificate")
     {
         "the server requires a client certificate: give cert and key"
+    } else if r.contains("alert") && (r.contains("badcertificate") || r.contains("bad certificate")) {
+        "the server refused this client's certificate, or wanted one: give cert and key, signed by a CA the server trusts"
     } else if tls && (r.contains("corrupt message") || r.contains("invalidcontenttype") || r.contains("wrong version"))
     {
         "the server did not answer in TLS: is this its TLS port?"
@@ -350,6 +403,16 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "zookeeper")]
+    #[test]
+    fn base64_of_each_padding() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
 
     #[test]
     fn aliases_map_to_the_three_files_and_unreadable_files_are_named() {

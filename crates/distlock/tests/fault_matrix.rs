@@ -240,7 +240,7 @@ impl Target {
     }
 
     fn is_zk(&self) -> bool {
-        self.url.starts_with("zk://")
+        self.url.starts_with("zk://") || self.url.starts_with("zks://")
     }
 }
 
@@ -1013,4 +1013,81 @@ async fn matrix_sqlite() {
     )
     .await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The cells that touch the connection (partitions shorter and longer than the lease, a reset,
+/// a server restart), over TLS, on a server set up as production is (its script's `start-tls`:
+/// TLS only, logins required). The fault proxy passes the encrypted bytes through unchanged.
+async fn tls_matrix(
+    server: &str,
+    script: &'static str,
+    url: impl Fn(&str, &str, &str) -> String,
+    lease: &str,
+    nature: Nature,
+) {
+    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
+        println!("{server}: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
+        return;
+    }
+    let own = distlock_faults::OwnServer::start(script.trim_start_matches("scripts/"), "start-tls", &[]);
+    let password = std::fs::read_to_string(own.dir().join("password")).unwrap().trim().to_string();
+    let files = format!(
+        "cacert={}&cert={}&key={}",
+        own.file("certs/ca.pem"),
+        own.file("certs/client.pem"),
+        own.file("certs/client.key")
+    );
+    let printed = own.printed.trim();
+    let addr = printed.rsplit('@').next().unwrap().split('/').next().unwrap().to_string();
+    let target = Target {
+        server: server.to_string(),
+        url: url("{addr}", &password, &files),
+        addr: Some(addr),
+        restart: Some((script, own.dir().display().to_string())),
+        ensemble: None,
+        restart_forgets: nature.restart_forgets,
+        lease: distlock::parse_duration(lease).unwrap(),
+        pause_holds: nature.pause_holds,
+        connection_bound: nature.connection_bound,
+    };
+    let scenarios = [Scenario::BlackholeShort, Scenario::BlackholeLong, Scenario::Reset, Scenario::ServerRestart];
+    run_matrix(target, &scenarios).await;
+    drop(own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_tls_zookeeper() {
+    let url = |addr: &str, pw: &str, files: &str| format!("zks://distlock:{pw}@{addr}?auth=sasl&{files}&lease={LEASE}");
+    tls_matrix("Apache ZooKeeper 3.8 over TLS, SASL login", "scripts/zk.sh", url, LEASE, Nature::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_tls_redis() {
+    let url = |addr: &str, pw: &str, files: &str| format!("rediss://distlock:{pw}@{addr}?{files}&lease={LEASE}");
+    let nature = Nature { restart_forgets: true, ..Nature::default() };
+    tls_matrix("Redis 7 over TLS, ACL user", "scripts/redis.sh", url, LEASE, nature).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_tls_postgres() {
+    let url = |addr: &str, pw: &str, files: &str| {
+        format!("postgres://distlock:{pw}@{addr}/locks?sslmode=verify-full&{files}&lease={SQL_LEASE}")
+    };
+    let nature = Nature { pause_holds: true, connection_bound: true, ..Nature::default() };
+    tls_matrix("PostgreSQL 15 over TLS, SCRAM login", "scripts/postgres.sh", url, SQL_LEASE, nature).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_tls_mariadb() {
+    let url = |addr: &str, pw: &str, files: &str| {
+        format!("mysql://distlock:{pw}@{addr}/distlock?ssl-mode=VERIFY_IDENTITY&{files}&lease={SQL_LEASE}")
+    };
+    let nature = Nature { connection_bound: true, ..Nature::default() };
+    tls_matrix("MariaDB over TLS, password login", "scripts/mariadb.sh", url, SQL_LEASE, nature).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_tls_etcd() {
+    let url = |addr: &str, pw: &str, files: &str| format!("etcds://distlock:{pw}@{addr}?{files}&lease={LEASE}");
+    tls_matrix("etcd 3.4 over TLS, user login", "scripts/etcd.sh", url, LEASE, Nature::default()).await;
 }

@@ -353,3 +353,43 @@ fn blocking_facade_locks_and_releases() {
     assert!(g2.fencing_token() > t);
     g2.release().unwrap();
 }
+
+/// Apache ZooKeeper set up as production is (scripts/zk.sh start-tls): only a secure client port
+/// that requires client certificates, and every session must log in by SASL. A SASL user locks,
+/// elects and runs a job over `zks://`, the one round trip per acquire kept; every wrong or
+/// missing part is refused, quickly, by name, with the password nowhere in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_only_server_with_sasl_logins() {
+    let server = distlock_faults::OwnServer::start("zk.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let (ca, other_ca) = (server.file("certs/ca.pem"), server.file("certs/other-ca.pem"));
+    let (cert, key) = (server.file("certs/client.pem"), server.file("certs/client.key"));
+    let addr = server.printed.trim().to_string();
+    let files = format!("cacert={ca}&cert={cert}&key={key}");
+    let url = format!("zks://distlock:{password}@{addr}?auth=sasl&{files}&lease=4s&connect_timeout=8s");
+    common::secure::locks_elects_and_runs_a_job(&url).await;
+
+    let client = Client::connect(&url).await.unwrap();
+    let lock = client.mutex(&unique_path("tls-rtt")).unwrap();
+    lock.lock().await.unwrap().release().await.unwrap();
+    let a = client.metrics().snapshot();
+    let guard = lock.lock().await.unwrap();
+    let b = client.metrics().snapshot();
+    assert_eq!((b - a).round_trips, 1, "acquire over TLS: {:?}", b - a);
+    guard.release().await.unwrap();
+    client.close(Duration::from_secs(2)).await;
+
+    let plain = format!("zk://{addr}?lease=4s&connect_timeout=8s");
+    let refused: Vec<(String, &str)> = vec![
+        (url.replace(&ca, &other_ca), "not signed by a CA trusted here"),
+        (url.replace(&format!("&cert={cert}&key={key}"), ""), "give cert and key"),
+        (plain, "write zks://"),
+        (url.replace(&password, "not-the-password"), "wrong user or password"),
+        (url.replace("auth=sasl&", ""), "needs auth=sasl"),
+        (url.replace(&format!("distlock:{password}@"), "").replace("auth=sasl&", ""), "requires a login"),
+        (url.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
+    ];
+    for (bad, says) in refused {
+        common::secure::refused(&bad, says, &password).await;
+    }
+}

@@ -32,6 +32,32 @@ pub fn holding(b: &str, args: &[&str]) -> (std::process::Child, Lines) {
     (child, lines)
 }
 
+/// A server of the project's scripts (`scripts/NAME.sh COMMAND DIR`), in a directory of its own,
+/// stopped and removed when dropped; `printed` is what the script printed (its address).
+pub struct ScriptServer {
+    script: String,
+    pub dir: std::path::PathBuf,
+    pub printed: String,
+}
+
+impl ScriptServer {
+    pub fn start(name: &str, command: &str) -> ScriptServer {
+        let dir = std::env::temp_dir().join(format!("distlock-cli-{name}-{}", uuid::Uuid::new_v4().simple()));
+        let script = format!("{}/../../scripts/{name}.sh", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new(&script).arg(command).arg(&dir).env("DISTLOCK_BIN", BIN).output().unwrap();
+        let server = ScriptServer { script, dir, printed: String::from_utf8_lossy(&out.stdout).trim().to_string() };
+        assert!(out.status.success(), "{name}.sh {command}: {}", String::from_utf8_lossy(&out.stderr));
+        server
+    }
+}
+
+impl Drop for ScriptServer {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script).arg("stop").arg(&self.dir).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A lock name no other test uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())

@@ -241,6 +241,16 @@ impl State {
         let (xid, opcode, body) = proto::request_header(frame)?;
         let mut r = Reader::new(body);
         let reply = |w: Writer| Ok(Reply { frame: Some(w.frame()), close: false });
+        if self.config.auth_required
+            && !matches!(opcode, op::PING | op::AUTH | op::CLOSE_SESSION)
+            && self.sessions.get(&sid).is_some_and(|s| s.auth.is_empty())
+        {
+            // ZooKeeper's enforce.auth: the session ends; the client reads AuthFailed.
+            let mut w = Writer::framed();
+            header(&mut w, xid, self.zxid, err::SESSION_CLOSED_REQUIRE_AUTH);
+            self.close_session(sid, "no login (the server requires one)");
+            return Ok(Reply { frame: Some(w.frame()), close: true });
+        }
         match opcode {
             op::PING => {
                 r.finish()?;
@@ -262,8 +272,12 @@ impl State {
                 let auth = r.buffer("auth data")?;
                 r.finish()?;
                 let mut w = Writer::framed();
-                if scheme == "digest" {
-                    let id = digest_id(&String::from_utf8_lossy(&auth));
+                let id = digest_id(&String::from_utf8_lossy(&auth));
+                // With a users file, a digest is a login: only a known user with its password.
+                let known = |users: &std::collections::HashMap<String, String>| {
+                    users.get(id.split(':').next().unwrap_or("")).is_some_and(|line| *line == id)
+                };
+                if scheme == "digest" && self.config.users.as_deref().is_none_or(known) {
                     if let Some(s) = self.sessions.get_mut(&sid) {
                         if !s.auth.contains(&("digest".to_string(), id.clone())) {
                             s.auth.push(("digest".to_string(), id));

@@ -33,7 +33,7 @@ pub use queue::QueueStatus;
 pub use reentrant::{ReentrantGuard, ReentrantMutex};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use url::{ElectionLayout, ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
+pub use url::{ElectionLayout, ZkAuth, ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
 
 use crate::{Error, Owner, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,6 +133,120 @@ pub async fn nobody_listens(url: &ZkUrl) -> String {
     }
 }
 
+/// The ZooKeeper client's TLS settings for `url`: its CA (else the system's roots), its client
+/// certificate, the server's name always verified.
+fn tls_options(url: &ZkUrl) -> Result<zk::TlsOptions> {
+    let pem = url.tls_files.read()?;
+    let bad = |what: &'static str, e: zk::Error| Error::InvalidArgument { what, reason: e.to_string() };
+    let ca = match &pem.ca {
+        Some(ca) => String::from_utf8_lossy(ca).into_owned(),
+        None => crate::tls::system_roots_pem()?,
+    };
+    let mut options = zk::TlsOptions::new().with_pem_ca(&ca).map_err(|e| bad("CA certificate file (cacert)", e))?;
+    if let Some((cert, key)) = &pem.identity {
+        options = options
+            .with_pem_identity(&String::from_utf8_lossy(cert), &String::from_utf8_lossy(key))
+            .map_err(|e| bad("client certificate and key (cert, key)", e))?;
+    }
+    Ok(options)
+}
+
+/// A failed connect's reason, with what to try when the cause is known.
+fn explain(url: &ZkUrl, e: &zk::Error) -> String {
+    let text = e.to_string();
+    let hint = match e {
+        zk::Error::AuthFailed => match &url.auth {
+            Some(ZkAuth::Sasl { user, .. }) => format!("the server refused user {user:?} (wrong user or password?)"),
+            Some(ZkAuth::Digest { user, .. }) => format!(
+                "the server refused user {user:?} (wrong user or password? a server that takes SASL logins only needs auth=sasl)"
+            ),
+            None => "the server requires a login: give zk://USER:PASSWORD@host:port (with auth=sasl for a SASL login)".into(),
+        },
+        zk::Error::Timeout => return no_session(url),
+        _ if url.tls => return crate::tls::explain(text, true, "zks://"),
+        _ => return text,
+    };
+    format!("{text}: {hint}")
+}
+
+/// The reason of a connect that timed out.
+fn no_session(url: &ZkUrl) -> String {
+    let hint = if url.tls { " (did the TLS handshake finish? is this the secure client port?)" } else { "" };
+    format!("no session established within {}{hint}", humantime::format_duration(url.connect_timeout))
+}
+
+/// What the ZooKeeper client cannot say: it retries a failed TLS handshake (or a plaintext
+/// session at a TLS port) until the connect timeout, and only logs why. Unless the session is up
+/// by then, this tries one handshake of its own to the first host after a moment, and returns
+/// the cause when it is a definite one (an untrusted or misnamed certificate, a client
+/// certificate the server requires, a TLS port asked for in plaintext); otherwise it never
+/// returns, and the client's own outcome stands.
+async fn tls_trouble(url: &ZkUrl) -> String {
+    use crate::tls::Verify;
+    use tokio::io::AsyncReadExt;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let never = std::future::pending::<String>();
+    let host = &url.hosts[0];
+    let name = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h).trim_matches(['[', ']']);
+    let (pem, verify) = if url.tls {
+        match url.tls_files.read() {
+            Ok(pem) => (pem, Verify::Full),
+            Err(e) => return e.to_string(),
+        }
+    } else {
+        (crate::tls::TlsPem { ca: None, identity: None }, Verify::Nothing)
+    };
+    let Ok(config) = crate::tls::client_config(&pem, verify) else { return never.await };
+    let Ok(server_name) = rustls::pki_types::ServerName::try_from(name.to_string()) else { return never.await };
+    let Ok(Ok(stream)) = tokio::time::timeout(url.connect_timeout, tokio::net::TcpStream::connect(host.as_str())).await
+    else {
+        return never.await;
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let handshake = tokio::time::timeout(url.connect_timeout, connector.connect(server_name, stream)).await;
+    if !url.tls {
+        // A server that finishes a handshake, or sends a TLS alert, speaks TLS there.
+        return match handshake {
+            Ok(Ok(_)) => {
+                format!("{host} answered in TLS: it is a secure client port (write zks://, with cacert, cert and key)")
+            }
+            Ok(Err(e)) if e.to_string().contains("alert") => {
+                format!("{host} answered in TLS ({e}): it is a secure client port (write zks://, with cacert, cert and key)")
+            }
+            _ => never.await,
+        };
+    }
+    match handshake {
+        Ok(Ok(mut tls)) => {
+            // With TLS 1.3 the server refuses a missing client certificate after the handshake.
+            let mut byte = [0u8; 1];
+            match tokio::time::timeout(Duration::from_millis(500), tls.read(&mut byte)).await {
+                Ok(Err(e)) => match definite(format!("TLS with {host}: {e}")) {
+                    Some(why) => why,
+                    None => never.await,
+                },
+                _ => never.await,
+            }
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            // A listening server that closes the handshake without a word of TLS.
+            format!("{host} closed the connection in the TLS handshake: is this the secure client port? (a plaintext port does that)")
+        }
+        Ok(Err(e)) => match definite(format!("TLS handshake with {host}: {e}")) {
+            Some(why) => why,
+            None => never.await,
+        },
+        _ => never.await,
+    }
+}
+
+/// `text` with its cause, if it is a TLS failure whose cause is known (not a passing one, such
+/// as a reset while the server restarts).
+fn definite(text: String) -> Option<String> {
+    let explained = crate::tls::explain(text.clone(), true, "zks://");
+    (explained != text).then_some(explained)
+}
+
 impl Client {
     /// Connects to the ensemble named by a `zk://` URL and establishes a session.
     ///
@@ -149,23 +263,46 @@ impl Client {
     pub async fn connect_url(url: ZkUrl) -> Result<Client> {
         let connect_string = url.connect_string();
         let started = tokio::time::Instant::now();
-        let connect = zk::Client::connector()
+        let mut connector = zk::Client::connector()
             .with_session_timeout(url.session_timeout)
-            .with_connection_timeout(url.connect_timeout)
-            .connect(&connect_string);
+            .with_connection_timeout(url.connect_timeout);
+        match &url.auth {
+            None => {}
+            Some(ZkAuth::Digest { user, password }) => {
+                connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+            }
+            Some(ZkAuth::Sasl { user, password }) => {
+                connector = connector.with_sasl(zk::SaslOptions::digest_md5(user.clone(), password.clone()));
+            }
+        }
+        let connect = if url.tls {
+            let connector = connector.with_tls(tls_options(&url)?);
+            futures::future::Either::Left(async move { connector.secure_connect(&connect_string).await })
+        } else {
+            futures::future::Either::Right(async move { connector.connect(&connect_string).await })
+        };
         // The client retries endpoints on its own (a server that is starting or restarting
         // comes up meanwhile); bound the whole attempt by the connect timeout.
         let bound = url.connect_timeout;
-        let zk = match tokio::time::timeout(bound, connect).await {
-            Ok(Ok(zk)) => zk,
-            Ok(Err(e)) => return Err(Error::Connect { url: url.to_string(), reason: e.to_string() }),
-            Err(_) => {
-                return Err(Error::Connect {
-                    url: url.to_string(),
-                    reason: format!("no session established within {}", humantime::format_duration(bound)),
-                })
+        let attempt = async {
+            tokio::select! {
+                r = connect => r.map_err(|e| explain(&url, &e)),
+                why = tls_trouble(&url) => Err(why),
             }
         };
+        let zk = match tokio::time::timeout(bound, attempt).await {
+            Ok(Ok(zk)) => zk,
+            Ok(Err(reason)) => return Err(Error::Connect { url: url.to_string(), reason }),
+            Err(_) => return Err(Error::Connect { url: url.to_string(), reason: no_session(&url) }),
+        };
+        if url.auth.is_none() {
+            // A server that requires a login ends a session without one at its first request:
+            // learn it now, as a connect error, rather than as a lock's loss later.
+            let asked = tokio::time::timeout(bound, zk.check_stat("/")).await;
+            if let Ok(Err(e @ zk::Error::AuthFailed)) = asked {
+                return Err(Error::Connect { url: url.to_string(), reason: explain(&url, &e) });
+            }
+        }
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();
         let margin = url.lease_margin.unwrap_or_else(|| session::default_margin(timeout));

@@ -8,7 +8,14 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A parsed `zk://host:port[,host:port...][/chroot][?session_timeout=10s&connect_timeout=5s]`.
+/// A parsed `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=10s&…]`.
+///
+/// `zks://` connects to the servers' secure client port (TLS, the server's certificate and name
+/// verified against `cacert`, else the system's roots; `cert` and `key` for a server that asks
+/// for client certificates, which Apache ZooKeeper does by default). A user and password log in:
+/// as ZooKeeper's `digest` scheme (`addauth digest user:password`, Curator's `authorization`,
+/// the default) or, with `auth=sasl`, by SASL DIGEST-MD5 (a `user_NAME="…"` entry of the server's
+/// JAAS `Server` section). User and password are percent-decoded; the password is never shown.
 ///
 /// # Examples
 ///
@@ -20,6 +27,11 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// assert_eq!(url.chroot.as_deref(), Some("/apps/orders"));
 /// assert_eq!(url.session_timeout, Duration::from_secs(4));
 /// assert!(ZkUrl::parse("redis://localhost").is_err());
+///
+/// let secure = ZkUrl::parse("zks://app:s%40cret@zk1:2281?auth=sasl&cacert=/etc/zk/ca.pem").unwrap();
+/// assert!(secure.tls);
+/// assert_eq!(secure.to_string(), "zks://app:***@zk1:2281?auth=sasl&cacert=/etc/zk/ca.pem");
+/// assert!(ZkUrl::parse("zk://zk1:2181?cacert=/ca.pem").unwrap_err().to_string().contains("zks://"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZkUrl {
@@ -38,6 +50,71 @@ pub struct ZkUrl {
     /// The layout of elections (`election=latch|selector`): Curator's `LeaderLatch` (the
     /// default) or `LeaderSelector` (an `InterProcessMutex` queue).
     pub election: ElectionLayout,
+    /// TLS to the secure client port (`zks://`).
+    pub tls: bool,
+    /// The TLS files (CA, client certificate and key), with `tls`.
+    pub tls_files: crate::tls::TlsFiles,
+    /// The login, if the URL names a user.
+    pub auth: Option<ZkAuth>,
+}
+
+/// How a `zk://` URL's user logs in (see [`ZkUrl`]).
+#[derive(Clone, PartialEq, Eq)]
+pub enum ZkAuth {
+    /// ZooKeeper's `digest` scheme: `addauth digest user:password` on every connection.
+    Digest {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// SASL DIGEST-MD5 against the server's JAAS `Server` section.
+    Sasl {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+}
+
+impl ZkAuth {
+    /// The user name.
+    pub fn user(&self) -> &str {
+        match self {
+            ZkAuth::Digest { user, .. } | ZkAuth::Sasl { user, .. } => user,
+        }
+    }
+
+    fn scheme(&self) -> &'static str {
+        match self {
+            ZkAuth::Digest { .. } => "digest",
+            ZkAuth::Sasl { .. } => "sasl",
+        }
+    }
+}
+
+impl std::fmt::Debug for ZkAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}({}:***)", self.scheme(), self.user())
+    }
+}
+
+/// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).
+pub(crate) fn percent_decode(text: &str) -> std::result::Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(hex.ok_or("a '%' not followed by two hex digits (write %25 for '%')")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent escapes that are not UTF-8".to_string())
 }
 
 /// Which Curator recipe's nodes a ZooKeeper election uses (see [`crate::election`]).
@@ -63,11 +140,33 @@ pub enum ElectionLayout {
 impl ZkUrl {
     /// Parses a `zk://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<ZkUrl> {
-        let bad = |reason: &str| Error::InvalidUrl { url: url.to_string(), reason: reason.to_string() };
-        let rest = url.strip_prefix("zk://").ok_or_else(|| bad("must start with zk:// (e.g. zk://127.0.0.1:2181)"))?;
+        let bad = |reason: &str| Error::InvalidUrl { url: crate::redact_url(url), reason: reason.to_string() };
+        let (tls, rest) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) => (true, rest),
+            _ => return Err(bad("must start with zk:// (e.g. zk://127.0.0.1:2181), or zks:// for TLS")),
+        };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
+        };
+        let (userinfo, rest) = match rest.split_once('/').map_or(rest, |(hosts, _)| hosts).rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let user = match userinfo {
+            None => None,
+            Some(info) => {
+                let (user, password) = info
+                    .split_once(':')
+                    .ok_or_else(|| bad("a ZooKeeper user needs its password: write zk://USER:PASSWORD@host:2181"))?;
+                let user = percent_decode(user).map_err(|e| bad(&format!("user: {e}")))?;
+                let password = percent_decode(password).map_err(|e| bad(&format!("password: {e}")))?;
+                if user.is_empty() {
+                    return Err(bad("an empty ZooKeeper user name"));
+                }
+                Some((user, password))
+            }
         };
         let (hosts_part, chroot) = match rest.find('/') {
             Some(i) => (&rest[..i], Some(&rest[i..])),
@@ -100,8 +199,30 @@ impl ZkUrl {
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut lease_margin = None;
         let mut election = ElectionLayout::default();
+        let mut tls_files = crate::tls::TlsFiles::default();
+        let mut sasl = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
+            if tls_files.take(key, value, &[]).map_err(|e| bad(&e))? {
+                if !tls {
+                    return Err(bad(&format!(
+                        "{key} is a TLS file: write zks:// to connect to the secure client port"
+                    )));
+                }
+                continue;
+            }
+            if key == "auth" {
+                sasl = Some(match value {
+                    "digest" => false,
+                    "sasl" => true,
+                    other => {
+                        return Err(bad(&format!(
+                            "auth: unknown login {other:?} (digest for addauth digest, sasl for SASL DIGEST-MD5)"
+                        )))
+                    }
+                });
+                continue;
+            }
             if key == "election" {
                 election = match value {
                     "latch" => ElectionLayout::Latch,
@@ -114,14 +235,9 @@ impl ZkUrl {
                 };
                 continue;
             }
-            if ["cacert", "cert", "key"].contains(&key) {
-                return Err(bad(&format!(
-                    "{key}: TLS to ZooKeeper (its secure client port) is not supported yet; connect to the plain port on a trusted network"
-                )));
-            }
             if !["lease", "session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election)"
+                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election, auth, cacert, cert, key)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
@@ -146,7 +262,14 @@ impl ZkUrl {
                 )));
             }
         }
-        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election })
+        tls_files.check().map_err(|e| bad(&e))?;
+        let auth = match (user, sasl) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(bad("auth= needs a user: write zk://USER:PASSWORD@host:2181?auth=…")),
+            (Some((user, password)), Some(true)) => Some(ZkAuth::Sasl { user, password }),
+            (Some((user, password)), _) => Some(ZkAuth::Digest { user, password }),
+        };
+        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election, tls, tls_files, auth })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
@@ -156,8 +279,19 @@ impl ZkUrl {
 }
 
 impl std::fmt::Display for ZkUrl {
+    /// The URL as it may be shown: the password as `***`, the login and TLS files kept.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "zk://{}", self.connect_string())
+        let user = self.auth.as_ref().map(|a| format!("{}:***@", a.user())).unwrap_or_default();
+        write!(f, "{}://{user}{}", if self.tls { "zks" } else { "zk" }, self.connect_string())?;
+        let mut pairs = Vec::new();
+        if let Some(ZkAuth::Sasl { .. }) = &self.auth {
+            pairs.push("auth=sasl".to_string());
+        }
+        pairs.extend(self.tls_files.query_pairs());
+        if !pairs.is_empty() {
+            write!(f, "?{}", pairs.join("&"))?;
+        }
+        Ok(())
     }
 }
 
@@ -223,11 +357,34 @@ mod tests {
                 ("zk://a:1?session_timeout=ten", "session_timeout"),
                 ("zk://a:1?session_timeout=0s", "greater than zero"),
                 ("zk://a:1?colour=red", "unknown option"),
-                ("zk://a:1?cacert=/ca.pem", "not supported yet"),
+                ("zk://a:1?cacert=/ca.pem", "zks://"),
+                ("zks://a:1?cert=/c.pem", "key"),
+                ("zk://u@a:1", "password"),
+                ("zk://a:1?auth=sasl", "needs a user"),
                 ("zk://a:1?session_timeout=4s&lease_margin=4s", "lease_margin"),
                 ("zk://a:1?election=bully", "LeaderSelector"),
             ],
         );
+        // With a password, the URL is quoted with the password as ***.
+        crate::assert_refused(
+            ZkUrl::parse,
+            &[("zk://u:p@a:1?auth=kerberos", "unknown login"), ("zk://u:%zz@a:1", "hex digits")],
+        );
+        let e = ZkUrl::parse("zk://u:%zz@a:1").unwrap_err().to_string();
+        assert!(e.contains("zk://u:***@a:1") && !e.contains("%zz"), "{e}");
+    }
+
+    #[test]
+    fn logins_and_tls() {
+        let u = ZkUrl::parse("zks://a%3Ab:p%40ss%3Aw@h:1,h2:2/app?auth=sasl&cacert=/ca.pem").unwrap();
+        assert_eq!(u.auth, Some(ZkAuth::Sasl { user: "a:b".into(), password: "p@ss:w".into() }));
+        assert_eq!(u.connect_string(), "h:1,h2:2/app");
+        assert!(!format!("{u} {u:?}").contains("p@ss"), "the password is never shown: {u:?}");
+        let d = ZkUrl::parse("zk://u:pw@h:1").unwrap();
+        assert_eq!(d.auth, Some(ZkAuth::Digest { user: "u".into(), password: "pw".into() }));
+        assert!(!d.tls);
+        let e = ZkUrl::parse("zk://u:secret@h:1?colour=red").unwrap_err().to_string();
+        assert!(!e.contains("secret"), "{e}");
     }
 
     #[test]

@@ -163,8 +163,13 @@ impl TlsClient {
     }
 
     pub async fn connect(&self, host: &str, port: u16) -> std::io::Result<TlsStream<TcpStream>> {
+        // distlock patch: no Nagle delay on TLS connections either (see session/connection.rs),
+        // and a host that is no valid server name is an error, not a panic.
+        let domain = ServerName::try_from(host)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{host}: {e}")))?
+            .to_owned();
         let stream = TcpStream::connect((host, port)).await?;
-        let domain = ServerName::try_from(host).unwrap().to_owned();
+        stream.set_nodelay(true)?;
         self.inner.connect(domain, stream).await
     }
 }
