@@ -10,9 +10,10 @@
 #                                 empty server, as Redis without persistence comes back.
 #   scripts/redis.sh replica DIR MASTER   start a replica of MASTER (host:port) the same way, and
 #                                 wait until its link to the master is up.
-#   scripts/redis.sh sentinel DIR MASTER NAME   start a Sentinel monitoring MASTER as NAME (quorum
-#                                 2, down after 1 s, failover timeout 5 s), and wait until it
-#                                 answers for NAME.
+#   scripts/redis.sh sentinel DIR MASTER NAME [PASSWORD_FILE]   start a Sentinel monitoring
+#                                 MASTER as NAME (quorum 2, down after 1 s, failover timeout 5 s),
+#                                 with the password in PASSWORD_FILE as its own requirepass if
+#                                 given, and wait until it answers for NAME.
 #   scripts/redis.sh start-tls DIR   the same as start, set up as production is: TLS only (no
 #                                 plaintext port), client certificates required, no default
 #                                 user; one ACL user `distlock` whose password is in
@@ -46,7 +47,9 @@ source "$(dirname "$0")/lib/certs.sh"
 rcli() {
     local port=$1
     shift
-    if [[ -f "$dir/tls.enabled" ]]; then
+    if [[ -f "$dir/sentinel.password" ]]; then
+        REDISCLI_AUTH=$(cat "$dir/sentinel.password") redis-cli --no-auth-warning -h 127.0.0.1 -p "$port" "$@"
+    elif [[ -f "$dir/tls.enabled" ]]; then
         REDISCLI_AUTH=$(cat "$dir/password") redis-cli --tls --cacert "$dir/certs/ca.pem" --cert "$dir/certs/client.pem" \
             --key "$dir/certs/client.key" --user distlock --no-auth-warning -h 127.0.0.1 -p "$port" "$@"
     else
@@ -206,7 +209,7 @@ case "$cmd" in
         [[ -n "${3:-}" ]] || { echo "usage: $0 replica DIR MASTER_HOST:PORT" >&2; exit 2; }
         mkdir -p "$dir"; echo "$3" > "$dir/master.addr"; start ;;
     sentinel)
-        [[ -n "${3:-}" && -n "${4:-}" ]] || { echo "usage: $0 sentinel DIR MASTER_HOST:PORT NAME" >&2; exit 2; }
+        [[ -n "${3:-}" && -n "${4:-}" ]] || { echo "usage: $0 sentinel DIR MASTER_HOST:PORT NAME [PASSWORD_FILE]" >&2; exit 2; }
         mkdir -p "$dir"
         echo "$4" > "$dir/sentinel.name"
         # Sentinel rewrites its configuration file: it lives in DIR.
@@ -216,6 +219,10 @@ sentinel down-after-milliseconds $4 1000
 sentinel failover-timeout $4 5000
 sentinel parallel-syncs $4 1
 CONF
+        # A fifth argument names a file holding the Sentinel's own password (its requirepass).
+        if [[ -n "${5:-}" ]]; then
+            (umask 077; cp "$5" "$dir/sentinel.password"; echo "requirepass $(cat "$5")" >> "$dir/sentinel.conf")
+        fi
         start ;;
     stop) dir=$(cd "$dir" && pwd); stop ;;
     kill) dir=$(cd "$dir" && pwd); crash ;;

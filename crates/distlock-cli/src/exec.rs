@@ -614,6 +614,9 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     signals.forget_pending();
     let mut command = tokio::process::Command::new(&argv[0]);
     command.args(&argv[1..]).envs(held.env()).process_group(0);
+    if crate::backend_env_has_secret() {
+        command.env_remove("DISTLOCK_BACKEND");
+    }
     let terminal = Terminal::foreground();
     let had_terminal = terminal.is_some();
     if terminal.is_some() {

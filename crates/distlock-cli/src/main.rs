@@ -48,7 +48,8 @@ macro_rules! exec_help {
 
 ENVIRONMENT:
   DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181);
-                    zk://, redis://, postgres://, mysql://, sqlite:// or etcd:// (see --backend)
+                    zk://, redis://, postgres://, mysql://, sqlite:// or etcd:// (see --backend); one
+                    holding a password is not passed on to the command
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
@@ -150,7 +151,7 @@ pub struct BackendArg {
     /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
     /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock; etcds:// for TLS);
     /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value = DEFAULT_BACKEND)]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// The lease, on every backend: how long the server keeps the lock of a holder it no longer
     /// hears from (ZooKeeper's session timeout, etcd's lease TTL, the lease of Redis keys and of
@@ -203,6 +204,12 @@ impl BackendArg {
         let backend = backend_or_default(&self.backend);
         Ok(distlock::connect_with(backend, &self.options()).await?)
     }
+}
+
+/// Whether `$DISTLOCK_BACKEND` holds a password: then it is not passed on to the commands and
+/// helpers distlock starts (a child's environment is readable in `/proc` as long as it runs).
+pub fn backend_env_has_secret() -> bool {
+    std::env::var("DISTLOCK_BACKEND").is_ok_and(|v| distlock::redact_url(&v) != v)
 }
 
 /// `$DISTLOCK_BACKEND` set but empty means the default backend, as if unset.

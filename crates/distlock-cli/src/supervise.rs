@@ -42,8 +42,12 @@ impl Watchdog {
             let ms = monotonic_ms() + at.saturating_duration_since(Instant::now()).as_millis() as u64;
             args.extend(["--kill-at-monotonic-ms".to_string(), ms.to_string()]);
         }
-        let mut child =
-            Command::new(exe).args(&args).stdin(Stdio::piped()).stdout(Stdio::null()).process_group(0).spawn()?;
+        let mut command = Command::new(exe);
+        command.args(&args).stdin(Stdio::piped()).stdout(Stdio::null()).process_group(0);
+        if crate::backend_env_has_secret() {
+            command.env_remove("DISTLOCK_BACKEND");
+        }
+        let mut child = command.spawn()?;
         let pipe = child.stdin.take();
         Ok(Watchdog { pipe, child })
     }

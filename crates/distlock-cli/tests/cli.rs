@@ -1162,3 +1162,22 @@ fn serve_tls_only_with_logins() {
         assert!(started.elapsed() < Duration::from_secs(5), "{bad}: took {:?}", started.elapsed());
     }
 }
+
+/// A password in `$DISTLOCK_BACKEND` is not shown by `--help` and not passed on to the command.
+#[test]
+fn a_password_in_distlock_backend_is_neither_shown_nor_passed_on() {
+    let marker = format!("Marker{}", uuid::Uuid::new_v4().simple());
+    let addr = std::env::var("DISTLOCK_TEST_ZK").expect("DISTLOCK_TEST_ZK");
+    let url = format!("zk://someone:{marker}@{addr}?session_timeout=4s");
+    for args in [&["exec", "--help"][..], &["inspect", "--help"][..]] {
+        let out = Command::new(BIN).env("DISTLOCK_BACKEND", &url).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("DISTLOCK_BACKEND"), "{text}");
+        assert!(!text.contains(&marker), "--help shows the password: {text}");
+    }
+    let out = Command::new(BIN).env("DISTLOCK_BACKEND", &url).args(["exec", &lock(), "--", "env"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("DISTLOCK_TOKEN="), "{text}");
+    assert!(!text.contains(&marker), "the command's environment has the password: {text}");
+}

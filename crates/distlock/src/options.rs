@@ -141,15 +141,52 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client>
 /// assert_eq!(distlock::redact_url("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
 /// assert_eq!(distlock::redact_url("redis://:pa/ss@h"), "redis://:***@h");
 /// assert_eq!(distlock::redact_url("sqlite:///tmp/a@b/l.db"), "sqlite:///tmp/a@b/l.db");
+/// // A query key that names a password (the Sentinels' own) is hidden too.
+/// assert_eq!(
+///     distlock::redact_url("redis+sentinel://s:26379/m?sentinel_password=pw&lease=5s"),
+///     "redis+sentinel://s:26379/m?sentinel_password=***&lease=5s"
+/// );
 /// ```
 pub fn redact_url(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
     let end = url[start..].find('?').map_or(url.len(), |i| start + i);
-    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else { return url.to_string() };
-    match url[start..at].split_once(':') {
-        Some((user, _)) => format!("{}{user}:***{}", &url[..start], &url[at..]),
-        None => url.to_string(),
+    let (base, query) = url.split_at(end);
+    let query = if query.contains("password") {
+        let pairs: Vec<String> = query[1..]
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if k.contains("password") => format!("{k}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        format!("?{}", pairs.join("&"))
+    } else {
+        query.to_string()
+    };
+    let Some(at) = base[start..].rfind('@').map(|i| start + i) else { return format!("{base}{query}") };
+    match base[start..at].split_once(':') {
+        Some((user, _)) => format!("{}{user}:***{}{query}", &base[..start], &base[at..]),
+        None => format!("{base}{query}"),
     }
+}
+
+/// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).
+#[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
+pub(crate) fn percent_decode(text: &str) -> std::result::Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            out.push(hex.ok_or("a '%' not followed by two hex digits (write %25 for '%')")?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent escapes that are not UTF-8".to_string())
 }
 
 #[cfg(test)]

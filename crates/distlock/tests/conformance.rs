@@ -231,3 +231,108 @@ async fn locks_lists_the_holder_and_the_waiter_in_order() {
         }
     }
 }
+
+/// An `openssl s_server` on a free loopback port with one of `scripts/lib/certs.sh`'s server
+/// certificates, killed when dropped.
+struct TlsEnd(std::process::Child, u16);
+
+impl TlsEnd {
+    fn start(certs: &std::path::Path, name: &str) -> TlsEnd {
+        use std::io::BufRead;
+        let (cert, key) = (certs.join(format!("{name}.pem")), certs.join(format!("{name}.key")));
+        let mut child = std::process::Command::new("openssl")
+            .args(["s_server", "-accept", "127.0.0.1:0", "-cert"])
+            .arg(&cert)
+            .arg("-key")
+            .arg(&key)
+            // Its stdin stays open (and silent): at end of input it would stop serving.
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        // It prints "ACCEPT 127.0.0.1:PORT" once listening (EOF if it failed to start).
+        let accept = std::io::BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map_while(|l| l.ok())
+            .find(|l| l.starts_with("ACCEPT"))
+            .expect("openssl s_server listening");
+        let port = accept.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{accept:?}"));
+        TlsEnd(child, port)
+    }
+}
+
+impl Drop for TlsEnd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Hostile ends, the same on every network backend: a server whose certificate names another
+/// host, one whose certificate has expired (both signed by the CA the client trusts), and one
+/// that accepts the connection and never says a word. Each is refused within the connect
+/// timeout, with an error that names the cause.
+#[tokio::test]
+async fn hostile_tls_ends_are_refused_naming_the_cause() {
+    let dir = std::env::temp_dir().join(format!("distlock-hostile-{}", uuid::Uuid::new_v4().simple()));
+    let certs = dir.join("certs");
+    let made = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}/../../scripts/lib/certs.sh && make_certs {}",
+            env!("CARGO_MANIFEST_DIR"),
+            certs.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let ca = certs.join("ca.pem").display().to_string();
+    // The backends whose connection starts with the TLS handshake (PostgreSQL and MySQL first
+    // speak their own protocol; their servers' tests check the certificate).
+    let tls_first = |port: u16| {
+        [
+            format!("rediss://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
+            format!("etcds://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
+            format!("zks://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
+        ]
+    };
+    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+        let end = TlsEnd::start(&certs, cert);
+        for url in tls_first(end.1) {
+            let started = Instant::now();
+            let e = distlock::connect(&url).await.map(|_| ()).expect_err(&url);
+            println!("{url}: {e} ({:?})", started.elapsed());
+            assert!(e.to_string().contains(says), "{url}: {e}");
+            assert!(started.elapsed() < Duration::from_secs(4), "{url}: {:?}", started.elapsed());
+        }
+    }
+    // Accepts, and never answers (not even the TLS handshake).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let keep = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let urls = [
+        format!("rediss://127.0.0.1:{port}?cacert={ca}&connect_timeout=2s"),
+        format!("postgres://u@127.0.0.1:{port}/db?sslmode=verify-full&sslrootcert={ca}&connect_timeout=2s"),
+        format!("mysql://u@127.0.0.1:{port}/db?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}&connect_timeout=2s"),
+        format!("etcds://127.0.0.1:{port}?cacert={ca}&connect_timeout=2s"),
+        format!("zks://127.0.0.1:{port}?cacert={ca}&connect_timeout=2s"),
+    ];
+    for url in urls {
+        let started = Instant::now();
+        let e = distlock::connect(&url).await.map(|_| ()).expect_err(&url);
+        let took = started.elapsed();
+        println!("{url}: {e} ({took:?})");
+        assert!(took < Duration::from_millis(3500), "{url}: took {took:?}: {e}");
+        assert!(took >= Duration::from_millis(1900), "{url}: gave up early, {took:?}: {e}");
+        let text = e.to_string().to_lowercase();
+        assert!(["timed out", "timeout", "within", "no answer"].iter().any(|w| text.contains(w)), "{url}: {e}");
+    }
+    keep.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -826,3 +826,28 @@ async fn a_tls_only_server_with_an_acl_user() {
         common::secure::refused(&bad, says, &password).await;
     }
 }
+
+/// A Sentinel with a password of its own (`requirepass` in its configuration): the client gives
+/// it with `sentinel_password=` and locks on the master it names; without it, or with a wrong
+/// one, the connect is refused with the Sentinel's answer, and the password is never shown.
+#[tokio::test]
+async fn a_sentinel_with_its_own_password() {
+    let master = Server::start();
+    let dir = std::env::temp_dir().join(format!("distlock-sentinel-pw-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let password = format!("sentinel-{}", uuid::Uuid::new_v4().simple());
+    std::fs::write(dir.join("password"), &password).unwrap();
+    let sentinel = Server::launch(&["sentinel", "", &master.addr, "pwmaster", dir.join("password").to_str().unwrap()]);
+    let url = format!("redis+sentinel://{}/pwmaster?lease=5s&connect_timeout=3s", sentinel.addr);
+    let good = format!("{url}&sentinel_password={password}");
+    let redis = Client::connect(&good).await.unwrap();
+    let g = redis.mutex("sentinel-pw").unwrap().lock().await.unwrap();
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+    for bad in [url.clone(), format!("{url}&sentinel_password=wrong")] {
+        let e = Client::connect(&bad).await.map(|_| ()).unwrap_err().to_string();
+        assert!(e.to_lowercase().contains("auth"), "{e}");
+        assert!(!e.contains(&password), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -393,3 +393,42 @@ async fn a_tls_only_server_with_sasl_logins() {
         common::secure::refused(&bad, says, &password).await;
     }
 }
+
+/// `acl=creator`: the nodes of a lock, of an election and of a job are the login's; a neighbour
+/// without credentials can read them (holders stay visible) but can neither delete, write, nor
+/// queue, and the holder is unaffected; another client with the same login takes the lock next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_creator_keeps_a_neighbour_without_credentials_out() {
+    let addr = zk_addr();
+    let owner = format!("zk://owner:{}@{addr}?acl=creator&lease=4s", uuid::Uuid::new_v4().simple());
+    let (a, b) = (distlock::connect(&owner).await.unwrap(), distlock::connect(&owner).await.unwrap());
+    let path = unique_path("acl");
+    let held = a.mutex(&path).unwrap().lock().await.unwrap();
+    let leading = a.election(&format!("{path}-election")).unwrap().campaign("a").await.unwrap();
+    let job = a.schedule(&format!("{}-job", path.trim_start_matches('/').replace('/', "-"))).unwrap();
+    match job.at_most_for(Duration::from_secs(30)).try_start().await.unwrap() {
+        distlock::schedule::Started::Running(run) => drop(run.finish(Some(0)).await.unwrap()),
+        distlock::schedule::Started::Skipped(s) => panic!("a fresh job skipped: {s}"),
+    }
+
+    let neighbour = zookeeper_client::Client::connect(&addr).await.unwrap();
+    let nodes = neighbour.list_children(&path).await.unwrap();
+    assert_eq!(nodes.len(), 1, "the holder is visible: {nodes:?}");
+    let node = format!("{path}/{}", nodes[0]);
+    assert_eq!(neighbour.delete(&node, None).await.unwrap_err(), zookeeper_client::Error::NoAuth);
+    assert_eq!(neighbour.set_data(&node, b"mine", None).await.unwrap_err(), zookeeper_client::Error::NoAuth);
+    let queue = zookeeper_client::CreateMode::EphemeralSequential.with_acls(zookeeper_client::Acls::anyone_all());
+    let intruder = neighbour.create(&format!("{path}/_c_x-lock-"), b"", &queue).await;
+    assert_eq!(intruder.unwrap_err(), zookeeper_client::Error::NoAuth, "a neighbour cannot queue");
+    for (dir, what) in [(format!("{path}-election"), "election")] {
+        for child in neighbour.list_children(&dir).await.unwrap() {
+            let e = neighbour.delete(&format!("{dir}/{child}"), None).await.unwrap_err();
+            assert_eq!(e, zookeeper_client::Error::NoAuth, "{what} node {child}");
+        }
+    }
+    assert!(!held.state().is_lost(), "the holder is unaffected");
+    leading.resign().await.unwrap();
+    held.release().await.unwrap();
+    let next = b.mutex(&path).unwrap().try_lock().await.unwrap().expect("the same login takes it next");
+    next.release().await.unwrap();
+}

@@ -349,7 +349,7 @@ async fn ask_sentinels(url: &RedisUrl, sentinel: &SentinelUrl) -> Result<(String
     let mut unanswered = 0;
     for hp in &sentinel.hosts {
         // Sentinels are spoken to as the servers are: over TLS with the same files, if asked.
-        let client = open_client(url, &format!("{}://{hp}", url.scheme()))?;
+        let client = open_client(url, &url.sentinel_connection_string(hp))?;
         let asked = async {
             let mut conn = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")

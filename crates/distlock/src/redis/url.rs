@@ -125,12 +125,27 @@ pub struct RedisUrl {
 /// assert_eq!(sentinel.master, "mymaster");
 /// assert_eq!(url.db, 2);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct SentinelUrl {
     /// `host:port` of each Sentinel (port 26379 when not given).
     pub hosts: Vec<String>,
     /// The monitored master's name.
     pub master: String,
+    /// The Sentinels' own user (`sentinel_user=`), if they have ACL users.
+    pub username: Option<String>,
+    /// The Sentinels' own password (`sentinel_password=`, their `requirepass`); never shown.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelUrl")
+            .field("hosts", &self.hosts)
+            .field("master", &self.master)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl RedisUrl {
@@ -207,7 +222,7 @@ impl RedisUrl {
                 return Err(bad("no master name: write redis+sentinel://HOST[:PORT][,HOST...]/MASTER".into()));
             }
             let hosts = hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
-            (Some(SentinelUrl { hosts, master: master.to_string() }), db)
+            (Some(SentinelUrl { hosts, master: master.to_string(), username: None, password: None }), db)
         } else {
             (None, db)
         };
@@ -270,6 +285,17 @@ impl RedisUrl {
                     parsed.replicas =
                         value.parse().map_err(|_| bad(format!("replicas: {value:?} is not a number of replicas")))?
                 }
+                "sentinel_user" | "sentinel_password" => {
+                    let Some(sentinel) = parsed.sentinel.as_mut() else {
+                        return Err(bad(format!("{key} is for redis+sentinel:// URLs")));
+                    };
+                    let value = crate::options::percent_decode(value).map_err(|e| bad(format!("{key}: {e}")))?;
+                    if key == "sentinel_user" {
+                        sentinel.username = Some(value);
+                    } else {
+                        sentinel.password = Some(value);
+                    }
+                }
                 "replica_timeout" => {
                     parsed.replica_timeout = duration()?;
                     if parsed.replica_timeout.is_zero() {
@@ -278,7 +304,7 @@ impl RedisUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout, cacert, cert, key)"
+                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout, sentinel_user, sentinel_password, cacert, cert, key)"
                     )))
                 }
             }
@@ -305,6 +331,18 @@ impl RedisUrl {
             (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
         };
         format!("{}://{auth}{host}:{port}/{}", self.scheme(), self.db)
+    }
+
+    /// The connection URL for the redis crate to a Sentinel at `hp` (`host:port`), with the
+    /// Sentinels' own credentials (`sentinel_user`, `sentinel_password`), if given.
+    pub(crate) fn sentinel_connection_string(&self, hp: &str) -> String {
+        let auth = match self.sentinel.as_ref().map(|s| (&s.username, &s.password)) {
+            Some((Some(u), Some(p))) => format!("{}:{}@", enc(u), enc(p)),
+            Some((None, Some(p))) => format!(":{}@", enc(p)),
+            Some((Some(u), None)) => format!("{}@", enc(u)),
+            _ => String::new(),
+        };
+        format!("{}://{auth}{hp}", self.scheme())
     }
 
     /// `redis` or, with TLS, `rediss`: the redis crate's scheme for one server.
@@ -340,9 +378,18 @@ impl std::fmt::Display for RedisUrl {
             (None, Some(nodes)) => write!(f, "{scheme}+cluster://{user}{}", nodes.join(","))?,
             (None, None) => write!(f, "{scheme}://{user}{}:{}/{}", self.host, self.port, self.db)?,
         }
-        let files = self.tls_files.query_pairs();
-        if !files.is_empty() {
-            write!(f, "?{}", files.join("&"))?;
+        let mut pairs = Vec::new();
+        if let Some(s) = &self.sentinel {
+            if let Some(u) = &s.username {
+                pairs.push(format!("sentinel_user={u}"));
+            }
+            if s.password.is_some() {
+                pairs.push("sentinel_password=***".to_string());
+            }
+        }
+        pairs.extend(self.tls_files.query_pairs());
+        if !pairs.is_empty() {
+            write!(f, "?{}", pairs.join("&"))?;
         }
         Ok(())
     }
@@ -363,6 +410,20 @@ impl std::fmt::Debug for RedisUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sentinels_own_credentials_are_never_shown() {
+        let u = RedisUrl::parse("redis+sentinel://:m@s1,s2/mymaster?sentinel_user=watch&sentinel_password=s%40ntinel")
+            .unwrap();
+        let s = u.sentinel.as_ref().unwrap();
+        assert_eq!((s.username.as_deref(), s.password.as_deref()), (Some("watch"), Some("s@ntinel")));
+        assert_eq!(u.sentinel_connection_string("s1:26379"), "redis://watch:s%40ntinel@s1:26379");
+        let shown = format!("{u} {u:?}");
+        assert!(!shown.contains("s@ntinel") && !shown.contains("s%40ntinel"), "{shown}");
+        assert!(shown.contains("sentinel_password=***"), "{shown}");
+        let e = RedisUrl::parse("redis://h?sentinel_password=x").unwrap_err().to_string();
+        assert!(e.contains("redis+sentinel://") && !e.contains("=x"), "{e}");
+    }
 
     #[test]
     fn defaults_and_credentials() {

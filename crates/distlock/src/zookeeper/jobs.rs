@@ -59,7 +59,7 @@ fn version(job: &str, seen: &str) -> Result<i32> {
 impl Jobs {
     /// Creates `path` (PERSISTENT, empty, as Curator's parents) if it is missing.
     async fn parent(&self, path: &str) -> Result<()> {
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.client.acls());
         self.client.metrics().sent(1);
         match self.client.zk().create(path, b"", &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -137,7 +137,7 @@ impl JobStore for Jobs {
             let (lock_path, record_path) = paths(job)?;
             self.parents(false).await?;
             let record = run.stored();
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let options = zk::CreateMode::Persistent.with_acls(self.client.acls());
             let mut txn = self.client.zk().new_multi_writer();
             let mut ops: Vec<(&str, &[u8], Option<&String>)> = Vec::with_capacity(2);
             let lock_data = lock.map(|l| stored_time(job, l.lock_until_ms)).transpose()?;

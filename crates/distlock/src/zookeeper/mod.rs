@@ -33,7 +33,7 @@ pub use queue::QueueStatus;
 pub use reentrant::{ReentrantGuard, ReentrantMutex};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use url::{ElectionLayout, ZkAuth, ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
+pub use url::{AclMode, ElectionLayout, ZkAuth, ZkUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT};
 
 use crate::{Error, Owner, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -442,6 +442,19 @@ impl Client {
 
     pub(crate) fn zk(&self) -> &zk::Client {
         &self.inner.zk
+    }
+
+    /// The ACL of the nodes this client creates (the URL's `acl=`).
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
+        /// The session's identities may do anything; anyone may read.
+        static CREATOR_ALL_ANYONE_READ: [zk::Acl; 2] = [
+            zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+            zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+        ];
+        match self.inner.url.acl {
+            AclMode::Open => zk::Acls::anyone_all(),
+            AclMode::Creator => zk::Acls::new(&CREATOR_ALL_ANYONE_READ),
+        }
     }
 
     /// After a `NoNode` on `path`: the error to report if the URL's chroot itself is missing.

@@ -51,7 +51,7 @@ impl NaiveLock {
         let zk = self.client.zk();
         let metrics = self.client.metrics();
         let deadline = timeout.and_then(super::queue::deadline_after);
-        let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Ephemeral.with_acls(self.client.acls());
         loop {
             metrics.sent(1);
             match zk.create(&self.node, self.client.owner_data(), &options).await {
@@ -63,7 +63,7 @@ impl NaiveLock {
                     }))
                 }
                 Err(zk::Error::NoNode) => {
-                    let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    let dir = zk::CreateMode::Container.with_acls(self.client.acls());
                     metrics.sent(1);
                     zk.mkdir(&self.dir, &dir).await.map_err(|e| backend("create", &self.dir, e))?;
                     continue;

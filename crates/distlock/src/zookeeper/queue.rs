@@ -765,7 +765,7 @@ impl Queue {
         let zk = self.client.zk();
         let metrics = &self.client.inner.metrics;
         let node_prefix = format!("{}/{}{}", self.dir, pending.prefix(), self.marker);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.client.acls());
         let mut attempts = 0;
         let mut parents_made = false;
         loop {
@@ -844,7 +844,7 @@ impl Queue {
     /// Creates the lock directory (and its parents) as containers, across connection losses.
     async fn make_dir(&self) -> Result<()> {
         let zk = self.client.zk();
-        let dir_options = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        let dir_options = zk::CreateMode::Container.with_acls(self.client.acls());
         loop {
             self.client.inner.metrics.sent(1);
             match zk.mkdir(&self.dir, &dir_options).await {

@@ -291,7 +291,7 @@ impl WriteGuard {
         let mut pending = DowngradeNode { client: client.clone(), path: Some(path.clone()), permit: Some(permit) };
         // Whether an earlier attempt of this call may have been applied (its reply was lost).
         let mut retried = false;
-        let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Ephemeral.with_acls(client.acls());
         loop {
             let mut txn = client.zk().new_multi_writer();
             txn.add_check_version(write_path, -1).map_err(|e| backend("check", write_path, e))?;

@@ -56,6 +56,21 @@ pub struct ZkUrl {
     pub tls_files: crate::tls::TlsFiles,
     /// The login, if the URL names a user.
     pub auth: Option<ZkAuth>,
+    /// Who may touch the nodes distlock creates (`acl=open|creator`).
+    pub acl: AclMode,
+}
+
+/// The ACL of every node distlock creates (lock nodes, their directories and parents, election
+/// and job nodes), chosen by `acl=` (see [`ZkUrl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AclMode {
+    /// `world:anyone` may do anything (ZooKeeper's `OPEN_ACL_UNSAFE`, Curator's default).
+    #[default]
+    Open,
+    /// The identities the session logged in with may do anything (`auth` scheme: `CREATOR_ALL`),
+    /// everyone else may only read (so `inspect` and `top` still see holders). Needs a login;
+    /// every client of a lock must log in as the same identity.
+    Creator,
 }
 
 /// How a `zk://` URL's user logs in (see [`ZkUrl`]).
@@ -97,24 +112,6 @@ impl std::fmt::Debug for ZkAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}({}:***)", self.scheme(), self.user())
     }
-}
-
-/// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).
-pub(crate) fn percent_decode(text: &str) -> std::result::Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
-            out.push(hex.ok_or("a '%' not followed by two hex digits (write %25 for '%')")?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "percent escapes that are not UTF-8".to_string())
 }
 
 /// Which Curator recipe's nodes a ZooKeeper election uses (see [`crate::election`]).
@@ -160,8 +157,8 @@ impl ZkUrl {
                 let (user, password) = info
                     .split_once(':')
                     .ok_or_else(|| bad("a ZooKeeper user needs its password: write zk://USER:PASSWORD@host:2181"))?;
-                let user = percent_decode(user).map_err(|e| bad(&format!("user: {e}")))?;
-                let password = percent_decode(password).map_err(|e| bad(&format!("password: {e}")))?;
+                let user = crate::options::percent_decode(user).map_err(|e| bad(&format!("user: {e}")))?;
+                let password = crate::options::percent_decode(password).map_err(|e| bad(&format!("password: {e}")))?;
                 if user.is_empty() {
                     return Err(bad("an empty ZooKeeper user name"));
                 }
@@ -201,6 +198,7 @@ impl ZkUrl {
         let mut election = ElectionLayout::default();
         let mut tls_files = crate::tls::TlsFiles::default();
         let mut sasl = None;
+        let mut acl = AclMode::default();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
             if tls_files.take(key, value, &[]).map_err(|e| bad(&e))? {
@@ -209,6 +207,18 @@ impl ZkUrl {
                         "{key} is a TLS file: write zks:// to connect to the secure client port"
                     )));
                 }
+                continue;
+            }
+            if key == "acl" {
+                acl = match value {
+                    "open" => AclMode::Open,
+                    "creator" => AclMode::Creator,
+                    other => {
+                        return Err(bad(&format!(
+                            "acl: unknown ACL {other:?} (open: anyone may do anything; creator: only this login may change, anyone may read)"
+                        )))
+                    }
+                };
                 continue;
             }
             if key == "auth" {
@@ -237,7 +247,7 @@ impl ZkUrl {
             }
             if !["lease", "session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election, auth, cacert, cert, key)"
+                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election, auth, acl, cacert, cert, key)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
@@ -269,7 +279,10 @@ impl ZkUrl {
             (Some((user, password)), Some(true)) => Some(ZkAuth::Sasl { user, password }),
             (Some((user, password)), _) => Some(ZkAuth::Digest { user, password }),
         };
-        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election, tls, tls_files, auth })
+        if acl == AclMode::Creator && auth.is_none() {
+            return Err(bad("acl=creator needs a login: write zk://USER:PASSWORD@host:2181?acl=creator"));
+        }
+        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election, tls, tls_files, auth, acl })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
@@ -286,6 +299,9 @@ impl std::fmt::Display for ZkUrl {
         let mut pairs = Vec::new();
         if let Some(ZkAuth::Sasl { .. }) = &self.auth {
             pairs.push("auth=sasl".to_string());
+        }
+        if self.acl == AclMode::Creator {
+            pairs.push("acl=creator".to_string());
         }
         pairs.extend(self.tls_files.query_pairs());
         if !pairs.is_empty() {
@@ -372,6 +388,16 @@ mod tests {
         );
         let e = ZkUrl::parse("zk://u:%zz@a:1").unwrap_err().to_string();
         assert!(e.contains("zk://u:***@a:1") && !e.contains("%zz"), "{e}");
+    }
+
+    #[test]
+    fn acl_modes() {
+        assert_eq!(ZkUrl::parse("zk://a:1").unwrap().acl, AclMode::Open);
+        let u = ZkUrl::parse("zk://u:p@a:1?acl=creator").unwrap();
+        assert_eq!(u.acl, AclMode::Creator);
+        assert_eq!(u.to_string(), "zk://u:***@a:1?acl=creator");
+        assert!(ZkUrl::parse("zk://a:1?acl=creator").unwrap_err().to_string().contains("needs a login"));
+        assert!(ZkUrl::parse("zk://a:1?acl=mine").unwrap_err().to_string().contains("unknown ACL"));
     }
 
     #[test]
