@@ -1148,6 +1148,20 @@ fn serve_tls_only_with_logins() {
     assert!(text.contains("leading"), "{text}");
     let (code, text) = run(&url, &["exec", "--once-per", "1h", "tls-cli-job", "--", "echo", "ran"], &tls);
     assert_eq!(code, Some(0), "{text}");
+    // kazoo over TLS, logged in with the same digest, sees the holder's node under the lock.
+    let hold_args = [&["hold"][..], &tls[..], &["tls-kazoo"][..]].concat();
+    let (mut holder, _lines) = common::holding(&url, &hold_args);
+    let kazoo = format!(
+        "from kazoo.client import KazooClient\n\
+         c = KazooClient(hosts='{addr}', use_ssl=True, ca='{ca}', certfile='{cert}', keyfile='{key}', \
+         verify_certs=True, auth_data=[('digest', 'distlock:' + open('{pw}').read().strip())], timeout=5)\n\
+         c.start(timeout=10)\nprint(len(c.get_children('/distlock/tls-kazoo')))\nc.stop()\n",
+        pw = dir.join("password").display()
+    );
+    let out = Command::new("python3").arg("-c").arg(&kazoo).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1", "{}", String::from_utf8_lossy(&out.stderr));
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
     let refused = [
         (format!("zks://{addr}?connect_timeout=5s"), &tls[..], "requires a login"),
         (url.replace(&password, "not-the-password"), &tls[..], "refused user \"distlock\""),
