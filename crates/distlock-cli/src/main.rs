@@ -50,6 +50,7 @@ ENVIRONMENT:
   DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181);
                     zk://, redis://, postgres://, mysql://, sqlite:// or etcd:// (see --backend); one
                     holding a password is not passed on to the command
+  DISTLOCK_BACKEND_FILE  a file holding the backend URL (see --backend-file)
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
@@ -150,9 +151,15 @@ pub struct BackendArg {
     /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
     /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
     /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock; etcds:// for TLS);
-    /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=
-    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=.
+    /// Default: zk://127.0.0.1:2181 (an empty value counts as unset)
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true)]
+    pub backend: Option<String>,
+    /// Read the backend URL from this file instead (its first line): a password then stays off
+    /// the command line and out of the environment. A file holding a password must be readable
+    /// by its owner only (chmod 600), as ssh requires of keys.
+    #[arg(long, env = "DISTLOCK_BACKEND_FILE", value_name = "PATH")]
+    pub backend_file: Option<std::path::PathBuf>,
     /// The lease, on every backend: how long the server keeps the lock of a holder it no longer
     /// hears from (ZooKeeper's session timeout, etcd's lease TTL, the lease of Redis keys and of
     /// the SQL backends). A lock held by a process that dies is passed on after about this long.
@@ -201,9 +208,41 @@ impl BackendArg {
     /// Connects to the backend the URL names, with the flags applied (one way for every
     /// backend: the library applies them).
     pub async fn connect(&self) -> anyhow::Result<distlock::Client> {
-        let backend = backend_or_default(&self.backend);
-        Ok(distlock::connect_with(backend, &self.options()).await?)
+        Ok(distlock::connect_with(&self.url()?, &self.options()).await?)
     }
+
+    /// The backend URL: `--backend` (or `$DISTLOCK_BACKEND`), else the first line of
+    /// `--backend-file` (or `$DISTLOCK_BACKEND_FILE`), else the default. Both given is an error.
+    pub fn url(&self) -> anyhow::Result<String> {
+        let given = self.backend.as_deref().filter(|b| !b.trim().is_empty());
+        match (given, &self.backend_file) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "both a backend URL (--backend or $DISTLOCK_BACKEND) and --backend-file (or $DISTLOCK_BACKEND_FILE) are given: keep one"
+            ),
+            (Some(url), None) => Ok(url.to_string()),
+            (None, Some(file)) => backend_from_file(file),
+            (None, None) => Ok(DEFAULT_BACKEND.to_string()),
+        }
+    }
+}
+
+/// The first line of `file`, refused if it holds a password and others may read it.
+fn backend_from_file(file: &std::path::Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = file.display();
+    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--backend-file {shown}: {e}"))?;
+    let url = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap_or("");
+    if url.is_empty() {
+        anyhow::bail!("--backend-file {shown}: no URL in it");
+    }
+    let mode = std::fs::metadata(file).map(|m| m.permissions().mode()).unwrap_or(0);
+    if distlock::redact_url(url) != url && mode & 0o077 != 0 {
+        anyhow::bail!(
+            "--backend-file {shown}: it holds a password and its permissions {:o} let others read it (chmod 600 {shown})",
+            mode & 0o777
+        );
+    }
+    Ok(url.to_string())
 }
 
 /// Whether `$DISTLOCK_BACKEND` holds a password: then it is not passed on to the commands and
@@ -212,7 +251,7 @@ pub fn backend_env_has_secret() -> bool {
     std::env::var("DISTLOCK_BACKEND").is_ok_and(|v| distlock::redact_url(&v) != v)
 }
 
-/// `$DISTLOCK_BACKEND` set but empty means the default backend, as if unset.
+/// `$DISTLOCK_BACKEND` set but empty means the default backend, as if unset (for `bench`).
 pub fn backend_or_default(backend: &str) -> &str {
     if backend.trim().is_empty() {
         DEFAULT_BACKEND

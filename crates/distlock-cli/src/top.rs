@@ -180,7 +180,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;
     let schedules = args.jobs.iter().map(|j| client.schedule(j)).collect::<distlock::Result<Vec<_>>>()?;
-    let url = distlock::redact_url(crate::backend_or_default(&args.backend.backend));
+    let url = distlock::redact_url(&args.backend.url()?);
     let code = match args.http {
         Some(addr) => http(client.clone(), prefix, first, &schedules, &args, &url, addr).await,
         None => terminal(client.clone(), prefix, first, &schedules, &args, &url).await,

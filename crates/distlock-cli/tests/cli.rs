@@ -1195,3 +1195,44 @@ fn a_password_in_distlock_backend_is_neither_shown_nor_passed_on() {
     assert!(text.contains("DISTLOCK_TOKEN="), "{text}");
     assert!(!text.contains(&marker), "the command's environment has the password: {text}");
 }
+
+/// `--backend-file` (or `$DISTLOCK_BACKEND_FILE`): the URL from a file, so that a password is on
+/// no command line and in no environment; refused while others may read a file with a password,
+/// and when a URL is given too.
+#[test]
+fn the_backend_url_from_a_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let addr = std::env::var("DISTLOCK_TEST_ZK").expect("DISTLOCK_TEST_ZK");
+    let dir = std::env::temp_dir().join(format!("distlock-backend-file-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("backend");
+    let marker = format!("Marker{}", uuid::Uuid::new_v4().simple());
+    std::fs::write(&file, format!("# the lock service\nzk://someone:{marker}@{addr}?session_timeout=4s\n")).unwrap();
+    let run = |args: &[&str], env: Option<(&str, &std::path::Path)>| {
+        let mut c = Command::new(BIN);
+        c.env_remove("DISTLOCK_BACKEND").args(args);
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains(&marker), "the password shown: {text}");
+        (out.status.code(), text)
+    };
+    let lock = lock();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let f = file.to_str().unwrap();
+    let (code, text) = run(&["exec", "--backend-file", f, &lock, "--", "true"], None);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("chmod 600"), "{text}");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, text) = run(&["exec", "--backend-file", f, &lock, "--", "sh", "-c", "echo token=$DISTLOCK_TOKEN"], None);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("token="), "{text}");
+    let (code, text) = run(&["exec", &lock, "--", "true"], Some(("DISTLOCK_BACKEND_FILE", &file)));
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = run(&["exec", "--backend", "zk://127.0.0.1:1", "--backend-file", f, &lock, "--", "true"], None);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("keep one"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

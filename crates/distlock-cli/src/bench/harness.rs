@@ -10,7 +10,7 @@ use std::time::Duration;
 pub struct BenchArgs {
     /// Backend URL, or `embedded` for an in-process server. Defaults to $DISTLOCK_BACKEND, then
     /// zk://127.0.0.1:2181.
-    #[arg(long, env = "DISTLOCK_BACKEND", default_value = "zk://127.0.0.1:2181")]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = "zk://127.0.0.1:2181")]
     pub(super) backend: String,
     /// How long each workload runs.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
