@@ -161,7 +161,7 @@ pub(crate) fn system_roots_pem() -> Result<String> {
     let mut pem = String::new();
     for cert in found.certs {
         pem.push_str("-----BEGIN CERTIFICATE-----\n");
-        let text = base64(cert.as_ref());
+        let text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cert.as_ref());
         for line in text.as_bytes().chunks(64) {
             pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
             pem.push('\n');
@@ -169,24 +169,6 @@ pub(crate) fn system_roots_pem() -> Result<String> {
         pem.push_str("-----END CERTIFICATE-----\n");
     }
     Ok(pem)
-}
-
-/// Standard base64 with padding.
-#[cfg(feature = "zookeeper")]
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// How much of the server's certificate a connection checks (libpq's and MySQL's modes map here).
@@ -403,16 +385,6 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[cfg(feature = "zookeeper")]
-    #[test]
-    fn base64_of_each_padding() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
 
     #[test]
     fn aliases_map_to_the_three_files_and_unreadable_files_are_named() {

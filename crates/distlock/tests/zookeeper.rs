@@ -402,7 +402,8 @@ async fn acl_creator_keeps_a_neighbour_without_credentials_out() {
     let addr = zk_addr();
     let owner = format!("zk://owner:{}@{addr}?acl=creator&lease=4s", uuid::Uuid::new_v4().simple());
     let (a, b) = (distlock::connect(&owner).await.unwrap(), distlock::connect(&owner).await.unwrap());
-    let path = unique_path("acl");
+    // Under a parent of its own, which the first lock makes: it must stay open to other logins.
+    let path = format!("/distlock-acl-{}/lock", uuid::Uuid::new_v4().simple());
     let held = a.mutex(&path).unwrap().lock().await.unwrap();
     let leading = a.election(&format!("{path}-election")).unwrap().campaign("a").await.unwrap();
     let job = a.schedule(&format!("{}-job", path.trim_start_matches('/').replace('/', "-"))).unwrap();
@@ -420,13 +421,24 @@ async fn acl_creator_keeps_a_neighbour_without_credentials_out() {
     let queue = zookeeper_client::CreateMode::EphemeralSequential.with_acls(zookeeper_client::Acls::anyone_all());
     let intruder = neighbour.create(&format!("{path}/_c_x-lock-"), b"", &queue).await;
     assert_eq!(intruder.unwrap_err(), zookeeper_client::Error::NoAuth, "a neighbour cannot queue");
-    for (dir, what) in [(format!("{path}-election"), "election")] {
-        for child in neighbour.list_children(&dir).await.unwrap() {
-            let e = neighbour.delete(&format!("{dir}/{child}"), None).await.unwrap_err();
-            assert_eq!(e, zookeeper_client::Error::NoAuth, "{what} node {child}");
-        }
+    let election = format!("{path}-election");
+    let candidates = neighbour.list_children(&election).await.unwrap();
+    assert!(!candidates.is_empty(), "the leader's node is there");
+    for child in candidates {
+        let e = neighbour.delete(&format!("{election}/{child}"), None).await.unwrap_err();
+        assert_eq!(e, zookeeper_client::Error::NoAuth, "election node {child}");
     }
     assert!(!held.state().is_lost(), "the holder is unaffected");
+    // The shared parents stay open: another login makes its own lock (and job) beside ours.
+    let other = format!("zk://other:{}@{addr}?acl=creator&lease=4s", uuid::Uuid::new_v4().simple());
+    let other = distlock::connect(&other).await.unwrap();
+    let beside = other.mutex(&format!("{path}-other")).unwrap().try_lock().await.unwrap().expect("its own lock");
+    beside.release().await.unwrap();
+    let other_job = other.schedule(&format!("{}-other-job", path.trim_start_matches('/').replace('/', "-"))).unwrap();
+    match other_job.at_most_for(Duration::from_secs(30)).try_start().await.unwrap() {
+        distlock::schedule::Started::Running(run) => drop(run.finish(Some(0)).await.unwrap()),
+        distlock::schedule::Started::Skipped(s) => panic!("a fresh job skipped: {s}"),
+    }
     leading.resign().await.unwrap();
     held.release().await.unwrap();
     let next = b.mutex(&path).unwrap().try_lock().await.unwrap().expect("the same login takes it next");

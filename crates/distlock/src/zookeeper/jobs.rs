@@ -59,7 +59,9 @@ fn version(job: &str, seen: &str) -> Result<i32> {
 impl Jobs {
     /// Creates `path` (PERSISTENT, empty, as Curator's parents) if it is missing.
     async fn parent(&self, path: &str) -> Result<()> {
-        let options = zk::CreateMode::Persistent.with_acls(self.client.acls());
+        // The parents are every job's: open, whatever `acl=` says (only the job's own nodes
+        // are the login's), or the first login to make one would keep the others' jobs out.
+        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         self.client.metrics().sent(1);
         match self.client.zk().create(path, b"", &options).await {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),

@@ -444,6 +444,25 @@ impl Client {
         &self.inner.zk
     }
 
+    /// Creates the lock directory `dir` (a container) and its missing ancestors. With
+    /// `acl=creator` only `dir` is the login's: the ancestors are shared by every lock under
+    /// them (`/distlock`…), so they stay open, or the first login to make one would keep every
+    /// other login's locks out of it.
+    pub(crate) async fn make_lock_dir(&self, dir: &str) -> std::result::Result<(), zk::Error> {
+        let open = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        if self.inner.url.acl == AclMode::Open {
+            return self.zk().mkdir(dir, &open).await;
+        }
+        if let Some((parent, _)) = dir.rsplit_once('/').filter(|(parent, _)| !parent.is_empty()) {
+            match self.zk().mkdir(parent, &open).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let own = zk::CreateMode::Container.with_acls(self.acls());
+        self.zk().create(dir, b"", &own).await.map(|_| ())
+    }
+
     /// The ACL of the nodes this client creates (the URL's `acl=`).
     pub(crate) fn acls(&self) -> zk::Acls<'static> {
         /// The session's identities may do anything; anyone may read.

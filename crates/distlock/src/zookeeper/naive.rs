@@ -63,9 +63,11 @@ impl NaiveLock {
                     }))
                 }
                 Err(zk::Error::NoNode) => {
-                    let dir = zk::CreateMode::Container.with_acls(self.client.acls());
                     metrics.sent(1);
-                    zk.mkdir(&self.dir, &dir).await.map_err(|e| backend("create", &self.dir, e))?;
+                    match self.client.make_lock_dir(&self.dir).await {
+                        Ok(()) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(backend("create", &self.dir, e)),
+                    }
                     continue;
                 }
                 Err(zk::Error::NodeExists) => {}

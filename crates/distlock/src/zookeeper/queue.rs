@@ -844,10 +844,9 @@ impl Queue {
     /// Creates the lock directory (and its parents) as containers, across connection losses.
     async fn make_dir(&self) -> Result<()> {
         let zk = self.client.zk();
-        let dir_options = zk::CreateMode::Container.with_acls(self.client.acls());
         loop {
             self.client.inner.metrics.sent(1);
-            match zk.mkdir(&self.dir, &dir_options).await {
+            match self.client.make_lock_dir(&self.dir).await {
                 Ok(()) | Err(zk::Error::NodeExists) => return Ok(()),
                 Err(zk::Error::NoNode) => {
                     return Err(self.client.missing_chroot(&self.dir).await.unwrap_or_else(|| Error::InvalidLockPath {
