@@ -10,11 +10,14 @@
 #                                   server and client certificates are in DIR/certs.
 #   scripts/embedded.sh stop DIR    stop the server recorded in DIR/server.pid (only that one)
 #
+# Arguments after DIR go to `distlock serve` (limits, --four-letter-words ...).
+#
 # Needs target/debug/distlock (scripts/test.sh builds it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmd=${1:-}; dir=${2:-}
-[[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+[[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|start-tls|stop DIR [SERVE ARGS...]" >&2; exit 2; }
+extra=("${@:3}")
 bin=${DISTLOCK_BIN:-target/debug/distlock}
 
 log() { echo "embedded.sh: $*" >&2; }
@@ -36,7 +39,7 @@ start|start-tls)
         secure=(--tls-cert "$dir/certs/server.pem" --tls-key "$dir/certs/server.key"
             --tls-client-ca "$dir/certs/ca.pem" --users "$dir/users" --auth-required)
     fi
-    nohup "$bin" serve --listen 127.0.0.1:0 --tick 500ms --addr-file "$dir/addr" "${secure[@]}" \
+    nohup "$bin" serve --listen 127.0.0.1:0 --tick 500ms --addr-file "$dir/addr" "${secure[@]}" "${extra[@]}" \
         > "$dir/server.log" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$dir/server.pid"

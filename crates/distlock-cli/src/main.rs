@@ -135,6 +135,22 @@ enum Command {
     },
 }
 
+/// Refuses to serve an unauthenticated endpoint (`what`) on `addr` unless it is loopback or the
+/// user said `--allow-remote`; then it warns.
+pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAddr, allow: bool) -> anyhow::Result<()> {
+    if addr.ip().is_loopback() {
+        return Ok(());
+    }
+    if !allow {
+        anyhow::bail!(
+            "{what} {addr}: other hosts could reach it and it has no authentication; listen on 127.0.0.1 \
+             (or [::1]), or give --allow-remote to serve it beyond this host"
+        );
+    }
+    eprintln!("distlock {what}: warning: {addr} is reachable from other hosts and has no authentication");
+    Ok(())
+}
+
 /// Parses `500ms`, `10s`, `2m` for clap.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     distlock::parse_duration(s).map_err(|e| e.to_string())

@@ -61,6 +61,46 @@ pub struct ServeArgs {
     /// with "authentication required".
     #[arg(long, requires = "users")]
     auth_required: bool,
+    /// How long a new connection has, from accept, to finish its TLS handshake and send its
+    /// connect request; silent or half-sent connections are closed after it.
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
+    handshake_timeout: Duration,
+    /// The four-letter words answered, comma-separated, or `*` for all (ZooKeeper's
+    /// 4lw.commands.whitelist). `stat`, `cons` and `dump` name clients and sessions.
+    #[arg(long, value_name = "WORDS", value_parser = four_letter_words_arg, default_value = "srvr,ruok")]
+    four_letter_words: FourLetterWords,
+    /// Most nodes one session may have made that still exist; a create past it fails with
+    /// ZooKeeper's QuotaExceeded.
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_nodes_per_session: u64,
+    /// Most bytes of data the nodes one session made may hold together (QuotaExceeded past it).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_data_per_session: u64,
+    /// Let --metrics listen on an address other hosts can reach (it has no authentication).
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+/// `--four-letter-words`: the words, checked.
+#[derive(Debug, Clone)]
+struct FourLetterWords(Vec<[u8; 4]>);
+
+fn four_letter_words_arg(s: &str) -> Result<FourLetterWords, String> {
+    if s.trim() == "*" {
+        return Ok(FourLetterWords(distlock_server::FOUR_LETTER_WORDS.to_vec()));
+    }
+    let known = || {
+        distlock_server::FOUR_LETTER_WORDS.iter().map(|w| String::from_utf8_lossy(w).into_owned()).collect::<Vec<_>>()
+    };
+    let mut words = Vec::new();
+    for w in s.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let word: [u8; 4] =
+            w.as_bytes().try_into().ok().filter(|b| distlock_server::FOUR_LETTER_WORDS.contains(b)).ok_or_else(
+                || format!("unknown four-letter word {w:?} (known: {}, or * for all)", known().join(", ")),
+            )?;
+        words.push(word);
+    }
+    Ok(FourLetterWords(words))
 }
 
 /// Reads a file a flag names; the error names the flag and the file.
@@ -208,8 +248,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         snapshot_every: args.snapshot_every,
         data_dir: args.data_dir.clone(),
         fsync: args.fsync.parse().map_err(anyhow::Error::msg)?,
+        handshake_timeout: args.handshake_timeout,
+        four_letter_words: args.four_letter_words.0.clone(),
+        max_nodes_per_session: usize::try_from(args.max_nodes_per_session).unwrap_or(usize::MAX),
+        max_data_per_session: usize::try_from(args.max_data_per_session).unwrap_or(usize::MAX),
         ..Default::default()
     };
+    if args.handshake_timeout.is_zero() {
+        anyhow::bail!("invalid --handshake-timeout: must be greater than zero");
+    }
     // The data directory first: nothing is bound or announced for a server that cannot start.
     let server = distlock_server::Server::open(config).map_err(|e| match &args.data_dir {
         Some(d) => anyhow::anyhow!("cannot use data directory {}: {}", d.display(), data_dir_problem(d, &e)),
@@ -221,6 +268,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     if let Some(listen) = &args.metrics {
         let metrics = bind(listen).await.map_err(|e| anyhow::anyhow!("--metrics: {e}"))?;
         let maddr = metrics.local_addr()?;
+        crate::only_loopback_unless_allowed("serve --metrics", maddr, args.allow_remote)?;
         if let Some(f) = &args.metrics_addr_file {
             write_addr_file(f, maddr)?;
         }

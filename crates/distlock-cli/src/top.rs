@@ -29,6 +29,10 @@ pub struct TopArgs {
     /// With --http: write the address it listens on (port 0 picks a free one) to FILE.
     #[arg(long, value_name = "FILE", requires = "http")]
     http_addr_file: Option<std::path::PathBuf>,
+    /// Let --http listen on an address other hosts can reach (the page has no authentication and
+    /// shows every lock's holders).
+    #[arg(long, requires = "http")]
+    allow_remote: bool,
     /// Also show scheduled job NAME (`exec --once-per`): its state now and its last run
     /// (repeat for several jobs).
     #[arg(long = "job", value_name = "NAME")]
@@ -175,6 +179,9 @@ fn render(listing: &Listing, history: &History, title: &str, rows: usize, jobs: 
 }
 
 pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
+    if let Some(addr) = args.http {
+        crate::only_loopback_unless_allowed("top --http", addr, args.allow_remote)?;
+    }
     let client = args.backend.connect().await?;
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.

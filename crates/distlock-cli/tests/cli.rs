@@ -1177,6 +1177,102 @@ fn serve_tls_only_with_logins() {
     }
 }
 
+/// `distlock serve` over TLS holds its connection slots against clients that never finish: a
+/// silent socket, a TLS record cut short, and a finished TLS handshake with no connect request are
+/// all closed at `--handshake-timeout`, after which a real client gets in.
+#[test]
+fn serve_over_tls_closes_stalled_handshakes() {
+    use std::io::{Read, Write};
+    let server = common::ScriptServer::start_with(
+        "embedded",
+        "start-tls",
+        &["--max-connections", "3", "--handshake-timeout", "1s"],
+    );
+    let (dir, addr) = (&server.dir, &server.printed);
+    let file = |name: &str| dir.join("certs").join(name).display().to_string();
+    let started = Instant::now();
+    let silent = std::net::TcpStream::connect(addr).unwrap();
+    let mut cut = std::net::TcpStream::connect(addr).unwrap();
+    cut.write_all(&[0x16, 0x03, 0x01, 0x00, 0x80, 0x01]).unwrap(); // a handshake record's first bytes
+                                                                   // A complete TLS handshake (client certificate and all), then nothing.
+    let mut tls_only = Command::new("openssl")
+        .args(["s_client", "-quiet", "-connect", addr, "-CAfile", &file("ca.pem")])
+        .args(["-cert", &file("client.pem"), "-key", &file("client.key"), "-verify_return_error"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for (what, mut sock) in [("silent", silent), ("cut", cut)] {
+        sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        match sock.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("the {what} connection was not closed by the server: {e}"),
+        }
+        assert!(started.elapsed() >= Duration::from_secs(1), "{what} closed before the deadline");
+    }
+    // Closed by the server, s_client exits (its stdin is still open).
+    wait_exit(&mut tls_only, Duration::from_secs(20));
+    let mut said = String::new();
+    tls_only.stderr.take().unwrap().read_to_string(&mut said).unwrap();
+    assert!(said.contains("verify return:1") || said.contains("depth=0"), "the handshake finished: {said}");
+    // The slots are free again: a real client locks.
+    let password = std::fs::read_to_string(dir.join("password")).unwrap().trim().to_string();
+    let out = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", format!("zks://distlock:{password}@{addr}?connect_timeout=10s"))
+        .args(["exec", "--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")])
+        .args(["stalled-tls", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Endpoints without authentication (`serve --metrics`, `top --http`) listen beyond loopback only
+/// when told to, and then say so; a bad `--four-letter-words` is named.
+#[test]
+fn unauthenticated_endpoints_stay_on_loopback_unless_allowed() {
+    let refused = [
+        (vec!["serve", "--listen", "127.0.0.1:0", "--metrics", "0.0.0.0:0"], "serve --metrics 0.0.0.0:"),
+        (vec!["top", "--backend", "zk://127.0.0.1:1", "--http", "0.0.0.0:0"], "top --http 0.0.0.0:0"),
+        (
+            vec!["serve", "--listen", "127.0.0.1:0", "--four-letter-words", "srvr,xyzw"],
+            "unknown four-letter word \"xyzw\"",
+        ),
+    ];
+    for (args, says) in refused {
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let code = wait_exit(&mut child, Duration::from_secs(20)).code();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        if !says.starts_with("unknown") {
+            assert!(stderr.contains("--allow-remote"), "{args:?}: {stderr}");
+        }
+    }
+    // Allowed: it serves, with a warning.
+    let mut serve = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "0.0.0.0:0", "--allow-remote"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(serve.stderr.take().unwrap()).lines();
+    let first = lines.next().expect("a line").unwrap();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(first.contains("warning") && first.contains("no authentication"), "{first}");
+}
+
 /// A password in `$DISTLOCK_BACKEND` is not shown by `--help` and not passed on to the command.
 #[test]
 fn a_password_in_distlock_backend_is_neither_shown_nor_passed_on() {

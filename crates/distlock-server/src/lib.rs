@@ -81,7 +81,25 @@ pub struct Config {
     /// Every session must log in (a digest of `users`) before any other request; one that does
     /// not gets ZooKeeper's "session closed: authentication required" (-124) and is closed.
     pub auth_required: bool,
+    /// How long a new connection has, from the moment it is accepted, to finish its TLS handshake
+    /// and send its whole connect request (or a four-letter word); it is closed after that.
+    /// Default 10 s.
+    pub handshake_timeout: Duration,
+    /// The four-letter words answered (Apache ZooKeeper's `4lw.commands.whitelist`); any other of
+    /// [`FOUR_LETTER_WORDS`] is answered "not in the whitelist". Default `srvr` and `ruok`:
+    /// `stat`, `cons` and `dump` name clients and sessions.
+    pub four_letter_words: Vec<[u8; 4]>,
+    /// Most nodes one session may have made that still exist (persistent ones too); a create past
+    /// it fails with ZooKeeper's QuotaExceeded. Default 100,000.
+    pub max_nodes_per_session: usize,
+    /// Most bytes of data the nodes a session made may hold together; a create or set past it fails
+    /// with QuotaExceeded. Default 64 MiB.
+    pub max_data_per_session: usize,
 }
+
+/// Every four-letter word the server knows.
+pub const FOUR_LETTER_WORDS: &[[u8; 4]] =
+    &[*b"ruok", *b"srvr", *b"stat", *b"mntr", *b"conf", *b"envi", *b"isro", *b"wchs", *b"dump", *b"cons"];
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,6 +112,13 @@ impl std::fmt::Debug for Config {
             .field("tls", &self.tls.is_some())
             .field("users", &self.users.as_ref().map(|u| u.len()))
             .field("auth_required", &self.auth_required)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field(
+                "four_letter_words",
+                &self.four_letter_words.iter().map(|w| String::from_utf8_lossy(w)).collect::<Vec<_>>(),
+            )
+            .field("max_nodes_per_session", &self.max_nodes_per_session)
+            .field("max_data_per_session", &self.max_data_per_session)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +138,10 @@ impl Default for Config {
             tls: None,
             users: None,
             auth_required: false,
+            handshake_timeout: Duration::from_secs(10),
+            four_letter_words: vec![*b"srvr", *b"ruok"],
+            max_nodes_per_session: 100_000,
+            max_data_per_session: 64 << 20,
         }
     }
 }

@@ -15,16 +15,15 @@ pub type Shared = Arc<Mutex<State>>;
 /// Frames are gathered into one socket write up to this many bytes.
 const WRITE_BATCH: usize = 64 << 10;
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// Serves connections from `listener` until `shutdown` resolves.
 pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::future::Future<Output = ()>) {
     let connections = Arc::new(AtomicUsize::new(0));
-    let (tick, max_conns, tls) = {
+    let (tick, max_conns, tls, handshake_timeout) = {
         let s = state.lock().unwrap();
-        (s.config.tick, s.config.max_connections, s.config.tls.clone().map(tokio_rustls::TlsAcceptor::from))
+        let tls = s.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        (s.config.tick, s.config.max_connections, tls, s.config.handshake_timeout)
     };
     let timers = tokio::spawn(timers(state.clone(), tick));
     // Tells open connections to close when the server stops.
@@ -54,16 +53,18 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                 let mut stop = closing.subscribe();
                 tokio::spawn(async move {
                     socket.set_nodelay(true).ok();
+                    // From accept, one deadline for the TLS handshake and the whole connect request:
+                    // silent or half-sent connections cannot hold the slots.
+                    let hello_by = Deadline(tokio::time::Instant::now() + handshake_timeout, handshake_timeout);
                     let connection = async {
                         match tls {
-                            None => serve(socket, peer, state).await,
+                            None => serve(socket, peer, state, hello_by).await,
                             Some(tls) => {
-                                // A client that does not finish its handshake in time is dropped.
-                                let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(socket))
-                                    .await
-                                    .map_err(|_| format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}"))?
+                                let stream = hello_by
+                                    .bound("TLS handshake", tls.accept(socket))
+                                    .await?
                                     .map_err(|e| format!("TLS handshake: {e}"))?;
-                                serve(stream, peer, state).await
+                                serve(stream, peer, state, hello_by).await
                             }
                         }
                     };
@@ -124,8 +125,18 @@ async fn timers(state: Shared, tick: Duration) {
     }
 }
 
-const FOUR_LETTER_WORDS: &[&[u8; 4]] =
-    &[b"ruok", b"srvr", b"stat", b"mntr", b"conf", b"envi", b"isro", b"wchs", b"dump", b"cons"];
+/// The instant by which a new connection must have said who it is (and the allowance, for errors).
+#[derive(Clone, Copy)]
+struct Deadline(tokio::time::Instant, Duration);
+
+impl Deadline {
+    /// `work`, or an error naming `what` once the deadline has passed.
+    async fn bound<T>(self, what: &str, work: impl std::future::Future<Output = T>) -> Result<T, String> {
+        tokio::time::timeout_at(self.0, work)
+            .await
+            .map_err(|_| format!("{what} not done within {:?} of connecting", self.1))
+    }
+}
 
 async fn read_frame(
     socket: &mut (impl AsyncReadExt + Unpin),
@@ -153,23 +164,26 @@ async fn read_frame(
     Ok(frame)
 }
 
-async fn serve<S>(mut socket: S, peer: SocketAddr, state: Shared) -> Result<(), String>
+async fn serve<S>(mut socket: S, peer: SocketAddr, state: Shared, hello_by: Deadline) -> Result<(), String>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let max_frame = state.lock().unwrap().config.max_frame;
     let mut first = [0u8; 4];
-    socket.read_exact(&mut first).await.map_err(|e| format!("read: {e}"))?;
-    if FOUR_LETTER_WORDS.contains(&&first) {
-        let text = four_letter_word(&first, &state);
-        let _ = socket.write_all(text.as_bytes()).await;
+    hello_by.bound("connect request", socket.read_exact(&mut first)).await?.map_err(|e| format!("read: {e}"))?;
+    if crate::FOUR_LETTER_WORDS.contains(&first) {
+        let allowed = state.lock().unwrap().config.four_letter_words.contains(&first);
+        let text = if allowed {
+            four_letter_word(&first, &state)
+        } else {
+            // Apache ZooKeeper's answer to a word left out of 4lw.commands.whitelist.
+            format!("{} is not executed because it is not in the whitelist.\n", String::from_utf8_lossy(&first))
+        };
+        let _ = hello_by.bound("four-letter word", socket.write_all(text.as_bytes())).await;
         let _ = socket.shutdown().await;
         return Ok(());
     }
-    // A client that does not finish its handshake in time is dropped.
-    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, read_frame(&mut socket, max_frame, Some(first)))
-        .await
-        .map_err(|_| format!("no connect request within {HANDSHAKE_TIMEOUT:?}"))??;
+    let frame = hello_by.bound("connect request", read_frame(&mut socket, max_frame, Some(first))).await??;
     let req = ConnectRequest::decode(&frame).map_err(|e| format!("bad connect request: {e}"))?;
     let conn_id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
     let max_output = state.lock().unwrap().config.max_queued_output;

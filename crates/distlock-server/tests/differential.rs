@@ -411,7 +411,12 @@ async fn the_embedded_server_answers_as_apache_zookeeper_does() {
         return;
     }
     let apache = std::env::var("DISTLOCK_TEST_ZK").unwrap();
-    let embedded = EmbeddedServer::start_with(Config::default()).await.unwrap();
+    let embedded = EmbeddedServer::start_with(Config {
+        four_letter_words: distlock_server::FOUR_LETTER_WORDS.to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let theirs = script(&apache).await;
     let ours = script(&embedded.addr().to_string()).await;
     assert_eq!(theirs.len(), ours.len());

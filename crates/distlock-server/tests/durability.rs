@@ -14,6 +14,7 @@ fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {
         data_dir: Some(dir.to_path_buf()),
         fsync: Fsync::Always,
         snapshot_every,
+        four_letter_words: distlock_server::FOUR_LETTER_WORDS.to_vec(),
         ..Default::default()
     }
 }

@@ -265,7 +265,13 @@ async fn malformed_frames_close_only_that_connection() {
 
 #[tokio::test]
 async fn four_letter_words() {
-    let s = server().await;
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        four_letter_words: distlock_server::FOUR_LETTER_WORDS.to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     assert_eq!(raw(s.addr(), b"ruok").await, b"imok");
     let srvr = String::from_utf8(raw(s.addr(), b"srvr").await).unwrap();
     assert!(srvr.contains("Mode: standalone") && srvr.contains("Zxid:"), "{srvr}");
@@ -515,12 +521,17 @@ async fn expired_sessions_free_their_connection_slots() {
         tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await.expect("closed by the server").unwrap();
     }
     // Their slots come free: a four-letter word is answered again.
+    slots_come_free(&s, "the slots of expired sessions were never freed").await;
+}
+
+/// Waits (bounded) until `ruok` is answered again, then a client connects and reads.
+async fn slots_come_free(s: &EmbeddedServer, otherwise: &str) {
     let deadline = tokio::time::Instant::now() + BOUND;
     while raw(s.addr(), b"ruok").await != b"imok" {
-        assert!(tokio::time::Instant::now() < deadline, "the slots of expired sessions were never freed");
+        assert!(tokio::time::Instant::now() < deadline, "{otherwise}");
         tokio::time::sleep(Duration::from_millis(50)).await; // polling the server: no event to wait on
     }
-    let c = client(&s).await;
+    let c = client(s).await;
     assert!(c.check_stat("/").await.unwrap().is_some());
 }
 
@@ -649,4 +660,117 @@ async fn child_versions_and_sequence_numbers_count_as_zookeeper_does() {
     assert_eq!((first.into_i64(), second.into_i64()), (0, 1), "a delete does not advance the sequence");
     let st = c.check_stat("/q").await.unwrap().unwrap();
     assert_eq!((st.cversion, st.num_children), (3, 1), "two creates and a delete are three changes");
+}
+
+/// By default only `srvr` and `ruok` answer (Apache ZooKeeper's whitelist is `srvr` alone); the
+/// others, some of which list client addresses and session ids, say they are not allowed.
+#[tokio::test]
+async fn four_letter_words_are_off_except_srvr_and_ruok() {
+    let s = server().await;
+    let c = client(&s).await; // a session for cons, stat and dump to name, were they answered
+    assert_eq!(raw(s.addr(), b"ruok").await, b"imok");
+    let srvr = String::from_utf8(raw(s.addr(), b"srvr").await).unwrap();
+    assert!(srvr.contains("Mode: standalone"), "{srvr}");
+    let sid = format!("{:#x}", c.session_id().0);
+    for word in distlock_server::FOUR_LETTER_WORDS.iter().filter(|w| !matches!(*w, b"ruok" | b"srvr")) {
+        let name = String::from_utf8_lossy(word);
+        let out = String::from_utf8(raw(s.addr(), word).await).unwrap();
+        assert_eq!(out, format!("{name} is not executed because it is not in the whitelist.\n"));
+        assert!(!out.contains(&sid) && !out.contains("127.0.0.1"), "{name}: {out}");
+    }
+}
+
+/// A connection that does not finish its connect request (or four-letter word) within the
+/// handshake deadline, counted from accept, is closed: silent sockets and half-sent frames cannot
+/// hold the connection slots (they used to, for ever).
+#[tokio::test]
+async fn silent_and_half_sent_connections_are_closed_at_the_deadline() {
+    let deadline = Duration::from_secs(1);
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_connections: 4,
+        handshake_timeout: deadline,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let started = tokio::time::Instant::now();
+    let hello = connect_frame();
+    let partial: [&[u8]; 4] = [b"", &[0, 0], &hello[..20], b"mnt"];
+    let mut held = Vec::new();
+    for bytes in partial {
+        let mut sock = TcpStream::connect(s.addr()).await.unwrap();
+        sock.write_all(bytes).await.unwrap();
+        held.push(sock);
+    }
+    // Every slot is taken: a fifth connection is closed unanswered.
+    assert_eq!(raw(s.addr(), b"ruok").await, b"", "a fifth connection was served past the limit");
+    for (sock, bytes) in held.iter_mut().zip(partial) {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "a connection that sent {bytes:?} was still open after {BOUND:?}");
+        assert!(rest.is_empty(), "{rest:?}");
+        assert!(started.elapsed() >= deadline, "closed before its deadline: {:?}", started.elapsed());
+    }
+    // Their slots come free (the server counts a connection out just after closing it).
+    slots_come_free(&s, "the slots were never freed").await;
+}
+
+/// One session cannot fill the server: past its node count or data total, creates (alone or in a
+/// multi) and sets fail with ZooKeeper's QuotaExceeded; its neighbours are unaffected, and a
+/// deleted node gives its place back.
+#[tokio::test]
+async fn a_session_flooding_creates_meets_its_quota() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_nodes_per_session: 20,
+        max_data_per_session: 4096,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let flood = client(&s).await;
+    flood.create("/flood", b"", &open()).await.unwrap();
+    for i in 1..20 {
+        let mode = if i % 2 == 0 { zk::CreateMode::Ephemeral } else { zk::CreateMode::Persistent };
+        flood.create(&format!("/flood/n{i}"), b"", &mode.with_acls(zk::Acls::anyone_all())).await.unwrap();
+    }
+    assert_eq!(flood.create("/flood/n20", b"", &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    let seq = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    assert_eq!(flood.create("/flood/seq-", b"", &seq).await.unwrap_err(), zk::Error::QuotaExceeded);
+    // A neighbour's creates are its own.
+    let neighbour = client(&s).await;
+    neighbour.create("/flood/neighbour", b"", &open()).await.unwrap();
+    // A delete (by anyone) gives the place back.
+    neighbour.delete("/flood/n1", None).await.unwrap();
+    flood.create("/flood/n20", b"", &open()).await.unwrap();
+    assert_eq!(flood.create("/flood/n21", b"", &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    // Data: 4096 bytes in all, counted over creates and sets.
+    let data = client(&s).await;
+    data.create("/big", &[7u8; 3000], &open()).await.unwrap();
+    assert_eq!(data.create("/big2", &[7u8; 2000], &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    data.create("/small", b"x", &open()).await.unwrap();
+    assert_eq!(data.set_data("/small", &[7u8; 1500], None).await.unwrap_err(), zk::Error::QuotaExceeded);
+    data.set_data("/big", b"shrunk", None).await.unwrap();
+    data.set_data("/small", &[7u8; 1500], None).await.unwrap();
+    // A multi is counted whole: beside /big and /small, 18 more nodes fit and the 19th is refused;
+    // a refused multi leaves nothing.
+    let mut m = data.new_multi_writer();
+    for i in 0..18 {
+        m.add_create(&format!("/m{i}"), b"", &open()).unwrap();
+    }
+    m.add_create("/m-too-many", b"", &open()).unwrap();
+    m.add_create("/m-one-more", b"", &open()).unwrap();
+    let refused = m.commit().await.unwrap_err();
+    assert!(
+        matches!(refused, zk::MultiWriteError::OperationFailed { index: 18, source: zk::Error::QuotaExceeded }),
+        "{refused:?}"
+    );
+    assert!(data.check_stat("/m0").await.unwrap().is_none(), "a refused multi left a node");
+    // The session's ephemerals go with it, and so do their places (a new session starts at zero).
+    drop(flood);
+    let fresh = client(&s).await;
+    for i in 0..20 {
+        fresh.create(&format!("/fresh{i}"), b"", &open()).await.unwrap();
+    }
 }

@@ -92,7 +92,12 @@ pub(crate) async fn embedded_or(backend: &str) -> anyhow::Result<(Option<distloc
     if backend != "embedded" {
         return Ok((None, backend.to_string()));
     }
-    let cfg = distlock_server::Config { fsync: distlock_server::Fsync::Never, ..Default::default() };
+    // `mntr` too: the bench reads the server's watch count.
+    let cfg = distlock_server::Config {
+        fsync: distlock_server::Fsync::Never,
+        four_letter_words: distlock_server::FOUR_LETTER_WORDS.to_vec(),
+        ..Default::default()
+    };
     let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
     let url = s.url();
     Ok((Some(s), url))

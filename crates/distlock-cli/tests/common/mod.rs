@@ -42,9 +42,14 @@ pub struct ScriptServer {
 
 impl ScriptServer {
     pub fn start(name: &str, command: &str) -> ScriptServer {
+        Self::start_with(name, command, &[])
+    }
+
+    /// [`ScriptServer::start`], with `args` after the directory (the script passes them on).
+    pub fn start_with(name: &str, command: &str, args: &[&str]) -> ScriptServer {
         let dir = std::env::temp_dir().join(format!("distlock-cli-{name}-{}", uuid::Uuid::new_v4().simple()));
         let script = format!("{}/../../scripts/{name}.sh", env!("CARGO_MANIFEST_DIR"));
-        let out = Command::new(&script).arg(command).arg(&dir).env("DISTLOCK_BIN", BIN).output().unwrap();
+        let out = Command::new(&script).arg(command).arg(&dir).args(args).env("DISTLOCK_BIN", BIN).output().unwrap();
         let server = ScriptServer { script, dir, printed: String::from_utf8_lossy(&out.stdout).trim().to_string() };
         assert!(out.status.success(), "{name}.sh {command}: {}", String::from_utf8_lossy(&out.stderr));
         server

@@ -6,6 +6,7 @@
 //! that could show the change (ZooKeeper's ordering guarantee).
 
 mod acl;
+mod quota;
 mod read;
 mod sessions;
 mod watches;
@@ -97,6 +98,8 @@ pub struct State {
     pub gate: Gate,
     /// Someone is fsyncing the log (see [`State::sync`]).
     syncing: bool,
+    /// What each session's nodes take up, against its limits.
+    quotas: quota::Quotas,
 }
 
 pub fn now_ms() -> i64 {
@@ -168,6 +171,7 @@ impl State {
             counters: Counters::default(),
             gate: Gate::default(),
             syncing: false,
+            quotas: quota::Quotas::default(),
         }
     }
 
@@ -210,8 +214,10 @@ impl State {
         self.gate.send(conn, out);
     }
 
-    /// Commits a transaction: assigns the zxid, applies and logs it.
-    fn commit(&mut self, mutations: Vec<Mutation>, time: i64) -> i64 {
+    /// Commits a transaction made by session `by` (0: the server itself): logs it and charges
+    /// its nodes to `by`'s quota.
+    fn commit(&mut self, by: i64, mutations: Vec<Mutation>, time: i64) -> i64 {
+        self.quotas.account(by, &mutations);
         // The caller has applied the tree mutations already (a multi validates later ops against
         // them) and keeps the session table itself; here they are made durable.
         if let Some(p) = self.persist.as_mut() {
@@ -333,7 +339,7 @@ impl State {
                 match self.write_op(sid, &req, zxid, time, &mut muts, &mut events) {
                     Ok(result) => {
                         self.zxid = zxid;
-                        self.commit(muts, time);
+                        self.commit(sid, muts, time);
                         self.deliver(events);
                         header(&mut w, xid, zxid, 0);
                         result.encode(&mut w);

@@ -64,7 +64,11 @@ impl State {
                 },
             );
             self.zxid += 1;
-            self.commit(vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }], now_ms());
+            self.commit(
+                0,
+                vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }],
+                now_ms(),
+            );
             w.i32(0).i32(timeout).i64(id).buffer(&password);
             // readOnly: answered when asked (3.4+ clients), left out for older ones, as ZooKeeper does.
             if req.read_only.is_some() {
@@ -200,7 +204,7 @@ impl State {
             events.push((parent, event::NODE_CHILDREN_CHANGED));
         }
         muts.extend(then);
-        self.commit(muts, time);
+        self.commit(0, muts, time);
         self.deliver(events);
     }
 }

@@ -56,6 +56,7 @@ impl State {
                 if parent.ephemeral_session().is_some() {
                     return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
                 }
+                self.quota_for_create(sid, data, muts)?;
                 let owner = match flags {
                     1 | 3 => sid,
                     4 => CONTAINER_OWNER,
@@ -113,6 +114,7 @@ impl State {
                 if *version != -1 && *version != n.stat.version {
                     return Err(err::BAD_VERSION);
                 }
+                self.quota_for_set(path, data)?;
                 let m = Mutation::SetData { path: path.clone(), data: data.clone(), zxid, time };
                 self.tree.apply(&m);
                 muts.push(m);
@@ -182,7 +184,7 @@ impl State {
             }
             None => {
                 self.zxid = zxid;
-                self.commit(muts, time);
+                self.commit(sid, muts, time);
                 self.deliver(events);
                 header(&mut w, xid, zxid, 0);
                 for res in results {
