@@ -7,8 +7,10 @@
 #   scripts/etcd.sh start-tls DIR the same, set up as production is: TLS only, client
 #                                 certificates required (--client-cert-auth), auth enabled;
 #                                 user distlock (password in DIR/password, mode 600; or its
-#                                 client certificate's name) may read and write every key. The
-#                                 run's CA and certificates are in DIR/certs.
+#                                 client certificate's name) may read and write every key; user
+#                                 team-a (DIR/team-a.password) only team-a/ and
+#                                 distlock/jobs/team-a/ (least privilege). The run's CA and
+#                                 certificates are in DIR/certs.
 #   scripts/etcd.sh cluster DIR   start a 3-member cluster in DIR/n1..n3 the same way, wait until
 #                                 every member is healthy, and print the client addresses
 #                                 (comma-separated). Each member DIR/nI can be stopped, killed,
@@ -115,15 +117,23 @@ start|start-tls)
     launch "$dir"
     healthy "$dir"
     if [[ "$cmd" == start-tls ]]; then
-        # Authentication on: root, and user distlock (its password, or its certificate's name)
-        # with read and write on every key.
+        # Authentication on: root; user distlock (its password, or its certificate's name) with
+        # read and write on every key; and user team-a (password in DIR/team-a.password) with
+        # the least a lock user needs: read and write on its own prefixes, locks and elections
+        # under team-a/ and jobs under distlock/jobs/team-a/. Passwords go on stdin, not argv.
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/team-a.password")
         {
-            ctl "$dir" user add "root:$(cat "$dir/password")-root"
+            printf '%s-root\n' "$(cat "$dir/password")" | ctl "$dir" user add root --interactive=false
             ctl "$dir" user grant-role root root
-            ctl "$dir" user add "distlock:$(cat "$dir/password")"
+            ctl "$dir" user add distlock --interactive=false < "$dir/password"
             ctl "$dir" role add locks
             ctl "$dir" role grant-permission locks --from-key readwrite ''
             ctl "$dir" user grant-role distlock locks
+            ctl "$dir" user add team-a --interactive=false < "$dir/team-a.password"
+            ctl "$dir" role add team-a
+            ctl "$dir" role grant-permission team-a --prefix readwrite team-a/
+            ctl "$dir" role grant-permission team-a --prefix readwrite distlock/jobs/team-a/
+            ctl "$dir" user grant-role team-a team-a
             ctl "$dir" auth enable
         } > "$dir/auth.log" 2>&1 || { log "auth set-up failed:"; cat "$dir/auth.log" >&2; exit 1; }
     fi

@@ -321,10 +321,27 @@ fn main() -> ExitCode {
     match code {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("distlock: {e:#}");
+            eprintln!("distlock: {}", error_text(&e));
             ExitCode::from(EXIT_ERROR)
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: a cause whose text the line already
+/// holds (most errors print their source in their own message) is not repeated.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 /// Prints clap's error; for `exec` arguments clap did not expect, says where the command goes.

@@ -664,3 +664,45 @@ async fn a_tls_only_cluster_with_auth_and_client_certificates() {
         common::secure::refused(&bad, says, &password).await;
     }
 }
+
+/// Least privilege: a user whose role has readwrite on `team-a/` and `distlock/jobs/team-a/`
+/// only (`scripts/etcd.sh start-tls`) locks, elects and runs jobs there; outside, etcd refuses and
+/// the error names the key prefix and the grant that would allow it.
+#[tokio::test]
+async fn a_least_privilege_user_works_under_its_prefix_only() {
+    let server = distlock_faults::OwnServer::start("etcd.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("team-a.password")).unwrap().trim().to_string();
+    let (ca, cert, key) =
+        (server.file("certs/ca.pem"), server.file("certs/client.pem"), server.file("certs/client.key"));
+    let url = format!(
+        "etcds://team-a:{password}@{}?ttl=5s&connect_timeout=3s&cacert={ca}&cert={cert}&key={key}",
+        server.printed
+    );
+    common::secure::locks_elects_and_runs_a_job_under(&url, "team-a/").await;
+    let c = distlock::connect(&url).await.unwrap();
+    let refused = |what: &'static str, e: distlock::Error, prefix: &str| {
+        let text = e.to_string();
+        let grant = format!("etcdctl role grant-permission ROLE --prefix readwrite '{prefix}'");
+        assert!(
+            text.contains(&format!("permission denied on key prefix {prefix}")) && text.contains(&grant),
+            "{what}: {text}"
+        );
+        assert!(!text.contains(&password), "{what}: {text}");
+    };
+    refused("lock", c.mutex("team-b/x").unwrap().try_lock().await.unwrap_err(), "team-b/x/");
+    refused("election", c.election("team-b/e").unwrap().campaign("v").await.unwrap_err(), "team-b/e/");
+    let job = c.schedule("team-b/job").unwrap();
+    refused("job", job.at_most_for(Duration::from_secs(5)).try_start().await.unwrap_err(), "distlock/jobs/team-b/job");
+    // Nothing of team-a's was left behind; root sees no key outside the prefixes either.
+    let root = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([&format!("--endpoints=https://{}", server.printed), "--cacert", &ca, "--cert", &cert, "--key", &key])
+        .args(["--user", &format!("root:{root}-root"), "get", "--prefix", "--keys-only", ""])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let left: Vec<&str> = keys.lines().filter(|k| !k.is_empty() && !k.starts_with("distlock/jobs/team-a/")).collect();
+    assert!(left.is_empty(), "keys left behind: {left:?}");
+}

@@ -357,7 +357,28 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 pub(crate) fn backend(op: &'static str, name: &str, e: etcd_client::Error) -> Error {
+    if let etcd_client::Error::GRpcStatus(s) = &e {
+        if s.code() == tonic::Code::PermissionDenied {
+            return Error::Backend { op, path: name.to_string(), source: permission_denied(op, name).into() };
+        }
+    }
     Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+}
+
+/// etcd's "permission denied", with the keys the user's role lacks and the grant that gives them.
+fn permission_denied(op: &str, name: &str) -> String {
+    let keys = if name.is_empty() {
+        return "permission denied: listing every lock reads every key; give a PREFIX the user's role may read"
+            .to_string();
+    } else if op.contains("job") {
+        name.to_string()
+    } else {
+        format!("{name}/")
+    };
+    format!(
+        "permission denied on key prefix {keys}: the etcd user's roles do not grant readwrite on it \
+         (etcdctl role grant-permission ROLE --prefix readwrite '{keys}')"
+    )
 }
 
 /// One key of a lock's queue, from [`Client::inspect`].

@@ -494,6 +494,11 @@ async fn delete(client: &Client, name: &str, key: String, nonce: String) {
         })
         .await
     {
-        tracing::warn!(lock = name, key, error = %e, "deleting a cancelled acquire's key failed; the lease will");
+        if e.to_string().contains("permission denied") {
+            // The user may not write here, so the acquire's own put was refused: no key to delete.
+            tracing::debug!(lock = name, key, error = %e, "no permission to delete a cancelled acquire's key");
+        } else {
+            tracing::warn!(lock = name, key, error = %e, "deleting a cancelled acquire's key failed; the lease will");
+        }
     }
 }
