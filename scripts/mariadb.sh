@@ -14,7 +14,9 @@
 #                                    = ON (TLS only), user `distlock` with a password (in
 #                                    DIR/password, mode 600) and user `x509user` by client
 #                                    certificate (REQUIRE X509); the run's CA and client
-#                                    certificate in DIR/certs.
+#                                    certificate in DIR/certs. User `team_a` (password in
+#                                    DIR/team-a.password) has no grants: a test gives it the least
+#                                    a lock user needs (docs/security.md).
 #
 # Needs Debian's `mariadb-server` (10.11), installed if missing.
 set -euo pipefail
@@ -54,7 +56,8 @@ launch() {
             --require-secure-transport=ON)
         users="CREATE USER IF NOT EXISTS distlock@'%' IDENTIFIED BY '$(cat "$dir/password")' REQUIRE SSL;
             GRANT ALL ON *.* TO distlock@'%'; CREATE USER IF NOT EXISTS x509user@'%' REQUIRE X509;
-            GRANT ALL ON *.* TO x509user@'%'"
+            GRANT ALL ON *.* TO x509user@'%';
+            CREATE USER IF NOT EXISTS team_a@'%' IDENTIFIED BY '$(cat "$dir/team-a.password")' REQUIRE SSL"
     fi
     nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" "${tls[@]}" \
         --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
@@ -64,7 +67,8 @@ launch() {
     echo "$pid" > "$dir/mariadb.pid"
     for _ in $(seq 1 300); do
         if mariadb --no-defaults -S "$data/sock" -u root -e 'select 1' > /dev/null 2>&1; then
-            mariadb --no-defaults -S "$data/sock" -u root -e "$users; CREATE DATABASE IF NOT EXISTS distlock"
+            # On stdin, not argv: the passwords in it stay out of `ps`.
+            printf '%s;\n' "$users; CREATE DATABASE IF NOT EXISTS distlock" | mariadb --no-defaults -S "$data/sock" -u root
             log "mariadbd pid $pid serving on 127.0.0.1:$port"
             echo "mysql://distlock@127.0.0.1:$port/distlock"
             return
@@ -102,6 +106,7 @@ case "$cmd" in
         mkdir -p "$dir"
         make_certs "$dir/certs" x509user
         (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+        (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/team-a.password")
         touch "$dir/tls.enabled"
         start ;;
     stop)

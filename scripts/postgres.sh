@@ -15,7 +15,9 @@
 #                                     SCRAM password (in DIR/password, mode 600; database
 #                                     `locks`) and user `certuser` by client certificate (database
 #                                     `locks_cert`); the run's CA and client certificate (CN
-#                                     certuser) in DIR/certs. Prints
+#                                     certuser) in DIR/certs. Role `team_a` (password in
+#                                     DIR/team-a.password) has no grants: a test gives it the
+#                                     least a lock user needs (docs/security.md). Prints
 #                                     `postgres://distlock@127.0.0.1:PORT/locks`.
 #
 # Trust authentication on loopback only; fsync on (durability is part of what is tested).
@@ -76,6 +78,7 @@ setup_tls() {
     if [[ $(id -u) == 0 ]]; then chown -R postgres:postgres "$data/certs"; fi
     chmod 600 "$data/certs/server.key"
     (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/team-a.password")
     cat >> "$data/data/postgresql.conf" <<CONF
 ssl = on
 ssl_cert_file = '$data/certs/server.pem'
@@ -89,6 +92,7 @@ CONF
 local all postgres trust
 hostssl all distlock 127.0.0.1/32 scram-sha-256
 hostssl all certuser 127.0.0.1/32 cert
+hostssl all team_a 127.0.0.1/32 scram-sha-256
 HBA
     pw=$(cat "$dir/password")
     touch "$dir/tls.enabled"
@@ -96,6 +100,7 @@ HBA
     psql -h "$data" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -q > /dev/null <<SQL
 CREATE ROLE distlock LOGIN PASSWORD '$pw';
 CREATE ROLE certuser LOGIN;
+CREATE ROLE team_a LOGIN PASSWORD '$(cat "$dir/team-a.password")';
 CREATE DATABASE locks OWNER distlock;
 CREATE DATABASE locks_cert OWNER certuser;
 SQL

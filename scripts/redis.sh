@@ -17,7 +17,9 @@
 #   scripts/redis.sh start-tls DIR   the same as start, set up as production is: TLS only (no
 #                                 plaintext port), client certificates required, no default
 #                                 user; one ACL user `distlock` whose password is in
-#                                 DIR/password (mode 600). The run's own CA, server and client
+#                                 DIR/password (mode 600), and ACL user `team-a` (DIR/team-a.password)
+#                                 with the least a lock user needs for names under team-a/
+#                                 (lock_user_rule below). The run's own CA, server and client
 #                                 certificates are in DIR/certs (scripts/lib/certs.sh).
 #   scripts/redis.sh cluster DIR  start a 6-node cluster (3 masters, 3 replicas; node timeout 1 s)
 #                                 in DIR/n1..n6, wait until every node reports cluster_state:ok
@@ -190,13 +192,33 @@ cluster() {
 }
 crash() { crash_recorded "$dir/redis.pid" redis-server; }
 
+# lock_user_rule PREFIX: the least a distlock user needs for locks, elections and jobs whose
+# names start with PREFIX (docs/security.md explains each part): the keys of those names in both
+# layouts (the name itself, Redisson's {name}:... and prefix:{name} keys, the job keys), their
+# channels, and only the commands distlock sends.
+lock_user_rule() {
+    local p=$1
+    printf '%s' "resetkeys ~$p* ~{$p* ~redisson_*:{$p* ~distlock_*:{$p* ~job-lock:default:$p* ~{job-lock:default:$p*" \
+        " resetchannels &redisson_*:{$p* &distlock_*:{$p*" \
+        " -@all +ping +hello +auth +client|setname +client|id +info +role +time +select +wait" \
+        " +eval +evalsha +script|load +scan +publish +spublish +subscribe +unsubscribe" \
+        " +get +set +getset +del +exists +type +pexpire +pttl" \
+        " +hget +hset +hdel +hexists +hgetall +hincrby +hkeys +hlen" \
+        " +zadd +zrem +zscore +zcard +zrange +zremrangebyscore" \
+        " +rpush +lpop +lrem +lpos +llen +lindex" \
+        " +cluster|slots +cluster|shards +readonly"
+}
+
 start_tls() {
     mkdir -p "$dir"
     make_certs "$dir/certs"
     (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
-    # The password's SHA-256 in the ACL file, not the password.
-    (umask 077; printf 'user default off\nuser distlock on #%s ~* &* +@all\n' \
-        "$(tr -d '\n' < "$dir/password" | sha256sum | cut -d' ' -f1)" > "$dir/users.acl")
+    (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/team-a.password")
+    # Passwords' SHA-256 in the ACL file, not the passwords. User team-a has the least privilege
+    # for names under team-a/.
+    sha() { tr -d '\n' < "$1" | sha256sum | cut -d' ' -f1; }
+    (umask 077; printf 'user default off\nuser distlock on #%s ~* &* +@all\nuser team-a on #%s %s\n' \
+        "$(sha "$dir/password")" "$(sha "$dir/team-a.password")" "$(lock_user_rule team-a/)" > "$dir/users.acl")
     touch "$dir/tls.enabled"
     start
 }

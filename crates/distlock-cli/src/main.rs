@@ -120,6 +120,13 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
     Serve(serve::ServeArgs),
+    /// Make the tables and sequence distlock keeps beside its locks (PostgreSQL, MariaDB,
+    /// SQLite), where missing: run once as a user allowed to create them, so lock users need only
+    /// the grants in docs/security.md. Nothing to make on ZooKeeper, etcd or Redis.
+    Setup {
+        #[command(flatten)]
+        backend: BackendArg,
+    },
     /// (internal) The watchdog `exec` starts: ends the command's process group if `exec` dies.
     #[command(hide = true)]
     Supervise {
@@ -309,6 +316,16 @@ fn main() -> ExitCode {
             Command::Inspect(args) => inspect::run(args).await,
             Command::Top(args) => top::run(args).await,
             Command::Serve(args) => serve::run(args).await,
+            Command::Setup { backend } => {
+                let client = backend.connect().await?;
+                client.setup().await?;
+                client.close(std::time::Duration::from_secs(2)).await;
+                eprintln!(
+                    "distlock setup: {}: the fencing sequence and the election and job tables are in place",
+                    distlock::redact_url(&backend.url()?)
+                );
+                Ok(0)
+            }
             Command::Bench(args) => bench::run(args).await,
             Command::Supervise { .. } => unreachable!("handled before the runtime starts"),
         }

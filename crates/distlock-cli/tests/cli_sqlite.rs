@@ -258,3 +258,22 @@ fn once_per_slot_under_skewed_clocks_on_sqlite() {
     common::once_per_slot_under_skewed_clocks(&b, "cli-job");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `distlock setup` makes the election and job tables (where missing; a second run is a no-op)
+/// and says so; the password-free URL is shown.
+#[test]
+fn setup_makes_the_tables_once() {
+    let (b, dir) = backend("");
+    for _ in 0..2 {
+        let out = distlock(&b, &["setup"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("are in place"), "{stderr}");
+    }
+    let tables = std::process::Command::new("sqlite3").arg(dir.join("locks.db")).arg(".tables").output().unwrap();
+    let tables = String::from_utf8_lossy(&tables.stdout);
+    for t in ["shedlock", "distlock_job_runs", "distlock_leases_leaders"] {
+        assert!(tables.split_whitespace().any(|x| x == t), "{t} not in {tables}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -252,6 +252,28 @@ impl Client {
         Ok(crate::schedule::Schedule::new(self.inner.jobs()?, name.to_string(), self.backend()))
     }
 
+    /// Makes what this backend stores beside its locks, where it is missing: on PostgreSQL and
+    /// MariaDB the fencing sequence (done by connecting) and the election and job tables
+    /// (`distlock_leaders`, `shedlock`, `distlock_job_runs`); on SQLite the same tables. Run once
+    /// by a user allowed to create them (`distlock setup`), it lets lock users work with the
+    /// grants of docs/security.md and no CREATE. ZooKeeper, etcd and Redis make their nodes and
+    /// keys as they go: nothing to do there.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock::Result<()> {
+    /// let admin = distlock::connect("postgres://admin@db.internal/app?sslmode=verify-full").await?;
+    /// admin.setup().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn setup(&self) -> Result<()> {
+        // Each table is made on first use where missing: a read of each makes them.
+        self.election("distlock-setup")?.leader().await?;
+        self.schedule("distlock-setup")?.last_run().await?;
+        Ok(())
+    }
+
     fn make(&self, name: &str, kind: Kind) -> Result<Lock> {
         let name = self.lock_name(name)?;
         Ok(Lock { inner: self.inner.recipe(&name, kind)?, backend: self.backend() })

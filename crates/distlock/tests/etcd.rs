@@ -678,7 +678,7 @@ async fn a_least_privilege_user_works_under_its_prefix_only() {
         "etcds://team-a:{password}@{}?ttl=5s&connect_timeout=3s&cacert={ca}&cert={cert}&key={key}",
         server.printed
     );
-    common::secure::locks_elects_and_runs_a_job_under(&url, "team-a/").await;
+    common::secure::every_recipe_under(&url, "team-a/").await;
     let c = distlock::connect(&url).await.unwrap();
     let refused = |what: &'static str, e: distlock::Error, prefix: &str| {
         let text = e.to_string();

@@ -483,3 +483,34 @@ async fn a_tls_only_server_with_password_and_x509_users() {
         common::secure::refused(&bad, says, &password).await;
     }
 }
+
+/// Least privilege: user `team_a` (`scripts/mariadb.sh start-tls`) starts with no grants; after an
+/// admin has run `Client::setup` (`distlock setup`) and given it exactly the grants of
+/// docs/security.md, every recipe works for it, with no CREATE (the sequence is looked for
+/// before it is made).
+#[tokio::test]
+async fn a_least_privilege_user_needs_only_its_grants() {
+    let server = distlock_faults::OwnServer::start("mariadb.sh", "start-tls", &[]);
+    let read = |f: &str| std::fs::read_to_string(server.dir().join(f)).unwrap().trim().to_string();
+    let (password, team_password) = (read("password"), read("team-a.password"));
+    let ca = server.file("certs/ca.pem");
+    let addr = server.printed.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let tail = format!("@{addr}/distlock?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}&lease=5s&connect_timeout=3s");
+    let (admin, team) = (format!("mysql://distlock:{password}{tail}"), format!("mysql://team_a:{team_password}{tail}"));
+    let Err(e) = distlock::connect(&team).await else { panic!("no grants yet: connected") };
+    let e = e.to_string();
+    assert!(e.contains("denied") && !e.contains(&team_password), "{e}");
+    let admin = distlock::connect(&admin).await.unwrap();
+    admin.setup().await.unwrap();
+    let grants = "GRANT SELECT, INSERT, UPDATE, DELETE ON distlock.shedlock TO team_a; \
+        GRANT SELECT, INSERT, UPDATE, DELETE ON distlock.distlock_job_runs TO team_a; \
+        GRANT SELECT, INSERT, UPDATE, DELETE ON distlock.distlock_leaders TO team_a; \
+        GRANT SELECT, INSERT ON distlock.distlock_fencing_seq TO team_a;";
+    let data = read("data.path");
+    let out = std::process::Command::new("mariadb")
+        .args(["--no-defaults", "-S", &format!("{data}/sock"), "-u", "root", "-e", grants])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    common::secure::every_recipe_under(&team, "team-a/").await;
+}

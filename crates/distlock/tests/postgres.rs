@@ -470,3 +470,40 @@ async fn a_tls_only_server_with_scram_and_certificate_users() {
         common::secure::refused(&bad, says, &password).await;
     }
 }
+
+/// Least privilege: role `team_a` (`scripts/postgres.sh start-tls`) has no CREATE on the schema
+/// (PostgreSQL 15's default), so before `setup` it cannot make the fencing sequence and says so;
+/// once the database's owner has run `Client::setup` (`distlock setup`) and given it exactly the
+/// grants of docs/security.md, every recipe works for it.
+#[tokio::test]
+async fn a_least_privilege_user_needs_only_its_grants() {
+    let server = distlock_faults::OwnServer::start("postgres.sh", "start-tls", &[]);
+    let read = |f: &str| std::fs::read_to_string(server.dir().join(f)).unwrap().trim().to_string();
+    let (password, team_password) = (read("password"), read("team-a.password"));
+    let ca = server.file("certs/ca.pem");
+    let addr = server.printed.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let tail = format!("@{addr}/locks?sslmode=verify-full&sslrootcert={ca}&lease=5s&connect_timeout=3s");
+    let (owner, team) =
+        (format!("postgres://distlock:{password}{tail}"), format!("postgres://team_a:{team_password}{tail}"));
+    let Err(e) = distlock::connect(&team).await else { panic!("no sequence, and no right to make it: connected") };
+    let e = e.to_string();
+    assert!(e.contains("permission denied for schema public"), "{e}");
+    assert!(!e.contains(&team_password), "{e}");
+    let admin = distlock::connect(&owner).await.unwrap();
+    admin.setup().await.unwrap();
+    admin.setup().await.unwrap(); // a second run finds everything in place
+    let grants = "GRANT CONNECT ON DATABASE locks TO team_a; GRANT USAGE ON SCHEMA public TO team_a; \
+        GRANT SELECT, INSERT, UPDATE, DELETE ON shedlock, distlock_job_runs, distlock_leaders TO team_a; \
+        GRANT USAGE, SELECT, UPDATE ON SEQUENCE distlock_fencing_seq TO team_a;";
+    let out = std::process::Command::new("psql")
+        .arg(format!(
+            "host=127.0.0.1 port={} user=distlock dbname=locks sslmode=verify-full sslrootcert={ca}",
+            addr.rsplit(':').next().unwrap()
+        ))
+        .args(["-v", "ON_ERROR_STOP=1", "-qc", grants])
+        .env("PGPASSWORD", &password)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    common::secure::every_recipe_under(&team, "team-a/").await;
+}

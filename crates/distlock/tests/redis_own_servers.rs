@@ -827,6 +827,48 @@ async fn a_tls_only_server_with_an_acl_user() {
     }
 }
 
+/// Least privilege: ACL user `team-a` (`scripts/redis.sh`'s `lock_user_rule team-a/`: the keys
+/// and channels of names under team-a/, and only the commands distlock sends) runs every recipe
+/// in both layouts, Redisson's fair lock too; a name outside the prefix is refused by Redis, the
+/// error naming the key and the ACL; and the user can run nothing else (FLUSHALL, CONFIG, KEYS).
+#[tokio::test]
+async fn a_least_privilege_acl_user_works_under_its_prefix_only() {
+    let server = Server::launch(&["start-tls"]);
+    let certs = server.dir.join("certs");
+    let password = std::fs::read_to_string(server.dir.join("team-a.password")).unwrap().trim().to_string();
+    let file = |name: &str| certs.join(name).display().to_string();
+    let files = format!("cacert={}&cert={}&key={}", file("ca.pem"), file("client.pem"), file("client.key"));
+    for layout in ["redisson", "simple"] {
+        let url =
+            format!("rediss://team-a:{password}@{}?lease=5s&connect_timeout=3s&layout={layout}&{files}", server.addr);
+        common::secure::every_recipe_under(&url, "team-a/").await;
+        let c = distlock::connect(&url).await.unwrap();
+        let e = c.mutex("team-b/x").unwrap().try_lock().await.unwrap_err().to_string();
+        assert!(e.contains("NOPERM") && e.contains("team-b/x") && !e.contains(&password), "{layout}: {e}");
+        if layout == "redisson" {
+            let r = c.redis().unwrap();
+            let g = r.fair_lock("team-a/fair").unwrap().lock().await.unwrap();
+            assert!(r.fair_lock("team-a/fair").unwrap().try_lock().await.unwrap().is_none());
+            g.release().await.unwrap();
+        }
+        c.close(Duration::from_secs(2)).await;
+    }
+    let cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["--tls", "--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")])
+            .args(["--user", "team-a", "--no-auth-warning", "-p", server.addr.rsplit(':').next().unwrap()])
+            .args(args)
+            .env("REDISCLI_AUTH", &password)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    for args in [&["FLUSHALL"][..], &["CONFIG", "GET", "*"], &["KEYS", "*"], &["GET", "team-b/x"], &["ACL", "LIST"]] {
+        let said = cli(args);
+        assert!(said.contains("NOPERM"), "{args:?} was allowed: {said}");
+    }
+}
+
 /// A Sentinel with a password of its own (`requirepass` in its configuration): the client gives
 /// it with `sentinel_password=` and locks on the master it names; without it, or with a wrong
 /// one, the connect is refused with the Sentinel's answer, and the password is never shown.

@@ -151,7 +151,20 @@ impl Client {
         };
         let mut conn = client.open().await?;
         let mut fencing = client.inner.url.fencing;
-        if fencing == Fencing::Sequence {
+        // Made once (by `distlock setup` or the first client with the right): a lock user needs
+        // no CREATE privilege when they are there.
+        let exists = |name: &'static str| {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+            )
+            .bind(name)
+        };
+        let has_sequence = exists(FENCING_SEQUENCE)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map_err(|e| backend("look for", FENCING_SEQUENCE, e))?
+            > 0;
+        if fencing == Fencing::Sequence && !has_sequence {
             let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE} NOCACHE");
             match sqlx::query(&create).execute(&mut conn.conn).await {
                 Ok(_) => {}
@@ -163,7 +176,10 @@ impl Client {
                 Err(e) => return Err(backend("CREATE SEQUENCE", FENCING_SEQUENCE, e)),
             }
         }
-        if fencing == Fencing::Row {
+        let has_table = || exists(FENCING_TABLE);
+        if fencing == Fencing::Row
+            && has_table().fetch_one(&mut conn.conn).await.map_err(|e| backend("look for", FENCING_TABLE, e))? == 0
+        {
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
                  token BIGINT NOT NULL) ENGINE=InnoDB"

@@ -981,6 +981,17 @@ pub(crate) fn validate_key(name: &str) -> Result<()> {
 }
 
 fn backend(op: &'static str, key: &str, e: redis::RedisError) -> Error {
+    let text = e.to_string();
+    if e.code() == Some("NOPERM") || text.starts_with("NoPerm") || text.contains("NOPERM") {
+        // Redis's own words say which rule failed; ours say what a lock user needs.
+        let detail = text.split_once(": ").map_or(text.as_str(), |(_, d)| d).trim().to_string();
+        let why = format!(
+            "NOPERM: the Redis user's ACL does not allow it ({detail}); a lock user needs the keys and \
+             channels of the names it locks and the commands distlock sends (docs/security.md, \
+             \"Least privilege\")"
+        );
+        return Error::Backend { op, path: key.to_string(), source: why.into() };
+    }
     Error::Backend { op, path: key.to_string(), source: Box::new(e) }
 }
 

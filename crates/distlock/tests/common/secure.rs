@@ -31,6 +31,51 @@ pub async fn locks_elects_and_runs_a_job_under(url: &str, prefix: &str) {
     }
 }
 
+/// Every recipe on the contract under `prefix`, for a least-privilege user: mutex, read and write
+/// locks, a semaphore permit, an election, a job, and the listing of `prefix`.
+pub async fn every_recipe_under(url: &str, prefix: &str) {
+    locks_elects_and_runs_a_job_under(url, prefix).await;
+    let c = distlock::connect(url).await.unwrap();
+    let rw = format!("{prefix}rw");
+    // A kind a backend refuses (MariaDB's GET_LOCK gives the mutex only) is skipped.
+    let supported = |r: distlock::Result<distlock::Lock>| match r {
+        Err(distlock::Error::Unsupported { .. }) => None,
+        r => Some(r.unwrap()),
+    };
+    if let Some(read) = supported(c.read_lock(&rw)) {
+        let r1 = read.lock().await.unwrap();
+        let r2 = c.read_lock(&rw).unwrap().try_lock().await.unwrap().expect("readers share");
+        assert!(c.write_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "a writer waits for readers");
+        listed(&c, prefix, "rw").await;
+        r1.release().await.unwrap();
+        r2.release().await.unwrap();
+        c.write_lock(&rw).unwrap().lock().await.unwrap().release().await.unwrap();
+    } else {
+        let held = c.mutex(&rw).unwrap().lock().await.unwrap();
+        listed(&c, prefix, "rw").await;
+        held.release().await.unwrap();
+    }
+    let sem = format!("{prefix}sem");
+    if let Some(permit) = supported(c.semaphore_permit(&sem, 2)) {
+        let p1 = permit.lock().await.unwrap();
+        let p2 = c.semaphore_permit(&sem, 2).unwrap().lock().await.unwrap();
+        assert!(c.semaphore_permit(&sem, 2).unwrap().try_lock().await.unwrap().is_none(), "two permits");
+        p1.release().await.unwrap();
+        p2.release().await.unwrap();
+    }
+    c.close(Duration::from_secs(2)).await;
+}
+
+/// The listing of `prefix` shows a lock named with `part`, where the backend lists by prefix
+/// (PostgreSQL's advisory keys and MariaDB's GET_LOCK cannot: their refusal is accepted).
+async fn listed(c: &distlock::Client, prefix: &str, part: &str) {
+    match c.locks(prefix).await {
+        Ok(listing) => assert!(listing.locks.iter().any(|l| l.name.contains(part)), "{listing:?}"),
+        Err(distlock::Error::Unsupported { .. }) => {}
+        Err(e) => panic!("listing {prefix}: {e}"),
+    }
+}
+
 /// Connecting to `bad` (and, if that succeeds, taking a lock) fails within 10 s with an error
 /// that says `says` and not `secret`.
 pub async fn refused(bad: &str, says: &str, secret: &str) {
