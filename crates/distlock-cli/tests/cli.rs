@@ -1292,6 +1292,17 @@ fn a_password_in_distlock_backend_is_neither_shown_nor_passed_on() {
     assert!(!text.contains(&marker), "the command's environment has the password: {text}");
 }
 
+/// A marker password through a whole session on `distlock serve` set up as production is (TLS,
+/// logins required): in no output, file or environment.
+#[test]
+fn secrets_stay_hidden_on_zookeeper() {
+    let server = common::ScriptServer::start("embedded", "start-tls");
+    let (password, tls) = common::password_and_tls_flags(&server);
+    let url = format!("zks://distlock:{password}@{}?connect_timeout=5s&lease=4s", server.printed);
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    common::a_marker_password_is_never_shown(&url, &password, &tls, "secret-");
+}
+
 /// `--backend-file` (or `$DISTLOCK_BACKEND_FILE`): the URL from a file, so that a password is on
 /// no command line and in no environment; refused while others may read a file with a password,
 /// and when a URL is given too.

@@ -189,3 +189,14 @@ fn candidates(name: &str, n: usize, bound: Duration) {
 fn once_per_slot_under_skewed_clocks_on_etcd() {
     common::once_per_slot_under_skewed_clocks(&backend("?ttl=5s"), &unique("cli-job-"));
 }
+
+/// A marker password through a whole session on etcd set up as production is (TLS only, client
+/// certificates, auth on): in no output, file or environment.
+#[test]
+fn secrets_stay_hidden_on_etcd() {
+    let server = common::ScriptServer::start("etcd", "start-tls");
+    let (password, tls) = common::password_and_tls_flags(&server);
+    let url = format!("etcds://distlock:{password}@{}?ttl=5s&connect_timeout=3s", server.printed);
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    common::a_marker_password_is_never_shown(&url, &password, &tls, "secret/");
+}

@@ -126,3 +126,15 @@ fn elect_observe_and_leader_on_mariadb() {
 fn once_per_slot_under_skewed_clocks_on_mariadb() {
     common::once_per_slot_under_skewed_clocks(&backend("?lease=5s"), &unique("cli-job-"));
 }
+
+/// A marker password through a whole session on MariaDB set up as production is (TLS required, a
+/// password user): in no output, file or environment.
+#[test]
+fn secrets_stay_hidden_on_mariadb() {
+    let server = common::ScriptServer::start("mariadb", "start-tls");
+    let password = std::fs::read_to_string(server.dir.join("password")).unwrap().trim().to_string();
+    let ca = server.dir.join("certs/ca.pem").display().to_string();
+    let url = server.printed.replace("distlock@", &format!("distlock:{password}@"))
+        + "?ssl-mode=VERIFY_IDENTITY&lease=5s&connect_timeout=3s";
+    common::a_marker_password_is_never_shown(&url, &password, &["--cacert", &ca], "secret/");
+}

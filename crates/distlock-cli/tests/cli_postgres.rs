@@ -195,3 +195,43 @@ fn elect_observe_and_leader_on_postgres() {
 fn once_per_slot_under_skewed_clocks_on_postgres() {
     common::once_per_slot_under_skewed_clocks(&backend(), &format!("cli-job-{}", uuid::Uuid::new_v4().simple()));
 }
+
+/// A marker password through a whole session on PostgreSQL set up as production is (hostssl and
+/// SCRAM only): in no output, file or environment; and the password from `$PGPASSWORD` or a
+/// password file instead of the URL, as libpq reads them (a file others may read is ignored, with
+/// a warning).
+#[test]
+fn secrets_stay_hidden_on_postgres() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = common::ScriptServer::start("postgres", "start-tls");
+    let password = std::fs::read_to_string(server.dir.join("password")).unwrap().trim().to_string();
+    let ca = server.dir.join("certs/ca.pem").display().to_string();
+    let bare = server.printed.clone() + "?sslmode=verify-full&lease=5s&connect_timeout=3s";
+    let url = bare.replace("distlock@", &format!("distlock:{password}@"));
+    common::a_marker_password_is_never_shown(&url, &password, &["--cacert", &ca], "secret/");
+    // No password in the URL: libpq's sources.
+    let addr = bare.split('@').nth(1).unwrap().split('/').next().unwrap();
+    let (host, port) = addr.split_once(':').unwrap();
+    let pgpass = server.dir.join("pgpass");
+    std::fs::write(&pgpass, format!("# for the test\n{host}:{port}:locks:distlock:{password}\n")).unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut c = Command::new(BIN_PATH);
+        c.env("DISTLOCK_BACKEND", &bare).env_remove("PGPASSWORD").env_remove("PGPASSFILE");
+        c.envs(env.iter().copied()).args(["exec", "--cacert", &ca, "secret-pgpass", "--", "echo", "ran"]);
+        let out = c.output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains(&password), "{text}");
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&[("PGPASSWORD", &password)]);
+    assert_eq!((code, text.contains("ran")), (Some(0), true), "PGPASSWORD: {text}");
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, text) = run(&[("PGPASSFILE", pgpass.to_str().unwrap())]);
+    assert_eq!((code, text.contains("ran")), (Some(0), true), "PGPASSFILE: {text}");
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, text) = run(&[("PGPASSFILE", pgpass.to_str().unwrap())]);
+    assert_eq!(code, Some(2), "a password file others may read was used: {text}");
+    assert!(text.contains("chmod 600"), "{text}");
+}
+
+const BIN_PATH: &str = env!("CARGO_BIN_EXE_distlock");

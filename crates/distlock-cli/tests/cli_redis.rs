@@ -221,3 +221,14 @@ fn exec_elect_and_a_job_over_tls_with_the_certificate_flags() {
     let out = distlock(&b, &["exec", "--key", &key, "tls-cli", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A marker password through a whole session on Redis set up as production is (TLS only, client
+/// certificates, an ACL user): in no output, file or environment.
+#[test]
+fn secrets_stay_hidden_on_redis() {
+    let server = common::ScriptServer::start("redis", "start-tls");
+    let (password, tls) = common::password_and_tls_flags(&server);
+    let url = format!("rediss://distlock:{password}@{}?lease=5s&connect_timeout=3s", server.printed);
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    common::a_marker_password_is_never_shown(&url, &password, &tls, "secret/");
+}

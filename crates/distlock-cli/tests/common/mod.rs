@@ -32,6 +32,14 @@ pub fn holding(b: &str, args: &[&str]) -> (std::process::Child, Lines) {
     (child, lines)
 }
 
+/// A `start-tls` server's password (DIR/password) and the flags of its CA and client certificate.
+pub fn password_and_tls_flags(server: &ScriptServer) -> (String, Vec<String>) {
+    let password = std::fs::read_to_string(server.dir.join("password")).unwrap().trim().to_string();
+    let file = |name: &str| server.dir.join("certs").join(name).display().to_string();
+    let flags = ["--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")];
+    (password, flags.map(String::from).to_vec())
+}
+
 /// A server of the project's scripts (`scripts/NAME.sh COMMAND DIR`), in a directory of its own,
 /// stopped and removed when dropped; `printed` is what the script printed (its address).
 pub struct ScriptServer {
@@ -572,4 +580,135 @@ pub fn wait_output(mut child: std::process::Child, bound: Duration) -> std::proc
         std::io::Read::read_to_end(&mut e, &mut stderr).unwrap();
     }
     std::process::Output { status, stdout: Vec::new(), stderr }
+}
+
+/// What one `distlock` run printed (stdout then stderr) and its exit code.
+fn shown(out: std::process::Output) -> (Option<i32>, String) {
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// GET `path` from an HTTP server at `addr`: the whole answer (headers and body).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// A scripted session on a backend whose URL (`url`, in `$DISTLOCK_BACKEND`) holds `marker` as its
+/// password, every run at `DISTLOCK_LOG=debug`: `--help`, a lock run whose command prints its
+/// environment (and a metrics textfile), `inspect` one lock and a prefix, an election, a job,
+/// `hold`, `top --http` (its page and view), and errors (a bad name, an unknown URL key, a port
+/// with no server). The marker must appear in no output, no file written and no command's
+/// environment. `tls` are the flags the server needs (`--cacert` ...); names start with `prefix`.
+pub fn a_marker_password_is_never_shown(url: &str, marker: &str, tls: &[&str], prefix: &str) {
+    let scratch = std::env::temp_dir().join(format!("distlock-secret-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let run = |url: &str, sub: &str, args: &[&str]| {
+        let out = Command::new(BIN)
+            .env("DISTLOCK_BACKEND", url)
+            .env("DISTLOCK_LOG", "debug")
+            .arg(sub)
+            .args(if sub == "leader" || args.first() == Some(&"--help") { &[][..] } else { tls })
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        shown(out)
+    };
+    let mut said: Vec<(String, String)> = Vec::new();
+    let mut note = |what: &str, text: String| said.push((what.to_string(), text));
+    let lock = format!("{prefix}secret-lock");
+    let textfile = scratch.join("run.prom");
+    let (code, text) =
+        run(url, "exec", &["--metrics-textfile", textfile.to_str().unwrap(), &lock, "--", "sh", "-c", "echo ran; env"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ran") && text.contains("DISTLOCK_TOKEN="), "{text}");
+    note("exec (and its command's environment)", text);
+    note("the metrics textfile", std::fs::read_to_string(&textfile).unwrap_or_default());
+    for (sub, args) in [
+        ("exec", &["--help"][..]),
+        ("top", &["--help"][..]),
+        ("inspect", &[lock.as_str()][..]),
+        ("inspect", &["--all", prefix][..]),
+        ("elect", &[format!("{prefix}secret-election").as_str(), "--", "env"][..]),
+        ("exec", &["--once-per", "1h", format!("{prefix}secret-job").as_str(), "--", "env"][..]),
+        ("exec", &["", "--", "true"][..]),
+    ] {
+        let (_, text) = run(url, sub, args);
+        note(&format!("{sub} {args:?}"), text);
+    }
+    for (what, bad) in [
+        ("an unknown URL key", format!("{url}{}bogus=1", if url.contains('?') { '&' } else { '?' })),
+        ("a port with no server", {
+            let at = url.find('@').unwrap() + 1;
+            let end = url[at..].find(['/', '?']).map_or(url.len(), |e| at + e);
+            format!("{}127.0.0.1:1{}", &url[..at], &url[end..])
+        }),
+    ] {
+        let (code, text) = run(&bad, "exec", &[lock.as_str(), "--", "true"]);
+        assert_eq!(code, Some(2), "{what}: {text}");
+        note(what, text);
+    }
+    // hold, released by closing its stdin.
+    let mut hold = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", url)
+        .env("DISTLOCK_LOG", "debug")
+        .arg("hold")
+        .args(tls)
+        .arg(&lock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Lines::of(&mut hold);
+    assert!(lines.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    // top --http while it holds: the page and the view.
+    let addr_file = scratch.join("top.addr");
+    let mut top = Command::new(BIN)
+        .env("DISTLOCK_BACKEND", url)
+        .env("DISTLOCK_LOG", "debug")
+        .arg("top")
+        .args(tls)
+        .args(["--http", "127.0.0.1:0", "--http-addr-file", addr_file.to_str().unwrap(), prefix])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr = loop {
+        if let Some(a) = std::fs::read_to_string(&addr_file).ok().filter(|a| a.ends_with('\n')) {
+            break Some(a.trim().to_string());
+        }
+        if top.try_wait().unwrap().is_some() {
+            break None;
+        }
+        assert!(Instant::now() < deadline, "top --http wrote no address within 20 s");
+        std::thread::sleep(Duration::from_millis(20)); // polling for the file: no event to wait on
+    };
+    if let Some(addr) = addr {
+        note("top --http's page", http_get(&addr, "/"));
+        note("top --http's view", http_get(&addr, "/view"));
+        // SAFETY: a signal to our own child, which has not been waited for.
+        unsafe { libc::kill(top.id() as i32, libc::SIGTERM) };
+    }
+    let (code, text) = shown(top.wait_with_output().unwrap());
+    // A backend that cannot list by prefix (MariaDB, PostgreSQL's hashed keys) says so.
+    assert!(code == Some(0) || text.contains("does not support listing"), "top --http: {text}");
+    note("top --http", text);
+    drop(hold.stdin.take());
+    assert!(wait_exit(&mut hold, Duration::from_secs(20)).success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut hold.stderr.take().unwrap(), &mut rest).unwrap();
+    note("hold", rest);
+    let _ = std::fs::remove_dir_all(&scratch);
+    for (what, text) in &said {
+        assert!(!text.contains(marker), "the password is in {what}: {text}");
+    }
+    assert!(said.iter().any(|(_, t)| t.contains("DEBUG") || t.contains("debug")), "no debug log was written");
 }

@@ -188,6 +188,10 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 ///
 /// An unknown key is an error naming it.
 ///
+/// Without a password in the URL, libpq's are used: `$PGPASSWORD`, else the matching line of
+/// `$PGPASSFILE` or `~/.pgpass` (ignored when group or others may read it), so a password can stay
+/// out of the URL, the command line and `ps`.
+///
 /// # Examples
 ///
 /// ```
@@ -216,6 +220,60 @@ pub struct PgUrl {
     pub tls_files: crate::tls::TlsFiles,
     /// The URL without its password, for messages.
     shown: String,
+}
+
+/// The password libpq would use when the URL has none: `$PGPASSWORD`, else the first matching
+/// line of the password file (`$PGPASSFILE`, else `~/.pgpass`), which is ignored, as libpq does,
+/// when others may read it.
+fn libpq_password(config: &tokio_postgres::Config) -> Option<Vec<u8>> {
+    if let Some(p) = std::env::var_os("PGPASSWORD").filter(|p| !p.is_empty()) {
+        return Some(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec());
+    }
+    let file = match std::env::var_os("PGPASSFILE") {
+        Some(f) => std::path::PathBuf::from(f),
+        None => std::path::PathBuf::from(std::env::var_os("HOME")?).join(".pgpass"),
+    };
+    let meta = std::fs::metadata(&file).ok()?;
+    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
+        tracing::warn!(
+            file = %file.display(),
+            "the password file has group or world access and is ignored (chmod 600 it), as libpq does"
+        );
+        return None;
+    }
+    let text = std::fs::read_to_string(&file).ok()?;
+    let host = match config.get_hosts().first()? {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
+    let user = config.get_user().unwrap_or("postgres");
+    let dbname = config.get_dbname().unwrap_or(user);
+    pgpass_lookup(&text, [&host, &port, dbname, user]).map(String::into_bytes)
+}
+
+/// The password of the first `hostname:port:database:username:password` line of a libpq
+/// password file matching `want` (`*` matches anything; `\:` and `\\` are a literal colon and
+/// backslash; `#` starts a comment line).
+fn pgpass_lookup(text: &str, want: [&str; 4]) -> Option<String> {
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let mut fields = vec![String::new()];
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => fields.last_mut().unwrap().extend(chars.next()),
+                ':' if fields.len() < 5 => fields.push(String::new()),
+                c => fields.last_mut().unwrap().push(c),
+            }
+        }
+        if fields.len() == 5 && fields[..4].iter().zip(want).all(|(f, w)| f == "*" || f == w) {
+            return fields.pop();
+        }
+    }
+    None
 }
 
 /// libpq's `sslmode` (see [`PgUrl`]).
@@ -321,6 +379,11 @@ impl PgUrl {
         if config.get_user().is_none() {
             config.user("postgres");
         }
+        if config.get_password().is_none() {
+            if let Some(password) = libpq_password(&config) {
+                config.password(password);
+            }
+        }
         // Our side of the connection notices a dead server too, also without a ping in flight.
         config
             .application_name(&application_name)
@@ -390,6 +453,19 @@ impl PgUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pgpass_lines_match_as_libpq_reads_them() {
+        let file = "# comment\n\
+                    db.internal:5432:other:app:wrong-db\n\
+                    db.internal:*:jobs:app:pa\\:ss\\\\word\n\
+                    *:*:*:*:fallback\n";
+        assert_eq!(pgpass_lookup(file, ["db.internal", "5433", "jobs", "app"]).as_deref(), Some("pa:ss\\word"));
+        assert_eq!(pgpass_lookup(file, ["db.internal", "5432", "other", "app"]).as_deref(), Some("wrong-db"));
+        assert_eq!(pgpass_lookup(file, ["elsewhere", "5432", "jobs", "app"]).as_deref(), Some("fallback"));
+        assert_eq!(pgpass_lookup("h:1:d:u\n", ["h", "1", "d", "u"]), None, "four fields: no password");
+        assert_eq!(pgpass_lookup("h\\:x:1:d:u:pw\n", ["h:x", "1", "d", "u"]).as_deref(), Some("pw"));
+    }
 
     #[test]
     fn ssl_modes_as_libpq_and_tls_files_ask_for_the_full_check() {
