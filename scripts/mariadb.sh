@@ -17,6 +17,8 @@
 #                                    certificate in DIR/certs. User `team_a` (password in
 #                                    DIR/team-a.password) has no grants: a test gives it the least
 #                                    a lock user needs (docs/security.md).
+#   scripts/mariadb.sh start-galera DIR  the same as start, as a one-node Galera cluster
+#                                    (wsrep_on = ON; Debian's galera-4, installed if missing).
 #
 # Needs Debian's `mariadb-server` (10.11), installed if missing.
 set -euo pipefail
@@ -44,6 +46,14 @@ install_mariadb() {
     apt-get install -y -qq mariadb-server >&2
 }
 
+install_galera() {
+    [[ -f /usr/lib/galera/libgalera_smm.so ]] && return
+    log "installing galera-4 (Debian)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq galera-4 >&2
+}
+
 mariadbd_bin() { command -v mariadbd || echo /usr/sbin/mariadbd; }
 
 launch() {
@@ -58,6 +68,12 @@ launch() {
             GRANT ALL ON *.* TO distlock@'%'; CREATE USER IF NOT EXISTS x509user@'%' REQUIRE X509;
             GRANT ALL ON *.* TO x509user@'%';
             CREATE USER IF NOT EXISTS team_a@'%' IDENTIFIED BY '$(cat "$dir/team-a.password")' REQUIRE SSL"
+    fi
+    if [[ -f "$dir/galera.enabled" ]]; then
+        # A one-node Galera cluster (it bootstraps itself): enough for a client to see wsrep_on.
+        tls+=(--wsrep-on=ON --wsrep-provider=/usr/lib/galera/libgalera_smm.so --wsrep-cluster-address=gcomm://
+            --wsrep-provider-options="gmcast.listen_addr=tcp://127.0.0.1:$(cat "$dir/galera.port")"
+            --binlog-format=ROW --innodb-autoinc-lock-mode=2 --wsrep-node-address=127.0.0.1)
     fi
     nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" "${tls[@]}" \
         --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
@@ -102,6 +118,12 @@ start() {
 
 case "$cmd" in
     start) start ;;
+    start-galera)
+        install_galera
+        mkdir -p "$dir"
+        free_ports 1 > "$dir/galera.port"
+        touch "$dir/galera.enabled"
+        start ;;
     start-tls)
         mkdir -p "$dir"
         make_certs "$dir/certs" x509user
@@ -118,5 +140,5 @@ case "$cmd" in
     restart)
         dir=$(cd "$dir" && pwd)
         launch ;;
-    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|start-galera|stop|kill|restart DIR" >&2; exit 2 ;;
 esac

@@ -514,3 +514,16 @@ async fn a_least_privilege_user_needs_only_its_grants() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     common::secure::every_recipe_under(&team, "team-a/").await;
 }
+
+/// On a Galera cluster node (`wsrep_on = ON`; a one-node cluster of Debian's galera-4 is enough),
+/// `GET_LOCK` is local to the node, so two clients on two nodes would both hold a lock: the
+/// connect is refused, saying why.
+#[tokio::test]
+async fn a_galera_node_is_refused_saying_why() {
+    let server = distlock_faults::OwnServer::start("mariadb.sh", "start-galera", &[]);
+    let url = format!("{}?lease=5s&connect_timeout=5s", server.printed);
+    let Err(e) = distlock::connect(&url).await else { panic!("locks taken on a Galera node") };
+    let text = e.to_string();
+    assert!(matches!(e, Error::Unsupported { .. }), "{text}");
+    assert!(text.contains("Galera") && text.contains("wsrep_on = ON") && text.contains("GET_LOCK is local"), "{text}");
+}

@@ -150,6 +150,7 @@ impl Client {
             }),
         };
         let mut conn = client.open().await?;
+        refuse_galera(&mut conn.conn, &client.inner.url).await?;
         let mut fencing = client.inner.url.fencing;
         // Made once (by `distlock setup` or the first client with the right): a lock user needs
         // no CREATE privilege when they are there.
@@ -286,6 +287,26 @@ impl Client {
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
             .map_err(|e| failed(crate::tls::explain(e.to_string(), url.tls, "ssl-mode=VERIFY_IDENTITY")))
     }
+}
+
+/// Refuses a Galera cluster node (`wsrep_on = ON`): `GET_LOCK` there is local to the node a
+/// client is connected to, so two clients on two nodes would both hold the "same" lock.
+async fn refuse_galera(conn: &mut sqlx::MySqlConnection, url: &MysqlUrl) -> Result<()> {
+    let on: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| backend("SHOW VARIABLES", "wsrep_on", e))?;
+    if on.is_some_and(|(_, v)| v.eq_ignore_ascii_case("ON")) {
+        return Err(Error::Unsupported {
+            backend: "mysql",
+            what: format!(
+                "locks on {url}: it is a Galera cluster node (wsrep_on = ON), where GET_LOCK is local to one node \
+                 and two clients on two nodes would both hold the same lock; lock on a server outside the \
+                 cluster (or on ZooKeeper, etcd or Redis) instead"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// True for the server's "syntax error" (1064): `CREATE SEQUENCE` on a server without sequences.
