@@ -507,3 +507,53 @@ async fn a_least_privilege_user_needs_only_its_grants() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     common::secure::every_recipe_under(&team, "team-a/").await;
 }
+
+/// Mutual exclusion through `url`: four clients, each taking `name` `cycles` times, checked by
+/// the fenced checker (no overlap, tokens rising); nothing is left held on the server.
+async fn exclusion_through(url: &str, name: &str, cycles: u64) {
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..4usize {
+        let (url, name, resource) = (url.to_string(), name.to_string(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let pg = distlock::connect(&url).await.unwrap();
+            let lock = pg.mutex(&name).unwrap();
+            for seq in 0..cycles {
+                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq));
+                tokio::task::yield_now().await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.holds, 4 * cycles as usize);
+    assert!(holders(&raw().await, connect("").await.key(name).unwrap()).await.is_empty(), "nothing left held");
+}
+
+/// Behind PgBouncer (Debian's, `scripts/pgbouncer.sh`): in session pooling, locks exclude as on
+/// the server itself (the fenced checker); in transaction pooling, where a session advisory lock
+/// could be taken or released by another client's statement on the same server session (and
+/// where tokio-postgres's prepared statements failed: "prepared statement \"s0\" already
+/// exists"), the connect is refused, naming the pooler.
+#[tokio::test]
+async fn behind_pgbouncer_session_pooling_works_and_transaction_pooling_is_refused() {
+    let upstream = pg_url().split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let db = pg_url().rsplit('/').next().unwrap().to_string();
+    let session = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, "session", "20"]);
+    let url = format!("postgres://postgres@{}/{db}?lease=5s&connect_timeout=5s", session.printed);
+    exclusion_through(&url, &unique("pgbouncer-session"), 10).await;
+    for mode in ["transaction", "statement"] {
+        let pooler = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, mode, "2"]);
+        let url = format!("postgres://postgres@{}/{db}?lease=5s&connect_timeout=5s", pooler.printed);
+        let Err(e) = distlock::connect(&url).await else { panic!("{mode} pooling accepted") };
+        let text = e.to_string();
+        assert!(text.contains("transaction pooler") && text.contains("PgBouncer"), "{mode}: {text}");
+    }
+}

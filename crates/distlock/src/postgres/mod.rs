@@ -209,8 +209,12 @@ impl Client {
                 waiters: StdMutex::new(HashMap::new()),
             }),
         };
-        let conn = client.open().await?;
-        client.put_back(conn);
+        // Two connections, opened together: the second also serves the first lock.
+        let (a, b) = tokio::join!(client.open(), client.open());
+        let (a, b) = (a?, b?);
+        refuse_transaction_pooler(&client.inner.url, &a, &b).await?;
+        client.put_back(a);
+        client.put_back(b);
         Ok(client)
     }
 
@@ -399,6 +403,50 @@ impl Client {
             })?;
         Ok(conn)
     }
+}
+
+/// Refuses a server reached through a transaction (or statement) pooler such as PgBouncer's
+/// `pool_mode = transaction`: there a client connection's statements run on whichever server
+/// session is free, so a session advisory lock taken by one statement could be released, or
+/// taken again, by another client's statement on the same server session.
+///
+/// One client connection meeting two server sessions, or two open client connections meeting the
+/// same one, gives the pooler away: asked one after the other, an idle pooler hands its most
+/// recently freed server session to the next statement (and a round-robin one another session
+/// to the first connection's second statement). A direct connection or a session pool keeps one
+/// server session per client connection.
+async fn refuse_transaction_pooler(url: &PgUrl, a: &Conn, b: &Conn) -> Result<()> {
+    let first = backend_pid(url, a).await?;
+    let other = backend_pid(url, b).await?;
+    let again = backend_pid(url, a).await?;
+    if other == first || again != first {
+        return Err(Error::Connect {
+            url: url.to_string(),
+            reason: format!(
+                "the server is behind a transaction pooler (PgBouncer's pool_mode = transaction or statement): \
+                 one client connection met server sessions {} and {}, another met {}, so a session advisory \
+                 lock could be held by another client of the pooler; connect to PostgreSQL directly or \
+                 through a session-mode pool",
+                first.as_deref().unwrap_or("?"),
+                again.as_deref().unwrap_or("?"),
+                other.as_deref().unwrap_or("?"),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The server session (backend pid) that answers `conn`'s next statement.
+async fn backend_pid(url: &PgUrl, conn: &Conn) -> Result<Option<String>> {
+    let rows = conn
+        .client
+        .simple_query("SELECT pg_backend_pid()")
+        .await
+        .map_err(|e| Error::Connect { url: url.to_string(), reason: cause(&e) })?;
+    Ok(rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    }))
 }
 
 /// What went wrong, named: the server's own message and SQLSTATE (a wrong password, a missing
