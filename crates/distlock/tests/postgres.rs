@@ -557,3 +557,63 @@ async fn behind_pgbouncer_session_pooling_works_and_transaction_pooling_is_refus
         assert!(text.contains("transaction pooler") && text.contains("PgBouncer"), "{mode}: {text}");
     }
 }
+
+/// `lock_scope=transaction` behind PgBouncer's transaction pooling (pool of 3 server sessions for
+/// 4 clients): every lock is a transaction advisory lock in a transaction held open for its
+/// life, so the pooler keeps its client on one server session. The fenced checker finds no
+/// overlap; readers share; a semaphore counts; an election is refused (its row names a server
+/// session); and a holder cut off from the pooler is told of the loss before the server (its
+/// `idle_in_transaction_session_timeout`, the lease) frees the lock for the next holder.
+#[tokio::test]
+async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
+    let upstream = pg_url().split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let db = pg_url().rsplit('/').next().unwrap().to_string();
+    // Each held lock (and each waiting one) keeps a server session for its transaction: three
+    // sessions for four clients, and for two readers beside a writer's try.
+    let pooler = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, "transaction", "3"]);
+    let url = |at: &str| format!("postgres://postgres@{at}/{db}?lease=3s&connect_timeout=10s&lock_scope=transaction");
+    exclusion_through(&url(&pooler.printed), &unique("pgbouncer-xact"), 10).await;
+    let c = distlock::connect(&url(&pooler.printed)).await.unwrap();
+    let rw = unique("pgbouncer-xact-rw");
+    let r1 = c.read_lock(&rw).unwrap().lock().await.unwrap();
+    let r2 = c.read_lock(&rw).unwrap().try_lock().await.unwrap().expect("readers share");
+    assert!(c.write_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "a writer waits for readers");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let sem = unique("pgbouncer-xact-sem");
+    let p1 = c.semaphore_permit(&sem, 1).unwrap().lock().await.unwrap();
+    assert!(c.semaphore_permit(&sem, 1).unwrap().try_lock().await.unwrap().is_none(), "one permit");
+    p1.release().await.unwrap();
+    let Err(e) = c.election("pgbouncer-xact-election") else { panic!("an election with lock_scope=transaction") };
+    let e = e.to_string();
+    assert!(e.contains("lock_scope=transaction"), "{e}");
+
+    // A holder cut off from the pooler: lost before the next holder is granted.
+    let proxy = FaultProxy::start(pooler.printed.parse().unwrap()).await.unwrap();
+    let cut = distlock::connect(&url(&proxy.addr().to_string())).await.unwrap();
+    let name = unique("pgbouncer-xact-cut");
+    let held = cut.mutex(&name).unwrap().lock().await.unwrap();
+    let lost = held.lost();
+    proxy.set(Fault::Blackhole);
+    let next = tokio::spawn({
+        let (url, name) = (url(&pooler.printed), name.clone());
+        async move {
+            let c = distlock::connect(&url).await.unwrap();
+            let g = c
+                .mutex(&name)
+                .unwrap()
+                .lock_timeout(Duration::from_secs(30))
+                .await
+                .unwrap()
+                .expect("freed by the server");
+            (std::time::Instant::now(), g.fencing_token(), g)
+        }
+    });
+    let reason = tokio::time::timeout(Duration::from_secs(20), lost).await.expect("told within the lease");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    let (granted, token, g) = tokio::time::timeout(Duration::from_secs(40), next).await.expect("granted").unwrap();
+    // The holder's own deadline (when it counts itself lost), not the instant its task woke.
+    assert!(held.lease_deadline() <= granted, "lease until {:?}, granted at {granted:?}", held.lease_deadline());
+    assert!(token > held.fencing_token());
+    g.release().await.unwrap();
+}

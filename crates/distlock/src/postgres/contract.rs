@@ -10,6 +10,13 @@ contract::backend!(Client, "postgres");
 
 impl Client {
     fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        if self.url().scope == super::LockScope::Transaction {
+            // The leader's row names its server session, which a transaction pooler changes.
+            return Err(crate::Error::Unsupported {
+                backend: "postgres",
+                what: format!("election {name} with lock_scope=transaction (elections need session locks)"),
+            });
+        }
         Ok(Arc::new(super::election::Election::new(self.clone(), name)?))
     }
 

@@ -55,7 +55,7 @@ pub use inspect::{LockView, Session};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
-pub use url::{AdvisoryKey, KeyScheme, PgUrl, SslMode};
+pub use url::{AdvisoryKey, KeyScheme, LockScope, PgUrl, SslMode};
 
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -145,6 +145,9 @@ pub(crate) struct Conn {
     /// The lease of the lock this connection holds, told at once when the connection ends (the
     /// server frees a connection's locks with it).
     holder: Arc<crate::lease::HolderSlot>,
+    /// Statements are never prepared (`lock_scope=transaction`: behind a transaction pooler a
+    /// prepared statement lives on one server session, and the next transaction may get another).
+    pub(crate) unprepared: bool,
 }
 
 impl Conn {
@@ -155,6 +158,10 @@ impl Conn {
         sql: &str,
         params: &[(&(dyn tokio_postgres::types::ToSql + Sync), tokio_postgres::types::Type)],
     ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        if self.unprepared {
+            // One round trip with an unnamed statement, parsed each time.
+            return self.client.query_typed(sql, params).await;
+        }
         let cached = self.prepared.lock().unwrap_or_else(|e| e.into_inner()).get(sql).cloned();
         let statement = match cached {
             Some(s) => s,
@@ -209,6 +216,12 @@ impl Client {
                 waiters: StdMutex::new(HashMap::new()),
             }),
         };
+        if client.inner.url.scope == LockScope::Transaction {
+            // Made for a transaction pooler: nothing to detect.
+            let conn = client.open().await?;
+            client.put_back(conn);
+            return Ok(client);
+        }
         // Two connections, opened together: the second also serves the first lock.
         let (a, b) = tokio::join!(client.open(), client.open());
         let (a, b) = (a?, b?);
@@ -373,12 +386,18 @@ impl Client {
             let _ = tx.send(true);
             held.connection_closed();
         });
-        let conn = Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder };
-        let settings = url.session_settings();
-        tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
-            .await
-            .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(format!("setting the session's loss bounds: {}", cause(&e))))?;
+        let unprepared = url.scope == LockScope::Transaction;
+        let conn =
+            Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder, unprepared };
+        // Behind a transaction pooler a session setting would stay on a server session other
+        // clients get next: transaction-scoped locks set theirs for their own transaction.
+        if !unprepared {
+            let settings = url.session_settings();
+            tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
+                .await
+                .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
+                .map_err(|e| failed(format!("setting the session's loss bounds: {}", cause(&e))))?;
+        }
         let floor_sql = fencing_floor_sql();
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {
@@ -425,8 +444,9 @@ async fn refuse_transaction_pooler(url: &PgUrl, a: &Conn, b: &Conn) -> Result<()
             reason: format!(
                 "the server is behind a transaction pooler (PgBouncer's pool_mode = transaction or statement): \
                  one client connection met server sessions {} and {}, another met {}, so a session advisory \
-                 lock could be held by another client of the pooler; connect to PostgreSQL directly or \
-                 through a session-mode pool",
+                 lock could be held by another client of the pooler; add lock_scope=transaction to the URL \
+                 (locks in transactions held open, which such a pooler keeps on one server session), or \
+                 connect directly or through a session-mode pool",
                 first.as_deref().unwrap_or("?"),
                 again.as_deref().unwrap_or("?"),
                 other.as_deref().unwrap_or("?"),

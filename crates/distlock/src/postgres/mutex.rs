@@ -50,6 +50,27 @@ struct Target {
     /// parameter, `0` = forever), then takes a fencing token.
     wait_sql: String,
     unlock_sql: String,
+    /// `lock_scope=transaction`: the statements of a transaction-scoped lock instead.
+    xact: Option<Xact>,
+}
+
+/// A transaction-scoped lock's statements (simple protocol: nothing is prepared, since behind a
+/// transaction pooler the next transaction may run on another server session).
+#[derive(Debug)]
+struct Xact {
+    /// `BEGIN` and the transaction's loss bound: the server ends a transaction idle for longer
+    /// than the lease (`idle_in_transaction_session_timeout`), which frees the lock.
+    begin: String,
+    /// The lock functions, `pg_advisory_xact_lock[_shared]` and its `pg_try_` form, and their
+    /// literal arguments.
+    lock_fn: String,
+    try_fn: String,
+    args: String,
+    /// The fencing token, under the fencing guard's shared lock, taken and given back at once
+    /// (a transaction-scoped guard would be held for the lock's whole life).
+    token_sql: String,
+    /// Ends the transaction, freeing the lock (and, for a semaphore slot, telling its waiters).
+    release_sql: String,
 }
 
 impl Mutex {
@@ -63,6 +84,9 @@ impl Mutex {
             "SELECT pg_advisory_unlock({}) FROM (SELECT pg_notify('{RELEASED_CHANNEL}', '{payload}')) n",
             key.sql_args(1)
         );
+        if let Some(x) = t.xact.as_mut() {
+            x.release_sql = format!("SELECT pg_notify('{RELEASED_CHANNEL}', '{payload}'); COMMIT");
+        }
         m
     }
 
@@ -82,6 +106,20 @@ impl Mutex {
                 key.arity() + 1
             ),
             unlock_sql: format!("SELECT pg_advisory_unlock{suffix}({args})"),
+            xact: (client.url().scope == super::LockScope::Transaction).then(|| Xact {
+                begin: format!(
+                    "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL statement_timeout = 0",
+                    client.url().server_bound().as_millis()
+                ),
+                lock_fn: format!("pg_advisory_xact_lock{suffix}"),
+                try_fn: format!("pg_try_advisory_xact_lock{suffix}"),
+                args: key.sql_literals(),
+                token_sql: format!(
+                    "SELECT nextval('{FENCING_SEQUENCE}') FROM (SELECT pg_advisory_lock_shared({g1}, {g2})) g; \
+                     SELECT pg_advisory_unlock_shared({g1}, {g2})"
+                ),
+                release_sql: "COMMIT".to_string(),
+            }),
             name,
             key,
         };
@@ -105,6 +143,9 @@ impl Mutex {
         let cancel = (conn.client.cancel_token(), conn.cancelled.clone(), self.client.tls());
         let (client, target) = (self.client.clone(), self.target.clone());
         let attempt = async move {
+            if let Some(xact) = &target.xact {
+                return acquire_in_transaction(client, conn, target.clone(), xact, wait).await;
+            }
             let name = &target.name;
             let sent = Instant::now();
             // Prepared once per connection; then one round trip each.
@@ -138,22 +179,100 @@ impl Mutex {
                 client.put_back(conn);
                 return Ok(None);
             };
-            // The lease runs from the last request the server surely received. After a long wait
-            // that is no longer the acquire's: confirm the session first (else the guard would be
-            // born lost), and if that fails, drop the connection, which frees the lock.
-            let bound = client.url().server_bound();
-            let ping = async {
-                conn.client
-                    .simple_query("")
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| backend("acquire (session check after the wait)", name, e))
-            };
-            let confirmed = crate::lease::fresh_after_wait(sent, bound, name, ping).await?;
-            Ok(Some(MutexGuard::new(client, conn, target.clone(), token as u64, confirmed)))
+            granted(client, conn, target.clone(), token as u64, sent).await
         };
         Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await
     }
+}
+
+/// A transaction-scoped acquire (`lock_scope=transaction`) on `conn`: `BEGIN` with the loss
+/// bound, the lock (tried, or waited for within `lock_timeout`), then the fencing token. Not
+/// granted: the transaction is rolled back and the connection reused.
+async fn acquire_in_transaction(
+    client: Client,
+    conn: Conn,
+    target: Arc<Target>,
+    xact: &Xact,
+    wait: Wait,
+) -> Result<Option<MutexGuard>> {
+    let name = &target.name;
+    let (lock_fn, args, begin) = (&xact.lock_fn, &xact.args, &xact.begin);
+    let sql = match wait.timeout() {
+        Some(w) if w.is_zero() => format!("{begin}; SELECT {}({args})", xact.try_fn),
+        w => {
+            // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
+            let ms = match w.map(|w| w.as_millis()) {
+                Some(ms) if ms <= i32::MAX as u128 => ms.max(1),
+                _ => 0,
+            };
+            format!("{begin}; SET LOCAL lock_timeout = {ms}; SELECT {lock_fn}({args})::text")
+        }
+    };
+    let sent = Instant::now();
+    let rollback = |conn: Conn| {
+        let client = client.clone();
+        async move {
+            match conn.client.simple_query("ROLLBACK").await {
+                Ok(_) => client.put_back(conn),
+                Err(e) => tracing::debug!(error = %e, "rollback after a lock not granted failed; closing"),
+            }
+        }
+    };
+    let got = match conn.client.simple_query(&sql).await {
+        // The lock statement's row: `t`/`f` for a try, any value once a wait is granted.
+        Ok(messages) => messages
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0) != Some("f")),
+                _ => None,
+            })
+            .unwrap_or(false),
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => false,
+        Err(e) => return Err(backend("acquire", name, e)),
+    };
+    if !got {
+        rollback(conn).await;
+        return Ok(None);
+    }
+    let token =
+        conn.client.simple_query(&xact.token_sql).await.map_err(|e| backend("acquire (fencing token)", name, e))?;
+    let token: u64 = token
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|t| t.parse().ok()),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Backend {
+            op: "acquire (fencing token)",
+            path: name.clone(),
+            source: "no token".into(),
+        })?;
+    granted(client, conn, target.clone(), token, sent).await
+}
+
+/// The guard of a lock granted on `conn` by a request sent at `sent`. The lease runs from the
+/// last request the server surely received; after a long wait that is no longer the acquire's:
+/// the session is confirmed first (else the guard would be born lost), and if that fails, the
+/// connection is dropped, which frees the lock.
+async fn granted(
+    client: Client,
+    conn: Conn,
+    target: Arc<Target>,
+    token: u64,
+    sent: Instant,
+) -> Result<Option<MutexGuard>> {
+    let bound = client.url().server_bound();
+    let name = &target.name;
+    let ping = async {
+        conn.client
+            .simple_query("")
+            .await
+            .map(|_| ())
+            .map_err(|e| backend("acquire (session check after the wait)", name, e))
+    };
+    let confirmed = crate::lease::fresh_after_wait(sent, bound, name, ping).await?;
+    Ok(Some(MutexGuard::new(client, conn, target, token, confirmed)))
 }
 
 /// An acquire in flight: if dropped unfinished, its statement is cancelled on the server (again
@@ -367,6 +486,20 @@ impl Drop for MutexGuard {
 /// list only after a clean unlock (anything else closes it, which frees whatever it held).
 async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<bool> {
     let name = &target.name;
+    if let Some(xact) = &target.xact {
+        // The transaction's end frees the lock; a server that ended it already closed the
+        // connection (the lease ran out), and the lock was lost.
+        return match conn.client.simple_query(&xact.release_sql).await {
+            Ok(_) => {
+                if let Ok(conn) = Arc::try_unwrap(conn) {
+                    client.put_back(conn);
+                }
+                Ok(true)
+            }
+            Err(_) if conn.is_closed() => Ok(false),
+            Err(e) => Err(backend("release", name, e)),
+        };
+    }
     let r = conn.query(&target.unlock_sql, &target.key.params()).await;
     match r {
         Ok(rows) => {

@@ -43,6 +43,14 @@ impl AdvisoryKey {
         }
     }
 
+    /// The arguments of the advisory-lock functions for this key, as SQL literals (integers).
+    pub(crate) fn sql_literals(&self) -> String {
+        match self {
+            AdvisoryKey::Single(k) => format!("{k}"),
+            AdvisoryKey::Pair(a, b) => format!("{a}, {b}"),
+        }
+    }
+
     /// How many placeholders [`sql_args`](Self::sql_args) uses.
     pub(crate) fn arity(&self) -> usize {
         match self {
@@ -176,6 +184,10 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// - `application_name`: shown in `pg_stat_activity` (default `distlock`);
 /// - `rescan`: how often a semaphore's waiters try its slots again without having been told of a
 ///   release (default 500 ms; a permit freed by a dead holder's session is found this way);
+/// - `lock_scope`: `session` (default: session advisory locks) or `transaction` (each lock a
+///   transaction advisory lock in a transaction held open for its life, for PostgreSQL behind a
+///   transaction pooler such as PgBouncer's `pool_mode = transaction`; the lease is the server's
+///   `idle_in_transaction_session_timeout`, set for that transaction; elections need `session`);
 /// - `sslmode`: libpq's, with libpq's meaning: `disable` (plaintext), `prefer` (the default
 ///   without TLS files: TLS if the server offers it, else plaintext; the certificate not checked), `require` (TLS; the
 ///   certificate not checked, or its chain when a CA is given, as libpq does), `verify-ca` (TLS,
@@ -218,8 +230,21 @@ pub struct PgUrl {
     pub ssl_mode: SslMode,
     /// The TLS files (CA, client certificate and key).
     pub tls_files: crate::tls::TlsFiles,
+    /// Session advisory locks (the default) or transaction-scoped ones for transaction poolers.
+    pub scope: LockScope,
     /// The URL without its password, for messages.
     shown: String,
+}
+
+/// What a lock belongs to on the server (the URL's `lock_scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockScope {
+    /// A session advisory lock (`pg_advisory_lock`), held by the connection's server session.
+    Session,
+    /// A transaction advisory lock (`pg_advisory_xact_lock`) in a transaction held open for the
+    /// lock's life: what works behind a transaction pooler (PgBouncer's `pool_mode =
+    /// transaction`), which keeps a client on one server session while its transaction is open.
+    Transaction,
 }
 
 /// The password libpq would use when the URL has none: `$PGPASSWORD`, else the first matching
@@ -318,6 +343,7 @@ impl PgUrl {
         let mut rescan = Duration::from_millis(500);
         let mut ssl_mode = None;
         let mut tls_files = crate::tls::TlsFiles::default();
+        let mut scope = LockScope::Session;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             if tls_files
@@ -356,11 +382,22 @@ impl PgUrl {
                     }
                 }
                 "application_name" => application_name = v.to_string(),
+                "lock_scope" => {
+                    scope = match v {
+                        "session" => LockScope::Session,
+                        "transaction" => LockScope::Transaction,
+                        _ => {
+                            return Err(bad(format!(
+                                "lock_scope={v}: use session (the default) or transaction (behind a transaction pooler)"
+                            )))
+                        }
+                    }
+                }
                 "rescan" => rescan = crate::duration::url_duration(k, v)?,
                 _ => {
                     return Err(bad(format!(
                         "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan, \
-                         sslmode, sslrootcert, sslcert, sslkey)"
+                         lock_scope, sslmode, sslrootcert, sslcert, sslkey)"
                     )))
                 }
             }
@@ -406,7 +443,17 @@ impl PgUrl {
             SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
             _ => tokio_postgres::config::SslMode::Require,
         });
-        Ok(PgUrl { config, lease, connect_timeout, keys, rescan, ssl_mode, tls_files, shown: crate::redact_url(url) })
+        Ok(PgUrl {
+            config,
+            lease,
+            connect_timeout,
+            keys,
+            rescan,
+            ssl_mode,
+            tls_files,
+            scope,
+            shown: crate::redact_url(url),
+        })
     }
 
     /// The TLS connector of this URL: its files read, the server checked as `sslmode` says.
