@@ -38,9 +38,18 @@ fn peer_classes() -> &'static Path {
 }
 
 fn curator(kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
+    curator_as(None, kind, path, iterations, log, permits)
+}
+
+/// [`curator`], logged in by digest as `login` (`user:password`) with an `ACLProvider` giving
+/// that login all permissions and anyone read: what distlock's `acl=creator` gives.
+fn curator_as(login: Option<&str>, kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
     let cp = format!("{}:{}", peer_classes().display(), classpath());
-    Command::new("java")
-        .args(["-cp", &cp, "CuratorPeer", &zk_addr(), kind, path, &iterations.to_string()])
+    let mut java = Command::new("java");
+    if let Some(login) = login {
+        java.env("CURATOR_DIGEST", login);
+    }
+    java.args(["-cp", &cp, "CuratorPeer", &zk_addr(), kind, path, &iterations.to_string()])
         .arg(log)
         .arg(permits.to_string())
         .spawn()
@@ -147,6 +156,58 @@ async fn mutex_excludes_curator_interprocessmutex_both_ways() {
     g.release().await.unwrap();
     tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
     assert_eq!(curator_entries(&log), 31, "Curator entered after our release");
+}
+
+/// With `acl=creator` and the same digest login as Curator's `authorization` plus an
+/// `ACLProvider` (all for the login, read for anyone), the two still exclude each other both
+/// ways, whoever makes the lock's nodes; every node under the lock is the login's, and a client
+/// without it may read but not delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutex_with_acl_creator_interoperates_with_curator_aclprovider() {
+    let login = format!("team:{}", uuid::Uuid::new_v4().simple());
+    let path = unique_path("curator-acl");
+    let log = log_file("acl");
+    let url = format!("zk://{login}@{}?acl=creator", zk_addr());
+    let java = curator_as(Some(&login), "mutex", &path, 15, &log, 1);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (path, log, url) = (path.clone(), log.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
+            let lock = client.mutex(&path).unwrap();
+            for _ in 0..15 {
+                let g = lock.lock().await.unwrap();
+                append(&log, "W enter distlock");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(&log, "W exit distlock");
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(check(&log, 1), (15, 30));
+    // A Curator holder's node, made under the login's ACL, kept from a client without it.
+    let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
+    let g = client.mutex(&path).unwrap().lock().await.unwrap();
+    let java = curator_as(Some(&login), "mutex", &path, 1, &log, 1);
+    wait_children(&client, &path, BOUND, "Curator to queue", |c| c.len() == 2).await;
+    let zk = client.zookeeper();
+    let anonymous = connect().await;
+    for child in zk.list_children(&path).await.unwrap() {
+        let node = format!("{path}/{child}");
+        let (acl, _) = zk.get_acl(&node).await.unwrap();
+        assert!(
+            acl.iter().all(|a| a.scheme() != "world" || a.permission() == zookeeper_client::Permission::READ),
+            "{node}: {acl:?}"
+        );
+        let denied = anonymous.zookeeper().delete(&node, None).await.unwrap_err();
+        assert_eq!(denied, zookeeper_client::Error::NoAuth, "{node}");
+    }
+    g.release().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

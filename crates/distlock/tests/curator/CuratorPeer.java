@@ -10,12 +10,19 @@
 // KIND lead-until-told: leads once as "curator", appends "W enter curator", and gives up the
 // lead once LOGFILE has a line "resign curator".
 // KIND latch, latch-getleader, latch-until-told: the same with a LeaderLatch whose id is "curator".
+// With $CURATOR_DIGEST (user:password), the client logs in by digest and its ACLProvider gives
+// every node it creates all permissions for that login and read for anyone (distlock's acl=creator).
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.nio.file.StandardOpenOption;
+import java.util.Arrays;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
+import org.apache.curator.framework.api.ACLProvider;
+import org.apache.zookeeper.ZooDefs;
+import org.apache.zookeeper.data.ACL;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
@@ -46,7 +53,18 @@ public class CuratorPeer {
         int iterations = Integer.parseInt(args[3]);
         log = Paths.get(args[4]);
         int permits = args.length > 5 ? Integer.parseInt(args[5]) : 1;
-        CuratorFramework client = CuratorFrameworkFactory.newClient(connect, 10000, 5000, new RetryNTimes(3, 100));
+        CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder().connectString(connect)
+                .sessionTimeoutMs(10000).connectionTimeoutMs(5000).retryPolicy(new RetryNTimes(3, 100));
+        String digest = System.getenv("CURATOR_DIGEST");
+        if (digest != null) {
+            List<ACL> acl = Arrays.asList(new ACL(ZooDefs.Perms.ALL, ZooDefs.Ids.AUTH_IDS),
+                    new ACL(ZooDefs.Perms.READ, ZooDefs.Ids.ANYONE_ID_UNSAFE));
+            builder.authorization("digest", digest.getBytes(StandardCharsets.UTF_8)).aclProvider(new ACLProvider() {
+                public List<ACL> getDefaultAcl() { return acl; }
+                public List<ACL> getAclForPath(String path) { return acl; }
+            });
+        }
+        CuratorFramework client = builder.build();
         client.start();
         if (!client.blockUntilConnected(20, TimeUnit.SECONDS)) {
             throw new IllegalStateException("no connection to " + connect);
