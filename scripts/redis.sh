@@ -21,6 +21,8 @@
 #                                 with the least a lock user needs for names under team-a/
 #                                 (lock_user_rule below). The run's own CA, server and client
 #                                 certificates are in DIR/certs (scripts/lib/certs.sh).
+#   scripts/redis.sh lock-user-rule PREFIX   print the least ACL rule a lock user needs for names
+#                                 under PREFIX (for ACL SETUSER or an ACL file).
 #   scripts/redis.sh cluster DIR  start a 6-node cluster (3 masters, 3 replicas; node timeout 1 s)
 #                                 in DIR/n1..n6, wait until every node reports cluster_state:ok
 #                                 and every replica is linked, and print the nodes' addresses
@@ -224,6 +226,8 @@ start_tls() {
 }
 
 case "$cmd" in
+    # scripts/redis.sh lock-user-rule PREFIX: print the ACL rule (docs/security.md).
+    lock-user-rule) lock_user_rule "$dir"; echo ;;
     start) start ;;
     start-tls) start_tls ;;
     cluster) cluster ;;

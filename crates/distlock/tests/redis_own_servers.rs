@@ -869,6 +869,35 @@ async fn a_least_privilege_acl_user_works_under_its_prefix_only() {
     }
 }
 
+/// The same least-privilege rule on a Cluster (set on every node: Redis does not replicate ACLs)
+/// runs every recipe under its prefix in both layouts; outside it, Redis refuses.
+#[tokio::test]
+async fn a_least_privilege_acl_user_on_a_cluster() {
+    let cluster = Cluster::start();
+    let rule = Command::new(script()).args(["lock-user-rule", "team-a/"]).output().unwrap();
+    let rule = String::from_utf8(rule.stdout).unwrap();
+    let password = uuid::Uuid::new_v4().simple().to_string();
+    for node in &cluster.nodes {
+        let mut conn = raw_conn(node).await;
+        let mut setuser = redis::cmd("ACL");
+        setuser.arg("SETUSER").arg("team-a").arg("on").arg(format!(">{password}"));
+        for part in rule.split_whitespace() {
+            setuser.arg(part);
+        }
+        let () = setuser.query_async(&mut conn).await.unwrap();
+    }
+    for layout in ["redisson", "simple"] {
+        let url = cluster
+            .url(&format!("?lease=5s&connect_timeout=5s&layout={layout}"))
+            .replace("://", &format!("://team-a:{password}@"));
+        common::secure::every_recipe_under(&url, "team-a/").await;
+        let c = distlock::connect(&url).await.unwrap();
+        let e = c.mutex("team-b/x").unwrap().try_lock().await.unwrap_err().to_string();
+        assert!(e.contains("NOPERM") && !e.contains(&password), "{layout}: {e}");
+        c.close(Duration::from_secs(2)).await;
+    }
+}
+
 /// A Sentinel with a password of its own (`requirepass` in its configuration): the client gives
 /// it with `sentinel_password=` and locks on the master it names; without it, or with a wrong
 /// one, the connect is refused with the Sentinel's answer, and the password is never shown.
