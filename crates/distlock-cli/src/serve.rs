@@ -66,8 +66,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     handshake_timeout: Duration,
     /// The four-letter words answered, comma-separated, or `*` for all (ZooKeeper's
-    /// 4lw.commands.whitelist). `stat`, `cons` and `dump` name clients and sessions.
-    #[arg(long, value_name = "WORDS", value_parser = four_letter_words_arg, default_value = "srvr,ruok")]
+    /// 4lw.commands.whitelist). `envi` here carries only the version (kazoo reads it before a
+    /// transaction); `stat`, `cons` and `dump` name clients and sessions.
+    #[arg(long, value_name = "WORDS", value_parser = four_letter_words_arg, default_value = "srvr,ruok,envi")]
     four_letter_words: FourLetterWords,
     /// Most nodes one session may have made that still exist; a create past it fails with
     /// ZooKeeper's QuotaExceeded.

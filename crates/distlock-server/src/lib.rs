@@ -86,8 +86,9 @@ pub struct Config {
     /// Default 10 s.
     pub handshake_timeout: Duration,
     /// The four-letter words answered (Apache ZooKeeper's `4lw.commands.whitelist`); any other of
-    /// [`FOUR_LETTER_WORDS`] is answered "not in the whitelist". Default `srvr` and `ruok`:
-    /// `stat`, `cons` and `dump` name clients and sessions.
+    /// [`FOUR_LETTER_WORDS`] is answered "not in the whitelist". Default `srvr`, `ruok` and
+    /// `envi` (which here carries only the version, as `srvr` does; kazoo reads it before a
+    /// transaction): `stat`, `cons` and `dump` name clients and sessions.
     pub four_letter_words: Vec<[u8; 4]>,
     /// Most nodes one session may have made that still exist (persistent ones too); a create past
     /// it fails with ZooKeeper's QuotaExceeded. Default 100,000.
@@ -139,7 +140,7 @@ impl Default for Config {
             users: None,
             auth_required: false,
             handshake_timeout: Duration::from_secs(10),
-            four_letter_words: vec![*b"srvr", *b"ruok"],
+            four_letter_words: vec![*b"srvr", *b"ruok", *b"envi"],
             max_nodes_per_session: 100_000,
             max_data_per_session: 64 << 20,
         }

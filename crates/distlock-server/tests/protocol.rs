@@ -662,17 +662,19 @@ async fn child_versions_and_sequence_numbers_count_as_zookeeper_does() {
     assert_eq!((st.cversion, st.num_children), (3, 1), "two creates and a delete are three changes");
 }
 
-/// By default only `srvr` and `ruok` answer (Apache ZooKeeper's whitelist is `srvr` alone); the
+/// By default only `srvr`, `ruok` and `envi` (the version alone, which kazoo needs) answer; the
 /// others, some of which list client addresses and session ids, say they are not allowed.
 #[tokio::test]
-async fn four_letter_words_are_off_except_srvr_and_ruok() {
+async fn four_letter_words_are_off_except_srvr_ruok_and_envi() {
     let s = server().await;
     let c = client(&s).await; // a session for cons, stat and dump to name, were they answered
     assert_eq!(raw(s.addr(), b"ruok").await, b"imok");
     let srvr = String::from_utf8(raw(s.addr(), b"srvr").await).unwrap();
     assert!(srvr.contains("Mode: standalone"), "{srvr}");
+    let envi = String::from_utf8(raw(s.addr(), b"envi").await).unwrap();
+    assert_eq!(envi.lines().count(), 2, "envi carries the version alone: {envi}");
     let sid = format!("{:#x}", c.session_id().0);
-    for word in distlock_server::FOUR_LETTER_WORDS.iter().filter(|w| !matches!(*w, b"ruok" | b"srvr")) {
+    for word in distlock_server::FOUR_LETTER_WORDS.iter().filter(|w| !matches!(*w, b"ruok" | b"srvr" | b"envi")) {
         let name = String::from_utf8_lossy(word);
         let out = String::from_utf8(raw(s.addr(), word).await).unwrap();
         assert_eq!(out, format!("{name} is not executed because it is not in the whitelist.\n"));
