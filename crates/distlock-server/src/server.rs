@@ -55,7 +55,10 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                     socket.set_nodelay(true).ok();
                     // From accept, one deadline for the TLS handshake and the whole connect request:
                     // silent or half-sent connections cannot hold the slots.
-                    let hello_by = Deadline(tokio::time::Instant::now() + handshake_timeout, handshake_timeout);
+                    let now = tokio::time::Instant::now();
+                    // A deadline past what the clock can hold means none worth counting: a day.
+                    let by = now.checked_add(handshake_timeout).unwrap_or(now + Duration::from_secs(86_400));
+                    let hello_by = Deadline(by, handshake_timeout);
                     let connection = async {
                         match tls {
                             None => serve(socket, peer, state, hello_by).await,

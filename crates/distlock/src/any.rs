@@ -268,9 +268,15 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn setup(&self) -> Result<()> {
-        // Each table is made on first use where missing: a read of each makes them.
-        self.election("distlock-setup")?.leader().await?;
-        self.schedule("distlock-setup")?.last_run().await?;
+        // Each table is made on first use where missing: a read of each makes them. What this
+        // client cannot use (PostgreSQL's lock_scope=transaction has no elections or jobs) needs
+        // no table.
+        let unsupported = |r: Result<()>| match r {
+            Err(Error::Unsupported { .. }) => Ok(()),
+            r => r,
+        };
+        unsupported(async { self.election("distlock-setup")?.leader().await.map(drop) }.await)?;
+        unsupported(async { self.schedule("distlock-setup")?.last_run().await.map(drop) }.await)?;
         Ok(())
     }
 

@@ -561,8 +561,8 @@ async fn behind_pgbouncer_session_pooling_works_and_transaction_pooling_is_refus
 /// `lock_scope=transaction` behind PgBouncer's transaction pooling (pool of 3 server sessions for
 /// 4 clients): every lock is a transaction advisory lock in a transaction held open for its
 /// life, so the pooler keeps its client on one server session. The fenced checker finds no
-/// overlap; readers share; a semaphore counts; an election is refused (its row names a server
-/// session); and a holder cut off from the pooler is told of the loss before the server (its
+/// overlap; readers share; a semaphore counts (one with a quote and a backslash in its name
+/// too); an election, a job and inspection are refused (they need a server session of their own); and a holder cut off from the pooler is told of the loss before the server (its
 /// `idle_in_transaction_session_timeout`, the lease) frees the lock for the next holder.
 #[tokio::test]
 async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
@@ -587,6 +587,14 @@ async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
     let Err(e) = c.election("pgbouncer-xact-election") else { panic!("an election with lock_scope=transaction") };
     let e = e.to_string();
     assert!(e.contains("lock_scope=transaction"), "{e}");
+    let Err(e) = c.schedule("pgbouncer-xact-job") else { panic!("a job with lock_scope=transaction") };
+    assert!(e.to_string().contains("lock_scope=transaction"), "{e}");
+    c.setup().await.unwrap(); // nothing it cannot use is made, nothing refused
+                              // A semaphore whose name needs escaping in its release notice (a quote and a backslash).
+    let odd = format!("{}-o'dd\\name", unique("pgbouncer-xact-sem"));
+    let p = c.semaphore_permit(&odd, 1).unwrap().lock().await.unwrap();
+    p.release().await.unwrap();
+    c.semaphore_permit(&odd, 1).unwrap().try_lock().await.unwrap().expect("released").release().await.unwrap();
 
     // A holder cut off from the pooler: lost before the next holder is granted.
     let proxy = FaultProxy::start(pooler.printed.parse().unwrap()).await.unwrap();

@@ -84,7 +84,7 @@ impl State {
     pub(super) fn quota_for_set(&self, path: &str, data: &Data) -> OpResult<()> {
         let Some((maker, len)) = self.quotas.made_by.get(path) else { return Ok(()) };
         let Some((_, bytes)) = self.quotas.usage.get(maker) else { return Ok(()) };
-        if bytes - len + data_len(data) as usize > self.config.max_data_per_session {
+        if bytes.saturating_sub(*len) + data_len(data) as usize > self.config.max_data_per_session {
             return Err(err::QUOTA_EXCEEDED);
         }
         Ok(())

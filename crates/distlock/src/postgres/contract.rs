@@ -9,14 +9,23 @@ use std::sync::Arc;
 contract::backend!(Client, "postgres");
 
 impl Client {
-    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+    /// Refuses `what` with `lock_scope=transaction`: it needs a server session of its own, which
+    /// a transaction pooler does not keep.
+    pub(crate) fn session_scope_only(&self, what: &str) -> Result<()> {
         if self.url().scope == super::LockScope::Transaction {
-            // The leader's row names its server session, which a transaction pooler changes.
             return Err(crate::Error::Unsupported {
                 backend: "postgres",
-                what: format!("election {name} with lock_scope=transaction (elections need session locks)"),
+                what: format!(
+                    "{what} with lock_scope=transaction (it needs session scope: only locks run in transactions)"
+                ),
             });
         }
+        Ok(())
+    }
+
+    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+        // The leader's row names its server session, which a transaction pooler changes.
+        self.session_scope_only(&format!("election {name}"))?;
         Ok(Arc::new(super::election::Election::new(self.clone(), name)?))
     }
 
@@ -39,6 +48,8 @@ contract::held!(MutexGuard);
 
 impl super::Client {
     fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
+        // Its statements are prepared on a session, which a transaction pooler does not keep.
+        self.session_scope_only("scheduled jobs")?;
         Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), created: std::sync::Arc::default() }))
     }
 }

@@ -57,6 +57,7 @@ pub struct Session {
 impl Client {
     /// Who holds and who waits for lock `name` now.
     pub async fn inspect(&self, name: &str) -> Result<LockView> {
+        self.session_scope_only(&format!("inspecting {name}"))?;
         let key = self.key(name)?;
         let conn = self.checkout().await?;
         let (classid, objid, objsubid) = key.pg_locks_ids();
@@ -96,6 +97,7 @@ impl Client {
     /// (a hash of the name), not the name, so only the empty prefix can be listed. Holders first,
     /// then waiters in the order they began to wait.
     pub async fn locks(&self, prefix: &str) -> Result<Listing> {
+        self.session_scope_only("listing the locks")?;
         if !prefix.is_empty() {
             return Err(Error::Unsupported {
                 backend: "postgres",

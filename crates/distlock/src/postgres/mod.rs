@@ -222,10 +222,15 @@ impl Client {
             client.put_back(conn);
             return Ok(client);
         }
-        // Two connections, opened together: the second also serves the first lock.
-        let (a, b) = tokio::join!(client.open(), client.open());
+        // Two connections, opened together (the second also serves the first lock), and asked
+        // about their server sessions before any session setting is made: behind a transaction
+        // pooler such a setting would stay on server sessions other clients get next.
+        let (a, b) = tokio::join!(client.open_unset(), client.open_unset());
         let (a, b) = (a?, b?);
         refuse_transaction_pooler(&client.inner.url, &a, &b).await?;
+        let (set_a, set_b) = tokio::join!(client.session_settings(&a), client.session_settings(&b));
+        set_a?;
+        set_b?;
         client.put_back(a);
         client.put_back(b);
         Ok(client)
@@ -367,6 +372,28 @@ impl Client {
 
     /// Opens a lock connection and sets its session's loss bounds.
     async fn open(&self) -> Result<Conn> {
+        let conn = self.open_unset().await?;
+        self.session_settings(&conn).await?;
+        Ok(conn)
+    }
+
+    /// Sets the session's loss bounds on `conn` (not for `lock_scope=transaction`, whose locks
+    /// set theirs for their own transaction: behind a transaction pooler a session setting would
+    /// stay on a server session other clients get next).
+    async fn session_settings(&self, conn: &Conn) -> Result<()> {
+        let url = &self.inner.url;
+        if conn.unprepared {
+            return Ok(());
+        }
+        let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&url.session_settings()))
+            .await
+            .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
+            .map_err(|e| failed(format!("setting the session's loss bounds: {}", cause(&e))))
+    }
+
+    /// Opens a lock connection and raises the fencing floor; no session setting yet.
+    async fn open_unset(&self) -> Result<Conn> {
         let url = &self.inner.url;
         let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
         let (client, connection) =
@@ -389,15 +416,6 @@ impl Client {
         let unprepared = url.scope == LockScope::Transaction;
         let conn =
             Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder, unprepared };
-        // Behind a transaction pooler a session setting would stay on a server session other
-        // clients get next: transaction-scoped locks set theirs for their own transaction.
-        if !unprepared {
-            let settings = url.session_settings();
-            tokio::time::timeout(url.connect_timeout, conn.client.batch_execute(&settings))
-                .await
-                .map_err(|_| failed(format!("no answer to the session settings within {:?}", url.connect_timeout)))?
-                .map_err(|e| failed(format!("setting the session's loss bounds: {}", cause(&e))))?;
-        }
         let floor_sql = fencing_floor_sql();
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {
@@ -438,7 +456,7 @@ async fn refuse_transaction_pooler(url: &PgUrl, a: &Conn, b: &Conn) -> Result<()
     let first = backend_pid(url, a).await?;
     let other = backend_pid(url, b).await?;
     let again = backend_pid(url, a).await?;
-    if other == first || again != first {
+    if first.is_some() && (other == first || again != first) {
         return Err(Error::Connect {
             url: url.to_string(),
             reason: format!(

@@ -66,8 +66,9 @@ struct Xact {
     lock_fn: String,
     try_fn: String,
     args: String,
-    /// The fencing token, under the fencing guard's shared lock, taken and given back at once
-    /// (a transaction-scoped guard would be held for the lock's whole life).
+    /// The fencing token, after raising the sequence to the clock, under the fencing guard held
+    /// exclusively and given back at once (a transaction-scoped guard would be held for the
+    /// lock's whole life).
     token_sql: String,
     /// Ends the transaction, freeing the lock (and, for a semaphore slot, telling its waiters).
     release_sql: String,
@@ -79,13 +80,15 @@ impl Mutex {
     pub(crate) fn new_slot(client: Client, name: String, key: AdvisoryKey) -> Mutex {
         let mut m = Mutex::new(client, name, key, false);
         let t = Arc::get_mut(&mut m.target).expect("just made");
-        let payload = t.name.replace('\'', "''");
+        // An escape-string literal (E'...'): its backslashes and quotes doubled, it means the
+        // same whatever `standard_conforming_strings` says.
+        let payload = t.name.replace('\\', "\\\\").replace('\'', "''");
         t.unlock_sql = format!(
-            "SELECT pg_advisory_unlock({}) FROM (SELECT pg_notify('{RELEASED_CHANNEL}', '{payload}')) n",
+            "SELECT pg_advisory_unlock({}) FROM (SELECT pg_notify('{RELEASED_CHANNEL}', E'{payload}')) n",
             key.sql_args(1)
         );
         if let Some(x) = t.xact.as_mut() {
-            x.release_sql = format!("SELECT pg_notify('{RELEASED_CHANNEL}', '{payload}'); COMMIT");
+            x.release_sql = format!("SELECT pg_notify('{RELEASED_CHANNEL}', E'{payload}'); COMMIT");
         }
         m
     }
@@ -114,9 +117,16 @@ impl Mutex {
                 lock_fn: format!("pg_advisory_xact_lock{suffix}"),
                 try_fn: format!("pg_try_advisory_xact_lock{suffix}"),
                 args: key.sql_literals(),
+                // No lock_timeout for the token: a granted lock must not fail on the guard. Behind a
+                // pooler, client connections outlive a server crash, so the clock floor that new
+                // connections raise (see FENCING_SEQUENCE) is raised here, before every token,
+                // under the guard held exclusively for these statements alone.
                 token_sql: format!(
-                    "SELECT nextval('{FENCING_SEQUENCE}') FROM (SELECT pg_advisory_lock_shared({g1}, {g2})) g; \
-                     SELECT pg_advisory_unlock_shared({g1}, {g2})"
+                    "SET LOCAL lock_timeout = 0; SELECT pg_advisory_lock({g1}, {g2}); \
+                     SELECT setval('{FENCING_SEQUENCE}', c) FROM (SELECT last_value AS v, \
+                     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS c FROM {FENCING_SEQUENCE}) x \
+                     WHERE c > v; \
+                     SELECT 'token', nextval('{FENCING_SEQUENCE}'); SELECT pg_advisory_unlock({g1}, {g2})"
                 ),
                 release_sql: "COMMIT".to_string(),
             }),
@@ -240,7 +250,9 @@ async fn acquire_in_transaction(
     let token: u64 = token
         .iter()
         .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).and_then(|t| t.parse().ok()),
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("token") => {
+                r.get(1).and_then(|t| t.parse().ok())
+            }
             _ => None,
         })
         .ok_or_else(|| Error::Backend {

@@ -187,7 +187,8 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// - `lock_scope`: `session` (default: session advisory locks) or `transaction` (each lock a
 ///   transaction advisory lock in a transaction held open for its life, for PostgreSQL behind a
 ///   transaction pooler such as PgBouncer's `pool_mode = transaction`; the lease is the server's
-///   `idle_in_transaction_session_timeout`, set for that transaction; elections need `session`);
+///   `idle_in_transaction_session_timeout`, set for that transaction; elections, jobs and
+///   inspection need `session`);
 /// - `sslmode`: libpq's, with libpq's meaning: `disable` (plaintext), `prefer` (the default
 ///   without TLS files: TLS if the server offers it, else plaintext; the certificate not checked), `require` (TLS; the
 ///   certificate not checked, or its chain when a CA is given, as libpq does), `verify-ca` (TLS,
