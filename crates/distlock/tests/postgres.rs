@@ -147,34 +147,8 @@ async fn g_ahead(own: &tokio_postgres::Client) -> i64 {
 
 #[tokio::test]
 async fn exclusion_with_the_fenced_checker_and_rising_tokens() {
-    const CLIENTS: usize = 4;
-    const CYCLES: u64 = 15;
-    let name = unique("exclusion");
-    let resource = FencedResource::new(true, 1);
-    let mut tasks = Vec::new();
-    for who in 0..CLIENTS {
-        let (name, resource) = (name.clone(), resource.clone());
-        tasks.push(tokio::spawn(async move {
-            let pg = connect("?lease=5s").await;
-            let lock = pg.mutex(&name).unwrap();
-            for seq in 0..CYCLES {
-                let g = tokio::time::timeout(Duration::from_secs(30), lock.lock()).await.unwrap().unwrap();
-                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
-                assert!(resource.write(who, g.fencing_token(), seq));
-                tokio::task::yield_now().await;
-                resource.end(id);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let report = resource.report();
-    assert!(report.is_clean(), "{report}");
-    assert_eq!(report.holds, CLIENTS * CYCLES as usize);
-    let raw = raw().await;
-    assert!(holders(&raw, connect("").await.key(&name).unwrap()).await.is_empty(), "nothing left held");
+    // Four clients, 15 cycles each, checked by the fenced checker; nothing left held.
+    exclusion_through(&url("?lease=5s"), &unique("exclusion"), 15).await;
 }
 
 #[tokio::test]
