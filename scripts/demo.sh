@@ -8,13 +8,15 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/protoc.sh
 source scripts/lib/protoc.sh
 cargo build --quiet --workspace --bins --examples
-bin=target/debug/distlock
+# Cargo's output directory ($CARGO_TARGET_DIR when set).
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/debug/distlock
 
 echo "== 1. Ten workers issue order numbers, without and with the lock"
-target/debug/examples/order_numbers
+"$target/debug/examples/order_numbers"
 echo
 echo "== 2. Three processes take turns; one is killed while it holds the lock"
-target/debug/examples/takeover
+"$target/debug/examples/takeover"
 echo
 echo "== 3. distlock exec and inspect"
 flags=$(mktemp -d)
@@ -45,4 +47,4 @@ $bin inspect demo
 echo
 echo "== 4. The seeds' optimistic lock: an account row with a version column (SQLite, no server)"
 # Its own SQLite file, whatever DISTLOCK_BACKEND says (a postgres:// URL as argument uses PostgreSQL).
-DISTLOCK_BACKEND= target/debug/examples/optimistic_account
+DISTLOCK_BACKEND= "$target/debug/examples/optimistic_account"

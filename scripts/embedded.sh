@@ -12,13 +12,13 @@
 #
 # Arguments after DIR go to `distlock serve` (limits, --four-letter-words ...).
 #
-# Needs target/debug/distlock (scripts/test.sh builds it first).
+# Needs target/debug/distlock (scripts/test.sh builds it first; $CARGO_TARGET_DIR if set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmd=${1:-}; dir=${2:-}
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 start|start-tls|stop DIR [SERVE ARGS...]" >&2; exit 2; }
 extra=("${@:3}")
-bin=${DISTLOCK_BIN:-target/debug/distlock}
+bin=${DISTLOCK_BIN:-${CARGO_TARGET_DIR:-target}/debug/distlock}
 
 log() { echo "embedded.sh: $*" >&2; }
 # shellcheck source=lib/zookeeper.sh

@@ -17,6 +17,8 @@
 #                                    certificate in DIR/certs. User `team_a` (password in
 #                                    DIR/team-a.password) has no grants: a test gives it the least
 #                                    a lock user needs (docs/security.md).
+#   scripts/mariadb.sh use-cert DIR NAME  (start-tls) present certs/NAME.pem from now on (misnamed,
+#                                    expired or server, of lib/certs.sh), reloaded by FLUSH SSL.
 #   scripts/mariadb.sh start-galera DIR  the same as start, as a one-node Galera cluster
 #                                    (wsrep_on = ON; Debian's galera-4, installed if missing).
 #
@@ -56,13 +58,21 @@ install_galera() {
 
 mariadbd_bin() { command -v mariadbd || echo /usr/sbin/mariadbd; }
 
+# serve_cert NAME: the certificate and key the server presents become certs/NAME.{pem,key}.
+serve_cert() {
+    cp "$dir/certs/$1.pem" "$dir/certs/serving.pem"
+    (umask 077; cp "$dir/certs/$1.key" "$dir/certs/serving.key")
+}
+
 launch() {
     local port data pid tls=() users
     port=$(cat "$dir/mariadb.port")
     data=$(cat "$dir/data.path")
     users="CREATE USER IF NOT EXISTS distlock@'%'; GRANT ALL ON *.* TO distlock@'%'"
     if [[ -f "$dir/tls.enabled" ]]; then
-        tls=(--ssl-cert="$dir/certs/server.pem" --ssl-key="$dir/certs/server.key" --ssl-ca="$dir/certs/ca.pem"
+        # The served pair is a copy, which use-cert replaces.
+        [[ -f "$dir/certs/serving.pem" ]] || serve_cert server
+        tls=(--ssl-cert="$dir/certs/serving.pem" --ssl-key="$dir/certs/serving.key" --ssl-ca="$dir/certs/ca.pem"
             --require-secure-transport=ON)
         users="CREATE USER IF NOT EXISTS distlock@'%' IDENTIFIED BY '$(cat "$dir/password")' REQUIRE SSL;
             GRANT ALL ON *.* TO distlock@'%'; CREATE USER IF NOT EXISTS x509user@'%' REQUIRE X509;
@@ -136,9 +146,14 @@ case "$cmd" in
         if [[ -f "$dir/data.path" ]] && [[ "$(cat "$dir/data.path")" == /tmp/distlock-mariadb.* ]]; then
             rm -rf "$(cat "$dir/data.path")" "$dir/data.path"
         fi ;;
+    use-cert)
+        name=${3:?usage: $0 use-cert DIR NAME}
+        dir=$(cd "$dir" && pwd)
+        serve_cert "$name"
+        mariadb --no-defaults -S "$(cat "$dir/data.path")/sock" -u root -e 'FLUSH SSL' ;;
     kill) crash_recorded "$dir/mariadb.pid" mariadb ;;
     restart)
         dir=$(cd "$dir" && pwd)
         launch ;;
-    *) echo "usage: $0 start|start-tls|start-galera|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|start-galera|stop|kill|restart DIR | use-cert DIR NAME" >&2; exit 2 ;;
 esac

@@ -19,6 +19,9 @@
 #                                     DIR/team-a.password) has no grants: a test gives it the
 #                                     least a lock user needs (docs/security.md). Prints
 #                                     `postgres://distlock@127.0.0.1:PORT/locks`.
+#   scripts/postgres.sh use-cert DIR NAME  (start-tls) present certs/NAME.pem from now on
+#                                     (misnamed, expired or server, of lib/certs.sh): reloaded,
+#                                     and waited for until the port presents it.
 #
 # Trust authentication on loopback only; fsync on (durability is part of what is tested).
 # Needs Debian's PostgreSQL 15 server (`postgresql-15`), installed if missing.
@@ -181,10 +184,29 @@ case "$cmd" in
         if [[ -f "$dir/data.path" ]] && [[ "$(cat "$dir/data.path")" == /tmp/distlock-postgres.* ]]; then
             rm -rf "$(cat "$dir/data.path")" "$dir/data.path"
         fi ;;
+    use-cert)
+        name=${3:?usage: $0 use-cert DIR NAME}
+        dir=$(cd "$dir" && pwd)
+        data=$(cat "$dir/data.path")
+        port=$(cat "$dir/postgres.port")
+        # Written into the served files: their owner and mode (600 for the key) stay.
+        cat "$dir/certs/$name.pem" > "$data/certs/server.pem"
+        cat "$dir/certs/$name.key" > "$data/certs/server.key"
+        psql -h "$data" -p "$port" -U postgres -d postgres -Atqc 'select pg_reload_conf()' > /dev/null
+        # The reload is asynchronous: wait until the port presents the new certificate.
+        want=$(openssl x509 -in "$dir/certs/$name.pem" -noout -fingerprint)
+        for _ in $(seq 1 100); do
+            got=$(openssl s_client -starttls postgres -connect "127.0.0.1:$port" < /dev/null 2>/dev/null |
+                openssl x509 -noout -fingerprint 2>/dev/null || true)
+            [[ "$got" == "$want" ]] && exit 0
+            sleep 0.1
+        done
+        log "127.0.0.1:$port still presents another certificate 10 s after the reload"
+        exit 1 ;;
     kill) crash_recorded "$dir/postgres.pid" postgres ;;
     restart)
         dir=$(cd "$dir" && pwd)
         # A killed postmaster leaves its pid file; postgres removes a stale one itself.
         launch ;;
-    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR" >&2; exit 2 ;;
+    *) echo "usage: $0 start|start-tls|stop|kill|restart DIR | use-cert DIR NAME" >&2; exit 2 ;;
 esac

@@ -56,6 +56,8 @@ if (( avail_kib < 4 * 1024 * 1024 )); then
 fi
 
 cargo build --workspace --all-targets --examples
+# Cargo's output directory ($CARGO_TARGET_DIR when set).
+target=${CARGO_TARGET_DIR:-target}
 
 started=()
 cleanup() {
@@ -128,8 +130,8 @@ for server in $servers; do
         cargo test -p distlock-cli --test cli --test bench_serve --test top --test options --test prometheus
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
-        target/debug/examples/order_numbers "zk://$addr"
-        target/debug/examples/takeover "zk://$addr"
+        "$target/debug/examples/order_numbers" "zk://$addr"
+        "$target/debug/examples/takeover" "zk://$addr"
         tests/compat/zkcli.sh "$addr"
         python3 tests/compat/kazoo_locks.py "$addr"
     fi
@@ -143,7 +145,7 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     DISTLOCK_MATRIX_BACKENDS=1 cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=10 \
         matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_tls_
     # The seeds' optimistic (version column) update on PostgreSQL; it asserts its own outcome.
-    target/debug/examples/optimistic_account "$DISTLOCK_TEST_POSTGRES"
+    "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi
 if [[ -n "$stress" ]]; then
     demos=${DISTLOCK_STRESS_DEMOS:-20}

@@ -138,3 +138,59 @@ fn secrets_stay_hidden_on_mariadb() {
         + "?ssl-mode=VERIFY_IDENTITY&lease=5s&connect_timeout=3s";
     common::a_marker_password_is_never_shown(&url, &password, &["--cacert", &ca], "secret/");
 }
+
+/// Interop over TLS: Debian's `mariadb` client (`--ssl --ssl-verify-server-cert`, our CA) on a
+/// TLS-only server sees the lock `distlock hold` holds, waits on it in `GET_LOCK`, and a lock it
+/// holds keeps `distlock exec -w 0` out (exit 1) until its session ends.
+#[test]
+fn the_mariadb_client_over_tls_shares_our_locks() {
+    let server = common::ScriptServer::start("mariadb", "start-tls");
+    let password = std::fs::read_to_string(server.dir.join("password")).unwrap().trim().to_string();
+    let ca = server.dir.join("certs/ca.pem").display().to_string();
+    let url = server.printed.replace("distlock@", &format!("distlock:{password}@"))
+        + "?ssl-mode=VERIFY_IDENTITY&lease=5s&connect_timeout=3s";
+    let hostport = server.printed.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let (host, port) = hostport.split_once(':').unwrap();
+    let mariadb = |sql: &str| {
+        let mut c = std::process::Command::new("mariadb");
+        c.args(["--ssl", "--ssl-verify-server-cert", &format!("--ssl-ca={ca}"), "-h", host, "-P", port])
+            .args(["-u", "distlock", "-N", "-B", "--unbuffered", "-D", "distlock", "-e", sql])
+            .env("MYSQL_PWD", &password);
+        c
+    };
+    let (gate, theirs) = (unique("tls-gate-"), unique("tls-theirs-"));
+    let mut hold = distlock(&url, &["hold", "--cacert", &ca, &gate])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held = Lines::of(&mut hold);
+    assert!(held.next(Duration::from_secs(20), "DISTLOCK_KEY").starts_with("DISTLOCK_KEY="));
+    let out = mariadb(&format!("SELECT IS_USED_LOCK('{gate}') IS NOT NULL; SHOW SESSION STATUS LIKE 'Ssl_cipher'"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "mariadb --ssl: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"1"), "the mariadb client does not see our lock: {text}");
+    let cipher = lines.get(1).and_then(|l| l.strip_prefix("Ssl_cipher\t")).unwrap_or("");
+    assert!(!cipher.is_empty(), "the mariadb client's session is not TLS: {text}");
+    // The client takes `theirs`, then waits for our `gate` (bounded by GET_LOCK's 60 s).
+    let mut peer = mariadb(&format!("SELECT GET_LOCK('{theirs}', 0); SELECT GET_LOCK('{gate}', 60)"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = Lines::of(&mut peer);
+    assert_eq!(said.next(Duration::from_secs(20), "GET_LOCK of theirs"), "1");
+    let busy = distlock(&url, &["exec", "--cacert", &ca, "-w", "0", &theirs, "--", "true"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
+    // Our release lets the client's GET_LOCK through; its session ends, freeing both.
+    drop(hold.stdin.take());
+    assert_eq!(said.next(Duration::from_secs(20), "GET_LOCK of our gate"), "1");
+    assert!(wait_exit(&mut peer, Duration::from_secs(20)).success());
+    assert!(wait_exit(&mut hold, Duration::from_secs(20)).success());
+    let ours = distlock(&url, &["exec", "--cacert", &ca, "-w", "20s", &theirs, "--", "true"]).output().unwrap();
+    assert_eq!(ours.status.code(), Some(0), "{}", String::from_utf8_lossy(&ours.stderr));
+}

@@ -37,6 +37,16 @@ impl OwnServer {
         &self.dir
     }
 
+    /// Runs `scripts/{script} {command} DIR {args}` on this server (e.g. `use-cert DIR expired`).
+    ///
+    /// # Panics
+    ///
+    /// If the script fails (its standard error is in the message).
+    pub fn run(&self, command: &str, args: &[&str]) {
+        let out = Command::new(&self.script).arg(command).arg(&self.dir).args(args).output().expect("run the script");
+        assert!(out.status.success(), "{command} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// A file of the server's directory, as a string (for URLs and flags).
     pub fn file(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()

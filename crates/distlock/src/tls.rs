@@ -351,12 +351,18 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
 )]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
-    let hint = if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
-        "the server's certificate is not signed by a CA trusted here: give the CA that signed it with cacert"
-    } else if r.contains("notvalidforname") || r.contains("not valid for name") {
+    // The specific causes first: OpenSSL (MariaDB's driver may use it) says "certificate verify
+    // failed" for each of them, and names the cause after it.
+    let hint = if r.contains("notvalidforname")
+        || r.contains("not valid for name")
+        || r.contains("hostname mismatch")
+        || r.contains("ip address mismatch")
+    {
         "the server's certificate does not name the host connected to: connect by a name (or address) it lists"
     } else if r.contains("expired") && r.contains("cert") {
         "the server's certificate has expired (or is not valid yet)"
+    } else if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
+        "the server's certificate is not signed by a CA trusted here: give the CA that signed it with cacert"
     } else if r.contains("certificaterequired")
         || r.contains("certificate required")
         || r.contains("certificate_required")

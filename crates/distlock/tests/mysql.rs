@@ -471,7 +471,7 @@ async fn a_tls_only_server_with_password_and_x509_users() {
         common::secure::locks_elects_and_runs_a_job(url).await;
     }
     let refused: Vec<(String, &str)> = vec![
-        (by_password.replace(&ca, &other_ca), "certificate"),
+        (by_password.replace(&ca, &other_ca), "not signed by a CA trusted here"),
         // Plaintext: the user REQUIRE SSL is refused as any login would be.
         (by_password.replace(&format!("?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"), "?"), "Access denied"),
         (by_password.replace(&password, "not-the-password"), "Access denied"),
@@ -481,6 +481,11 @@ async fn a_tls_only_server_with_password_and_x509_users() {
     ];
     for (bad, says) in refused {
         common::secure::refused(&bad, says, &password).await;
+    }
+    // The server presents a certificate of the trusted CA for another host, then an expired one.
+    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+        server.run("use-cert", &[cert]);
+        common::secure::refused(&by_password, says, &password).await;
     }
 }
 

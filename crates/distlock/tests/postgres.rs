@@ -443,6 +443,11 @@ async fn a_tls_only_server_with_scram_and_certificate_users() {
     for (bad, says) in refused {
         common::secure::refused(&bad, says, &password).await;
     }
+    // The server presents a certificate of the trusted CA for another host, then an expired one.
+    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+        server.run("use-cert", &[cert]);
+        common::secure::refused(&scram, says, &password).await;
+    }
 }
 
 /// Least privilege: role `team_a` (`scripts/postgres.sh start-tls`) has no CREATE on the schema

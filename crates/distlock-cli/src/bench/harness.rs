@@ -12,6 +12,16 @@ pub struct BenchArgs {
     /// zk://127.0.0.1:2181.
     #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = "zk://127.0.0.1:2181")]
     pub(super) backend: String,
+    /// TLS: the CA certificates (PEM) that verify the server, as on every other subcommand (the
+    /// URL's cacert=). Every floor and peer of the run then connects over TLS as the lock does.
+    #[arg(long, value_name = "PEM_FILE")]
+    pub(super) cacert: Option<std::path::PathBuf>,
+    /// TLS: the client certificate (PEM) for a server that asks for one; needs --key.
+    #[arg(long, value_name = "PEM_FILE", requires = "key")]
+    pub(super) cert: Option<std::path::PathBuf>,
+    /// TLS: the client certificate's private key (PEM); needs --cert.
+    #[arg(long, value_name = "PEM_FILE", requires = "cert")]
+    pub(super) key: Option<std::path::PathBuf>,
     /// How long each workload runs.
     #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     pub(super) duration: Duration,

@@ -18,19 +18,9 @@ use std::io::IsTerminal;
 pub(crate) use harness::BenchArgs;
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
-    let backend = crate::backend_or_default(&args.backend);
-    // The floors and peers speak plaintext: a TLS URL would be measured without TLS, or not at
-    // all. Refused until bench carries the TLS settings to them.
-    let tls_asked = ["rediss", "etcds://"].iter().any(|s| backend.starts_with(s))
-        || ["sslmode=", "ssl-mode=", "ssl_mode=", "cacert=", "sslrootcert=", "ssl-ca="]
-            .iter()
-            .any(|k| backend.contains(k));
-    if tls_asked {
-        anyhow::bail!(
-            "bench does not run over TLS yet (its floors and peers connect in plaintext): give it a plaintext URL"
-        );
-    }
-    if backend.starts_with("redis+cluster://") {
+    let url = with_tls_files(crate::backend_or_default(&args.backend), &args)?;
+    let backend = url.as_str();
+    if backend.starts_with("redis+cluster://") || backend.starts_with("rediss+cluster://") {
         anyhow::bail!(
             "bench does not run on a cluster yet (its floor is one server's): point it at one master with redis://"
         );
@@ -67,9 +57,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
             workloads.clone()
         }
     };
-    let is_zk = backend == "embedded" || backend.starts_with("zk://");
+    // Over TLS every floor and peer connects as the lock does (the URL's CA, client certificate
+    // and login), so the floor is measured over TLS in the same run.
+    let is_zk = backend == "embedded" || backend.starts_with("zk://") || backend.starts_with("zks://");
     if args.curator && !is_zk {
         anyhow::bail!("--curator measures Apache Curator, a ZooKeeper client: use a zk:// backend or embedded");
+    }
+    if args.curator && backend.starts_with("zks://") {
+        anyhow::bail!("--curator runs Curator in plaintext only: measure it with a zk:// URL");
     }
     // Other backends run through the proxy too; the shared workloads count the client's writes
     // on it around their own cycles.
@@ -93,14 +88,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         progress: &progress,
         plot: args.plot.as_deref(),
     };
-    let reports = if backend.starts_with("redis://") || backend.starts_with("redis+sentinel://") {
+    let is_redis = ["redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://"];
+    let reports = if is_redis.iter().any(|s| backend.starts_with(s)) {
         let settings =
             redis::Settings { duration, clients, locks: args.locks, tasks: args.tasks, json, plot: args.plot.clone() };
         Some(redis::run(backend, &chosen(&redis::WORKLOADS), &settings, &progress).await?)
     } else if ["mysql://", "mariadb://", "sqlite:"].iter().any(|s| backend.starts_with(s)) {
         let workloads = chosen(&sql::WORKLOADS);
         Some(sql::run(run(&workloads)).await?)
-    } else if backend.starts_with("etcd://") {
+    } else if backend.starts_with("etcd://") || backend.starts_with("etcds://") {
         let workloads = chosen(&etcd::WORKLOADS);
         Some(etcd::run(run(&workloads)).await?)
     } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
@@ -117,4 +113,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     }
     let workloads = chosen(&["raw", "uncontended", "contended", "many-locks", "waiters", "herd"]);
     zookeeper::run(&args, backend, workloads, &progress).await
+}
+
+/// The backend URL with `--cacert`, `--cert` and `--key` added as its `cacert`, `cert` and `key`
+/// keys, which every backend reads (the floors and peers read them from the URL too).
+fn with_tls_files(backend: &str, args: &BenchArgs) -> anyhow::Result<String> {
+    let files = [("cacert", &args.cacert), ("cert", &args.cert), ("key", &args.key)];
+    let keys: Vec<String> =
+        files.iter().filter_map(|(k, v)| v.as_ref().map(|p| format!("{k}={}", p.display()))).collect();
+    if keys.is_empty() {
+        return Ok(backend.to_string());
+    }
+    if backend == "embedded" {
+        anyhow::bail!("--cacert, --cert and --key are for a server of your own: the in-process server is plaintext");
+    }
+    let joiner = if backend.contains('?') { '&' } else { '?' };
+    Ok(format!("{backend}{joiner}{}", keys.join("&")))
 }

@@ -21,8 +21,10 @@ const WINDOW: i64 = 64;
 pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
     let Run { url, workloads, duration, clients, json, progress, plot } = run;
     check_workloads("PostgreSQL", workloads, &WORKLOADS)?;
-    let (floor_conn, connection) =
-        tokio_postgres::connect(url.split('?').next().unwrap_or(url), tokio_postgres::NoTls).await?;
+    // The floor's connection is made as the lock's are: the URL's login and TLS (`sslmode`, its
+    // CA and client certificate), so a TLS run measures TLS on both sides.
+    let parsed = distlock::postgres::PgUrl::parse(url)?;
+    let (floor_conn, connection) = parsed.config.connect(parsed.tls()?).await?;
     tokio::spawn(connection);
     // Keys of this run: random, so that nothing else is disturbed.
     let base: i64 = (uuid::Uuid::new_v4().as_u128() as i64) & 0x0fff_ffff_ffff_0000;
@@ -46,7 +48,7 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                 let pair = || async { Ok(pair(&floor_conn, base).await?) };
                 let extra = vec![("cycle".into(), "acquire (lock + fencing nextval) + release".into())];
                 let ours = interleaved(&lock, pair, duration, extra, progress).await?;
-                vec![ours, peer_uncontended(url, &floor_conn, base, duration, progress).await?]
+                vec![ours, peer_uncontended(&peer_url(url, &parsed), &floor_conn, base, duration, progress).await?]
             }
             "scaling" => {
                 let this = Run { url, workloads, duration, clients, json, progress, plot };
@@ -63,6 +65,27 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
     Ok(reports)
 }
 
+/// The peer's connection string: the URL's server and login, and its TLS settings in libpq's
+/// names (which the peer's driver reads; it knows none of distlock's other keys).
+fn peer_url(url: &str, parsed: &distlock::postgres::PgUrl) -> String {
+    use distlock::postgres::SslMode;
+    let mode = match parsed.ssl_mode {
+        SslMode::Disable => "disable",
+        SslMode::Prefer => "prefer",
+        SslMode::Require => "require",
+        SslMode::VerifyCa => "verify-ca",
+        SslMode::VerifyFull => "verify-full",
+    };
+    let files = &parsed.tls_files;
+    let mut query = vec![format!("sslmode={mode}")];
+    for (name, file) in [("sslrootcert", &files.cacert), ("sslcert", &files.cert), ("sslkey", &files.key)] {
+        if let Some(file) = file {
+            query.push(format!("{name}={}", file.display()));
+        }
+    }
+    format!("{}?{}", url.split('?').next().unwrap_or(url), query.join("&"))
+}
+
 /// The peer's uncontended cycle (`acquire` + `release` of a DistributedLock lock on a name of its
 /// own), interleaved with the same floor.
 async fn peer_uncontended(
@@ -72,10 +95,9 @@ async fn peer_uncontended(
     duration: Duration,
     progress: &Progress,
 ) -> anyhow::Result<Report> {
-    let provider =
-        distributed_lock_postgres::PostgresLockProvider::new(url.split('?').next().unwrap_or(url).to_string())
-            .await
-            .map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;
+    let provider = distributed_lock_postgres::PostgresLockProvider::new(url.to_string())
+        .await
+        .map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;
     let lock = provider.create_lock(&format!("distlock-bench:{base:x}:peer"));
     let cycle = || async {
         let handle = lock.acquire(None).await.map_err(|e| anyhow::anyhow!("distributed-lock-postgres: {e}"))?;

@@ -509,17 +509,36 @@ fn peer_redis_py(
     if parsed.sentinel.is_some() {
         return Ok(report(workload, 0.0, limits.sequential, vec![("skipped".into(), "Sentinel URL".into())]));
     }
+    // The connection's settings go on stdin (the login among them: never in argv or the
+    // environment, where other users could read it).
+    let files = &parsed.tls_files;
+    let settings = serde_json::json!({
+        "host": parsed.host,
+        "port": parsed.port,
+        "db": parsed.db,
+        "username": parsed.username,
+        "password": parsed.password,
+        "ssl": parsed.tls,
+        "ssl_ca_certs": files.cacert,
+        "ssl_certfile": files.cert,
+        "ssl_keyfile": files.key,
+    });
     let script = r#"
-import sys, threading, time
+import json, sys, threading, time
 try:
     import redis
 except ImportError:
     print("missing"); sys.exit(0)
-host, port, db, key, clients, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
+conn = json.loads(sys.stdin.readline())
+if conn["ssl"]:
+    conn.update(ssl_cert_reqs="required", ssl_check_hostname=True)
+else:
+    for k in ("ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"): conn.pop(k)
+key, clients, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 counts = [0] * clients
 stop = time.monotonic() + secs
 def work(i):
-    lock = redis.Redis(host=host, port=port, db=db).lock(key, timeout=30)
+    lock = redis.Redis(**conn).lock(key, timeout=30)
     n = 0
     while time.monotonic() < stop:
         lock.acquire()
@@ -533,10 +552,20 @@ for t in threads: t.join()
 print(sum(counts) / (time.monotonic() - start), min(counts), max(counts))
 "#;
     let out = std::process::Command::new("python3")
-        .args(["-c", script, &parsed.host, &parsed.port.to_string(), &parsed.db.to_string(), key])
+        .args(["-c", script, key])
         .arg(clients.to_string())
         .arg(duration.as_secs_f64().to_string())
-        .output();
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("piped");
+            writeln!(stdin, "{settings}")?;
+            drop(stdin);
+            child.wait_with_output()
+        });
     let note = |why: &str| report(workload, 0.0, limits.sequential, vec![("skipped".into(), why.into())]);
     let out = match out {
         Ok(out) if out.status.success() => out,

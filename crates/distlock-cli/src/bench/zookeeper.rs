@@ -589,9 +589,13 @@ async fn recipe_floor(
     Ok(cycles as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The server's watch count from the `mntr` four-letter word (None if it does not answer).
+/// The server's watch count from the `mntr` four-letter word (None if it does not answer, and on
+/// a TLS port, which this plaintext probe cannot speak to).
 async fn server_watches(url: &str) -> Option<u64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if url.starts_with("zks://") {
+        return None;
+    }
     let host = distlock::zookeeper::ZkUrl::parse(url).ok()?.hosts.into_iter().next()?;
     let mut sock = tokio::net::TcpStream::connect(host).await.ok()?;
     sock.write_all(b"mntr").await.ok()?;

@@ -641,6 +641,12 @@ pub fn a_marker_password_is_never_shown(url: &str, marker: &str, tls: &[&str], p
         let (_, text) = run(url, sub, args);
         note(&format!("{sub} {args:?}"), text);
     }
+    // bench over TLS: its floors and peers connect as the lock does (on a TLS-only server nothing
+    // else could connect at all), and a failed peer would say so in its report.
+    let (code, text) = run(url, "bench", &["--duration", "100ms", "--json", "uncontended"]);
+    assert_eq!(code, Some(0), "bench: {text}");
+    assert!(text.contains("\"workload\":\"uncontended") && !text.contains("python3 failed"), "bench: {text}");
+    note("bench", text);
     for (what, bad) in [
         ("an unknown URL key", format!("{url}{}bogus=1", if url.contains('?') { '&' } else { '?' })),
         ("a port with no server", {

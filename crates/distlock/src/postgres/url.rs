@@ -457,8 +457,13 @@ impl PgUrl {
         })
     }
 
-    /// The TLS connector of this URL: its files read, the server checked as `sslmode` says.
-    pub(crate) fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+    /// The TLS connector of this URL: its files read, the server checked as `sslmode` says. With
+    /// [`PgUrl::config`] it opens a connection of the caller's own, made as the locks' are.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a TLS file cannot be read.
+    pub fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
         use crate::tls::Verify;
         let verify = match self.ssl_mode {
             SslMode::Disable | SslMode::Prefer if self.tls_files.cacert.is_none() => Verify::Nothing,
