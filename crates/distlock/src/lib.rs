@@ -1,9 +1,11 @@
 //! Distributed locks that are fair, herd-free, fenced and honest about loss.
 //!
-//! distlock coordinates processes on many machines through a coordination service: ZooKeeper
-//! (contenders line up as EPHEMERAL_SEQUENTIAL nodes, each watches only the node ahead of it, and
-//! a holder that dies releases the lock when its session ends) or Redis (Redisson's and
-//! redis-py's layouts, leases renewed by a watchdog). [`connect`] picks the backend by URL.
+//! distlock coordinates processes on many machines through a server they share, on six backends
+//! behind one API that [`connect`] picks by URL: ZooKeeper (contenders line up as
+//! EPHEMERAL_SEQUENTIAL nodes, each watching only the node ahead of it), Redis (Redisson's and
+//! redis-py's layouts, leases renewed by a watchdog), PostgreSQL (advisory locks), MariaDB and
+//! MySQL (`GET_LOCK`), SQLite (a lease table in a file) and etcd (its lock recipe, checked after
+//! the wait).
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
@@ -27,7 +29,8 @@
 //! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend;
 //! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
 //!   lock, semaphore, Redlock);
-//! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a counter row;
+//! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a sequence;
+//! - [`mysql`]: `GET_LOCK` on MariaDB and MySQL; [`sqlite`]: a lease table in a SQLite file;
 //! - [`etcd`]: etcd's mutex (as `etcdctl lock`), read/write lock and semaphore, fenced by
 //!   create revision;
 //! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
@@ -125,10 +128,26 @@ pub use owner::Owner;
 pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
-/// The README's examples, compiled as doc tests so they cannot rot.
+/// The README's examples, compiled as doc tests so they cannot rot (and the docs' below).
 #[cfg(all(doctest, feature = "zookeeper", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(all(doctest, feature = "zookeeper"))]
+#[doc = include_str!("../../../docs/backends/zookeeper.md")]
+struct ZooKeeperDocDoctests;
+
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../../../docs/backends/redis.md")]
+struct RedisDocDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/elections.md")]
+struct ElectionsDocDoctests;
+
+#[cfg(all(doctest, feature = "zookeeper"))]
+#[doc = include_str!("../../../docs/embedded-server.md")]
+struct EmbeddedServerDocDoctests;
 
 /// Asserts that `parse` refuses each input with an error whose text contains the given words.
 #[cfg(test)]
