@@ -22,10 +22,10 @@ pub struct ElectArgs {
     #[arg(short = 'l', long = "observe", visible_alias = "listen")]
     observe: bool,
     /// With --observe: how often the leader is read.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "100ms", requires = "observe")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "100ms", requires = "observe")]
     interval: Duration,
     /// Wait at most this long to be elected (seconds, or with a unit); 0 never waits.
-    #[arg(short = 'w', long = "wait", value_name = "SECONDS", value_parser = crate::exec::wait_arg, conflicts_with_all = ["nonblock", "observe"])]
+    #[arg(allow_hyphen_values = true, short = 'w', long = "wait", value_name = "SECONDS", value_parser = crate::exec::wait_arg, conflicts_with_all = ["nonblock", "observe"])]
     wait: Option<Duration>,
     /// Do not wait: fail at once if another candidate leads or waits.
     #[arg(short = 'n', long = "nonblock", conflicts_with = "observe")]
@@ -37,7 +37,7 @@ pub struct ElectArgs {
     #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term, conflicts_with = "observe")]
     on_lost: OnLost,
     /// Time between SIGTERM and SIGKILL when the lead is lost (cut as `exec` cuts it).
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s", conflicts_with = "observe")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s", conflicts_with = "observe")]
     grace: Duration,
     /// Write the run's figures to PATH in the Prometheus text format, as `exec` does.
     #[arg(long = "metrics-textfile", value_name = "PATH", conflicts_with = "observe")]

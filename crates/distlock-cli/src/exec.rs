@@ -32,7 +32,7 @@ pub struct LockArgs {
     backend: BackendArg,
     /// Wait at most this long for the lock: seconds as flock(1) takes them (5, 0.5) or with a
     /// unit (500ms, 2m); 0 never waits. Without -w or -n, waits as long as it takes.
-    #[arg(short = 'w', long = "wait", visible_alias = "timeout", value_name = "SECONDS", value_parser = wait_arg, conflicts_with = "nonblock")]
+    #[arg(allow_hyphen_values = true, short = 'w', long = "wait", visible_alias = "timeout", value_name = "SECONDS", value_parser = wait_arg, conflicts_with = "nonblock")]
     wait: Option<Duration>,
     /// Do not wait: fail at once if the lock is held.
     #[arg(short = 'n', long = "nonblock", visible_alias = "no-wait")]
@@ -40,6 +40,10 @@ pub struct LockArgs {
     /// Exit status when the lock is not acquired.
     #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED)]
     conflict_exit_code: u8,
+    /// Say nothing when the lock is not acquired, or a job's slot has had its run (cron mails
+    /// whatever a job prints: with -E 0 a busy run is then silent). Errors are still reported.
+    #[arg(short = 'q', long = "quiet")]
+    quiet: bool,
     /// Shared: a read lock, held together with other -s holders (Curator's
     /// InterProcessReadWriteLock layout, `__READ__` nodes).
     #[arg(short = 's', long = "shared", conflicts_with_all = ["exclusive", "permits"])]
@@ -76,16 +80,16 @@ pub struct LockArgs {
     /// server's clock: the slot is the server's time divided by DURATION (aligned on the Unix
     /// epoch), and a start in a slot that has had its run exits at once with the -E status,
     /// naming who ran it and when. The name is ShedLock's job name.
-    #[arg(long = "once-per", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    #[arg(allow_hyphen_values = true, long = "once-per", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
     once_per: Option<Duration>,
     /// ShedLock's lockAtMostFor: the job is taken for at most DURATION; the command is stopped
     /// before it (TERM, then KILL before the bound) and distlock exits 3. Default: the
     /// --once-per period.
-    #[arg(long = "at-most-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    #[arg(allow_hyphen_values = true, long = "at-most-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
     at_most_for: Option<Duration>,
     /// ShedLock's lockAtLeastFor: the job stays taken at least DURATION after its start, even
     /// when the command ends sooner (a short job on a late cron does not run twice).
-    #[arg(long = "at-least-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
+    #[arg(allow_hyphen_values = true, long = "at-least-for", value_name = "DURATION", value_parser = crate::duration_arg, conflicts_with_all = ["shared", "exclusive", "permits", "simple"])]
     at_least_for: Option<Duration>,
 }
 
@@ -105,6 +109,7 @@ impl LockArgs {
             wait,
             nonblock: false,
             conflict_exit_code,
+            quiet: false,
             shared: false,
             exclusive: false,
             permits: None,
@@ -141,8 +146,8 @@ impl LockArgs {
     }
 
     /// Starts the run's record for `--metrics-textfile` (nothing without it).
-    pub fn start_record(&self, command: &'static str) {
-        crate::textfile::start(self.metrics_textfile.clone(), command, &self.locks);
+    pub fn start_record(&self, command: &'static str) -> anyhow::Result<()> {
+        crate::textfile::start(self.metrics_textfile.clone(), command, &self.locks)
     }
 }
 
@@ -168,7 +173,7 @@ pub struct ExecArgs {
     on_lost: OnLost,
     /// Time between SIGTERM and SIGKILL when the lock is lost; cut to a quarter of the session
     /// timeout, so that SIGKILL always lands before the lock's lease ends.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s")]
     grace: Duration,
     /// Run STRING with `sh -c` (as flock -c does) instead of a COMMAND after --.
     #[arg(short = 'c', long = "command", value_name = "STRING", conflicts_with = "command")]
@@ -182,6 +187,9 @@ pub struct ExecArgs {
 /// with a unit.
 pub fn wait_arg(s: &str) -> Result<Duration, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{s:?}: a wait cannot be negative (0 never waits)"));
+    }
     if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
         let secs: f64 = t.parse().map_err(|_| format!("invalid number of seconds {s:?}"))?;
         return Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid number of seconds {s:?}: {e}"));
@@ -464,14 +472,17 @@ pub async fn acquire(args: &LockArgs, signals: &mut Signals) -> anyhow::Result<R
             // Taken out, so that the job's store (a handle of the client) is gone before `close`.
             if let Some(job) = job.take() {
                 match job.check().await {
-                    Ok(Some(skipped)) => eprintln!("distlock: {skipped}; not run"),
-                    Ok(None) => eprintln!("distlock: {shown}: taken by another start; not run"),
+                    Ok(Some(skipped)) if !args.quiet => eprintln!("distlock: {skipped}; not run"),
+                    Ok(None) if !args.quiet => eprintln!("distlock: {shown}: taken by another start; not run"),
+                    Ok(_) => {}
                     Err(e) => eprintln!("distlock: {shown}: not run; reading its record failed: {e}"),
                 }
-            } else if args.elect.is_some() {
-                eprintln!("distlock: another candidate leads {shown}; not elected");
-            } else {
-                eprintln!("distlock: {shown} is held by someone else; not acquired");
+            } else if !args.quiet {
+                if args.elect.is_some() {
+                    eprintln!("distlock: another candidate leads {shown}; not elected");
+                } else {
+                    eprintln!("distlock: {shown} is held by someone else; not acquired");
+                }
             }
             crate::textfile::not_acquired("busy");
             client.close(Duration::from_secs(2)).await;
@@ -590,7 +601,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         );
     }
     let mut signals = Signals::new()?;
-    args.lock.start_record("exec");
+    args.lock.start_record("exec")?;
     let held = match acquire(&args.lock, &mut signals).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),

@@ -9,18 +9,28 @@ use std::io::{Read, Write};
 pub struct HoldArgs {
     #[command(flatten)]
     lock: LockArgs,
+    /// Anything after `--`: refused (hold runs no command), rather than taken as more locks.
+    #[arg(last = true, hide = true, num_args = 0..)]
+    command: Vec<String>,
 }
 
 impl HoldArgs {
     /// `hold` the locks `lock` names (an election's campaign for `distlock elect`).
     pub fn under(lock: LockArgs) -> HoldArgs {
-        HoldArgs { lock }
+        HoldArgs { lock, command: Vec::new() }
     }
 }
 
 pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::new()?;
-    args.lock.start_record("hold");
+    if !args.command.is_empty() {
+        anyhow::bail!(
+            "hold runs no command (it holds until its standard input closes): to run `{}` under the lock, \
+             use distlock exec LOCK -- COMMAND",
+            args.command.join(" ")
+        );
+    }
+    args.lock.start_record("hold")?;
     let held = match acquire(&args.lock, &mut signals).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),

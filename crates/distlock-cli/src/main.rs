@@ -36,7 +36,7 @@ macro_rules! exec_help {
   0      success (exec: the command exited 0); hold: released after stdin closed or INT/TERM/HUP
   1      the lock was not acquired (-n, or -w ran out); a scheduled job (--once-per) was not
          run: its slot had its run, or it runs elsewhere (stderr names who ran it and when);
-         -E N changes it (e.g. -E 0 for a quiet cron)
+         -E N changes it (e.g. -q -E 0 for a quiet cron)
   2      usage error, bad lock name, or backend error (unreachable server, expired session)
   3      the lock was lost while held, or a job's --at-most-for bound came; exec terminated
          the command first
@@ -158,8 +158,12 @@ pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAdd
     Ok(())
 }
 
-/// Parses `500ms`, `10s`, `2m` for clap.
+/// Parses `500ms`, `10s`, `2m` for clap (whose flags take values that start with `-`, so that a
+/// negative one is refused by name here rather than taken for a flag).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    if s.trim_start().starts_with('-') {
+        return Err(format!("{s:?}: a duration cannot be negative"));
+    }
     distlock::parse_duration(s).map_err(|e| e.to_string())
 }
 
@@ -187,11 +191,11 @@ pub struct BackendArg {
     /// hears from (ZooKeeper's session timeout, etcd's lease TTL, the lease of Redis keys and of
     /// the SQL backends). A lock held by a process that dies is passed on after about this long.
     /// Overrides the URL's `lease` (or its aliases `session_timeout`, `ttl`).
-    #[arg(long, visible_alias = "session-timeout", value_name = "DURATION", value_parser = duration_arg)]
+    #[arg(allow_hyphen_values = true, long, visible_alias = "session-timeout", value_name = "DURATION", value_parser = duration_arg)]
     pub lease: Option<Duration>,
     /// Give up connecting after this long, on every backend (overrides the URL's
     /// connect_timeout). A refused connection is reported at once.
-    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = duration_arg)]
     pub connect_timeout: Option<Duration>,
     /// TLS: verify the server's certificate against the CA certificates in this PEM file instead
     /// of the system's roots (rediss://, etcds://; on PostgreSQL and MariaDB a TLS file asks for
@@ -369,9 +373,16 @@ fn usage_error(e: clap::Error) -> ExitCode {
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         return ExitCode::from(code as u8);
     }
-    let exec = std::env::args().nth(1).is_some_and(|a| a == "exec");
-    if exec && matches!(e.kind(), ErrorKind::UnknownArgument) {
-        eprintln!("distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')");
+    if matches!(e.kind(), ErrorKind::UnknownArgument) {
+        match std::env::args().nth(1).as_deref() {
+            Some("exec") => {
+                eprintln!("distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')")
+            }
+            Some("elect") => {
+                eprintln!("distlock: put -- before the command: distlock elect NAME --value V -- COMMAND ARGS (or -c 'STRING')")
+            }
+            _ => {}
+        }
     }
     ExitCode::from(EXIT_ERROR)
 }

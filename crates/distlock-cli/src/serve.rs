@@ -20,7 +20,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "always", value_parser = ["always", "never"])]
     fsync: String,
     /// ZooKeeper's tickTime: session timeouts are bounded to 2..20 ticks.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "2s")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "2s")]
     tick: Duration,
     /// Largest accepted frame in bytes (jute.maxbuffer).
     #[arg(long, default_value_t = 1 << 20)]
@@ -63,7 +63,7 @@ pub struct ServeArgs {
     auth_required: bool,
     /// How long a new connection has, from accept, to finish its TLS handshake and send its
     /// connect request; silent or half-sent connections are closed after it.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     handshake_timeout: Duration,
     /// The four-letter words answered, comma-separated, or `*` for all (ZooKeeper's
     /// 4lw.commands.whitelist). `envi` here carries only the version (kazoo reads it before a

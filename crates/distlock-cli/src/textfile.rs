@@ -37,8 +37,17 @@ fn with(f: impl FnOnce(&mut Run)) {
 }
 
 /// The run starts: its figures go to `path` at exit (nothing is recorded without a path).
-pub fn start(path: Option<PathBuf>, command: &'static str, locks: &[String]) {
-    let Some(path) = path else { return };
+///
+/// # Errors
+///
+/// When a file cannot be written beside `path` (no such directory, no permission): found now,
+/// before anything is taken or run, rather than at exit.
+pub fn start(path: Option<PathBuf>, command: &'static str, locks: &[String]) -> anyhow::Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let probe = temporary(&path).map_err(|e| anyhow::anyhow!("--metrics-textfile {}: {e}", path.display()))?;
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| anyhow::anyhow!("--metrics-textfile {}: cannot write beside it: {e}", path.display()))?;
     *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(Run {
         path,
         command,
@@ -52,6 +61,7 @@ pub fn start(path: Option<PathBuf>, command: &'static str, locks: &[String]) {
         lost: None,
         written: false,
     });
+    Ok(())
 }
 
 /// The acquire ended without the locks: `busy`, `interrupted` or `error`.
@@ -106,11 +116,16 @@ pub fn finish(exit: u8) {
     }
 }
 
+/// The temporary file the figures are written to before they replace `path`: beside it.
+fn temporary(path: &std::path::Path) -> std::io::Result<PathBuf> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("the path names no file"))?;
+    Ok(dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id())))
+}
+
 fn write(run: &Run, exit: u8) -> std::io::Result<()> {
     let text = render(run, exit, SystemTime::now());
-    let dir = run.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let name = run.path.file_name().ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
+    let tmp = temporary(&run.path)?;
     let out = (|| {
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, &run.path)

@@ -40,7 +40,11 @@ fn exec_on_sqlite_excludes_passes_the_token_and_inspect_shows_the_row() {
     // A recipe the lease table does not have is named before anything is taken.
     let read = distlock(&b, &["exec", "-s", "job", "--", "true"]).output().unwrap();
     assert!(!read.status.success());
-    assert!(String::from_utf8_lossy(&read.stderr).contains("mutex only"), "{}", String::from_utf8_lossy(&read.stderr));
+    let said = String::from_utf8_lossy(&read.stderr).to_string();
+    assert!(said.contains("does not support a read lock on job") && said.contains("mutex only"), "{said}");
+    let permits = distlock(&b, &["exec", "--permits", "2", "job", "--", "true"]).output().unwrap();
+    let said = String::from_utf8_lossy(&permits.stderr).to_string();
+    assert!(said.contains("a semaphore of 2 permits") && !said.contains("Permits("), "{said}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -275,5 +279,67 @@ fn setup_makes_the_tables_once() {
     for t in ["shedlock", "distlock_job_runs", "distlock_leases_leaders"] {
         assert!(tables.split_whitespace().any(|x| x == t), "{t} not in {tables}");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Rough edges of the first hour, each refused by name, before anything is taken or run: a
+/// negative duration (clap took `-1` for a flag), a command after `hold LOCK --` (it was taken as
+/// more locks), a metrics textfile in a missing directory (found only after the command ran, and
+/// the exit was 0), and `elect NAME COMMAND` without `--` (exec's hint).
+#[test]
+fn first_hour_mistakes_are_refused_by_name_before_anything_runs() {
+    let (b, dir) = backend("?lease=5s");
+    let marker = dir.join("ran");
+    let run = format!("touch {}", marker.display());
+    let refused = |args: &[&str], says: &str| {
+        let out = distlock(&b, args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(says), "{args:?}: {text}");
+        assert!(!marker.exists(), "{args:?} ran the command");
+        text
+    };
+    for (args, says) in [
+        (&["exec", "-w", "-1", "job", "-c", &run][..], "a wait cannot be negative"),
+        (&["exec", "--grace", "-1s", "job", "-c", &run][..], "a duration cannot be negative"),
+        (&["exec", "--lease", "-5s", "job", "-c", &run][..], "a duration cannot be negative"),
+        (&["exec", "--once-per", "-1h", "job", "-c", &run][..], "a duration cannot be negative"),
+    ] {
+        let text = refused(args, says);
+        assert!(!text.contains("unexpected argument"), "{args:?}: {text}");
+    }
+    let text = refused(&["hold", "orders", "--", "echo", "x"], "hold runs no command");
+    assert!(text.contains("distlock exec"), "{text}");
+    let missing = dir.join("no/such/dir/m.prom");
+    refused(&["exec", "--metrics-textfile", missing.to_str().unwrap(), "job", "-c", &run], "--metrics-textfile");
+    refused(&["elect", "leader-x", "echo", "hi"], "put -- before the command: distlock elect NAME");
+    // Nothing was taken: every one of these locks is free.
+    for lock in ["job", "orders", "echo", "x"] {
+        let free = distlock(&b, &["exec", "-n", lock, "--", "true"]).output().unwrap();
+        assert_eq!(free.status.code(), Some(0), "{lock}: {}", String::from_utf8_lossy(&free.stderr));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `-q` keeps a cron line silent: with `-E 0`, a busy lock and a job whose slot has had its run
+/// print nothing at all (cron mails any output), and still exit with the -E status.
+#[test]
+fn quiet_busy_runs_print_nothing() {
+    let (b, dir) = backend("?lease=5s");
+    let ran = distlock(&b, &["exec", "--once-per", "1h", "report", "--", "true"]).output().unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{}", String::from_utf8_lossy(&ran.stderr));
+    let again =
+        distlock(&b, &["exec", "-q", "-E", "0", "--once-per", "1h", "report", "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(again.status.code(), Some(0));
+    assert!(again.stdout.is_empty() && again.stderr.is_empty(), "{again:?}");
+    // Without -q the same start says why it did not run.
+    let loud = distlock(&b, &["exec", "-E", "0", "--once-per", "1h", "report", "--", "echo", "ran"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&loud.stderr).contains("already run in this slot"), "{loud:?}");
+    let (mut holder, _lines) = holding(&b, &["hold", "busy"]);
+    let busy = distlock(&b, &["exec", "-q", "-n", "busy", "--", "echo", "ran"]).output().unwrap();
+    assert_eq!(busy.status.code(), Some(1));
+    assert!(busy.stdout.is_empty() && busy.stderr.is_empty(), "{busy:?}");
+    drop(holder.stdin.take());
+    assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -93,12 +93,24 @@ pub(crate) enum Kind {
     Permits(u32),
 }
 
+impl std::fmt::Display for Kind {
+    /// The recipe as a user names it (in errors).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kind::Mutex => f.write_str("a mutex"),
+            Kind::Read => f.write_str("a read lock"),
+            Kind::Write => f.write_str("a write lock"),
+            Kind::Permits(n) => write!(f, "a semaphore of {n} permits"),
+        }
+    }
+}
+
 impl Kind {
     /// The refusal of a backend that offers only the mutex.
     pub(crate) fn mutex_only(self, backend: &'static str, name: &str, why: &str) -> Result<()> {
         match self {
             Kind::Mutex => Ok(()),
-            other => Err(Error::Unsupported { backend, what: format!("{other:?} on {name} ({why})") }),
+            other => Err(Error::Unsupported { backend, what: format!("{other} on {name} ({why})") }),
         }
     }
 }

@@ -13,6 +13,16 @@ use std::time::Duration;
 /// The keys that mean the lease, in any backend's URL.
 const LEASE_KEYS: &[&str] = &["lease", "session_timeout", "ttl"];
 
+/// A URL key as every backend's parser matches it: the lease's aliases (`session_timeout`, as
+/// ZooKeeper names it, and `ttl`, as etcd does) are `lease` on every scheme.
+pub(crate) fn canonical_key(key: &str) -> &str {
+    if LEASE_KEYS.contains(&key) {
+        "lease"
+    } else {
+        key
+    }
+}
+
 /// Options for [`connect_with`], honoured by every backend (a value a backend cannot take is
 /// refused with its reason, never ignored).
 ///
@@ -201,5 +211,26 @@ mod tests {
         assert_eq!(ConnectOptions::new().apply("sqlite:///a.db?lease=2s").unwrap(), "sqlite:///a.db?lease=2s");
         let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).apply("zk://h:1").unwrap_err();
         assert!(zero.to_string().contains("connect timeout"), "{zero}");
+    }
+
+    /// `lease`, `session_timeout` and `ttl` mean the same on every scheme (the README promises it).
+    #[test]
+    fn every_scheme_takes_the_lease_under_each_of_its_names() {
+        let five = Duration::from_secs(5);
+        for key in LEASE_KEYS {
+            #[cfg(feature = "zookeeper")]
+            assert_eq!(crate::zookeeper::ZkUrl::parse(&format!("zk://h:1?{key}=5s")).unwrap().session_timeout, five);
+            #[cfg(feature = "redis")]
+            assert_eq!(crate::redis::RedisUrl::parse(&format!("redis://h:1?{key}=5s")).unwrap().lease, five);
+            #[cfg(feature = "postgres")]
+            assert_eq!(crate::postgres::PgUrl::parse(&format!("postgres://u@h:1/d?{key}=5s")).unwrap().lease, five);
+            #[cfg(feature = "mysql")]
+            assert_eq!(crate::mysql::MysqlUrl::parse(&format!("mysql://u@h:1/d?{key}=5s")).unwrap().lease, five);
+            #[cfg(feature = "sqlite")]
+            assert_eq!(crate::sqlite::SqliteUrl::parse(&format!("sqlite:///tmp/a.db?{key}=5s")).unwrap().lease, five);
+            #[cfg(feature = "etcd")]
+            assert_eq!(crate::etcd::EtcdUrl::parse(&format!("etcd://h:1?{key}=5s")).unwrap().ttl, five);
+            let _ = (key, five);
+        }
     }
 }

@@ -184,6 +184,8 @@ struct Shared {
     holding: Vec<AtomicBool>,
     /// mono_now() of every grant.
     grants: StdMutex<Vec<u64>>,
+    /// mono_now() just before each SIGKILL of a child holder, by its pid.
+    killed_at: StdMutex<std::collections::HashMap<u32, u64>>,
     stop: AtomicBool,
     losses: AtomicUsize,
     seq: AtomicU64,
@@ -477,9 +479,14 @@ async fn spawn_child(
                 _ => {}
             }
         }
-        // The child died holding (killed): its belief ended with it.
+        // The child died holding. Killed, its hold ended at the SIGKILL: it runs nothing after
+        // that, and the server frees its lock only once its connection closes, later still. (The
+        // end of its output comes later than both, by as long as this task waited to run: on a
+        // busy machine a grant on the connection's close came before it.) Otherwise its hold
+        // ended with its output.
+        let killed = shared.killed_at.lock().unwrap().remove(&pid);
         if let Some((token, start)) = open {
-            shared.resource.record_hold(id, Mode::Exclusive, token, start, mono_now());
+            shared.resource.record_hold(id, Mode::Exclusive, token, start, killed.unwrap_or_else(mono_now));
             shared.holding[id].store(false, Ordering::SeqCst);
         }
     });
@@ -510,6 +517,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         resource: FencedResource::new(fenced, recipe.permits()),
         holding: (0..CONTENDERS).map(|_| AtomicBool::new(false)).collect(),
         grants: StdMutex::new(Vec::new()),
+        killed_at: StdMutex::default(),
         stop: AtomicBool::new(false),
         losses: AtomicUsize::new(0),
         seq: AtomicU64::new(0),
@@ -604,6 +612,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
             }
             Scenario::Kill => {
                 let (pid, c) = child.take().unwrap();
+                shared.killed_at.lock().unwrap().insert(pid, mono_now());
                 distlock_faults::kill(pid).unwrap();
                 drop(c);
                 // A new child takes its place for the next fault.

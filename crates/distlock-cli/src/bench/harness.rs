@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PEM_FILE", requires = "cert")]
     pub(super) key: Option<std::path::PathBuf>,
     /// How long each workload runs.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "10s")]
     pub(super) duration: Duration,
     /// One JSON object per workload per line instead of a table.
     #[arg(long)]
@@ -49,7 +49,7 @@ pub struct BenchArgs {
     /// network between machines would (e.g. 1ms); `uncontended` and `contended` then also report
     /// the client's writes per cycle counted on the wire (`0ms` counts without delaying). Needs
     /// one server: a URL with one host, or `embedded`.
-    #[arg(long, value_name = "DURATION", value_parser = crate::duration_arg)]
+    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg)]
     pub(super) rtt: Option<Duration>,
     /// Also measure Apache Curator's InterProcessMutex (zk:// and embedded): `uncontended` and
     /// `contended` then run three rounds each, distlock and Curator in turns, on the same server

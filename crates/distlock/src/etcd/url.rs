@@ -127,13 +127,13 @@ impl EtcdUrl {
                 }
                 continue;
             }
-            match k {
-                "ttl" | "lease" => out.ttl = parse_duration(v)?,
+            match crate::options::canonical_key(k) {
+                "lease" => out.ttl = parse_duration(v)?,
                 "timeout" => out.timeout = parse_duration(v)?,
                 "connect_timeout" => out.connect_timeout = parse_duration(v)?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: ttl, timeout, connect_timeout, cacert, cert, key)"
+                        "unknown URL key {k:?} (known: ttl (or lease, session_timeout), timeout, connect_timeout, cacert, cert, key)"
                     )))
                 }
             }

@@ -102,7 +102,7 @@ impl MysqlUrl {
             if tls_files.take(k, v, &aliases).map_err(&bad)? {
                 continue;
             }
-            match k {
+            match crate::options::canonical_key(k) {
                 "ssl-mode" | "ssl_mode" => {
                     use sqlx::mysql::MySqlSslMode as M;
                     ssl_mode = Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
@@ -129,7 +129,7 @@ impl MysqlUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease, connect_timeout, fencing, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
+                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, fencing, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
                     )))
                 }
             }

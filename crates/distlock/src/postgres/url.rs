@@ -353,7 +353,7 @@ impl PgUrl {
             {
                 continue;
             }
-            match k {
+            match crate::options::canonical_key(k) {
                 "sslmode" => {
                     ssl_mode = match v {
                         "disable" => Some(SslMode::Disable),
@@ -397,7 +397,7 @@ impl PgUrl {
                 "rescan" => rescan = crate::duration::url_duration(k, v)?,
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease, connect_timeout, keys, application_name, rescan, \
+                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, keys, application_name, rescan, \
                          lock_scope, sslmode, sslrootcert, sslcert, sslkey)"
                     )))
                 }

@@ -261,7 +261,7 @@ impl RedisUrl {
                 }
                 continue;
             }
-            match key {
+            match crate::options::canonical_key(key) {
                 "lease" => {
                     parsed.lease = duration()?;
                     if parsed.lease < Duration::from_millis(100) {
@@ -304,7 +304,7 @@ impl RedisUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key {key:?} (known: lease, connect_timeout, layout, replicas, replica_timeout, sentinel_user, sentinel_password, cacert, cert, key)"
+                        "unknown key {key:?} (known: lease (or session_timeout, ttl), connect_timeout, layout, replicas, replica_timeout, sentinel_user, sentinel_password, cacert, cert, key)"
                     )))
                 }
             }

@@ -72,7 +72,7 @@ impl SqliteUrl {
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
+            match crate::options::canonical_key(k) {
                 "lease" => out.lease = crate::duration::url_duration(k, v)?,
                 "busy_timeout" => out.busy_timeout = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => out.connect_timeout = crate::duration::url_duration(k, v)?,
@@ -82,7 +82,7 @@ impl SqliteUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease, table, busy_timeout, connect_timeout)"
+                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), table, busy_timeout, connect_timeout)"
                     )))
                 }
             }

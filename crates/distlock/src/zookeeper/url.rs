@@ -245,14 +245,14 @@ impl ZkUrl {
                 };
                 continue;
             }
-            if !["lease", "session_timeout", "connect_timeout", "lease_margin"].contains(&key) {
+            if !["lease", "connect_timeout", "lease_margin"].contains(&crate::options::canonical_key(key)) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its alias session_timeout, connect_timeout, lease_margin, election, auth, acl, cacert, cert, key)"
+                    "unknown option {key:?} (known: lease or its aliases session_timeout and ttl, connect_timeout, lease_margin, election, auth, acl, cacert, cert, key)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
-            let slot = match key {
-                "lease" | "session_timeout" => &mut session_timeout,
+            let slot = match crate::options::canonical_key(key) {
+                "lease" => &mut session_timeout,
                 "connect_timeout" => &mut connect_timeout,
                 "lease_margin" => {
                     lease_margin = Some(d);
