@@ -183,18 +183,13 @@ pub struct ExecArgs {
     command: Vec<String>,
 }
 
-/// `-w`: bare numbers are seconds (flock's convention, fractions allowed); otherwise a duration
-/// with a unit.
+/// `-w`: a duration (a bare number is seconds, as flock(1) takes it; or with a unit); 0 never
+/// waits.
 pub fn wait_arg(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.starts_with('-') {
+    if s.trim().starts_with('-') {
         return Err(format!("{s:?}: a wait cannot be negative (0 never waits)"));
     }
-    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let secs: f64 = t.parse().map_err(|_| format!("invalid number of seconds {s:?}"))?;
-        return Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid number of seconds {s:?}: {e}"));
-    }
-    crate::duration_arg(t)
+    crate::duration_arg(s)
 }
 
 /// Every signal `exec` and `hold` react to, caught from before the acquire on, so none is missed

@@ -158,12 +158,10 @@ pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAdd
     Ok(())
 }
 
-/// Parses `500ms`, `10s`, `2m` for clap (whose flags take values that start with `-`, so that a
-/// negative one is refused by name here rather than taken for a flag).
+/// Parses `5` (seconds), `500ms`, `10s`, `2m` for clap, as [`distlock::parse_duration`] does
+/// every duration (the flags take values that start with `-`, so that a negative one is refused
+/// by name there rather than taken for a flag).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    if s.trim_start().starts_with('-') {
-        return Err(format!("{s:?}: a duration cannot be negative"));
-    }
     distlock::parse_duration(s).map_err(|e| e.to_string())
 }
 

@@ -205,15 +205,24 @@ fn metrics_textfile_records_each_run_for_the_textfile_collector() {
     assert_eq!(value(&text, &format!("distlock_run_exit_status{{{base}}}")), "130");
     drop(holder.stdin.take());
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
-    // A path in a directory that does not exist: said on stderr, the run's own status kept.
-    let bad =
-        distlock(&b, &["exec", "--metrics-textfile", "/nonexistent-dir/x.prom", "job", "--", "true"]).output().unwrap();
-    assert_eq!(bad.status.code(), Some(0));
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("cannot write --metrics-textfile /nonexistent-dir/x.prom"),
-        "{}",
-        String::from_utf8_lossy(&bad.stderr)
-    );
+    // A path in a directory that does not exist: refused before the run (exit 2, nothing run).
+    let bad = distlock(&b, &["exec", "--metrics-textfile", "/nonexistent-dir/x.prom", "job", "--", "echo", "ran"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(bad.stdout.is_empty(), "the command ran");
+    let said = String::from_utf8_lossy(&bad.stderr).to_string();
+    assert!(said.contains("--metrics-textfile /nonexistent-dir/x.prom"), "{said}");
+    // A directory gone by the end of the run: said on stderr, the run's own status kept.
+    let gone = dir.join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    let path = gone.join("x.prom");
+    let rm = format!("rm -rf {}", gone.display());
+    let late =
+        distlock(&b, &["exec", "--metrics-textfile", path.to_str().unwrap(), "job", "-c", &rm]).output().unwrap();
+    assert_eq!(late.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&late.stderr).to_string();
+    assert!(said.contains(&format!("cannot write --metrics-textfile {}", path.display())), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -313,6 +322,12 @@ fn first_hour_mistakes_are_refused_by_name_before_anything_runs() {
     let missing = dir.join("no/such/dir/m.prom");
     refused(&["exec", "--metrics-textfile", missing.to_str().unwrap(), "job", "-c", &run], "--metrics-textfile");
     refused(&["elect", "leader-x", "echo", "hi"], "put -- before the command: distlock elect NAME");
+    // One rule for durations: a bare number is seconds in every flag and URL key, as -w took it.
+    let (bare, bare_dir) = backend("?lease=5");
+    let out =
+        distlock(&bare, &["exec", "--lease", "3", "--grace", "0.5", "-w", "2", "job", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(bare_dir);
     // Nothing was taken: every one of these locks is free.
     for lock in ["job", "orders", "echo", "x"] {
         let free = distlock(&b, &["exec", "-n", lock, "--", "true"]).output().unwrap();

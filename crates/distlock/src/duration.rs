@@ -3,10 +3,9 @@
 use crate::{Error, Result};
 use std::time::Duration;
 
-/// Parses a human duration such as `500ms`, `10s`, `2m` or `1h 30m` (the `humantime` syntax).
-///
-/// A bare number is rejected: the unit must be explicit, so `-w 5` cannot silently mean
-/// five milliseconds or five hours.
+/// Parses a duration: a bare number of seconds (`5`, `0.5`, as flock's `-w`, `sleep` and
+/// etcdctl's `--ttl` take them) or a human duration such as `500ms`, `10s`, `2m` or `1h 30m` (the
+/// `humantime` syntax). One rule for every duration distlock reads: URL keys and every flag.
 ///
 /// # Examples
 ///
@@ -14,7 +13,9 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// assert_eq!(distlock::parse_duration("500ms").unwrap(), Duration::from_millis(500));
 /// assert_eq!(distlock::parse_duration("2m").unwrap(), Duration::from_secs(120));
-/// assert!(distlock::parse_duration("5").is_err());
+/// assert_eq!(distlock::parse_duration("5").unwrap(), Duration::from_secs(5));
+/// assert_eq!(distlock::parse_duration("0.25").unwrap(), Duration::from_millis(250));
+/// assert!(distlock::parse_duration("-1").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let trimmed = text.trim();
@@ -22,8 +23,12 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     if trimmed.is_empty() {
         return Err(invalid("empty; write it like 500ms, 10s or 2m".into()));
     }
+    if trimmed.starts_with('-') {
+        return Err(invalid("a duration cannot be negative".into()));
+    }
     if trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return Err(invalid(format!("no unit; write {trimmed}s or {trimmed}ms")));
+        let secs: f64 = trimmed.parse().map_err(|_| invalid("not a number of seconds".into()))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| invalid(format!("{e} (seconds)")));
     }
     humantime::parse_duration(trimmed).map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
 }

@@ -102,6 +102,8 @@ mod error;
 pub mod etcd;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
 mod lease;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+mod listening;
 pub mod listing;
 #[cfg(feature = "mysql")]
 pub mod mysql;

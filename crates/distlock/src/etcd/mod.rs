@@ -141,24 +141,35 @@ impl Client {
             }
             options = options.with_tls(tls);
         }
-        let etcd =
-            tokio::time::timeout(url.connect_timeout, etcd_client::Client::connect(&url.endpoints, Some(options)))
+        // Every member refusing is reported at once (the client would try until its timeout:
+        // its channel connects lazily, so the first request, the session's lease, is raced).
+        let hosts: Vec<String> =
+            url.endpoints.iter().map(|e| e.split_once("://").map_or(e.as_str(), |(_, h)| h).to_string()).collect();
+        let tls = url.tls;
+        let bound = url.connect_timeout;
+        let connecting = async {
+            let etcd = tokio::time::timeout(bound, etcd_client::Client::connect(&url.endpoints, Some(options)))
                 .await
-                .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-                .map_err(|e| failed(crate::tls::explain(error_text(&e), url.tls, "etcds://")))?;
-        let client = Client {
-            inner: Arc::new(Inner {
-                url,
-                etcd,
-                session: tokio::sync::Mutex::new(None),
-                gates: StdMutex::new(HashMap::new()),
-            }),
+                .map_err(|_| failed(format!("no answer within {bound:?}")))?
+                .map_err(|e| failed(crate::tls::explain(error_text(&e), tls, "etcds://")))?;
+            let client = Client {
+                inner: Arc::new(Inner {
+                    url: url.clone(),
+                    etcd,
+                    session: tokio::sync::Mutex::new(None),
+                    gates: StdMutex::new(HashMap::new()),
+                }),
+            };
+            tokio::time::timeout(bound, client.session_within(bound))
+                .await
+                .map_err(|_| failed(format!("no lease granted within {bound:?}")))?
+                .map_err(|e| failed(crate::tls::explain(e.to_string(), tls, "etcds://")))?;
+            Ok::<Client, Error>(client)
         };
-        let bound = client.inner.url.connect_timeout;
-        tokio::time::timeout(bound, client.session_within(bound))
-            .await
-            .map_err(|_| failed(format!("no lease granted within {bound:?}")))?
-            .map_err(|e| failed(crate::tls::explain(e.to_string(), client.inner.url.tls, "etcds://")))?;
+        let client = tokio::select! {
+            client = connecting => client?,
+            why = crate::listening::nobody_listens(&hosts) => return Err(failed(why)),
+        };
         Ok(client)
     }
 

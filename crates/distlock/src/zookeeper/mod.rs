@@ -114,23 +114,7 @@ impl std::fmt::Debug for Client {
 /// # let _ = client; Ok(()) }
 /// ```
 pub async fn nobody_listens(url: &ZkUrl) -> String {
-    let hosts = &url.hosts;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let probes = hosts.iter().map(|host| async move {
-        match tokio::net::TcpStream::connect(host.as_str()).await {
-            Ok(_) => None,
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => None,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                Some(format!("{host} refused the connection"))
-            }
-            Err(e) => Some(format!("{host}: {e}")),
-        }
-    });
-    let failures: Option<Vec<String>> = futures::future::join_all(probes).await.into_iter().collect();
-    match failures {
-        Some(reasons) => format!("{} (is the server running?)", reasons.join("; ")),
-        None => std::future::pending().await,
-    }
+    crate::listening::nobody_listens(&url.hosts).await
 }
 
 /// The ZooKeeper client's TLS settings for `url`: its CA (else the system's roots), its client
