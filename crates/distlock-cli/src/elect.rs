@@ -158,7 +158,9 @@ pub async fn leader(args: LeaderArgs) -> anyhow::Result<u8> {
             writeln!(out, "{}", serde_json::json!({"name": name, "value": l.value, "epoch": l.epoch, "key": l.key}))?
         }
         (None, false) => eprintln!("distlock: {name} has no leader"),
-        (None, true) => writeln!(out, "{}", serde_json::json!({"name": name, "value": null}))?,
+        (None, true) => {
+            writeln!(out, "{}", serde_json::json!({"name": name, "value": null, "epoch": null, "key": null}))?
+        }
     }
     Ok(if leader.is_some() { 0 } else { 1 })
 }

@@ -770,9 +770,15 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         held.guard.lease_deadline().unwrap_or_else(far).checked_sub(kill_margin).unwrap_or_else(Instant::now)
     };
     let on_lost = if already_lost && args.on_lost == OnLost::Term { OnLost::Kill } else { args.on_lost };
+    // A job's bound coming is no loss of a lock: it is said as what it is.
+    let what = if held.job.is_some() && !already_lost {
+        format!("job {path}: {reason}")
+    } else {
+        format!("lock {path} lost ({reason})")
+    };
     match on_lost {
         OnLost::Ignore => {
-            eprintln!("distlock: WARNING: lock {path} lost ({reason}); the command keeps running WITHOUT the lock (--on-lost ignore)");
+            eprintln!("distlock: WARNING: {what}; the command keeps running WITHOUT the lock (--on-lost ignore)");
             let Held { client, guard, .. } = held;
             drop(guard);
             let status = group_ended(&mut child, pgid).await?;
@@ -786,13 +792,13 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
             } else {
                 ""
             };
-            eprintln!("distlock: lock {path} lost ({reason}); killing the command{why}");
+            eprintln!("distlock: {what}; killing the command{why}");
             to_group(libc::SIGKILL);
         }
         OnLost::Term => {
             let kill_at = kill_at.min(Instant::now() + grace);
             eprintln!(
-                "distlock: lock {path} lost ({reason}); terminating the command (SIGTERM, SIGKILL after {})",
+                "distlock: {what}; terminating the command (SIGTERM, SIGKILL after {})",
                 humantime::format_duration(Duration::from_millis(
                     kill_at.saturating_duration_since(Instant::now()).as_millis() as u64
                 ))

@@ -61,6 +61,35 @@ ENVIRONMENT:
     };
 }
 
+/// `elect`'s exit statuses and environment.
+const ELECT_HELP: &str = "EXIT STATUS:
+  0      the command exited 0; without a command: led until stdin closed or INT/TERM/HUP;
+         with --observe: ended by a signal
+  1      not elected (-n, or -w ran out); -E N changes it
+  2      usage error, bad name, or backend error (unreachable server, expired session)
+  3      the lead was lost while leading; the command was terminated first
+  126    the command was found but could not be run (not executable)
+  127    the command was not found
+  128+N  the command was killed by signal N; or signal N arrived while campaigning
+  other  the command's own exit status
+
+ENVIRONMENT:
+  DISTLOCK_BACKEND, DISTLOCK_BACKEND_FILE, DISTLOCK_LOG  as for exec (see exec --help)
+  The command gets DISTLOCK_EPOCH (the leader's epoch: the fencing token, higher for every new
+  leader), DISTLOCK_VALUE (the value announced), DISTLOCK_KEY and DISTLOCK_TOKEN (as exec's).";
+
+/// Exit statuses of the subcommands that run no command.
+const LEADER_EXIT: &str =
+    "EXIT STATUS:\n  0  a leader: its value printed\n  1  nobody leads\n  2  usage or backend error";
+const INSPECT_EXIT: &str =
+    "EXIT STATUS:\n  0  shown (held or free)\n  2  usage or backend error (unreachable server, a backend that cannot list)";
+const TOP_EXIT: &str =
+    "EXIT STATUS:\n  0  ended by q, Esc, Ctrl-C, INT, TERM or HUP, or after --iterations views\n  2  usage or backend \
+     error (no terminal without --batch or --http, a backend that cannot list)";
+const SERVE_EXIT: &str =
+    "EXIT STATUS:\n  0  stopped by INT or TERM\n  2  could not start (address in use, unreadable TLS or users file, bad flag)";
+const OTHER_EXIT: &str = "EXIT STATUS:\n  0  done\n  2  usage or backend error";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "distlock",
@@ -106,23 +135,29 @@ enum Command {
     /// also gets DISTLOCK_EPOCH
     /// (the fencing token, higher for every new leader) and DISTLOCK_VALUE. Without a command,
     /// leads until standard input closes or INT, TERM or HUP arrives, as hold does.
-    #[command(after_help = exec_help!())]
+    #[command(after_help = ELECT_HELP)]
     Elect(elect::ElectArgs),
     /// Print the value of election NAME's leader; exit 1 if nobody leads.
+    #[command(after_help = LEADER_EXIT)]
     Leader(elect::LeaderArgs),
     /// Show who holds LOCK and who waits for it, in queue order.
+    #[command(after_help = INSPECT_EXIT)]
     Inspect(inspect::InspectArgs),
     /// A live view of every lock under a prefix: holders and waiters in queue order, refreshed
     /// every second, with a sparkline of acquisitions; on the terminal, or with --http as a web
     /// page.
+    #[command(after_help = TOP_EXIT)]
     Top(top::TopArgs),
     /// Measure every lock against the server's own limit (create+delete pairs/s).
+    #[command(after_help = OTHER_EXIT)]
     Bench(bench::BenchArgs),
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
+    #[command(after_help = SERVE_EXIT)]
     Serve(serve::ServeArgs),
     /// Make the tables and sequence distlock keeps beside its locks (PostgreSQL, MariaDB,
     /// SQLite), where missing: run once as a user allowed to create them, so lock users need only
     /// the grants in docs/security.md. Nothing to make on ZooKeeper, etcd or Redis.
+    #[command(after_help = OTHER_EXIT)]
     Setup {
         #[command(flatten)]
         backend: BackendArg,
@@ -285,8 +320,35 @@ pub fn backend_or_default(backend: &str) -> &str {
     }
 }
 
+/// The backend flags every connecting subcommand takes (each with a value).
+const BACKEND_FLAGS: [&str; 8] =
+    ["--backend", "--backend-file", "--lease", "--session-timeout", "--connect-timeout", "--cacert", "--cert", "--key"];
+
+/// `distlock --backend URL inspect …`: backend flags given before the subcommand are moved after
+/// it, where the subcommand reads them (as git, kubectl and etcdctl take global flags first).
+fn hoist_backend_flags(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut hoisted = Vec::new();
+    let mut i = 1;
+    while let Some(flag) = args.get(i).and_then(|a| a.to_str()) {
+        let (name, inline) = flag.split_once('=').map_or((flag, false), |(n, _)| (n, true));
+        if !BACKEND_FLAGS.contains(&name) {
+            break;
+        }
+        let end = (i + if inline { 1 } else { 2 }).min(args.len());
+        hoisted.extend_from_slice(&args[i..end]);
+        i = end;
+    }
+    if hoisted.is_empty() || i >= args.len() {
+        return args;
+    }
+    let mut out = vec![args[0].clone(), args[i].clone()];
+    out.extend(hoisted);
+    out.extend_from_slice(&args[i + 1..]);
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(hoist_backend_flags(std::env::args_os().collect())) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -295,7 +357,9 @@ fn main() -> ExitCode {
         return ExitCode::from(supervise::run(pgid, kill_after, kill_at));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // The ZooKeeper client's own retries (one warning per attempt) are its business: distlock
+        // reports the outcome once. DISTLOCK_LOG=info shows them.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,zookeeper_client=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

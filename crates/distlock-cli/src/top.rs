@@ -10,6 +10,8 @@ use std::time::Duration;
 
 /// Samples kept per lock for its sparkline: a minute at the default refresh.
 const HISTORY: usize = 60;
+/// Refreshes the ACQUIRED column shows, and `--sort acquired` counts.
+const SHOWN: usize = 20;
 
 #[derive(clap::Args, Debug)]
 pub struct TopArgs {
@@ -19,10 +21,18 @@ pub struct TopArgs {
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = refresh_arg)]
     interval: Duration,
     /// Sort locks by: name, waiters (most first), holders (most first), held (longest hold
-    /// first) or acquired (most acquisitions over the last 60 refreshes first). Keys: s cycles,
-    /// r reverses, q quits.
+    /// first) or acquired (most acquisitions over the last 20 refreshes, as the column shows,
+    /// first). Keys: s cycles, r reverses, q quits.
     #[arg(long, value_enum, default_value = "name")]
     sort: SortKey,
+    /// Batch mode, as top(1)'s -b: print the view as plain text every refresh, for a log or
+    /// another program, with no terminal needed; until --iterations views, a signal, or a
+    /// closed output.
+    #[arg(short = 'b', long, conflicts_with = "http")]
+    batch: bool,
+    /// With --batch: stop after N views (as top(1)'s -n).
+    #[arg(short = 'n', long, value_name = "N", requires = "batch", value_parser = clap::value_parser!(u64).range(1..))]
+    iterations: Option<u64>,
     /// Serve the live view as a web page at ADDR (e.g. 127.0.0.1:9500) instead of the terminal.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
@@ -127,8 +137,9 @@ impl History {
         });
     }
 
+    /// Acquisitions over the refreshes the sparkline shows.
     fn acquired(&self, name: &str) -> u32 {
-        self.locks.get(name).map_or(0, |(_, s)| s.iter().sum())
+        self.locks.get(name).map_or(0, |(_, s)| s.iter().rev().take(SHOWN).sum())
     }
 
     /// The last minute as a sparkline, oldest on the left.
@@ -136,7 +147,7 @@ impl History {
         const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
         let Some((_, samples)) = self.locks.get(name) else { return String::new() };
         let max = samples.iter().copied().max().unwrap_or(0).max(1);
-        let start = samples.len().saturating_sub(20);
+        let start = samples.len().saturating_sub(SHOWN);
         samples
             .iter()
             .skip(start)
@@ -190,6 +201,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     let url = distlock::redact_url(&args.backend.url()?);
     let code = match args.http {
         Some(addr) => http(client.clone(), prefix, first, &schedules, &args, &url, addr).await,
+        None if args.batch => batch(&client, prefix, first, &schedules, &args, &url).await,
         None => terminal(client.clone(), prefix, first, &schedules, &args, &url).await,
     };
     drop(schedules);
@@ -230,6 +242,48 @@ fn title(backend: &str, prefix: &str, key: SortKey, reverse: bool, error: Option
     t
 }
 
+/// `--batch`: the view as plain text on stdout every refresh, a blank line between views.
+async fn batch(
+    client: &distlock::Client,
+    prefix: String,
+    first: Listing,
+    schedules: &[distlock::schedule::Schedule],
+    args: &TopArgs,
+    url: &str,
+) -> anyhow::Result<u8> {
+    use std::io::Write;
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut hup, mut int) =
+        (signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::interrupt())?);
+    let mut history = History::default();
+    history.record(&first);
+    let (mut listing, mut error, mut shown) = (first, None::<String>, 0u64);
+    let mut jobs = job_lines(schedules).await;
+    loop {
+        sort(&mut listing, args.sort, false, &history);
+        let title = title(url, &prefix, args.sort, false, error.as_deref()).replace(" (s next, r reverse, q quit)", "");
+        let text = render(&listing, &history, &title, usize::MAX, &jobs);
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+            return Ok(0); // the reader went away (`| head`): done, as top -b is
+        }
+        drop(out);
+        shown += 1;
+        if args.iterations.is_some_and(|n| shown >= n) {
+            return Ok(0);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {
+                error = refresh(client, &prefix, &mut history, &mut listing).await;
+                jobs = job_lines(schedules).await;
+            }
+            _ = term.recv() => return Ok(0),
+            _ = hup.recv() => return Ok(0),
+            _ = int.recv() => return Ok(0),
+        }
+    }
+}
+
 async fn terminal(
     client: distlock::Client,
     prefix: String,
@@ -241,7 +295,7 @@ async fn terminal(
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
     use ratatui::widgets::Paragraph;
     if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-        anyhow::bail!("top needs a terminal (use `inspect --all` for one listing, or `top --http ADDR`)");
+        anyhow::bail!("top needs a terminal (use `top --batch` for text views, `inspect --all` for one listing, or `top --http ADDR`)");
     }
     let (keys_tx, mut keys) = tokio::sync::mpsc::channel(16);
     std::thread::spawn(move || loop {

@@ -358,3 +358,90 @@ fn quiet_busy_runs_print_nothing() {
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A job's messages say what happened: a start refused after a `--once-per` run names that run
+/// (it said "taken by  until …", or named the finished run's pid as the holder); a schedule with
+/// neither period nor bound names the flags; a run stopped at its `--at-most-for` bound is said
+/// as that, not as a lost lock.
+#[test]
+fn job_messages_say_what_happened() {
+    let (b, dir) = backend("?lease=5s");
+    let ran = distlock(&b, &["exec", "--once-per", "1h", "nightly", "--", "true"]).output().unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{}", String::from_utf8_lossy(&ran.stderr));
+    let taken = distlock(&b, &["exec", "--at-most-for", "2h", "nightly", "--", "true"]).output().unwrap();
+    let said = String::from_utf8_lossy(&taken.stderr).to_string();
+    assert_eq!(taken.status.code(), Some(1), "{said}");
+    assert!(said.contains("taken until") && said.contains("after its last run") && said.contains("ended"), "{said}");
+    assert!(!said.contains("taken by  until"), "{said}");
+    let neither = distlock(&b, &["exec", "--at-least-for", "5m", "other", "--", "true"]).output().unwrap();
+    let said = String::from_utf8_lossy(&neither.stderr).to_string();
+    assert_eq!(neither.status.code(), Some(2), "{said}");
+    assert!(said.contains("--once-per") && said.contains("--at-most-for"), "{said}");
+    let bounded = distlock(&b, &["exec", "--at-most-for", "2s", "bounded", "--", "sleep", "30"]).output().unwrap();
+    let said = String::from_utf8_lossy(&bounded.stderr).to_string();
+    assert_eq!(bounded.status.code(), Some(3), "{said}");
+    assert!(said.contains("job bounded: the job's bound (--at-most-for 2s)") && !said.contains("lost"), "{said}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `top -b -n N` (top(1)'s batch mode): N plain-text views on stdout, no terminal needed, then
+/// exit 0; the ACQUIRED column and `--sort acquired` count the same 20 refreshes.
+#[test]
+fn top_batch_prints_views_and_stops() {
+    let (b, dir) = backend("?lease=30s");
+    let (mut holder, _lines) = holding(&b, &["hold", "batch-lock"]);
+    let out = distlock(&b, &["top", "-b", "-n", "3", "--interval", "100ms", "--sort", "acquired"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.matches("distlock top: ").count(), 3, "{text}");
+    assert_eq!(text.matches("batch-lock").count(), 3, "{text}");
+    assert!(text.contains("ACQUIRED (last 20 refreshes)") && !text.contains("q quit"), "{text}");
+    let refused = distlock(&b, &["top", "-n", "3"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2), "-n without -b");
+    drop(holder.stdin.take());
+    assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Every subcommand's help ends with its exit statuses; `elect`'s names the variables its command
+/// gets; `leader --json` with nobody leading has every field its help promises (null).
+#[test]
+fn every_subcommand_documents_its_exit_statuses() {
+    for sub in ["exec", "hold", "elect", "leader", "inspect", "top", "serve", "bench", "setup"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_distlock")).args([sub, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success() && help.contains("EXIT STATUS:"), "{sub} --help: {help}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_distlock")).args(["elect", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(help.contains("DISTLOCK_EPOCH") && help.contains("DISTLOCK_VALUE"), "{help}");
+    let (b, dir) = backend("?lease=5s");
+    let out = distlock(&b, &["leader", "--json", "nobody-leads"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in ["name", "value", "epoch", "key"] {
+        assert!(json.get(field).is_some(), "{field} missing: {json}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Backend flags before the subcommand work as after it (`distlock --backend URL inspect --all`,
+/// as the docs write it; clap refused "unexpected argument '--backend'").
+#[test]
+fn backend_flags_before_the_subcommand() {
+    let (b, dir) = backend("");
+    let bin = env!("CARGO_BIN_EXE_distlock");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).env_remove("DISTLOCK_BACKEND").args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (code, text) = run(&["--backend", &b, "--lease", "5s", "exec", "early", "--", "true"]);
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = run(&[&format!("--backend={b}"), "inspect", "--all"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("on sqlite"), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}

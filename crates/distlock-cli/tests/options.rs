@@ -30,10 +30,14 @@ fn connect_timeout_is_honoured_on_every_scheme() {
         let url = scheme.replace("{}", &silent_server().to_string());
         let started = Instant::now();
         let out =
-            distlock(&url, &["exec", "--connect-timeout", "2s", "-n", "options-test", "--", "true"]).output().unwrap();
+            distlock(&url, &["exec", "--connect-timeout", "2s", "--lease", "3s", "-n", "options-test", "--", "true"])
+                .output()
+                .unwrap();
         let took = started.elapsed();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        // One line saying why (the ZooKeeper client's retries printed a warning each).
+        assert_eq!(stderr.lines().count(), 1, "{url}: {stderr}");
         report.push(format!("{url}: gave up after {took:?}"));
         // Not early; late by at most a second (starting a debug build's process on a busy
         // machine), which still tells the timeout honoured from a default one (10 s or more).

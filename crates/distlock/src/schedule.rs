@@ -245,7 +245,17 @@ impl fmt::Display for Skipped {
                 run.token
             ),
             (SkipReason::RanInSlot, Some(run)) => write!(f, "{}: already run in this slot: {run}", self.job),
-            _ => write!(f, "{}: taken by {} until {}", self.job, self.locked_by, show_ms(self.lock_until_ms)),
+            (reason, _) => {
+                let by = if self.locked_by.is_empty() { String::new() } else { format!(" by {}", self.locked_by) };
+                let until = show_ms(self.lock_until_ms);
+                match (reason, last) {
+                    // The job stays taken past its last run's end (lockAtLeastFor, or the slot).
+                    (SkipReason::Taken, Some(run)) if run.ended_ms.is_some() => {
+                        write!(f, "{}: taken until {until}, after its last run: {run}", self.job)
+                    }
+                    _ => write!(f, "{}: taken{by} until {until}", self.job),
+                }
+            }
         }
     }
 }
@@ -384,7 +394,11 @@ impl Schedule {
             (None, None) => {
                 return bad(
                     "schedule",
-                    format!("job {}: give it a period (once per) or a bound (at most for)", self.name),
+                    format!(
+                        "job {}: give it a period (once_per; the CLI's --once-per) or a bound (at_most_for; \
+                         --at-most-for)",
+                        self.name
+                    ),
                 )
             }
         };
