@@ -193,11 +193,21 @@ pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAdd
     Ok(())
 }
 
-/// Parses `5` (seconds), `500ms`, `10s`, `2m` for clap, as [`distlock::parse_duration`] does
-/// every duration (the flags take values that start with `-`, so that a negative one is refused
-/// by name there rather than taken for a flag).
+/// Parses a flag's duration for clap: a bare number is seconds (`5`, `0.5`, as flock(1)'s `-w`
+/// and sleep(1) take them), else `500ms`, `10s`, `2m` as [`distlock::parse_duration`] reads them.
+/// One rule for every flag. (URL keys keep the unit: peers write them in milliseconds, as
+/// Redisson's `lockWatchdogTimeout=30000`, so a bare number there is refused, not read as hours.)
+/// The flags take values that start with `-`, so that a negative one is refused by name here.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    distlock::parse_duration(s).map_err(|e| e.to_string())
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("{s:?}: a duration cannot be negative"));
+    }
+    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let secs: f64 = t.parse().map_err(|_| format!("{s:?}: not a number of seconds"))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e} (seconds)"));
+    }
+    distlock::parse_duration(t).map_err(|e| e.to_string())
 }
 
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
@@ -348,9 +358,11 @@ fn hoist_backend_flags(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString>
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse_from(hoist_backend_flags(std::env::args_os().collect())) {
+    let args = hoist_backend_flags(std::env::args_os().collect());
+    let subcommand = args.get(1).and_then(|a| a.to_str()).unwrap_or_default().to_string();
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, &subcommand),
     };
     if let Command::Supervise { pgid, kill_after, kill_at } = cli.command {
         // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
@@ -428,7 +440,7 @@ fn error_text(e: &anyhow::Error) -> String {
 }
 
 /// Prints clap's error; for `exec` arguments clap did not expect, says where the command goes.
-fn usage_error(e: clap::Error) -> ExitCode {
+fn usage_error(e: clap::Error, subcommand: &str) -> ExitCode {
     use clap::error::ErrorKind;
     let code = e.exit_code();
     let _ = e.print();
@@ -436,11 +448,11 @@ fn usage_error(e: clap::Error) -> ExitCode {
         return ExitCode::from(code as u8);
     }
     if matches!(e.kind(), ErrorKind::UnknownArgument) {
-        match std::env::args().nth(1).as_deref() {
-            Some("exec") => {
+        match subcommand {
+            "exec" => {
                 eprintln!("distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')")
             }
-            Some("elect") => {
+            "elect" => {
                 eprintln!("distlock: put -- before the command: distlock elect NAME --value V -- COMMAND ARGS (or -c 'STRING')")
             }
             _ => {}

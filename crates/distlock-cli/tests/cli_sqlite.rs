@@ -322,12 +322,25 @@ fn first_hour_mistakes_are_refused_by_name_before_anything_runs() {
     let missing = dir.join("no/such/dir/m.prom");
     refused(&["exec", "--metrics-textfile", missing.to_str().unwrap(), "job", "-c", &run], "--metrics-textfile");
     refused(&["elect", "leader-x", "echo", "hi"], "put -- before the command: distlock elect NAME");
-    // One rule for durations: a bare number is seconds in every flag and URL key, as -w took it.
-    let (bare, bare_dir) = backend("?lease=5");
+    // One rule for flags: a bare number is seconds in every one, as -w took it. A URL key keeps
+    // its unit (peers write milliseconds there: 30000 would be an eight-hour lease).
+    let (bare, bare_dir) = backend("?lease=5s");
     let out =
         distlock(&bare, &["exec", "--lease", "3", "--grace", "0.5", "-w", "2", "job", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ms, ms_dir) = backend("?lease=30000");
+    let out = distlock(&ms, &["exec", "job", "--", "true"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("write 30000s or 30000ms"), "{said}");
     let _ = std::fs::remove_dir_all(bare_dir);
+    let _ = std::fs::remove_dir_all(ms_dir);
+    // The hint for `--` also when backend flags come before the subcommand.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(["--backend", &b, "exec", "job", "echo", "x"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("put -- before the command"), "{out:?}");
     // Nothing was taken: every one of these locks is free.
     for lock in ["job", "orders", "echo", "x"] {
         let free = distlock(&b, &["exec", "-n", lock, "--", "true"]).output().unwrap();

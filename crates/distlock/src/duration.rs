@@ -3,9 +3,12 @@
 use crate::{Error, Result};
 use std::time::Duration;
 
-/// Parses a duration: a bare number of seconds (`5`, `0.5`, as flock's `-w`, `sleep` and
-/// etcdctl's `--ttl` take them) or a human duration such as `500ms`, `10s`, `2m` or `1h 30m` (the
-/// `humantime` syntax). One rule for every duration distlock reads: URL keys and every flag.
+/// Parses a human duration such as `500ms`, `10s`, `2m` or `1h 30m` (the `humantime` syntax).
+///
+/// A bare number is rejected: the unit must be explicit, since peers write these values in
+/// milliseconds (Redisson's `lockWatchdogTimeout=30000`, ZooKeeper's `sessionTimeoutMs`) and
+/// seconds alike; read as seconds, `30000` would be a lease of eight hours. (The command line's
+/// flags take bare seconds, as flock(1) does.)
 ///
 /// # Examples
 ///
@@ -13,9 +16,8 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// assert_eq!(distlock::parse_duration("500ms").unwrap(), Duration::from_millis(500));
 /// assert_eq!(distlock::parse_duration("2m").unwrap(), Duration::from_secs(120));
-/// assert_eq!(distlock::parse_duration("5").unwrap(), Duration::from_secs(5));
-/// assert_eq!(distlock::parse_duration("0.25").unwrap(), Duration::from_millis(250));
-/// assert!(distlock::parse_duration("-1").is_err());
+/// assert!(distlock::parse_duration("30000").is_err());
+/// assert!(distlock::parse_duration("-1s").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let trimmed = text.trim();
@@ -27,8 +29,7 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         return Err(invalid("a duration cannot be negative".into()));
     }
     if trimmed.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let secs: f64 = trimmed.parse().map_err(|_| invalid("not a number of seconds".into()))?;
-        return Duration::try_from_secs_f64(secs).map_err(|e| invalid(format!("{e} (seconds)")));
+        return Err(invalid(format!("no unit; write {trimmed}s or {trimmed}ms")));
     }
     humantime::parse_duration(trimmed).map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
 }

@@ -68,7 +68,10 @@ pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) 
     let mut crashes = Vec::new();
     for _ in 0..CRASHES {
         let mut child = tokio::process::Command::new(&exe)
-            .args(["elect", "--backend", &url, "--value", "doomed", &name, "--", "sleep", "3600"])
+            // The URL (a password with it) in the environment, never on a command line `ps` shows.
+            .env("DISTLOCK_BACKEND", &url)
+            .env_remove("DISTLOCK_BACKEND_FILE")
+            .args(["elect", "--value", "doomed", &name, "--", "sleep", "3600"])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

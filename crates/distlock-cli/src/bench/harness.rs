@@ -393,7 +393,7 @@ pub(crate) fn wire_extra(per: &str, writes: Option<u64>, ops: u64) -> Vec<(Strin
 /// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;
 /// returns it and the URL that goes through it.
 pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(distlock_faults::FaultProxy, String)> {
-    let bad = |why: &str| anyhow::anyhow!("--rtt: {why} in {url}");
+    let bad = |why: &str| anyhow::anyhow!("--rtt: {why} in {}", distlock::redact_url(url));
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme://"))?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);

@@ -167,6 +167,7 @@ impl Client {
             Ok::<Client, Error>(client)
         };
         let client = tokio::select! {
+            biased; // a client that connected is never dropped for a probe finishing with it
             client = connecting => client?,
             why = crate::listening::nobody_listens(&hosts) => return Err(failed(why)),
         };
