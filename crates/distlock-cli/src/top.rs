@@ -228,13 +228,15 @@ async fn refresh(
     }
 }
 
-fn title(backend: &str, prefix: &str, key: SortKey, reverse: bool, error: Option<&str>) -> String {
+/// The view's first line; `keys` adds the terminal's key help (not on a page or in batch output).
+fn title(backend: &str, prefix: &str, key: SortKey, reverse: bool, keys: bool, error: Option<&str>) -> String {
     let time = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     let mut t = format!(
-        "distlock top: {backend}{} at {time}; sort {}{} (s next, r reverse, q quit)",
+        "distlock top: {backend}{} at {time}; sort {}{}{}",
         if prefix.is_empty() { String::new() } else { format!(" under {prefix:?}") },
         key.label(),
-        if reverse { ", reversed" } else { "" }
+        if reverse { ", reversed" } else { "" },
+        if keys { " (s next, r reverse, q quit)" } else { "" }
     );
     if let Some(e) = error {
         t.push_str(&format!("\nlast refresh failed: {e}"));
@@ -261,7 +263,7 @@ async fn batch(
     let mut jobs = job_lines(schedules).await;
     loop {
         sort(&mut listing, args.sort, false, &history);
-        let title = title(url, &prefix, args.sort, false, error.as_deref()).replace(" (s next, r reverse, q quit)", "");
+        let title = title(url, &prefix, args.sort, false, false, error.as_deref());
         let text = render(&listing, &history, &title, usize::MAX, &jobs);
         let mut out = std::io::stdout().lock();
         if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
@@ -331,7 +333,8 @@ async fn terminal(
             let notes = listing.unseen.len() + usize::from(error.is_some()) + usize::from(listing.truncated);
             let job_rows = if jobs.is_empty() { 0 } else { jobs.len() + 1 };
             let rows = (area.height as usize).saturating_sub(4 + notes + job_rows);
-            let text = render(&listing, &history, &title(url, &prefix, key, reverse, error.as_deref()), rows, &jobs);
+            let text =
+                render(&listing, &history, &title(url, &prefix, key, reverse, true, error.as_deref()), rows, &jobs);
             frame.render_widget(Paragraph::new(text), area);
         });
         if let Err(e) = drawn {
@@ -406,7 +409,7 @@ async fn http(
     let key = args.sort;
     let view = |listing: &mut Listing, history: &History, error: Option<&str>, jobs: &[String]| {
         sort(listing, key, false, history);
-        let title = title(url, &prefix, key, false, error).replace(" (s next, r reverse, q quit)", "");
+        let title = title(url, &prefix, key, false, false, error);
         render(listing, history, &title, 500, jobs)
     };
     let mut listing = first;
