@@ -379,6 +379,7 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
             || r.contains("unexpected eof")
             || r.contains("broken pipe")
             || r.contains("no encryption")
+            || r.contains("ssl required")
             || r.contains("secure transport"))
     {
         return format!("{reason} (if the server takes TLS only, ask for TLS: {ask_tls})");

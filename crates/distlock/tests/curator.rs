@@ -38,22 +38,72 @@ fn peer_classes() -> &'static Path {
 }
 
 fn curator(kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
-    curator_as(None, kind, path, iterations, log, permits)
+    curator_via(Via::Plain(None), kind, path, iterations, log, permits)
 }
 
-/// [`curator`], logged in by digest as `login` (`user:password`) with an `ACLProvider` giving
-/// that login all permissions and anyone read: what distlock's `acl=creator` gives.
-fn curator_as(login: Option<&str>, kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
-    let cp = format!("{}:{}", peer_classes().display(), classpath());
+/// How the Curator peer reaches ZooKeeper.
+enum Via<'a> {
+    /// The suite's server in plaintext; with `Some("user:password")`, logged in by digest with
+    /// an `ACLProvider` giving that login all permissions and anyone read (what distlock's
+    /// `acl=creator` gives).
+    Plain(Option<&'a str>),
+    /// A server of `scripts/zk.sh start-tls`: its secure port over TLS (Netty, the server checked
+    /// against the run's CA and its name, the client certificate presented), logged in by SASL
+    /// DIGEST-MD5 as `distlock`. The settings are the ZooKeeper client's own system properties,
+    /// as a Curator user sets them; the login is a JAAS file of mode 600, never argv.
+    Tls(&'a distlock_faults::OwnServer),
+}
+
+fn curator_via(via: Via, kind: &str, path: &str, iterations: usize, log: &Path, permits: u32) -> Child {
+    let mut cp = format!("{}:{}", peer_classes().display(), classpath());
     let mut java = Command::new("java");
-    if let Some(login) = login {
-        java.env("CURATOR_DIGEST", login);
-    }
-    java.args(["-cp", &cp, "CuratorPeer", &zk_addr(), kind, path, &iterations.to_string()])
+    let connect = match via {
+        Via::Plain(login) => {
+            if let Some(login) = login {
+                java.env("CURATOR_DIGEST", login);
+            }
+            zk_addr()
+        }
+        Via::Tls(server) => {
+            for jar in ["buffer", "codec", "common", "handler", "resolver", "transport", "transport-native-unix-common"]
+            {
+                cp.push_str(&format!(":/usr/share/java/netty-{jar}.jar"));
+            }
+            let certs = server.dir().join("certs");
+            let store = certs.join("client-store.pem");
+            let jaas = server.dir().join("client-jaas.conf");
+            let password = std::fs::read_to_string(server.dir().join("password")).unwrap();
+            let mut key = std::fs::read(certs.join("client.key")).unwrap();
+            key.extend(std::fs::read(certs.join("client.pem")).unwrap());
+            private_file(&store, &key);
+            let login = format!(
+                "Client {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n    \
+                 username=\"distlock\"\n    password=\"{}\";\n}};\n",
+                password.trim()
+            );
+            private_file(&jaas, login.as_bytes());
+            java.arg("-Dzookeeper.client.secure=true")
+                .arg("-Dzookeeper.clientCnxnSocket=org.apache.zookeeper.ClientCnxnSocketNetty")
+                .arg(format!("-Dzookeeper.ssl.keyStore.location={}", store.display()))
+                .arg("-Dzookeeper.ssl.keyStore.type=PEM")
+                .arg(format!("-Dzookeeper.ssl.trustStore.location={}", certs.join("ca.pem").display()))
+                .arg("-Dzookeeper.ssl.trustStore.type=PEM")
+                .arg(format!("-Djava.security.auth.login.config={}", jaas.display()));
+            server.printed.trim().to_string()
+        }
+    };
+    java.args(["-cp", &cp, "CuratorPeer", &connect, kind, path, &iterations.to_string()])
         .arg(log)
         .arg(permits.to_string())
         .spawn()
         .expect("start java")
+}
+
+/// Writes `bytes` to a new file only its owner may read.
+fn private_file(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).unwrap();
+    f.write_all(bytes).unwrap();
 }
 
 async fn wait_child(mut child: Child) {
@@ -118,6 +168,30 @@ fn check(log: &Path, permits: usize) -> (usize, usize) {
     (curator, ours)
 }
 
+/// Two distlock clients of `url` taking the mutex at `path` `cycles` times each, logging their
+/// holds as "W enter/exit distlock" to `log`; waits (bounded) until both are done.
+async fn two_distlock_holders(url: &str, path: &str, log: &Path, cycles: usize) {
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (path, log, url) = (path.to_string(), log.to_path_buf(), url.to_string());
+        tasks.push(tokio::spawn(async move {
+            let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
+            let lock = client.mutex(&path).unwrap();
+            for _ in 0..cycles {
+                let g = lock.lock().await.unwrap();
+                append(&log, "W enter distlock");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(&log, "W exit distlock");
+                g.release().await.unwrap();
+            }
+            client.close(Duration::from_secs(2)).await;
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutex_excludes_curator_interprocessmutex_both_ways() {
     let path = unique_path("curator-mutex");
@@ -168,31 +242,14 @@ async fn mutex_with_acl_creator_interoperates_with_curator_aclprovider() {
     let path = unique_path("curator-acl");
     let log = log_file("acl");
     let url = format!("zk://{login}@{}?acl=creator", zk_addr());
-    let java = curator_as(Some(&login), "mutex", &path, 15, &log, 1);
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let (path, log, url) = (path.clone(), log.clone(), url.clone());
-        tasks.push(tokio::spawn(async move {
-            let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
-            let lock = client.mutex(&path).unwrap();
-            for _ in 0..15 {
-                let g = lock.lock().await.unwrap();
-                append(&log, "W enter distlock");
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                append(&log, "W exit distlock");
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        tokio::time::timeout(BOUND, t).await.unwrap().unwrap();
-    }
+    let java = curator_via(Via::Plain(Some(&login)), "mutex", &path, 15, &log, 1);
+    two_distlock_holders(&url, &path, &log, 15).await;
     tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
     assert_eq!(check(&log, 1), (15, 30));
     // A Curator holder's node, made under the login's ACL, kept from a client without it.
     let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
     let g = client.mutex(&path).unwrap().lock().await.unwrap();
-    let java = curator_as(Some(&login), "mutex", &path, 1, &log, 1);
+    let java = curator_via(Via::Plain(Some(&login)), "mutex", &path, 1, &log, 1);
     wait_children(&client, &path, BOUND, "Curator to queue", |c| c.len() == 2).await;
     let zk = client.zookeeper();
     let anonymous = connect().await;
@@ -208,6 +265,42 @@ async fn mutex_with_acl_creator_interoperates_with_curator_aclprovider() {
     }
     g.release().await.unwrap();
     tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+}
+
+/// Against Apache ZooKeeper set up as production is (`scripts/zk.sh start-tls`: only a secure
+/// port that requires client certificates, SASL logins enforced), Curator over TLS with the
+/// ZooKeeper client's own TLS and SASL settings and distlock over `zks://` with the same login
+/// exclude each other both ways, checked on one O_APPEND log; Curator queues behind a distlock
+/// holder; nothing is left under the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutex_over_tls_with_sasl_interoperates_with_curator() {
+    let server = distlock_faults::OwnServer::start("zk.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let file = |name: &str| server.file(&format!("certs/{name}"));
+    let url = format!(
+        "zks://distlock:{password}@{}?auth=sasl&cacert={}&cert={}&key={}&lease=4s&connect_timeout=8s",
+        server.printed.trim(),
+        file("ca.pem"),
+        file("client.pem"),
+        file("client.key")
+    );
+    let path = unique_path("curator-tls");
+    let log = log_file("tls");
+    let java = curator_via(Via::Tls(&server), "mutex", &path, 15, &log, 1);
+    two_distlock_holders(&url, &path, &log, 15).await;
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(check(&log, 1), (15, 30));
+
+    let client = distlock::zookeeper::Client::connect(&url).await.unwrap();
+    let g = client.mutex(&path).unwrap().lock().await.unwrap();
+    let java = curator_via(Via::Tls(&server), "mutex", &path, 1, &log, 1);
+    wait_children(&client, &path, BOUND, "Curator to queue over TLS", |c| c.len() == 2).await;
+    assert_eq!(curator_entries(&log), 15, "Curator must not enter while we hold");
+    g.release().await.unwrap();
+    tokio::time::timeout(BOUND, wait_child(java)).await.unwrap();
+    assert_eq!(curator_entries(&log), 16, "Curator entered after our release");
+    wait_children(&client, &path, BOUND, "the lock's nodes to go", |c| c.is_empty()).await;
+    client.close(Duration::from_secs(2)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -30,7 +30,12 @@ fn unique(name: &str) -> String {
 
 /// A plain connection for looking at the server as a third party.
 async fn raw() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls).await.expect("raw connection");
+    raw_to(&pg_url()).await
+}
+
+/// [`raw`] to the server at `conninfo` (a URL or libpq's key=value form).
+async fn raw_to(conninfo: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await.expect("raw connection");
     tokio::spawn(connection);
     client
 }
@@ -148,7 +153,7 @@ async fn g_ahead(own: &tokio_postgres::Client) -> i64 {
 #[tokio::test]
 async fn exclusion_with_the_fenced_checker_and_rising_tokens() {
     // Four clients, 15 cycles each, checked by the fenced checker; nothing left held.
-    exclusion_through(&url("?lease=5s"), &unique("exclusion"), 15).await;
+    exclusion_through(&url("?lease=5s"), &unique("exclusion"), 15, &raw().await).await;
 }
 
 #[tokio::test]
@@ -488,8 +493,9 @@ async fn a_least_privilege_user_needs_only_its_grants() {
 }
 
 /// Mutual exclusion through `url`: four clients, each taking `name` `cycles` times, checked by
-/// the fenced checker (no overlap, tokens rising); nothing is left held on the server.
-async fn exclusion_through(url: &str, name: &str, cycles: u64) {
+/// the fenced checker (no overlap, tokens rising); nothing is left held on the server, looked at
+/// through `server` (a connection to the server itself, not through a pooler).
+async fn exclusion_through(url: &str, name: &str, cycles: u64, server: &tokio_postgres::Client) {
     let resource = FencedResource::new(true, 1);
     let mut tasks = Vec::new();
     for who in 0..4usize {
@@ -513,7 +519,7 @@ async fn exclusion_through(url: &str, name: &str, cycles: u64) {
     let report = resource.report();
     assert!(report.is_clean(), "{report}");
     assert_eq!(report.holds, 4 * cycles as usize);
-    assert!(holders(&raw().await, connect("").await.key(name).unwrap()).await.is_empty(), "nothing left held");
+    assert!(holders(server, connect("").await.key(name).unwrap()).await.is_empty(), "nothing left held");
 }
 
 /// Behind PgBouncer (Debian's, `scripts/pgbouncer.sh`): in session pooling, locks exclude as on
@@ -527,13 +533,53 @@ async fn behind_pgbouncer_session_pooling_works_and_transaction_pooling_is_refus
     let db = pg_url().rsplit('/').next().unwrap().to_string();
     let session = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, "session", "20"]);
     let url = format!("postgres://postgres@{}/{db}?lease=5s&connect_timeout=5s", session.printed);
-    exclusion_through(&url, &unique("pgbouncer-session"), 10).await;
+    exclusion_through(&url, &unique("pgbouncer-session"), 10, &raw().await).await;
     for mode in ["transaction", "statement"] {
         let pooler = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, mode, "2"]);
         let url = format!("postgres://postgres@{}/{db}?lease=5s&connect_timeout=5s", pooler.printed);
         let Err(e) = distlock::connect(&url).await else { panic!("{mode} pooling accepted") };
         let text = e.to_string();
         assert!(text.contains("transaction pooler") && text.contains("PgBouncer"), "{mode}: {text}");
+    }
+}
+
+/// PgBouncer set up as production is (`scripts/pgbouncer.sh start-tls`) in front of a TLS-only
+/// PostgreSQL (`scripts/postgres.sh start-tls`): TLS required from clients, TLS verified toward
+/// the server, SCRAM logins. Over `sslmode=verify-full`: in session pooling a lock, an election
+/// and a job work; in transaction pooling `lock_scope=transaction` locks exclude (the fenced
+/// checker). A plaintext client, a wrong password and a wrong CA are refused, by name, without
+/// the password.
+#[tokio::test]
+async fn behind_pgbouncer_over_tls_in_front_of_a_tls_only_server() {
+    let server = distlock_faults::OwnServer::start("postgres.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let (ca, other_ca) = (server.file("certs/ca.pem"), server.file("certs/other-ca.pem"));
+    let updir = server.dir().to_string_lossy().to_string();
+    let url = |pooler: &distlock_faults::OwnServer, extra: &str| {
+        format!(
+            "postgres://distlock:{password}@{}/locks?sslmode=verify-full&sslrootcert={ca}&lease=5s&connect_timeout=5s{extra}",
+            pooler.printed.trim()
+        )
+    };
+    let session = distlock_faults::OwnServer::start("pgbouncer.sh", "start-tls", &[&updir, "session", "20"]);
+    common::secure::locks_elects_and_runs_a_job(&url(&session, "")).await;
+    let transaction = distlock_faults::OwnServer::start("pgbouncer.sh", "start-tls", &[&updir, "transaction", "3"]);
+    let scoped = url(&transaction, "&lock_scope=transaction");
+    // The server itself, as its owner over its Unix socket (its network port takes TLS logins only).
+    let port = std::fs::read_to_string(server.dir().join("postgres.port")).unwrap();
+    let socket = std::fs::read_to_string(server.dir().join("data.path")).unwrap();
+    let owner = raw_to(&format!("host={} port={} user=postgres dbname=locks", socket.trim(), port.trim())).await;
+    exclusion_through(&scoped, &unique("pgbouncer-tls"), 10, &owner).await;
+
+    let plain =
+        url(&session, "").replace("sslmode=verify-full", "sslmode=disable").replace(&format!("&sslrootcert={ca}"), "");
+    let refused: Vec<(String, &str)> = vec![
+        (plain, "ask for TLS"),
+        (url(&session, "").replace(&password, "not-the-password"), "wrong user or password"),
+        (scoped.replace(&ca, &other_ca), "not signed by a CA trusted here"),
+    ];
+    for (bad, says) in refused {
+        common::secure::refused(&bad, says, &password).await;
     }
 }
 
@@ -551,7 +597,7 @@ async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
     // sessions for four clients, and for two readers beside a writer's try.
     let pooler = distlock_faults::OwnServer::start("pgbouncer.sh", "start", &[&upstream, "transaction", "3"]);
     let url = |at: &str| format!("postgres://postgres@{at}/{db}?lease=3s&connect_timeout=10s&lock_scope=transaction");
-    exclusion_through(&url(&pooler.printed), &unique("pgbouncer-xact"), 10).await;
+    exclusion_through(&url(&pooler.printed), &unique("pgbouncer-xact"), 10, &raw().await).await;
     let c = distlock::connect(&url(&pooler.printed)).await.unwrap();
     let rw = unique("pgbouncer-xact-rw");
     let r1 = c.read_lock(&rw).unwrap().lock().await.unwrap();

@@ -492,7 +492,9 @@ async fn backend_pid(url: &PgUrl, conn: &Conn) -> Result<Option<String>> {
 /// Connection refused"), where its `Display` alone says only "db error".
 fn cause(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        // PgBouncer's words for a wrong user or password under SCRAM, which name neither.
+        let hint = if db.message() == "SASL authentication failed" { " (wrong user or password?)" } else { "" };
+        return format!("{} (SQLSTATE {}){hint}", db.message(), db.code().code());
     }
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
