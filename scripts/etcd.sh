@@ -78,7 +78,8 @@ launch() {
     echo "$pid" > "$m/etcd.pid"
 }
 
-# healthy MEMBERDIR...: wait (bounded: 30 s) until each answers a linearizable read.
+# healthy MEMBERDIR...: wait (bounded: 30 s) until each answers a linearizable read; fails
+# (status 1, the log's tail on stderr) if one exits or stays unhealthy.
 healthy() {
     local m
     for m in "$@"; do
@@ -86,10 +87,10 @@ healthy() {
             if ctl "$m" --command-timeout=1s endpoint health > /dev/null 2>&1; then
                 continue 2
             fi
-            kill -0 "$(cat "$m/etcd.pid")" 2>/dev/null || { log "etcd in $m exited:"; tail -5 "$m/etcd.log" >&2; exit 1; }
+            kill -0 "$(cat "$m/etcd.pid")" 2>/dev/null || { log "etcd in $m exited:"; tail -5 "$m/etcd.log" >&2; return 1; }
             sleep 0.1
         done
-        log "etcd in $m not healthy within 30 s"; tail -5 "$m/etcd.log" >&2; exit 1
+        log "etcd in $m not healthy within 30 s"; tail -5 "$m/etcd.log" >&2; return 1
     done
 }
 
@@ -104,18 +105,25 @@ case "$cmd" in
 start|start-tls)
     install_etcd
     mkdir -p "$dir"
-    read -r cport pport < <(free_ports 2)
-    echo "$cport" > "$dir/client.port"
-    echo "$pport" > "$dir/peer.port"
-    echo "t1" > "$dir/name"
-    echo "t1=http://127.0.0.1:$pport" > "$dir/cluster"
     if [[ "$cmd" == start-tls ]]; then
         make_certs "$dir/certs" distlock
         (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$dir/password")
         touch "$dir/tls.enabled"
     fi
-    launch "$dir"
-    healthy "$dir"
+    # A free port can be taken between free_ports and etcd's bind (by any process's outgoing
+    # connection): then new ports, at most three tries.
+    for try in 1 2 3; do
+        read -r cport pport < <(free_ports 2)
+        echo "$cport" > "$dir/client.port"
+        echo "$pport" > "$dir/peer.port"
+        echo "t1" > "$dir/name"
+        echo "t1=http://127.0.0.1:$pport" > "$dir/cluster"
+        rm -rf "$dir/data"
+        launch "$dir"
+        healthy "$dir" && break
+        grep -q "address already in use" "$dir/etcd.log" && [[ $try -lt 3 ]] || exit 1
+        log "a port was taken before etcd bound it: trying new ports"
+    done
     if [[ "$cmd" == start-tls ]]; then
         # Authentication on: root; user distlock (its password, or its certificate's name) with
         # read and write on every key; and user team-a (password in DIR/team-a.password) with
@@ -155,7 +163,7 @@ cluster)
         echo "$initial" > "$m/cluster"
         launch "$m"
     done
-    healthy "$dir/n1" "$dir/n2" "$dir/n3"
+    healthy "$dir/n1" "$dir/n2" "$dir/n3" || exit 1
     log "etcd cluster on 127.0.0.1:$c1,$c2,$c3"
     echo "127.0.0.1:$c1,127.0.0.1:$c2,127.0.0.1:$c3"
     ;;
@@ -168,7 +176,7 @@ kill)
 restart)
     [[ -f "$dir/name" ]] || { log "no member recorded in $dir"; exit 1; }
     launch "$dir"
-    healthy "$dir"
+    healthy "$dir" || exit 1
     log "etcd restarted, pid $(cat "$dir/etcd.pid")"
     echo "127.0.0.1:$(cat "$dir/client.port")"
     ;;

@@ -27,6 +27,14 @@ pub struct InspectArgs {
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     let client = args.backend.connect().await?;
+    // Closed on every path, an error's too: a ZooKeeper session or an etcd lease of ours must not
+    // outlive the command until its timeout.
+    let shown = show(&client, &args).await;
+    client.close(Duration::from_secs(2)).await;
+    shown.map(|()| 0)
+}
+
+async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<()> {
     if args.all {
         let listing = client.locks(args.lock.as_deref().unwrap_or("")).await?;
         if args.json {
@@ -34,8 +42,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
         } else {
             print!("{}", table(&listing, usize::MAX, None));
         }
-        client.close(Duration::from_secs(2)).await;
-        return Ok(0);
+        return Ok(());
     }
     let lock = args.lock.clone().expect("clap requires LOCK without --all");
     if args.job {
@@ -61,8 +68,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 None => println!("{lock}: free to run now"),
             }
         }
-        client.close(Duration::from_secs(2)).await;
-        return Ok(0);
+        return Ok(());
     }
     if let Some(redis) = client.redis() {
         let view = redis.inspect(&lock).await?;
@@ -83,7 +89,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 println!("{:<6} {:>5}  {}", "holder", h.count, h.id);
             }
         }
-        return Ok(0);
+        return Ok(());
     }
     if let Some(pg) = client.postgres() {
         let view = pg.inspect(&lock).await?;
@@ -110,7 +116,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 );
             }
         }
-        return Ok(0);
+        return Ok(());
     }
     if let Some(db) = client.mysql() {
         let view = db.inspect(&lock).await?;
@@ -124,7 +130,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 None => println!("{}: free; last fencing token {}", view.name, token_text(view.last_token)),
             }
         }
-        return Ok(0);
+        return Ok(());
     }
     if let Some(etcd) = client.etcd() {
         let view = etcd.inspect(&lock).await?;
@@ -144,7 +150,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 println!("  {} create revision {} lease {:x}", k.key, k.create_revision, k.lease);
             }
         }
-        return Ok(0);
+        return Ok(());
     }
     if let Some(db) = client.sqlite() {
         let view = db.mutex(&lock)?.inspect().await?;
@@ -160,7 +166,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
                 v.name, v.locked_by, v.lock_until, v.fencing_token
             ),
         }
-        return Ok(0);
+        return Ok(());
     }
     let Some(zk) = client.zookeeper() else {
         anyhow::bail!("inspect does not support {} yet", client.backend());
@@ -199,8 +205,7 @@ pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
     if !args.json && !view.others.is_empty() {
         println!("not lock nodes (ignored by the queue): {}", view.others.join(", "));
     }
-    client.close(Duration::from_secs(2)).await;
-    Ok(0)
+    Ok(())
 }
 
 /// A column of `top` (its header and its text on a lock's first row).

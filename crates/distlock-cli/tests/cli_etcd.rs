@@ -200,3 +200,33 @@ fn secrets_stay_hidden_on_etcd() {
     let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
     common::a_marker_password_is_never_shown(&url, &password, &tls, "secret/");
 }
+
+/// `inspect` closes its client on every path (one lock, `--all`, `--job`, and an error): the
+/// session lease it granted at connect is revoked at once, not left to expire. On an etcd of
+/// this test's own, so no other test's leases are counted.
+#[test]
+fn inspect_revokes_its_session_lease_on_every_path() {
+    let server = distlock_faults::OwnServer::start("etcd.sh", "start", &[]);
+    let at = server.printed.trim().to_string();
+    let b = format!("etcd://{at}?ttl=60s");
+    let leases = || {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={at}"))
+            .args(["lease", "list"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().skip(1).map(str::to_string).collect::<Vec<_>>()
+    };
+    for args in [&["inspect", "x"][..], &["inspect", "--all"], &["inspect", "--job", "x"], &["inspect", "--json", "x"]]
+    {
+        let out = distlock(&b, args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(leases(), Vec::<String>::new(), "{args:?} left its lease");
+    }
+    // An error after connecting (a job name etcd cannot take) still closes.
+    let out = distlock(&b, &["inspect", "--job", ""]).output().unwrap();
+    assert!(!out.status.success(), "an empty job name accepted");
+    assert_eq!(leases(), Vec::<String>::new(), "the failed inspect left its lease");
+}

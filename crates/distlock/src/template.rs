@@ -4,7 +4,9 @@ use crate::{Error, LostReason, Result};
 use std::future::Future;
 use std::time::Duration;
 
-/// A lock that can be acquired with a timeout; implemented by every recipe.
+/// A lock that can be acquired with a timeout; implemented by every typed lock of every backend
+/// (mutexes, semaphores taking one permit, the fair and reentrant locks) and by
+/// [`crate::Lock`].
 ///
 /// # Examples
 ///
@@ -96,30 +98,100 @@ where
     }
 }
 
+/// Implements [`DistributedLock`] for a typed lock: `$l` is the lock and `$t` the timeout in
+/// the expressions.
+///
+/// ```ignore
+/// distributed_lock!(Mutex => MutexGuard, |l, t| name: l.name(), within: l.lock_timeout(t));
+/// ```
+macro_rules! distributed_lock {
+    ($ty:ty => $guard:ty, |$l:ident, $t:ident| name: $name:expr, within: $within:expr) => {
+        impl $crate::DistributedLock for $ty {
+            type Guard = $guard;
+            fn name(&self) -> &str {
+                let $l = self;
+                $name
+            }
+            fn acquire_timeout(
+                &self,
+                $t: std::time::Duration,
+            ) -> impl std::future::Future<Output = $crate::Result<Option<$guard>>> + Send {
+                let $l = self;
+                $within
+            }
+        }
+    };
+}
+pub(crate) use distributed_lock;
+
+/// Implements [`DistributedGuard`] for guards with `fencing_token`, `lost` and `release`.
+macro_rules! distributed_guard {
+    ($($t:ty),* $(,)?) => {$(
+        impl $crate::DistributedGuard for $t {
+            fn fencing_token(&self) -> u64 {
+                <$t>::fencing_token(self)
+            }
+            fn lost(&self) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
+                <$t>::lost(self)
+            }
+            fn release(self) -> impl std::future::Future<Output = $crate::Result<()>> + Send {
+                <$t>::release(self)
+            }
+        }
+    )*};
+}
+pub(crate) use distributed_guard;
+
+// ZooKeeper's typed locks outside the contract's recipes (those get theirs from `recipe!`).
 #[cfg(feature = "zookeeper")]
 mod zk_impls {
-    use super::*;
-    use crate::zookeeper::{Mutex, MutexGuard};
+    use crate::zookeeper::{Mutex, MutexGuard, ReentrantGuard, ReentrantMutex, Semaphore, SemaphorePermit};
 
-    impl DistributedLock for Mutex {
-        type Guard = MutexGuard;
-        fn name(&self) -> &str {
-            self.path()
-        }
-        fn acquire_timeout(&self, timeout: Duration) -> impl Future<Output = Result<Option<MutexGuard>>> + Send {
-            self.lock_timeout(timeout)
-        }
-    }
+    super::distributed_lock!(Mutex => MutexGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
+    super::distributed_lock!(ReentrantMutex => ReentrantGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
+    // One permit, as the other backends' semaphores take.
+    super::distributed_lock!(Semaphore => SemaphorePermit, |l, t| name: l.path(), within: l.acquire_timeout(1, t));
+    super::distributed_guard!(MutexGuard, ReentrantGuard, SemaphorePermit);
+}
 
-    impl DistributedGuard for MutexGuard {
-        fn fencing_token(&self) -> u64 {
-            MutexGuard::fencing_token(self)
+#[cfg(test)]
+mod tests {
+    use super::DistributedLock;
+
+    /// Every typed lock of every backend takes the template (a lock type missing here, or
+    /// without an impl, fails to compile).
+    #[test]
+    fn every_lock_type_is_a_distributed_lock() {
+        fn takes<L: DistributedLock>() {}
+        takes::<crate::Lock>();
+        #[cfg(feature = "zookeeper")]
+        {
+            use crate::zookeeper::*;
+            takes::<Mutex>();
+            takes::<ReentrantMutex>();
+            takes::<Semaphore>();
         }
-        fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-            MutexGuard::lost(self)
+        #[cfg(feature = "redis")]
+        {
+            use crate::redis::*;
+            takes::<Mutex>();
+            takes::<SimpleLock>();
+            takes::<FairLock>();
+            takes::<Semaphore>();
         }
-        fn release(self) -> impl Future<Output = Result<()>> + Send {
-            MutexGuard::release(self)
+        #[cfg(feature = "postgres")]
+        {
+            takes::<crate::postgres::Mutex>();
+            takes::<crate::postgres::Semaphore>();
         }
+        #[cfg(feature = "etcd")]
+        {
+            takes::<crate::etcd::Mutex>();
+            takes::<crate::etcd::Semaphore>();
+        }
+        #[cfg(feature = "mysql")]
+        takes::<crate::mysql::Mutex>();
+        #[cfg(feature = "sqlite")]
+        takes::<crate::sqlite::Mutex>();
     }
 }

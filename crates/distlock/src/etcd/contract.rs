@@ -28,10 +28,10 @@ impl Client {
     }
 }
 
-recipe!(Mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(Mutex => LockGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.0.try_read(), within: l.0.read_timeout(t));
 recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
-recipe!(Semaphore, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+recipe!(Semaphore => LockGuard, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(LockGuard);
 
 impl super::Client {

@@ -42,8 +42,8 @@ impl Client {
     }
 }
 
-recipe!(Mutex, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-recipe!(Semaphore, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+recipe!(Mutex => MutexGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(Semaphore => MutexGuard, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(MutexGuard);
 
 impl super::Client {

@@ -34,12 +34,15 @@ impl Client {
     }
 }
 
-recipe!(Mutex, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-recipe!(SimpleLock, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(Mutex => MutexGuard, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(SimpleLock => SimpleGuard, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Reading<RwLock>, |l, t| name: l.0.key(), forever: l.0.read(), never: l.0.try_read(), within: l.0.read_timeout(t));
 recipe!(Writing<RwLock>, |l, t| name: l.0.key(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
-recipe!(Semaphore, |l, t| name: l.key(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+recipe!(Semaphore => SemaphorePermit, |l, t| name: l.key(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(MutexGuard, SimpleGuard, ReadGuard, WriteGuard, SemaphorePermit);
+// The fair lock is no recipe of the contract (its queue is Redisson's), but takes the template.
+crate::template::distributed_lock!(super::FairLock => super::FairGuard, |l, t| name: l.key(), within: l.lock_timeout(t));
+crate::template::distributed_guard!(super::FairGuard);
 
 impl From<Mutex> for crate::Lock {
     fn from(m: Mutex) -> crate::Lock {

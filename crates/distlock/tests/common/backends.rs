@@ -1,33 +1,39 @@
 //! The URL of every backend a test run has a server for: shared by the tests that run one
 //! scenario on every backend (`conformance.rs`, `observe.rs`).
 
-/// The URL of every backend this run has a server for (and its short lease/session settings).
+/// The URL of every backend (and its short lease/session settings). A server missing from the
+/// environment fails the test, naming its variable, unless `DISTLOCK_TEST_SKIP_MISSING=1` asks to
+/// run on the servers there are (then each missing one is said on stderr).
 pub fn backends() -> Vec<String> {
-    let mut urls = Vec::new();
-    match std::env::var("DISTLOCK_TEST_ZK") {
-        Ok(addr) => urls.push(format!("zk://{addr}?session_timeout=4s")),
-        Err(_) => eprintln!("conformance: DISTLOCK_TEST_ZK unset, ZooKeeper skipped"),
-    }
-    match std::env::var("DISTLOCK_TEST_REDIS") {
-        Ok(addr) => urls.push(format!("redis://{addr}?lease=4s")),
-        Err(_) => eprintln!("conformance: DISTLOCK_TEST_REDIS unset, Redis skipped"),
-    }
-    match std::env::var("DISTLOCK_TEST_POSTGRES") {
-        Ok(url) => urls.push(format!("{url}?lease=4s")),
-        Err(_) => eprintln!("conformance: DISTLOCK_TEST_POSTGRES unset, PostgreSQL skipped"),
-    }
-    match std::env::var("DISTLOCK_TEST_MYSQL") {
-        Ok(url) => urls.push(format!("{url}?lease=4s")),
-        Err(_) => eprintln!("conformance: DISTLOCK_TEST_MYSQL unset, MariaDB skipped"),
-    }
-    match std::env::var("DISTLOCK_TEST_ETCD") {
-        Ok(addr) => urls.push(format!("etcd://{addr}?ttl=4s")),
-        Err(_) => eprintln!("conformance: DISTLOCK_TEST_ETCD unset, etcd skipped"),
-    }
+    let mut urls: Vec<String> = [
+        ("DISTLOCK_TEST_ZK", "ZooKeeper", "zk://{}?session_timeout=4s"),
+        ("DISTLOCK_TEST_REDIS", "Redis", "redis://{}?lease=4s"),
+        ("DISTLOCK_TEST_POSTGRES", "PostgreSQL", "{}?lease=4s"),
+        ("DISTLOCK_TEST_MYSQL", "MariaDB", "{}?lease=4s"),
+        ("DISTLOCK_TEST_ETCD", "etcd", "etcd://{}?ttl=4s"),
+    ]
+    .into_iter()
+    .filter_map(|(var, name, url)| server(var, name).map(|at| url.replace("{}", &at)))
+    .collect();
     // SQLite needs no server: a database file of this test's own.
     let dir = std::env::temp_dir().join(format!("distlock-backends-sqlite-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     urls.push(format!("sqlite://{}/locks.db?lease=4s", dir.display()));
-    assert!(!urls.is_empty(), "no backend to test: run with scripts/test.sh");
     urls
+}
+
+/// The server in `var`; if unset, a failure naming it, or `None` when missing servers may be
+/// skipped (`DISTLOCK_TEST_SKIP_MISSING=1`).
+pub fn server(var: &str, name: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(at) => Some(at),
+        Err(_) if std::env::var("DISTLOCK_TEST_SKIP_MISSING").as_deref() == Ok("1") => {
+            eprintln!("{var} unset: {name} skipped (DISTLOCK_TEST_SKIP_MISSING=1)");
+            None
+        }
+        Err(_) => panic!(
+            "{var} unset: run the tests with scripts/test.sh, which starts {name}, or set \
+             DISTLOCK_TEST_SKIP_MISSING=1 to run on the servers there are"
+        ),
+    }
 }
