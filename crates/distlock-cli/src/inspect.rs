@@ -20,7 +20,8 @@ pub struct InspectArgs {
     #[arg(long, conflicts_with = "all")]
     job: bool,
     /// The lock: a znode path or a bare name (ZooKeeper), a key (Redis), or a lock name
-    /// (PostgreSQL, MariaDB, SQLite, etcd). With --all, a name prefix.
+    /// (PostgreSQL, MariaDB, SQLite, etcd), shown in the table (or JSON) of --all. With --all,
+    /// a name prefix.
     #[arg(value_name = "LOCK", required_unless_present = "all")]
     lock: Option<String>,
 }
@@ -70,140 +71,17 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
         }
         return Ok(());
     }
-    if let Some(redis) = client.redis() {
-        let view = redis.inspect(&lock).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&view)?);
-        } else if view.holders.is_empty() {
-            println!("{}: free (no holder; last fencing token {})", view.key, token_text(view.last_token));
-        } else {
-            let ttl = view.ttl_ms.map(|t| format!("{t} ms")).unwrap_or_else(|| "no TTL".into());
-            println!(
-                "{} ({} layout): expires in {ttl}; fencing token {}",
-                view.key,
-                view.layout,
-                token_text(view.last_token)
-            );
-            println!("{:<6} {:>5}  HOLDER", "ROLE", "COUNT");
-            for h in &view.holders {
-                println!("{:<6} {:>5}  {}", "holder", h.count, h.id);
-            }
-        }
-        return Ok(());
-    }
-    if let Some(pg) = client.postgres() {
-        let view = pg.inspect(&lock).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&view)?);
-        } else if view.sessions.is_empty() {
-            println!(
-                "{} (advisory key {}): free; last fencing token {}",
-                view.name,
-                view.key,
-                token_text(view.last_token)
-            );
-        } else {
-            println!("{} (advisory key {}): fencing token {}", view.name, view.key, token_text(view.last_token));
-            println!("{:<7} {:<10} {:>8}  {:<16} APPLICATION", "ROLE", "MODE", "PID", "CLIENT");
-            for s in &view.sessions {
-                println!(
-                    "{:<7} {:<10} {:>8}  {:<16} {}",
-                    if s.granted { "holder" } else { "waiter" },
-                    s.mode,
-                    s.pid,
-                    s.client_addr.as_deref().unwrap_or("local"),
-                    s.application_name
-                );
-            }
-        }
-        return Ok(());
-    }
-    if let Some(db) = client.mysql() {
-        let view = db.inspect(&lock).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&view)?);
-        } else {
-            match view.holder_connection {
-                Some(id) => {
-                    println!("{}: held by connection {id}; fencing token {}", view.name, token_text(view.last_token))
-                }
-                None => println!("{}: free; last fencing token {}", view.name, token_text(view.last_token)),
-            }
-        }
-        return Ok(());
-    }
-    if let Some(etcd) = client.etcd() {
-        let view = etcd.inspect(&lock).await?;
-        if args.json {
-            println!("{}", serde_json::to_string(&view)?);
-        } else if view.keys.is_empty() {
-            println!("{}: free (no key under {}/ at revision {})", view.name, view.name, view.revision);
-        } else {
-            println!(
-                "{}: {} key(s) under {}/ at revision {}, oldest first:",
-                view.name,
-                view.keys.len(),
-                view.name,
-                view.revision
-            );
-            for k in &view.keys {
-                println!("  {} create revision {} lease {:x}", k.key, k.create_revision, k.lease);
-            }
-        }
-        return Ok(());
-    }
-    if let Some(db) = client.sqlite() {
-        let view = db.mutex(&lock)?.inspect().await?;
-        match view {
-            _ if args.json => println!("{}", serde_json::to_string(&view)?),
-            None => println!("{}: free (never taken)", lock),
-            Some(v) if v.held => println!(
-                "{}: held by {} since {} until {} UTC; fencing token {}",
-                v.name, v.locked_by, v.locked_at, v.lock_until, v.fencing_token
-            ),
-            Some(v) => println!(
-                "{}: free (last held by {} until {} UTC); last fencing token {}",
-                v.name, v.locked_by, v.lock_until, v.fencing_token
-            ),
-        }
-        return Ok(());
-    }
-    let Some(zk) = client.zookeeper() else {
-        anyhow::bail!("inspect does not support {} yet", client.backend());
-    };
-    let path = client.lock_name(&lock)?;
-    let view = zk.inspect(&path).await?;
+    // One lock, in the same shape as --all on every backend.
+    let listing = client.inspect(&lock).await?;
+    let one = &listing.locks[0];
     if args.json {
-        println!("{}", serde_json::to_string(&view)?);
-    } else if view.contenders.is_empty() {
-        println!("{}: free (no holder, no waiters)", view.path);
+        println!("{}", serde_json::to_string(&listing)?);
+    } else if one.entries.is_empty() {
+        let token =
+            one.last_token.map(|t| format!("last fencing token {t}")).unwrap_or("no fencing token recorded".into());
+        println!("{}: free (no holder, no waiter); {token}", one.name);
     } else {
-        let permits =
-            view.permits.map(|n| format!(", {n} permit{}", if n == 1 { "" } else { "s" })).unwrap_or_default();
-        let n = view.contenders.len();
-        println!("{} ({}{permits}): {n} node{}", view.path, view.kind, if n == 1 { "" } else { "s" });
-        println!("{:<4} {:<7} {:<6} {:<28} {:<20} {:>8}  NODE", "POS", "ROLE", "MODE", "OWNER", "SESSION", "AGE");
-        for c in &view.contenders {
-            let owner = match &c.owner {
-                Some(o) => o.to_string(),
-                None if c.raw_data.is_empty() => "-".to_string(),
-                None => format!("raw: {}", c.raw_data.chars().take(22).collect::<String>()),
-            };
-            let age = humantime::format_duration(Duration::from_millis(c.age_ms / 100 * 100)).to_string();
-            println!(
-                "{:<4} {:<7} {:<6} {:<28} {:<20} {:>8}  {}",
-                c.position,
-                if c.holds { "holder" } else { "waiter" },
-                c.mode,
-                owner,
-                c.session,
-                age,
-                c.node
-            );
-        }
-    }
-    if !args.json && !view.others.is_empty() {
-        println!("not lock nodes (ignored by the queue): {}", view.others.join(", "));
+        print!("{}", table(&listing, usize::MAX, None));
     }
     Ok(())
 }
@@ -317,10 +195,6 @@ pub fn ms_text(ms: u64) -> String {
         60_000..=3_599_999 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
         _ => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
     }
-}
-
-fn token_text(token: Option<u64>) -> String {
-    token.map(|t| t.to_string()).unwrap_or_else(|| "none yet".into())
 }
 
 #[cfg(test)]

@@ -98,10 +98,10 @@ fn nonblock_and_wait_give_up_with_conflict_code() {
     assert!(started.elapsed() >= Duration::from_millis(400));
     // Nothing left behind by the two failed attempts: only the holder is queued.
     let view = inspect_json(&l);
-    let contenders = view["contenders"].as_array().unwrap();
-    assert_eq!(contenders.len(), 1, "{view}");
-    assert_eq!(contenders[0]["holds"], true);
-    assert_eq!(contenders[0]["owner"]["pid"], holder.id());
+    let entries = view["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{view}");
+    assert_eq!(entries[0]["holds"], true);
+    assert!(owned_by(&entries[0], holder.id()), "{view}");
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
@@ -125,15 +125,14 @@ fn inspect_shows_holder_and_waiters_in_order() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let view = loop {
         let view = inspect_json(&l);
-        if view["contenders"].as_array().unwrap().len() == 2 {
+        if view["entries"].as_array().unwrap().len() == 2 {
             break view;
         }
         assert!(Instant::now() < deadline, "waiter never queued: {view}");
     };
-    let c = view["contenders"].as_array().unwrap();
+    let c = view["entries"].as_array().unwrap();
     assert_eq!((c[0]["holds"].as_bool(), c[1]["holds"].as_bool()), (Some(true), Some(false)));
-    assert_eq!(c[0]["owner"]["pid"], holder.id());
-    assert_eq!(c[1]["owner"]["pid"], waiter.id());
+    assert!(owned_by(&c[0], holder.id()) && owned_by(&c[1], waiter.id()), "{view}");
     let table = distlock(&["inspect", &l]).output().unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.contains("holder") && table.contains("waiter"), "{table}");
@@ -169,7 +168,7 @@ fn killed_holder_passes_the_lock_on_after_its_session_times_out() {
 /// Deletes the node of `lock`'s holder, as an operator would: the holder loses the lock.
 fn delete_holder_node(lock: &str) {
     let view = inspect_json(lock);
-    let node = format!("{lock}/{}", view["contenders"][0]["node"].as_str().unwrap());
+    let node = format!("{lock}/{}", view["entries"][0]["id"].as_str().unwrap());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = distlock::zookeeper::Client::connect(&backend("4s")).await.unwrap();
@@ -252,9 +251,9 @@ fn shared_locks_share_and_write_excludes() {
         .unwrap();
     let _out = first_line_is(&mut reader, "held");
     let view = inspect_json(&l);
-    assert_eq!(view["kind"], "rwlock", "{view}");
+    assert_eq!(view["recipe"], "rwlock", "{view}");
     assert_eq!(
-        (view["contenders"][0]["mode"].as_str(), view["contenders"][0]["holds"].as_bool()),
+        (view["entries"][0]["mode"].as_str(), view["entries"][0]["holds"].as_bool()),
         (Some("read"), Some(true))
     );
     let r = distlock(&["exec", "-n", "-s", &l, "--", "echo", "second reader"]).output().unwrap();
@@ -297,28 +296,37 @@ fn plain_exclusive_and_shared_holders_form_one_queue() {
     let mut waiter = distlock(&["exec", &l, "--", "echo", "plain"]).stdout(Stdio::piped()).spawn().unwrap();
     wait_queue_len(&l, 3);
     let view = inspect_json(&l);
-    let modes: Vec<&str> = view["contenders"].as_array().unwrap().iter().map(|c| c["mode"].as_str().unwrap()).collect();
-    assert_eq!(modes, ["lock", "read", "lock"], "{view}");
+    let modes: Vec<&str> = view["entries"].as_array().unwrap().iter().map(|c| c["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["exclusive", "read", "exclusive"], "{view}");
     plain.kill().unwrap();
     plain.wait().unwrap();
     assert_eq!(reader_lines.next(Duration::from_secs(20), "the reader's turn"), "reader");
     let view = inspect_json(&l);
-    let holds: Vec<(&str, bool)> = view["contenders"]
+    let holds: Vec<(&str, bool)> = view["entries"]
         .as_array()
         .unwrap()
         .iter()
         .map(|c| (c["mode"].as_str().unwrap(), c["holds"].as_bool().unwrap()))
         .collect();
-    assert_eq!(holds, [("read", true), ("lock", false)], "the plain waiter waits for the reader: {view}");
+    assert_eq!(holds, [("read", true), ("exclusive", false)], "the plain waiter waits for the reader: {view}");
     reader.kill().unwrap();
     reader.wait().unwrap();
     assert!(wait_exit(&mut waiter, Duration::from_secs(20)).success());
 }
 
-/// `distlock inspect --json LOCK`, parsed.
+/// `distlock inspect --json LOCK`, parsed: the one lock of its listing (the shape of
+/// `inspect --all`).
 fn inspect_json(lock: &str) -> serde_json::Value {
     let out = distlock(&["inspect", "--json", lock]).output().unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("inspect {lock}: {e}: {out:?}"))
+    let listing: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("inspect {lock}: {e}: {out:?}"));
+    assert_eq!(listing["locks"].as_array().map(Vec::len), Some(1), "one lock: {listing}");
+    listing["locks"][0].clone()
+}
+
+/// The entry's owner is the process `pid` (distlock's owner record: `host pid N`).
+fn owned_by(entry: &serde_json::Value, pid: u32) -> bool {
+    entry["owner"].as_str().is_some_and(|o| o.ends_with(&format!(" pid {pid}")))
 }
 
 /// Waits (bounded) until `lock` has `n` nodes queued.
@@ -326,7 +334,7 @@ fn wait_queue_len(lock: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let view = inspect_json(lock);
-        if view["contenders"].as_array().map_or(0, |c| c.len()) == n {
+        if view["entries"].as_array().map_or(0, |c| c.len()) == n {
             return;
         }
         assert!(Instant::now() < deadline, "{lock} never had {n} nodes queued: {view}");
@@ -342,8 +350,8 @@ fn permits_admit_n_holders() {
     let c = distlock(&["exec", "-n", "--permits", "2", &l, "--", "true"]).output().unwrap();
     assert_eq!(c.status.code(), Some(1), "a third holder of 2 permits");
     let view = inspect_json(&l);
-    assert_eq!(view["kind"], "semaphore", "{view}");
-    let holders: Vec<_> = view["contenders"].as_array().unwrap().iter().filter(|c| c["holds"] == true).collect();
+    assert_eq!(view["recipe"], "semaphore", "{view}");
+    let holders: Vec<_> = view["entries"].as_array().unwrap().iter().filter(|c| c["holds"] == true).collect();
     assert_eq!(holders.len(), 2, "{view}");
     a.kill().unwrap();
     a.wait().unwrap();
@@ -372,7 +380,7 @@ fn several_locks_are_taken_together() {
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     let view = inspect_json(&a);
-    assert!(view["contenders"].as_array().unwrap().is_empty(), "the free member was given back: {view}");
+    assert!(view["entries"].as_array().unwrap().is_empty(), "the free member was given back: {view}");
     holder.kill().unwrap();
     holder.wait().unwrap();
 }
@@ -590,7 +598,7 @@ fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let view = inspect_json(&l);
-        if view["contenders"].as_array().map_or(0, |c| c.len()) >= 2 {
+        if view["entries"].as_array().map_or(0, |c| c.len()) >= 2 {
             break;
         }
         assert!(Instant::now() < deadline, "the waiter did not queue");
@@ -814,10 +822,9 @@ fn non_lock_children_are_ignored() {
     });
     let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let view = inspect_json(&l);
-    let contenders = view["contenders"].as_array().unwrap();
-    assert_eq!(contenders.len(), 1, "{view}");
-    assert_eq!(contenders[0]["owner"]["pid"], holder.id());
-    assert_eq!(view["others"], serde_json::json!(["config"]));
+    let entries = view["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "the holder only, not the config node: {view}");
+    assert!(owned_by(&entries[0], holder.id()), "{view}");
     holder.kill().unwrap();
     holder.wait().unwrap();
     wait_queue_len(&l, 0);
@@ -841,9 +848,9 @@ fn a_different_permit_count_is_refused() {
     assert!(err.contains("2 permits") && err.contains('5'), "{err}");
     let view = inspect_json(&l);
     assert_eq!(view["permits"], 2, "{view}");
-    assert_eq!(view["contenders"].as_array().unwrap().len(), 1, "the refused acquire left nothing: {view}");
+    assert_eq!(view["entries"].as_array().unwrap().len(), 1, "the refused acquire left nothing: {view}");
     let table = distlock(&["inspect", &l]).output().unwrap();
-    assert!(String::from_utf8_lossy(&table.stdout).contains("2 permits"));
+    assert!(String::from_utf8_lossy(&table.stdout).contains("semaphore"));
     a.kill().unwrap();
     a.wait().unwrap();
 }
@@ -1342,4 +1349,18 @@ fn the_backend_url_from_a_file() {
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("keep one"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lease the ZooKeeper server would not grant as asked (the test servers keep sessions of 1 s
+/// to 60 s, or to 10 s) is refused, naming both, rather than silently replaced by the server's
+/// nearest.
+#[test]
+fn a_lease_outside_the_servers_bounds_is_refused() {
+    for lease in ["500ms", "100s"] {
+        let out = distlock(&["exec", "--lease", lease, "-n", &lock(), "--", "true"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert!(out.stdout.is_empty(), "the command must not run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("grants a session timeout") && err.contains(lease), "{err}");
+    }
 }

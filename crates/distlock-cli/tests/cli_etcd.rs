@@ -40,15 +40,13 @@ fn exec_passes_etcdctl_style_variables_and_inspect_shows_the_queue() {
     let rev: u64 = parts[2].parse().unwrap();
     let busy = distlock(&b, &["exec", "-n", &lock, "--", "true"]).output().unwrap();
     assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
-    let view = distlock(&b, &["inspect", "--json", &lock]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
-    assert_eq!(view["keys"][0]["key"].as_str(), Some(parts[1]), "{view}");
-    assert_eq!(view["keys"][0]["create_revision"].as_u64(), Some(rev), "ETCD_LOCK_REV is the token: {view}");
+    let view = common::one_lock(&distlock(&b, &["inspect", "--json", &lock]).output().unwrap());
+    assert_eq!(view["entries"][0]["id"].as_str(), Some(parts[1]), "{view}");
+    assert_eq!(view["entries"][0]["token"].as_u64(), Some(rev), "ETCD_LOCK_REV is the token: {view}");
     drop(holder.stdin.take());
     assert!(wait_exit(&mut holder, Duration::from_secs(20)).success());
-    let view = distlock(&b, &["inspect", "--json", &lock]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
-    assert_eq!(view["keys"].as_array().map(Vec::len), Some(0), "nothing left: {view}");
+    let view = common::one_lock(&distlock(&b, &["inspect", "--json", &lock]).output().unwrap());
+    assert_eq!(view["entries"].as_array().map(Vec::len), Some(0), "nothing left: {view}");
 }
 
 /// The same LOCK name given to `etcdctl lock` and to `distlock exec` is one lock: each waits

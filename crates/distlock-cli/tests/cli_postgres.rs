@@ -58,12 +58,10 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
     let writer = distlock(&["exec", "-x", "-n", &lock, "--", "true"]).output().unwrap();
     assert_eq!(writer.status.code(), Some(1), "a writer waits for the reader");
     // inspect shows the reader holding, by the session the server knows.
-    let seen = distlock(&["inspect", "--json", &lock]).output().unwrap();
-    assert!(seen.status.success(), "{}", String::from_utf8_lossy(&seen.stderr));
-    let view: serde_json::Value = serde_json::from_slice(&seen.stdout).unwrap();
-    let sessions = view["sessions"].as_array().unwrap();
+    let view = common::one_lock(&distlock(&["inspect", "--json", &lock]).output().unwrap());
+    let sessions = view["entries"].as_array().unwrap();
     assert_eq!(sessions.len(), 1, "{view}");
-    assert_eq!((sessions[0]["mode"].as_str(), sessions[0]["granted"].as_bool()), (Some("shared"), Some(true)));
+    assert_eq!((sessions[0]["mode"].as_str(), sessions[0]["holds"].as_bool()), (Some("read"), Some(true)));
     assert!(view["last_token"].as_u64().unwrap() > t2, "the readers took larger tokens: {view}");
     drop(reader.stdin.take());
     assert!(wait_exit(&mut reader, Duration::from_secs(20)).success());
@@ -124,14 +122,15 @@ fn psql(sql: &str) -> String {
 
 /// The sessions of lock `lock` as `inspect --json` shows them: (pid, granted).
 fn sessions(lock: &str) -> Vec<(i64, bool)> {
-    let out = distlock(&["inspect", "--json", lock]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    view["sessions"]
+    let view = common::one_lock(&distlock(&["inspect", "--json", lock]).output().unwrap());
+    view["entries"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["pid"].as_i64().unwrap(), s["granted"].as_bool().unwrap()))
+        .map(|s| {
+            let id = s["id"].as_str().and_then(|id| id.strip_prefix("backend pid ")).expect("a session's pid");
+            (id.split(' ').next().unwrap().parse().unwrap(), s["holds"].as_bool().unwrap())
+        })
         .collect()
 }
 

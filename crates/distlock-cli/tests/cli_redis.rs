@@ -48,10 +48,9 @@ fn exec_on_redis_passes_env_excludes_and_leaves_nothing() {
     assert_eq!(lines.next(Duration::from_secs(20), "held"), "held");
     assert_eq!(distlock(&b, &["exec", "-n", &k, "--", "true"]).status().unwrap().code(), Some(1));
     assert_eq!(distlock(&b, &["exec", "-n", "-E", "9", &k, "--", "true"]).status().unwrap().code(), Some(9));
-    let view = distlock(&b, &["inspect", "--json", &k]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
-    assert_eq!(view["layout"], "redisson");
-    assert_eq!(view["holders"].as_array().unwrap().len(), 1);
+    let view = common::one_lock(&distlock(&b, &["inspect", "--json", &k]).output().unwrap());
+    assert_eq!(view["recipe"], "mutex", "{view}");
+    assert_eq!(view["entries"].as_array().unwrap().len(), 1, "{view}");
     unsafe {
         libc::kill(holder.id() as i32, libc::SIGTERM);
     }

@@ -28,15 +28,14 @@ fn exec_on_sqlite_excludes_passes_the_token_and_inspect_shows_the_row() {
     assert!(t2 > t1, "{t2} after {t1}");
     let busy = distlock(&b, &["exec", "-n", "job", "--", "true"]).output().unwrap();
     assert_eq!(busy.status.code(), Some(1), "{}", String::from_utf8_lossy(&busy.stderr));
-    let view = distlock(&b, &["inspect", "--json", "job"]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
-    assert_eq!(view["held"], true, "{view}");
-    assert_eq!(view["fencing_token"].as_u64(), Some(t2), "{view}");
+    let view = common::one_lock(&distlock(&b, &["inspect", "--json", "job"]).output().unwrap());
+    assert_eq!(view["entries"][0]["holds"], true, "{view}");
+    assert_eq!(view["entries"][0]["token"].as_u64(), Some(t2), "{view}");
     drop(holder.stdin.take());
     assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
-    let view = distlock(&b, &["inspect", "--json", "job"]).output().unwrap();
-    let view: serde_json::Value = serde_json::from_slice(&view.stdout).unwrap();
-    assert_eq!(view["held"], false, "released: {view}");
+    let view = common::one_lock(&distlock(&b, &["inspect", "--json", "job"]).output().unwrap());
+    assert_eq!(view["entries"].as_array().map(Vec::len), Some(0), "released: {view}");
+    assert_eq!(view["last_token"].as_u64(), Some(t2), "the free lock keeps its last token: {view}");
     // A recipe the lease table does not have is named before anything is taken.
     let read = distlock(&b, &["exec", "-s", "job", "--", "true"]).output().unwrap();
     assert!(!read.status.success());

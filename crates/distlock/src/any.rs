@@ -195,6 +195,29 @@ impl Client {
         self.inner.locks(prefix).await
     }
 
+    /// The one lock `name` in the shape of [`Client::locks`]: a listing of exactly that lock,
+    /// its holders and waiters (none when it is free) and its last fencing token where the
+    /// backend keeps one per lock. Works on every backend, also where a listing by prefix
+    /// is refused.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock::Result<()> {
+    /// let client = distlock::connect("sqlite:///tmp/locks.db").await?;
+    /// let seen = client.inspect("orders").await?;
+    /// let lock = &seen.locks[0];
+    /// match lock.holders().next() {
+    ///     Some(h) => println!("{} held by {}", lock.name, h.owner),
+    ///     None => println!("{} is free", lock.name),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<crate::listing::Listing> {
+        let name = self.inner.lock_name(name)?;
+        self.inner.lock(&name).await
+    }
+
     /// An exclusive lock: ZooKeeper's queue mutex (Curator's InterProcessMutex layout), or on
     /// Redis the URL's layout (Redisson's RLock, or `?layout=simple` for redis-py's).
     pub fn mutex(&self, name: &str) -> Result<Lock> {

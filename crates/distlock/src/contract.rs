@@ -128,6 +128,9 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     /// Every lock in use whose name starts with `prefix`, in the neutral shape; or
     /// [`Error::Unsupported`] naming why this server cannot list them.
     fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
+    /// The one lock named `name` (already checked by [`Backend::lock_name`]) in the same shape:
+    /// a listing of exactly one lock, with no entries when it is free.
+    fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
     /// The election named `name`, or [`Error::Unsupported`] naming why this backend has none.
     fn election(&self, name: &str) -> Result<Arc<dyn Ballot>>;
     /// The store of scheduled jobs' lock rows and run records (see [`crate::schedule`]).
@@ -322,7 +325,8 @@ pub(crate) use recipe;
 /// The parts of a backend's side of the contract that read the same on every backend whose typed
 /// client has `connect(url)`, `lease()` and `close(bound)`: the connect function for the scheme
 /// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the
-/// parts that differ as inherent methods of its client in its `contract.rs`:
+/// parts that differ as inherent methods of its client (`locks(prefix)` and `one_lock(name)`
+/// return [`crate::listing::Listing`]s), and in its `contract.rs`:
 /// `checked_name(&self, name) -> Result<String>`, `make(&self, name, kind) -> Result<Arc<dyn
 /// Recipe>>`, `election_of(&self, name) -> Result<Arc<dyn Ballot>>` and `jobs_of(&self) ->
 /// Result<Arc<dyn Jobs>>`.
@@ -361,6 +365,12 @@ macro_rules! backend {
                 prefix: &'a str,
             ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
                 Box::pin(<$client>::locks(self, prefix))
+            }
+            fn lock<'a>(
+                &'a self,
+                name: &'a str,
+            ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
+                Box::pin(<$client>::one_lock(self, name))
             }
             fn election(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
                 <$client>::election_of(self, name)

@@ -110,21 +110,29 @@ pub struct Entry {
 
 impl Entry {
     /// An entry with only its role, mode, owner and id known.
-    #[cfg_attr(
-        all(
-            feature = "mysql",
-            not(any(
-                feature = "zookeeper",
-                feature = "redis",
-                feature = "postgres",
-                feature = "sqlite",
-                feature = "etcd"
-            ))
-        ),
-        allow(dead_code)
-    )]
     pub(crate) fn new(holds: bool, mode: &str, owner: String, id: String) -> Entry {
         Entry { holds, mode: mode.to_string(), owner, id, since_ms: None, token: None, lease_left_ms: None }
+    }
+}
+
+/// What [`crate::Client::inspect`] found of one lock.
+pub(crate) enum Found {
+    /// The lock in use, or as the server records it.
+    Lock(LockInfo),
+    /// Nothing in use: the lock is free, a `recipe` with this last token if known.
+    Free { recipe: &'static str, last_token: Option<u64> },
+}
+
+impl Listing {
+    /// A listing of the one lock `name`, for [`crate::Client::inspect`].
+    pub(crate) fn one(backend: &'static str, name: &str, found: Found, unseen: Vec<String>) -> Listing {
+        let info = match found {
+            Found::Lock(info) => info,
+            Found::Free { recipe, last_token } => {
+                LockInfo { name: name.to_string(), recipe: recipe.into(), permits: None, last_token, entries: vec![] }
+            }
+        };
+        Listing { backend, prefix: name.to_string(), locks: vec![info], truncated: false, unseen }
     }
 }
 

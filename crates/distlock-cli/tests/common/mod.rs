@@ -15,6 +15,15 @@ pub fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// `distlock inspect --json LOCK`'s output, parsed: the one lock of its listing (the shape of
+/// `inspect --all`).
+pub fn one_lock(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "inspect: {}", String::from_utf8_lossy(&out.stderr));
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["locks"].as_array().map(Vec::len), Some(1), "one lock: {listing}");
+    listing["locks"][0].clone()
+}
+
 /// `distlock ARGS` on `backend`.
 pub fn distlock(backend: &str, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);

@@ -485,6 +485,15 @@ fn classify(key: &str) -> Option<(&str, &'static str, &'static str)> {
 }
 
 impl Client {
+    /// The lock `name` as [`Client::locks`] shows each, or free (for [`crate::Client::inspect`]).
+    pub(crate) async fn one_lock(&self, name: &str) -> Result<crate::listing::Listing> {
+        use crate::listing::{Found, Listing};
+        let listing = self.locks(name).await?;
+        let found = listing.locks.into_iter().find(|l| l.name == name);
+        let found = found.map_or(Found::Free { recipe: "mutex", last_token: None }, Found::Lock);
+        Ok(Listing::one("etcd", name, found, listing.unseen))
+    }
+
     /// Every lock with keys under `prefix` (`etcdctl lock`'s mutex keys `name/<lease>`, read/write
     /// keys `name/read/…` and `name/write/…`, semaphore keys `name/<lease>_…`), in create-revision
     /// order, each key's token its create revision and its lease's time to live.

@@ -376,6 +376,33 @@ impl Client {
 }
 
 impl Client {
+    /// The lock `name` in the neutral shape of [`crate::Client::locks`], from [`Client::inspect`]
+    /// (for [`crate::Client::inspect`]).
+    pub(crate) async fn one_lock(&self, name: &str) -> Result<crate::listing::Listing> {
+        use crate::listing::{Entry, Found, Listing, LockInfo};
+        let view = self.inspect(name).await?;
+        let found = match view.holder_connection {
+            None => Found::Free { recipe: "mutex", last_token: view.last_token },
+            Some(id) => Found::Lock(LockInfo {
+                name: view.name,
+                recipe: "mutex".into(),
+                permits: None,
+                last_token: view.last_token,
+                entries: vec![Entry::new(true, "exclusive", format!("connection {id}"), format!("connection {id}"))],
+            }),
+        };
+        Ok(Listing::one(
+            "mysql",
+            name,
+            found,
+            vec![
+                "owners: MariaDB records the holder's connection id (KILL it to free the lock), not its host or pid"
+                    .into(),
+                "waiters and hold times: IS_USED_LOCK names the holder only".into(),
+            ],
+        ))
+    }
+
     /// Refused: MariaDB has no reliable list of user locks. `performance_schema.metadata_locks`
     /// lists them only when the server was started with it, and there (MariaDB 10.11) a query
     /// from a client connection was seen to show a waiter as the holder, and afterwards no

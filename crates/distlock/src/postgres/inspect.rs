@@ -1,7 +1,7 @@
 //! Who holds and who waits for a lock, from `pg_locks`.
 
 use super::{backend, AdvisoryKey, Client, FENCING_GUARD, FENCING_SEQUENCE};
-use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
+use crate::listing::{Entry, Found, Listing, LockInfo, MAX_LOCKS};
 use crate::{Error, Result};
 
 /// A lock as the server sees it, from [`Client::inspect`].
@@ -93,6 +93,45 @@ impl Client {
 }
 
 impl Client {
+    /// The lock `name` in the neutral shape of [`Client::locks`], from [`Client::inspect`]: its
+    /// sessions, holders first, and its last fencing token (for [`crate::Client::inspect`]).
+    pub(crate) async fn one_lock(&self, name: &str) -> Result<Listing> {
+        let view = self.inspect(name).await?;
+        let rw = view.sessions.iter().any(|s| s.mode == "shared");
+        let entries = view
+            .sessions
+            .iter()
+            .map(|s| {
+                let mode = match (s.mode.as_str(), rw) {
+                    ("shared", _) => "read",
+                    (_, true) => "write",
+                    _ => "exclusive",
+                };
+                let addr = s.client_addr.clone().unwrap_or_else(|| "local".into());
+                let owner =
+                    if s.application_name.is_empty() { addr } else { format!("{addr} ({})", s.application_name) };
+                Entry::new(s.granted, mode, owner, format!("backend pid {} on advisory key {}", s.pid, view.key))
+            })
+            .collect();
+        let recipe = if rw { "rwlock" } else { "mutex" };
+        let found = match entries {
+            _ if view.sessions.is_empty() => Found::Free { recipe, last_token: view.last_token },
+            entries => Found::Lock(LockInfo {
+                name: view.name,
+                recipe: recipe.into(),
+                permits: None,
+                last_token: view.last_token,
+                entries,
+            }),
+        };
+        Ok(Listing::one(
+            "postgres",
+            name,
+            found,
+            vec!["hold times and each holder's token: one sequence serves every lock".into()],
+        ))
+    }
+
     /// Every advisory lock held or awaited in this database, by key: PostgreSQL records the key
     /// (a hash of the name), not the name, so only the empty prefix can be listed. Holders first,
     /// then waiters in the order they began to wait.

@@ -2,9 +2,17 @@
 //! [`crate::listing::Listing`]).
 
 use super::{backend, token_key, Client};
-use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
+use crate::listing::{Entry, Found, Listing, LockInfo, MAX_LOCKS};
 use crate::{Error, Result};
 use std::collections::BTreeSet;
+
+/// What a Redis listing cannot show.
+fn unseen() -> Vec<String> {
+    vec![
+        "owners: Redis records a holder's client id, not its host or pid".into(),
+        "waiters: they wait on a channel, which Redis does not list (a fair lock's queue is not read yet)".into(),
+    ]
+}
 
 /// Most `SCAN` rounds (of up to 1,000 keys each) one listing makes.
 const MAX_SCANS: usize = 1000;
@@ -47,11 +55,7 @@ impl Client {
             prefix: prefix.to_string(),
             locks: vec![],
             truncated: cursor != 0,
-            unseen: vec![
-                "owners: Redis records a holder's client id, not its host or pid".into(),
-                "waiters: they wait on a channel, which Redis does not list (a fair lock's queue is not read yet)"
-                    .into(),
-            ],
+            unseen: unseen(),
         };
         let (now_s, now_us): (u64, u64) =
             redis::cmd("TIME").query_async(&mut conn).await.map_err(|e| backend("TIME", prefix, e))?;
@@ -66,6 +70,26 @@ impl Client {
             }
         }
         Ok(listing)
+    }
+
+    /// The lock at `key` as [`Client::locks`] shows each, or free with its last token (for
+    /// [`crate::Client::inspect`]; one key, so also on a cluster).
+    pub(crate) async fn one_lock(&self, key: &str) -> Result<Listing> {
+        let mut conn = self.conn();
+        let (now_s, now_us): (u64, u64) =
+            redis::cmd("TIME").query_async(&mut conn).await.map_err(|e| backend("TIME", key, e))?;
+        let found = match self.lock_info(key, now_s * 1000 + now_us / 1000).await? {
+            Some(info) => Found::Lock(info),
+            None => {
+                let token: Option<String> = redis::cmd("GET")
+                    .arg(token_key(key))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| backend("GET", key, e))?;
+                Found::Free { recipe: "mutex", last_token: token.and_then(|t| t.parse().ok()) }
+            }
+        };
+        Ok(Listing::one("redis", key, found, unseen()))
     }
 
     async fn lock_info(&self, key: &str, now_ms: u64) -> Result<Option<LockInfo>> {

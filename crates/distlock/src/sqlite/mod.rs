@@ -314,6 +314,17 @@ pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
 }
 
 impl Client {
+    /// The lock `name` as [`Client::locks`] shows each, or free with its row's last token (for
+    /// [`crate::Client::inspect`]).
+    pub(crate) async fn one_lock(&self, name: &str) -> Result<crate::listing::Listing> {
+        use crate::listing::{Found, Listing};
+        let last_token = self.mutex(name)?.inspect().await?.map(|row| row.fencing_token);
+        let listing = self.locks(name).await?;
+        let found = listing.locks.into_iter().find(|l| l.name == name);
+        let found = found.map_or(Found::Free { recipe: "lease", last_token }, Found::Lock);
+        Ok(Listing::one("sqlite", name, found, listing.unseen))
+    }
+
     /// Every lock whose name starts with `prefix` and whose lease row is held now, with its
     /// holder, token, hold time and lease left. Waiters poll the row, so none are recorded.
     pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {

@@ -50,6 +50,10 @@ impl Backend for Client {
         Box::pin(Client::locks(self, prefix))
     }
 
+    fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
     fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
         Ok(Arc::new(super::election::Election { client: self.clone(), dir: super::url::lock_path(name)? }))
     }

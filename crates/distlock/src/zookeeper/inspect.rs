@@ -3,7 +3,7 @@
 use super::queue::{node_kind, sort_children, sort_key, Exclusive, NodeKind, Policy, EVERY_MARKER, LATCH};
 use super::rwlock::ReadPolicy;
 use super::{backend, url, Client};
-use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
+use crate::listing::{Entry, Found, Listing, LockInfo, MAX_LOCKS};
 use crate::{Owner, Result};
 use serde::Serialize;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -258,6 +258,19 @@ impl Client {
         }
         listing.locks.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(listing)
+    }
+}
+
+impl Client {
+    /// The lock at `path` as [`Client::locks`] shows each: [`Client::inspect`] in the neutral
+    /// shape (for [`crate::Client::inspect`]).
+    pub(crate) async fn one_lock(&self, path: &str) -> Result<Listing> {
+        let view = self.inspect(path).await?;
+        let found = match view.contenders.is_empty() {
+            true => Found::Free { recipe: "mutex", last_token: None },
+            false => Found::Lock(lock_info(view)),
+        };
+        Ok(Listing::one("zookeeper", path, found, vec![]))
     }
 }
 

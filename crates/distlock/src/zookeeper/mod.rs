@@ -289,6 +289,20 @@ impl Client {
         }
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();
+        if timeout != url.session_timeout {
+            // The server keeps sessions within its bounds and grants the nearest: a lease other
+            // than the one asked for is refused, not used in its place (the session closes as
+            // `zk` drops).
+            return Err(Error::InvalidArgument {
+                what: "lease",
+                reason: format!(
+                    "the ZooKeeper server grants a session timeout of {timeout:?} where the lease asked for is {:?}: \
+                     it keeps sessions between its minSessionTimeout and maxSessionTimeout (by default 2 and \
+                     20 tickTimes); ask for a lease within them",
+                    url.session_timeout
+                ),
+            });
+        }
         let margin = url.lease_margin.unwrap_or_else(|| session::default_margin(timeout));
         if margin >= timeout {
             return Err(Error::InvalidUrl {
