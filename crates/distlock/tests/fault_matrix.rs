@@ -19,12 +19,13 @@
 //! whose names do (`election`).
 //! - `matrix_single_server`: ZooKeeper at `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the
 //!   `scripts/zk.sh` directory) adds the server crash-and-restart cells.
-//! - `matrix_ensemble`: when `DISTLOCK_TEST_ENSEMBLE_DIR` names a running `scripts/zk-ensemble.sh`
-//!   ensemble.
-//! - `matrix_redis`, `matrix_postgres`, `matrix_mariadb`, `matrix_etcd`, `matrix_sqlite`: when
-//!   `DISTLOCK_MATRIX_BACKENDS` is set (scripts/test.sh runs them once, not in every ZooKeeper
-//!   pass), on the servers of `DISTLOCK_TEST_REDIS`, `_POSTGRES`, `_MYSQL`, `_ETCD` (and their
-//!   `_DIR`s for the restart cells); SQLite on a file of its own.
+//! - `matrix_ensemble` (ignored unless asked for: `-- --ignored`): on the running
+//!   `scripts/zk-ensemble.sh` ensemble that `DISTLOCK_TEST_ENSEMBLE_DIR` names.
+//! - `matrix_redis`, `matrix_postgres`, `matrix_mariadb`, `matrix_etcd`, `matrix_sqlite` and the
+//!   `matrix_tls_*` (ignored unless asked for: scripts/test.sh runs them once, not in every
+//!   ZooKeeper pass), on the servers of `DISTLOCK_TEST_REDIS`, `_POSTGRES`, `_MYSQL`, `_ETCD`
+//!   (and their `_DIR`s for the restart cells); SQLite on a file of its own; the TLS ones on
+//!   TLS-only servers of their own.
 //!
 //! Results go to stdout and to `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown
 //! table per server.
@@ -889,11 +890,11 @@ async fn matrix_single_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a scripts/zk-ensemble.sh ensemble: scripts/test.sh runs it"]
 async fn matrix_ensemble() {
-    let Ok(dir) = std::env::var("DISTLOCK_TEST_ENSEMBLE_DIR") else {
-        println!("no ensemble (DISTLOCK_TEST_ENSEMBLE_DIR unset): scripts/test.sh runs this against one");
-        return;
-    };
+    let dir = std::env::var("DISTLOCK_TEST_ENSEMBLE_DIR").expect(
+        "DISTLOCK_TEST_ENSEMBLE_DIR unset: scripts/test.sh runs this against a scripts/zk-ensemble.sh ensemble",
+    );
     let connect = std::fs::read_to_string(format!("{dir}/ensemble.addr")).expect("ensemble.addr").trim().to_string();
     let target = Target {
         server: "Apache ZooKeeper 3-node ensemble".into(),
@@ -909,8 +910,7 @@ async fn matrix_ensemble() {
     run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower]).await;
 }
 
-/// A network backend's matrix, when `DISTLOCK_MATRIX_BACKENDS` is set and its server is given:
-/// `url` has `{addr}` for the server's address; `env` names its address's variable, whose
+/// A network backend's matrix on the server its variable gives: `url` has `{addr}` for the server's address; `env` names its address's variable, whose
 /// `_DIR` twin is the script's directory for the restart cell.
 async fn backend_matrix(
     server: &str,
@@ -920,10 +920,6 @@ async fn backend_matrix(
     tool: &'static str,
     nature: Nature,
 ) {
-    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
-        println!("{server}: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
-        return;
-    }
     let given = std::env::var(env).unwrap_or_else(|_| panic!("{env} unset: run the tests with scripts/test.sh"));
     // The address inside the URL (redis and etcd give host:port; SQL backends a URL).
     let addr = match given.split_once('@') {
@@ -946,6 +942,7 @@ async fn backend_matrix(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_redis() {
     let url = |addr: &str| format!("redis://{addr}?lease={LEASE}");
     let server = "Redis 7 (standalone, no persistence)";
@@ -961,6 +958,7 @@ async fn matrix_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_postgres() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
     backend_matrix(
@@ -975,6 +973,7 @@ async fn matrix_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_mariadb() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
     backend_matrix(
@@ -989,6 +988,7 @@ async fn matrix_mariadb() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_etcd() {
     let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
     backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", Nature::default())
@@ -998,11 +998,8 @@ async fn matrix_etcd() {
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
 /// the lease running out under them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_sqlite() {
-    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
-        println!("SQLite: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
-        return;
-    }
     let dir = std::env::temp_dir().join(format!("distlock-matrix-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let target = Target {
@@ -1034,10 +1031,6 @@ async fn tls_matrix(
     lease: &str,
     nature: Nature,
 ) {
-    if std::env::var("DISTLOCK_MATRIX_BACKENDS").is_err() {
-        println!("{server}: DISTLOCK_MATRIX_BACKENDS unset (scripts/test.sh runs this matrix once)");
-        return;
-    }
     let own = distlock_faults::OwnServer::start(script.trim_start_matches("scripts/"), "start-tls", &[]);
     let password = std::fs::read_to_string(own.dir().join("password")).unwrap().trim().to_string();
     let files = format!(
@@ -1065,12 +1058,14 @@ async fn tls_matrix(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_tls_zookeeper() {
     let url = |addr: &str, pw: &str, files: &str| format!("zks://distlock:{pw}@{addr}?auth=sasl&{files}&lease={LEASE}");
     tls_matrix("Apache ZooKeeper 3.8 over TLS, SASL login", "scripts/zk.sh", url, LEASE, Nature::default()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_tls_redis() {
     let url = |addr: &str, pw: &str, files: &str| format!("rediss://distlock:{pw}@{addr}?{files}&lease={LEASE}");
     let nature = Nature { restart_forgets: true, ..Nature::default() };
@@ -1078,6 +1073,7 @@ async fn matrix_tls_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_tls_postgres() {
     let url = |addr: &str, pw: &str, files: &str| {
         format!("postgres://distlock:{pw}@{addr}/locks?sslmode=verify-full&{files}&lease={SQL_LEASE}")
@@ -1087,6 +1083,7 @@ async fn matrix_tls_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_tls_mariadb() {
     let url = |addr: &str, pw: &str, files: &str| {
         format!("mysql://distlock:{pw}@{addr}/distlock?ssl-mode=VERIFY_IDENTITY&{files}&lease={SQL_LEASE}")
@@ -1096,6 +1093,7 @@ async fn matrix_tls_mariadb() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
 async fn matrix_tls_etcd() {
     let url = |addr: &str, pw: &str, files: &str| format!("etcds://distlock:{pw}@{addr}?{files}&lease={LEASE}");
     tls_matrix("etcd 3.4 over TLS, user login", "scripts/etcd.sh", url, LEASE, Nature::default()).await;
