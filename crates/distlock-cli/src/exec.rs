@@ -59,7 +59,7 @@ pub struct LockArgs {
     /// Every user of the path must give the same N; a different N is refused.
     #[arg(long = "permits", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
-    /// Redis: the seeds' `SET key value NX PX` lock, shared with redis-py's `Lock`, instead of
+    /// Redis: the plain `SET key value NX PX` lock, shared with redis-py's `Lock`, instead of
     /// Redisson's reentrant lock layout (the default, shared with Redisson's `getLock`).
     #[arg(long = "simple", conflicts_with_all = ["shared", "exclusive", "permits"])]
     simple: bool,

@@ -1,4 +1,4 @@
-//! Optimistic locking with a version column, the seeds' first technique: read the row and its
+//! Optimistic locking with a version column, the first technique, without a lock: read the row and its
 //! version, compute the new value, write it only if the version is still the one read
 //! (`UPDATE … SET …, version = version + 1 WHERE id = ? AND version = ?`), and when the write
 //! changed nothing, someone else got there first: read again and retry, a bounded number of times.

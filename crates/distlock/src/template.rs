@@ -49,7 +49,7 @@ pub trait DistributedGuard: Send + Sync + 'static {
 }
 
 /// Runs `work` while holding `lock`, or returns [`Error::Busy`] if the lock was not had within
-/// `timeout` (the seeds' lock template).
+/// `timeout`: the "run under the lock or report busy" template.
 ///
 /// `work` receives the fencing token. If the lock is lost while `work` runs, `work` is dropped
 /// (cancelled at its next await point) and [`Error::LockLost`] is returned: work is never left

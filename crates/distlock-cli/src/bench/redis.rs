@@ -1,5 +1,5 @@
 //! `distlock bench` on a `redis://` backend: the server's own floors (sequential and pipelined
-//! pairs of `SET NX PX` + `DEL`; of `SET NX PX` + compare-and-delete, the seeds' lock done by
+//! pairs of `SET NX PX` + `DEL`; of `SET NX PX` + compare-and-delete, the common lock done by
 //! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
 //! each lock workload against its floor, and redis-py's `Lock` beside us.
 
@@ -101,7 +101,7 @@ fn cdf(samples: &[u64]) -> Vec<(f64, f64)> {
     sorted.iter().enumerate().step_by((n / 400).max(1)).map(|(i, us)| (*us as f64, (i + 1) as f64 / n as f64)).collect()
 }
 
-/// The compare-and-delete of the seeds (and of redis-py): delete the key only if it holds our value.
+/// The usual compare-and-delete (redis-py's too): delete the key only if it holds our value.
 const COMPARE_AND_DELETE: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
 /// A Redisson-layout acquire: take the hash if free or ours, count the hold, set the lease.

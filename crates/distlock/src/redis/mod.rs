@@ -1,4 +1,4 @@
-//! The Redis backend: Redisson's reentrant lock layout and the seeds' `SET NX PX` lock, both
+//! The Redis backend: Redisson's reentrant lock layout and the plain `SET NX PX` lock, both
 //! fenced, renewed by a watchdog and honest about loss.
 //!
 //! # Layouts
@@ -647,7 +647,7 @@ impl Client {
         Semaphore::new(self.clone(), name.to_string(), permits)
     }
 
-    /// The seeds' lock on key `name`: `SET name value NX PX lease`, as redis-py's `Lock(name)`.
+    /// The plain lock on key `name`: `SET name value NX PX lease`, as redis-py's `Lock(name)`.
     pub fn simple_lock(&self, name: &str) -> Result<SimpleLock> {
         self.validate(name)?;
         Ok(SimpleLock::new(self.clone(), name.to_string()))

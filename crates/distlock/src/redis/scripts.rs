@@ -155,7 +155,7 @@ return 0
 "#
 );
 
-/// The seeds' `SET K v NX PX lease` plus a fencing token. KEYS: lock, token counter. ARGV:
+/// The plain `SET K v NX PX lease` plus a fencing token. KEYS: lock, token counter. ARGV:
 /// value, lease ms. `{GRANTED, token}` or `{HELD, pttl}`; finding our own value (an earlier
 /// attempt of this acquire whose answer was lost) is granted again.
 pub(crate) static SIMPLE_LOCK: LazyLock<redis::Script> = acquire_script!(

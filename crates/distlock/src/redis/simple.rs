@@ -1,4 +1,4 @@
-//! The seeds' lock: `SET K value NX PX lease`, compatible with redis-py's `Lock`.
+//! The plain lock: `SET K value NX PX lease`, compatible with redis-py's `Lock`.
 
 use super::guard::{hold_methods, Hold, Holder};
 use super::{acquire_loop, scripts, Answer, Attempt, Client, Keys};
@@ -10,7 +10,7 @@ use tokio::time::Instant;
 /// How often a waiter re-checks a simple lock: a redis-py holder releases without a message.
 const RECHECK: Duration = Duration::from_millis(100);
 
-/// The seeds' lock: a string key set with `SET K value NX PX lease` to a random value, released
+/// The plain lock: a string key set with `SET K value NX PX lease` to a random value, released
 /// by compare-and-delete and renewed by compare-and-pexpire. redis-py's `Lock(K)` uses the same
 /// key and compare scripts, so the two exclude each other.
 ///

@@ -27,7 +27,7 @@ pub enum Layout {
     /// `getLock(K)` share the lock.
     #[default]
     Redisson,
-    /// The seeds' lock: a string `K` set with `SET K token NX PX lease`, released and renewed by
+    /// The plain lock: a string `K` set with `SET K token NX PX lease`, released and renewed by
     /// compare-and-delete / compare-and-pexpire scripts. redis-py's `Lock(K)` shares it.
     Simple,
 }

@@ -1,4 +1,4 @@
-//! The naive single-node lock from the seeds, kept only as a baseline.
+//! The naive single-node lock (every contender creates one node), kept only as a baseline.
 
 use super::queue::QueueStatus;
 use super::{backend, url, Client};
@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use zookeeper_client as zk;
 
-/// The lock the seeds warn about: every contender tries to create one EPHEMERAL node
+/// The lock with the herd effect: every contender tries to create one EPHEMERAL node
 /// `<path>/lock`, and every loser watches that node. Each release wakes **all** waiters (the herd
 /// effect), who race again; there is no order and no fairness.
 ///
