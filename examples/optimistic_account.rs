@@ -1,8 +1,8 @@
-//! The seeds' optimistic lock on a database row: an `account` row (balance 1000, version 1), and
+//! Optimistic locking on a database row: an `account` row (balance 1000, version 1), and
 //! two sessions that both read it before either writes. Session 1 adds 100, session 2 takes 50.
 //! Session 1's `UPDATE … WHERE id = 1 AND version = 1` changes the row; session 2's finds the
-//! version moved on and updates nothing: a conflict. Instead of losing session 1's update (the
-//! seed's 950) or giving up, it reads again (balance 1100, version 2) and writes 1050.
+//! version moved on and updates nothing: a conflict. Instead of losing session 1's update (a lost
+//! update would leave 950) or giving up, it reads again (balance 1100, version 2) and writes 1050.
 //!
 //! Run: `cargo run --example optimistic_account -- postgres://postgres@127.0.0.1:5432/postgres`,
 //! or `-- sqlite:///tmp/bank.db` (or set DISTLOCK_BACKEND to such a URL); with neither, a SQLite
@@ -77,7 +77,7 @@ impl Db {
         })
     }
 
-    /// The seed's optimistic write: rows changed (1, or 0 when the version moved on).
+    /// The optimistic write: rows changed (1, or 0 when the version moved on).
     async fn write(&self, table: &str, balance: i64, version: i64) -> Result<u64, DbError> {
         let sql = format!("UPDATE {table} SET balance = $1, version = version + 1 WHERE id = 1 AND version = $2");
         Ok(match self {
@@ -115,7 +115,7 @@ async fn main() {
         ))
         .await
         .expect("create the account table");
-    // Both sessions read before either writes, as in the seed.
+    // Both sessions read before either writes.
     let both_read = Arc::new(Barrier::new(2));
     let session = |name: &'static str, delta: i64| {
         let (url, table, both_read) = (url.clone(), table.clone(), both_read.clone());

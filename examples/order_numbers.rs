@@ -1,4 +1,4 @@
-//! The seeds' order-number demo: ten workers issue order numbers from one shared counter.
+//! The order-number demo: ten workers issue order numbers from one shared counter.
 //!
 //! Without a lock, workers read the same counter value and issue duplicate numbers. Under the
 //! ZooKeeper mutex every number is issued exactly once, in order. The counter lives in a znode,
@@ -41,7 +41,7 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
         tasks.push(tokio::spawn(async move {
             let client = Client::connect(&url).await.expect("connect");
             let lock = client.mutex(&lock_path).expect("lock path");
-            start.wait().await; // all ten start together, like the seeds' CountDownLatch
+            start.wait().await; // all ten start together, as a CountDownLatch would
             if locked {
                 // Recorded while the lock is held, so the list's order is the order of the holds
                 // (a worker recording after its release could be overtaken by the next holder).

@@ -1,4 +1,4 @@
-//! The seeds' multi-process demo: three processes take turns on one lock; one is killed with
+//! The multi-process demo: three processes take turns on one lock; one is killed with
 //! SIGKILL while it holds; the lock passes on once its session times out and the others carry on.
 //!
 //! Run: `cargo run --example takeover -- zk://127.0.0.1:2181` (or set DISTLOCK_BACKEND).
