@@ -184,17 +184,3 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync + 'static>() {}
     assert_send_sync::<Error>();
 };
-
-/// A lock name that is not empty and has at most `max` characters, or the error naming it;
-/// `limit` says whose limit `max` is.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-pub(crate) fn check_lock_name(name: &str, max: usize, limit: &str) -> Result<()> {
-    let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
-    if name.is_empty() {
-        return Err(bad("the lock name is empty".into()));
-    }
-    if name.chars().count() > max {
-        return Err(bad(format!("{limit} has at most {max} characters")));
-    }
-    Ok(())
-}

@@ -89,8 +89,6 @@ with_a_backend! {
     pub use options::{connect_with, redact_url, ConnectOptions};
 }
 
-#[cfg(feature = "mysql")]
-mod closed;
 #[cfg_attr(
     not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
     allow(dead_code)
@@ -114,6 +112,8 @@ mod owner;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod state;

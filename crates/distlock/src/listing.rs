@@ -135,25 +135,3 @@ impl Listing {
         Listing { backend, prefix: name.to_string(), locks: vec![info], truncated: false, unseen }
     }
 }
-
-/// `host pid N` from a `host:pid:…` holder string (SQLite's holder column), else the string.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-pub(crate) fn owner_of_holder(holder: &str) -> String {
-    let mut parts = holder.splitn(3, ':');
-    match (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok())) {
-        (Some(host), Some(pid)) if !host.is_empty() => format!("{host} pid {pid}"),
-        _ => holder.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owner_of_a_sqlite_holder() {
-        assert_eq!(owner_of_holder("web-1:4242:0a1b2c3d4e5f"), "web-1 pid 4242");
-        assert_eq!(owner_of_holder("not-a-holder"), "not-a-holder");
-        assert_eq!(owner_of_holder(":12:x"), ":12:x");
-    }
-}

@@ -42,6 +42,7 @@ pub(crate) mod contract;
 mod election;
 mod jobs;
 mod mutex;
+mod socket_watch;
 mod url;
 
 pub use mutex::{Mutex, MutexGuard};
@@ -111,7 +112,7 @@ pub(crate) struct Conn {
 #[derive(Debug)]
 struct Watcher {
     task: tokio::task::AbortHandle,
-    socket: Arc<crate::closed::SocketWatch>,
+    socket: Arc<socket_watch::SocketWatch>,
 }
 
 impl Drop for Watcher {
@@ -217,7 +218,7 @@ impl Client {
 
     /// A mutex on user lock `name` (1 to 64 characters).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        crate::error::check_lock_name(name, 64, "a MariaDB user lock name")?;
+        crate::sql::check_lock_name(name, 64, "a MariaDB user lock name")?;
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 
@@ -263,7 +264,7 @@ impl Client {
         let setup = async {
             let (host, port) = (url.options.get_host(), url.options.get_port());
             let (mut conn, watch) =
-                crate::closed::SocketWatch::around(host, port, MySqlConnection::connect_with(&url.options)).await?;
+                socket_watch::SocketWatch::around(host, port, MySqlConnection::connect_with(&url.options)).await?;
             let secs = url.lease.as_secs();
             sqlx::query(&format!("SET SESSION wait_timeout = {secs}, SESSION interactive_timeout = {secs}"))
                 .execute(&mut conn)

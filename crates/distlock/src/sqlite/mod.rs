@@ -277,7 +277,7 @@ impl Client {
 
     /// A mutex on lock `name` (any non-empty name of at most 64 characters, ShedLock's limit).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        crate::error::check_lock_name(name, 64, "a lock name (the table's name column)")?;
+        crate::sql::check_lock_name(name, 64, "a lock name (the table's name column)")?;
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 
@@ -328,7 +328,7 @@ impl Client {
     /// Every lock whose name starts with `prefix` and whose lease row is held now, with its
     /// holder, token, hold time and lease left. Waiters poll the row, so none are recorded.
     pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {
-        use crate::listing::{owner_of_holder, Entry, Listing, LockInfo, MAX_LOCKS};
+        use crate::listing::{Entry, Listing, LockInfo, MAX_LOCKS};
         let rows: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(&self.inner.sql.list)
             .bind(prefix)
             .bind(MAX_LOCKS as i64 + 1)
@@ -360,5 +360,26 @@ impl Client {
             truncated,
             unseen: vec!["waiters: they poll the lease row, which records only its holder".into()],
         })
+    }
+}
+
+/// `host pid N` from a `host:pid:…` holder string (SQLite's holder column), else the string.
+fn owner_of_holder(holder: &str) -> String {
+    let mut parts = holder.splitn(3, ':');
+    match (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok())) {
+        (Some(host), Some(pid)) if !host.is_empty() => format!("{host} pid {pid}"),
+        _ => holder.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_of_a_sqlite_holder() {
+        assert_eq!(owner_of_holder("web-1:4242:0a1b2c3d4e5f"), "web-1 pid 4242");
+        assert_eq!(owner_of_holder("not-a-holder"), "not-a-holder");
+        assert_eq!(owner_of_holder(":12:x"), ":12:x");
     }
 }
