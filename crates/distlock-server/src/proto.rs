@@ -2,6 +2,7 @@
 //! buffers and strings (-1 for null), vectors as a count and their items.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Why a frame could not be decoded. The connection that sent it is closed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,7 +85,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A buffer that may be null (length -1).
-    pub fn data(&mut self, what: &'static str) -> DResult<crate::tree::Data> {
+    pub fn data(&mut self, what: &'static str) -> DResult<Data> {
         let len = self.i32(what)?;
         if len == -1 {
             return Ok(None);
@@ -174,7 +175,7 @@ impl Writer {
     }
 
     /// A buffer that may be null (written as length -1).
-    pub fn data(&mut self, v: &crate::tree::Data) -> &mut Self {
+    pub fn data(&mut self, v: &Data) -> &mut Self {
         match v {
             Some(d) => self.buffer(d),
             None => self.i32(-1),
@@ -217,6 +218,15 @@ impl Writer {
         self
     }
 }
+
+/// A node's data: null and empty differ, as in ZooKeeper (`create(path, null)` reads back
+/// null). Shared, so copies of the tree (a snapshot, a multi's undo) do not copy the bytes.
+pub type Data = Option<Arc<[u8]>>;
+
+/// `ephemeralOwner` of container nodes (ZooKeeper's EphemeralType.CONTAINER).
+pub const CONTAINER_OWNER: i64 = i64::MIN;
+/// High byte marking TTL nodes in `ephemeralOwner` (ZooKeeper's extended types).
+pub const TTL_MASK: i64 = 0xFF00_0000_0000_0000u64 as i64;
 
 /// A znode's Stat, field for field as ZooKeeper sends it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -365,7 +375,7 @@ pub fn request_header(frame: &[u8]) -> DResult<(i32, i32, &[u8])> {
 /// The `ephemeralOwner` clients see: a session id, or 0. Container and TTL nodes keep a marker in
 /// the field internally; ZooKeeper reports 0 for them, and so do we.
 pub fn client_ephemeral_owner(owner: i64) -> i64 {
-    if owner == crate::tree::CONTAINER_OWNER || (owner & crate::tree::TTL_MASK) == crate::tree::TTL_MASK {
+    if owner == CONTAINER_OWNER || (owner & TTL_MASK) == TTL_MASK {
         0
     } else {
         owner

@@ -1,23 +1,15 @@
 //! The data tree and the primitive mutations every write is made of (also the log format).
 
 use crate::proto::{Acl, Stat};
+pub use crate::proto::{Data, CONTAINER_OWNER, TTL_MASK};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-
-/// A node's data: null and empty differ, as in ZooKeeper (`create(path, null)` reads back
-/// null). Shared, so copies of the tree (a snapshot, a multi's undo) do not copy the bytes.
-pub type Data = Option<Arc<[u8]>>;
 
 /// The length a stat reports for `data` (0 for null).
 pub fn data_len(data: &Data) -> i32 {
     data.as_ref().map_or(0, |d| d.len() as i32)
 }
-
-/// `ephemeralOwner` of container nodes (ZooKeeper's EphemeralType.CONTAINER).
-pub const CONTAINER_OWNER: i64 = i64::MIN;
-/// High byte marking TTL nodes in `ephemeralOwner` (ZooKeeper's extended types).
-pub const TTL_MASK: i64 = 0xFF00_0000_0000_0000u64 as i64;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Node {

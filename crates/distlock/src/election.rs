@@ -67,27 +67,7 @@ pub const MAX_VALUE: usize = 64 * 1024;
 /// How often [`Election::observe`] reads the leader unless told otherwise.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
 
-/// The leader of an election, as read from the server.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo(election: distlock::election::Election) -> distlock::Result<()> {
-/// match election.leader().await? {
-///     Some(leader) => println!("{} leads (epoch {})", leader.value, leader.epoch),
-///     None => println!("no leader"),
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leader {
-    /// The value the leader announces (its proposal or id).
-    pub value: String,
-    /// The leader's epoch: its lock's fencing token, higher for every later leader.
-    pub epoch: u64,
-    /// The leader's mark on the server: its node path (ZooKeeper) or key (etcd).
-    pub key: String,
-}
+pub use crate::contract::Leader;
 
 /// A change seen by an [`Observer`].
 ///

@@ -65,7 +65,6 @@
 
 use crate::contract::{BoxFuture, Held, JobLock, JobRead, Jobs, Recipe, Wait};
 use crate::{Error, LockState, LostReason, QueueStatus, Result};
-use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -82,71 +81,7 @@ const MAX_BOUND: Duration = Duration::from_secs(366 * 86_400);
 /// its read and its write.
 const ATTEMPTS: u32 = 50;
 
-/// The record of a job's run, as the server keeps it. Times are the server's, in milliseconds
-/// since the Unix epoch.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo(client: distlock::Client) -> distlock::Result<()> {
-/// if let Some(run) = client.schedule("nightly-report")?.last_run().await? {
-///     println!("{}", serde_json::to_string(&run).unwrap());
-/// }
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Run {
-    /// The job's name.
-    pub job: String,
-    /// The run's fencing token: the last run's plus one, and at least the start's server time
-    /// in milliseconds × 1000 (so that it rises past a record its server lost).
-    pub token: u64,
-    /// The slot it ran in (`started_ms / period_ms`), for a job run once per period.
-    pub slot: Option<u64>,
-    /// The period, for a job run once per period.
-    pub period_ms: Option<u64>,
-    /// The holder's host name.
-    pub host: String,
-    /// The holder's process id.
-    pub pid: u32,
-    /// When the holder's process started, in clock ticks after its host's boot (`/proc/PID/stat`'s
-    /// 22nd field, as `ps` reads it): with the host and pid it names the process, so that a pid
-    /// reused later is not mistaken for it.
-    pub pid_start: Option<u64>,
-    /// The holder's mark in the lock row (`locked_by`).
-    pub locked_by: String,
-    /// When it started.
-    pub started_ms: i64,
-    /// Until when the job was taken at the start.
-    pub lock_until_ms: i64,
-    /// ShedLock's `lockAtLeastFor`, in milliseconds.
-    pub at_least_ms: u64,
-    /// When it ended (`None` while it runs, or if its holder died).
-    pub ended_ms: Option<i64>,
-    /// Its exit status, where the holder reported one.
-    pub exit: Option<i32>,
-}
-
-// etcd keeps the record inside its own JSON value.
-#[cfg_attr(
-    not(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code)
-)]
-impl Run {
-    /// The record as a backend stores it (JSON).
-    pub(crate) fn stored(&self) -> String {
-        serde_json::to_string(self).expect("a record serializes")
-    }
-
-    /// A record as a backend stored it, or the error naming where (`place`) it is kept.
-    pub(crate) fn from_stored(job: &str, place: &str, stored: &[u8]) -> Result<Run> {
-        serde_json::from_slice(stored).map_err(|e| Error::Backend {
-            op: "read job",
-            path: job.to_string(),
-            source: format!("{place} holds a record that is not distlock's: {e}").into(),
-        })
-    }
-}
+pub use crate::contract::Run;
 
 impl fmt::Display for Run {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,6 +1,8 @@
 //! The one lock contract every backend implements, and the pieces written once over it.
 //!
-//! A backend is three traits:
+//! A backend is three traits for its locks (here), and two for what is built over them: a
+//! [`Ballot`] for elections (`election.rs`, with the [`Leader`] it reads) and [`Jobs`] for
+//! scheduled jobs (`jobs.rs`, with the [`Run`] record it keeps). The lock traits:
 //! - [`Backend`]: a connected client. It names its backend, reports its lease, checks a lock
 //!   name, makes a [`Recipe`] of a [`Kind`] (or refuses the kind with [`Error::Unsupported`]),
 //!   and closes;
@@ -25,6 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+mod election;
+mod jobs;
+pub(crate) use election::Ballot;
+pub use election::Leader;
+pub(crate) use jobs::{JobLock, JobRead, Jobs, Seen};
+pub use jobs::Run;
 
 /// A boxed, sendable future: what the contract's methods return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -170,80 +179,6 @@ pub(crate) trait Held: Debug + Send + Sync + 'static {
     fn lost(&self) -> BoxFuture<'static, LostReason>;
     /// Releases and waits for the server.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<()>>;
-}
-
-/// A backend's side of a leader election (see [`crate::election`]): campaigning is acquiring a
-/// lock whose holder's mark on the server carries the announced value. Everything else (the
-/// guard, loss, resign, observing) is written once over this.
-pub(crate) trait Ballot: Debug + Send + Sync + 'static {
-    /// The election's name on the server.
-    fn name(&self) -> &str;
-    /// The lock a candidate announcing `value` acquires: holding it is leading.
-    fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe>;
-    /// The leader now (the oldest candidate still on the server), if any.
-    fn leader(&self) -> BoxFuture<'_, Result<Option<crate::election::Leader>>>;
-    /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
-    /// with [`Error::LockLost`] if it is no longer ours.
-    fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
-}
-
-/// A job's lock row, in ShedLock's terms. Times are the server's, in milliseconds since the Unix
-/// epoch. The job is free when `lock_until_ms <= now`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct JobLock {
-    /// Until when the job is taken.
-    pub lock_until_ms: i64,
-    /// When it was taken (where the layout keeps it; else the record's start).
-    pub locked_at_ms: i64,
-    /// Who took it (where the layout keeps it; else the record's).
-    pub locked_by: String,
-}
-
-/// One read of a job's lock row and run record, with the server's time.
-#[derive(Debug, Clone)]
-pub(crate) struct JobRead {
-    /// The server's time during the read, in milliseconds since the Unix epoch. It is never
-    /// later than the server's time when a following [`Jobs::write`] is applied, and never
-    /// more than `now_error_ms` earlier than the moment the read was sent.
-    pub now_ms: i64,
-    /// How much earlier than the read's send `now_ms` may be (0 where the server reports its
-    /// time to the millisecond during the request; etcd's is whole seconds).
-    pub now_error_ms: i64,
-    /// The lock row, if there is one.
-    pub lock: Option<JobLock>,
-    /// The last run's record, if there is one.
-    pub run: Option<crate::schedule::Run>,
-    /// The backend's versions of both, for [`Jobs::write`]'s compare.
-    pub seen: Seen,
-}
-
-/// A backend's versions of a job's lock row and record as read (`None`: not there): whatever
-/// the backend compares to know that neither changed since (a node version, a mod revision, the
-/// row's values as text, the key's value).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Seen {
-    /// The lock row's version.
-    pub lock: Option<String>,
-    /// The record's version.
-    pub run: Option<String>,
-}
-
-/// A backend's side of scheduled jobs ([`crate::schedule`]): read a job with the server's time,
-/// and write it back only if nothing changed since. Every decision (free or not, the slot,
-/// the bounds, the token, the record) is made once, in `schedule.rs`.
-pub(crate) trait Jobs: Debug + Send + Sync + 'static {
-    /// Reads job `job`'s lock row and record, and the server's time.
-    fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>>;
-    /// Writes the lock row (unless `lock` is `None`: left as it is) and the record, both at
-    /// once, only if neither changed since the read that gave `seen`: `Ok(false)` if one did
-    /// (nothing was written).
-    fn write<'a>(
-        &'a self,
-        job: &'a str,
-        seen: &'a Seen,
-        lock: Option<&'a JobLock>,
-        run: &'a crate::schedule::Run,
-    ) -> BoxFuture<'a, Result<bool>>;
 }
 
 /// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,

@@ -1,0 +1,44 @@
+//! The election's side of the contract: what a backend implements ([`Ballot`]) and the leader it
+//! reads. Everything else about elections is written once, in `crate::election`.
+
+use super::{BoxFuture, Recipe};
+use crate::Result;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// The leader of an election, as read from the server.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(election: distlock::election::Election) -> distlock::Result<()> {
+/// match election.leader().await? {
+///     Some(leader) => println!("{} leads (epoch {})", leader.value, leader.epoch),
+///     None => println!("no leader"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The value the leader announces (its proposal or id).
+    pub value: String,
+    /// The leader's epoch: its lock's fencing token, higher for every later leader.
+    pub epoch: u64,
+    /// The leader's mark on the server: its node path (ZooKeeper) or key (etcd).
+    pub key: String,
+}
+
+/// A backend's side of a leader election (see [`crate::election`]): campaigning is acquiring a
+/// lock whose holder's mark on the server carries the announced value. Everything else (the
+/// guard, loss, resign, observing) is written once over this.
+pub(crate) trait Ballot: Debug + Send + Sync + 'static {
+    /// The election's name on the server.
+    fn name(&self) -> &str;
+    /// The lock a candidate announcing `value` acquires: holding it is leading.
+    fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe>;
+    /// The leader now (the oldest candidate still on the server), if any.
+    fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>>;
+    /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
+    /// with [`Error::LockLost`] if it is no longer ours.
+    fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
+}
