@@ -5,7 +5,7 @@
 //! a [`Client`] makes [`Lock`]s of a few kinds, every lock gives the same [`Guard`] contract
 //! (fencing token, state, `lost()`, lease deadline, `release()`, release on drop). They are thin
 //! over the internal contract ([`crate::contract`]): nothing here matches on a backend, and a new
-//! backend adds one line to the scheme table below.
+//! backend adds one line to [`BACKENDS`], the one registry.
 //!
 //! A recipe a backend does not offer is an [`Error::Unsupported`] when the lock is made, before
 //! any I/O; a scheme whose cargo feature is compiled out is an [`Error::InvalidUrl`] naming the
@@ -18,43 +18,81 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// The URL schemes distlock knows, and the cargo feature each needs.
-pub const SCHEMES: &[(&str, &str)] = &[
-    ("zk", "zookeeper"),
-    ("zks", "zookeeper"),
-    ("redis", "redis"),
-    ("rediss", "redis"),
-    ("redis+sentinel", "redis"),
-    ("rediss+sentinel", "redis"),
-    ("redis+cluster", "redis"),
-    ("rediss+cluster", "redis"),
-    ("postgres", "postgres"),
-    ("postgresql", "postgres"),
-    ("mysql", "mysql"),
-    ("mariadb", "mysql"),
-    ("sqlite", "sqlite"),
-    ("etcd", "etcd"),
-    ("etcds", "etcd"),
-];
-
 /// A backend's connect function, by URL.
 type Connector = fn(&str) -> BoxFuture<'_, Result<Client>>;
 
-/// The compiled-in backends: the schemes each serves, and how it connects.
-const BACKENDS: &[(&[&str], Connector)] = &[
-    #[cfg(feature = "zookeeper")]
-    (&["zk", "zks"], crate::zookeeper::contract::connect),
-    #[cfg(feature = "redis")]
-    (&["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"], crate::redis::contract::connect),
-    #[cfg(feature = "postgres")]
-    (&["postgres", "postgresql"], crate::postgres::contract::connect),
-    #[cfg(feature = "mysql")]
-    (&["mysql", "mariadb"], crate::mysql::contract::connect),
-    #[cfg(feature = "sqlite")]
-    (&["sqlite"], crate::sqlite::contract::connect),
-    #[cfg(feature = "etcd")]
-    (&["etcd", "etcds"], crate::etcd::contract::connect),
+/// A backend distlock knows: its name (which is also its cargo feature), the URL schemes it
+/// serves, and how it connects when its feature is compiled in. [`BACKENDS`] lists them.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendInfo {
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`: what
+    /// [`Client::backend`] says, and the cargo feature that compiles it in.
+    pub name: &'static str,
+    /// The URL schemes it serves (`zk`, `zks`, …).
+    pub schemes: &'static [&'static str],
+    connect: Option<Connector>,
+}
+
+impl BackendInfo {
+    /// Whether this build has the backend (its cargo feature is on).
+    pub fn compiled_in(&self) -> bool {
+        self.connect.is_some()
+    }
+}
+
+/// `Some(connect)` when `feature` is compiled in, else `None`.
+macro_rules! compiled {
+    ($feature:literal, $connect:path) => {{
+        #[cfg(feature = $feature)]
+        const CONNECT: Option<Connector> = Some($connect);
+        #[cfg(not(feature = $feature))]
+        const CONNECT: Option<Connector> = None;
+        CONNECT
+    }};
+}
+
+/// The one registry of backends: the scheme dispatch of [`connect`], the error for a scheme
+/// whose feature is off, and the list of known schemes all come from it. A new backend adds
+/// one line here (and its folder).
+///
+/// # Examples
+///
+/// ```
+/// let zk = distlock::BACKENDS.iter().find(|b| b.schemes.contains(&"zks")).unwrap();
+/// assert_eq!(zk.name, "zookeeper");
+/// ```
+pub const BACKENDS: &[BackendInfo] = &[
+    BackendInfo {
+        name: "zookeeper",
+        schemes: &["zk", "zks"],
+        connect: compiled!("zookeeper", crate::zookeeper::contract::connect),
+    },
+    BackendInfo {
+        name: "redis",
+        schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"],
+        connect: compiled!("redis", crate::redis::contract::connect),
+    },
+    BackendInfo {
+        name: "postgres",
+        schemes: &["postgres", "postgresql"],
+        connect: compiled!("postgres", crate::postgres::contract::connect),
+    },
+    BackendInfo { name: "mysql", schemes: &["mysql", "mariadb"], connect: compiled!("mysql", crate::mysql::contract::connect) },
+    BackendInfo { name: "sqlite", schemes: &["sqlite"], connect: compiled!("sqlite", crate::sqlite::contract::connect) },
+    BackendInfo { name: "etcd", schemes: &["etcd", "etcds"], connect: compiled!("etcd", crate::etcd::contract::connect) },
 ];
+
+/// Every URL scheme distlock knows, with the backend (and cargo feature) that serves it, from
+/// [`BACKENDS`].
+///
+/// # Examples
+///
+/// ```
+/// assert!(distlock::schemes().any(|(scheme, backend)| scheme == "rediss" && backend == "redis"));
+/// ```
+pub fn schemes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    BACKENDS.iter().flat_map(|b| b.schemes.iter().map(move |s| (*s, b.name)))
+}
 
 /// Connects to the backend named by `url`: `zk://host:port[,host:port]/chroot?…` (see
 /// [`ZkUrl`](crate::zookeeper::ZkUrl)) or `redis://host:port/db?…` (see
@@ -73,17 +111,16 @@ const BACKENDS: &[(&[&str], Connector)] = &[
 /// ```
 pub async fn connect(url: &str) -> Result<Client> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    if let Some((_, connect)) = BACKENDS.iter().find(|(schemes, _)| schemes.contains(&scheme)) {
-        return connect(url).await;
-    }
     let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
-    match SCHEMES.iter().find(|(s, _)| *s == scheme) {
-        Some((_, feature)) => {
-            Err(bad(format!("the {scheme}:// backend is not compiled in (enable distlock's {feature:?} feature)")))
-        }
+    match BACKENDS.iter().find(|b| b.schemes.contains(&scheme)) {
+        Some(BackendInfo { connect: Some(connect), .. }) => connect(url).await,
+        Some(b) => Err(bad(format!(
+            "the {scheme}:// backend is not compiled in (enable distlock's {:?} feature)",
+            b.name
+        ))),
         None => Err(bad(format!(
             "unknown scheme {scheme:?}: use one of {}",
-            SCHEMES.iter().map(|(s, _)| format!("{s}://")).collect::<Vec<_>>().join(", ")
+            schemes().map(|(s, _)| format!("{s}://")).collect::<Vec<_>>().join(", ")
         ))),
     }
 }
@@ -114,44 +151,55 @@ impl Client {
         self.inner.backend()
     }
 
-    fn typed<T: 'static>(&self) -> Option<&T> {
+    /// The typed client of this backend (`distlock::redis::Client`, …), if it is that one: the
+    /// way to a backend's extras. [`Client::redis`] and the like are this for each backend.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> distlock::Result<()> {
+    /// let client = distlock::connect("sqlite:///tmp/locks.db").await?;
+    /// assert!(client.downcast::<distlock::sqlite::Client>().is_some());
+    /// # Ok(()) }
+    /// ```
+    pub fn downcast<T: 'static>(&self) -> Option<&T> {
         self.inner.as_any().downcast_ref()
     }
 
     /// The typed PostgreSQL client, if this is one.
     #[cfg(feature = "postgres")]
     pub fn postgres(&self) -> Option<&crate::postgres::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// The typed MariaDB client, if this is one.
     #[cfg(feature = "mysql")]
     pub fn mysql(&self) -> Option<&crate::mysql::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// The typed SQLite client, if this is one.
     #[cfg(feature = "sqlite")]
     pub fn sqlite(&self) -> Option<&crate::sqlite::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// The typed etcd client, if this is one.
     #[cfg(feature = "etcd")]
     pub fn etcd(&self) -> Option<&crate::etcd::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// The typed ZooKeeper client, if this is one.
     #[cfg(feature = "zookeeper")]
     pub fn zookeeper(&self) -> Option<&crate::zookeeper::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// The typed Redis client, if this is one.
     #[cfg(feature = "redis")]
     pub fn redis(&self) -> Option<&crate::redis::Client> {
-        self.typed()
+        self.downcast()
     }
 
     /// How long the server keeps a lock whose holder went silent (the URL's `lease`): the
@@ -572,5 +620,26 @@ impl crate::DistributedGuard for Guard {
     }
     fn release(self) -> impl Future<Output = Result<()>> + Send {
         Guard::release(self)
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_has_one_backend_and_an_unknown_one_lists_them() {
+        let all: Vec<_> = schemes().collect();
+        let mut unique: Vec<_> = all.iter().map(|(s, _)| *s).collect();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), all.len(), "a scheme served twice: {all:?}");
+        for secure in ["zks", "rediss", "rediss+sentinel", "rediss+cluster", "etcds"] {
+            assert!(all.iter().any(|(s, _)| *s == secure), "{secure} missing");
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let Err(e) = rt.block_on(connect("nosuch://h:1")) else { panic!("an unknown scheme connected") };
+        let text = e.to_string();
+        assert!(all.iter().all(|(s, _)| text.contains(&format!("{s}://"))), "{text}");
     }
 }

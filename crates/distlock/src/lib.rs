@@ -84,7 +84,7 @@ with_a_backend! {
     mod margin;
     mod multi;
     mod options;
-    pub use any::{connect, Client, Guard, Lock, SCHEMES};
+    pub use any::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
     pub use options::{connect_with, redact_url, ConnectOptions};
 }
