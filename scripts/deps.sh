@@ -2,7 +2,7 @@
 # Installs what the test suite needs from Debian's packages, only if missing:
 # ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
 # MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, Prometheus,
-# tmux and Chromium, libfaketime, PgBouncer and Galera
+# tmux and Chromium, libfaketime, PgBouncer and Galera, man
 # (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
@@ -24,6 +24,8 @@ command -v chromium >/dev/null || need+=(chromium)
 # the deployments that would break a lock.
 command -v pgbouncer >/dev/null || need+=(pgbouncer)
 [[ -f /usr/lib/galera/libgalera_smm.so ]] || need+=(galera-4)
+# man renders `distlock man` in its test.
+command -v man >/dev/null || need+=(man-db)
 # libfaketime skews the clocks of the client processes in the scheduled-jobs test.
 [[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]] || need+=(faketime)
 if [[ ${#need[@]} -gt 0 ]]; then

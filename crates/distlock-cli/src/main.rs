@@ -162,6 +162,17 @@ enum Command {
         #[command(flatten)]
         backend: BackendArg,
     },
+    /// Print a completion script for SHELL to standard output, e.g. `distlock completions bash >
+    /// /etc/bash_completion.d/distlock` (or `source <(distlock completions bash)`).
+    #[command(after_help = OTHER_EXIT)]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output: `distlock man | man -l -`, or
+    /// `distlock man > /usr/local/share/man/man1/distlock.1`.
+    #[command(after_help = OTHER_EXIT)]
+    Man,
     /// (internal) The watchdog `exec` starts: ends the command's process group if `exec` dies.
     #[command(hide = true)]
     Supervise {
@@ -364,6 +375,28 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e, &subcommand),
     };
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "distlock",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            return match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut std::io::stdout())
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("distlock: cannot write the manual page: {e}");
+                    ExitCode::from(EXIT_ERROR)
+                }
+            };
+        }
+        _ => {}
+    }
     if let Command::Supervise { pgid, kill_after, kill_at } = cli.command {
         // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
         return ExitCode::from(supervise::run(pgid, kill_after, kill_at));
@@ -405,7 +438,9 @@ fn main() -> ExitCode {
                 Ok(0)
             }
             Command::Bench(args) => bench::run(args).await,
-            Command::Supervise { .. } => unreachable!("handled before the runtime starts"),
+            Command::Supervise { .. } | Command::Completions { .. } | Command::Man => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     });
     // Work left in the background (a release on drop, a blocking connect or a close that a silent

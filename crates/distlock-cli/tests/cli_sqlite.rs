@@ -457,3 +457,46 @@ fn backend_flags_before_the_subcommand() {
     assert!(text.contains("on sqlite"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `distlock completions bash` is a script bash accepts and that completes subcommands;
+/// `distlock man` is a manual page `man` renders, naming the subcommands.
+#[test]
+fn shell_completions_and_a_manual_page() {
+    let script = std::process::Command::new(common::BIN).args(["completions", "bash"]).output().unwrap();
+    assert!(script.status.success(), "{}", String::from_utf8_lossy(&script.stderr));
+    let dir = std::env::temp_dir().join(format!("distlock-completions-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("distlock.bash");
+    std::fs::write(&file, &script.stdout).unwrap();
+    let complete = |words: &str| {
+        let probe = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); _distlock distlock \"${{COMP_WORDS[-1]}}\" \"${{COMP_WORDS[-2]}}\"; echo \"${{COMPREPLY[@]}}\"",
+            file.display()
+        );
+        let out = std::process::Command::new("bash").args(["-c", &probe]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(complete("distlock ins"), "inspect");
+    assert!(complete("distlock exec --gr").split(' ').any(|w| w == "--grace"), "{}", complete("distlock exec --gr"));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let page = std::process::Command::new(common::BIN).arg("man").output().unwrap();
+    assert!(page.status.success(), "{}", String::from_utf8_lossy(&page.stderr));
+    let mut man = std::process::Command::new("man")
+        .args(["-l", "-"])
+        .env("MANPAGER", "cat")
+        .env("MANWIDTH", "100")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    man.stdin.take().unwrap().write_all(&page.stdout).unwrap();
+    let shown = man.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.status.success() && text.contains("distlock"), "{text}");
+    for sub in ["exec", "hold", "elect", "inspect", "top", "completions"] {
+        assert!(text.contains(sub), "the page lacks {sub}:\n{text}");
+    }
+}
