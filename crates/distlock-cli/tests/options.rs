@@ -72,6 +72,11 @@ fn lease_is_one_flag_on_every_scheme() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("whole seconds"), "{stderr}");
+    // The URL shown is the one given, and the lease is said to come from the flag.
+    assert!(
+        stderr.contains("\"etcd://127.0.0.1:1\"") && stderr.contains("set by the options, not the URL: lease 1.5s"),
+        "{stderr}"
+    );
     // And a lease in range is taken.
     let dir = std::env::temp_dir().join(common::unique("distlock-options-"));
     std::fs::create_dir_all(&dir).unwrap();

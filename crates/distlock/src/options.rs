@@ -82,6 +82,23 @@ impl ConnectOptions {
         self
     }
 
+    /// The options set, in words (`lease 500ms`, `cacert ca.pem`).
+    fn given(&self) -> Vec<String> {
+        let mut given = Vec::new();
+        if let Some(d) = self.lease {
+            given.push(format!("lease {d:?}"));
+        }
+        if let Some(d) = self.connect_timeout {
+            given.push(format!("connect timeout {d:?}"));
+        }
+        for (name, path) in [("cacert", &self.tls.cacert), ("cert", &self.tls.cert), ("key", &self.tls.key)] {
+            if let Some(path) = path {
+                given.push(format!("{name} {}", path.display()));
+            }
+        }
+        given
+    }
+
     /// `url` with these options in its query.
     ///
     /// # Errors
@@ -135,7 +152,15 @@ impl ConnectOptions {
 /// # let _ = client; Ok(()) }
 /// ```
 pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client> {
-    crate::connect(&options.apply(url)?).await
+    let applied = options.apply(url)?;
+    crate::connect(&applied).await.map_err(|e| match e {
+        // The URL the user gave, not the one with the options written in, and which options.
+        Error::InvalidUrl { reason, .. } if applied != url => Error::InvalidUrl {
+            url: crate::redact_url(url),
+            reason: format!("{reason} (set by the options, not the URL: {})", options.given().join(", ")),
+        },
+        e => e,
+    })
 }
 
 /// `url` with the password of its user part replaced by `***` (`postgres://app:***@db/x`), for
