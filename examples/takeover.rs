@@ -100,8 +100,15 @@ fn main() {
     if embedded.is_some() {
         println!("(no backend given: using the embedded server at {base})");
     }
-    // Workers use a short session so a killed holder is noticed within 2 s.
-    let url = format!("{}{}session_timeout=2s", base, if base.contains('?') { "&" } else { "?" });
+    // Workers use a short session so a killed holder is noticed soon: 2 s on our own server,
+    // 4 s on a given one (the least a stock ZooKeeper grants: 2 ticks of 2 s), unless its URL
+    // says.
+    let lease = if embedded.is_some() { "2s" } else { "4s" };
+    let url = if ["lease=", "session_timeout=", "ttl="].iter().any(|k| base.contains(k)) {
+        base.clone()
+    } else {
+        format!("{}{}session_timeout={lease}", base, if base.contains('?') { "&" } else { "?" })
+    };
     let lock_path = format!("/distlock-demo/takeover-{}", uuid::Uuid::new_v4().simple());
     let exe = std::env::current_exe().expect("own path");
 

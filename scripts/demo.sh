@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: the seeds' demos, with nothing to install but the protobuf compiler the build
+# The main job: the demos (order numbers, a killed holder passing the lock on, exec and inspect, optimistic locking), with nothing to install but the protobuf compiler the build
 # needs (scripts/lib/protoc.sh, only if missing). With no backend given, the demos start
 # distlock's embedded ZooKeeper-protocol server in-process; the `distlock exec`/`inspect` part
 # runs against `distlock serve`. Set DISTLOCK_BACKEND=zk://host:port to use a real ZooKeeper.
@@ -45,6 +45,6 @@ touch "$flags/release"
 wait $holder $waiter
 $bin inspect demo
 echo
-echo "== 4. The seeds' optimistic lock: an account row with a version column (SQLite, no server)"
+echo "== 4. Optimistic locking: an account row with a version column (SQLite, no server)"
 # Its own SQLite file, whatever DISTLOCK_BACKEND says (a postgres:// URL as argument uses PostgreSQL).
 DISTLOCK_BACKEND= "$target/debug/examples/optimistic_account"

@@ -106,7 +106,10 @@ start-tls)
         common_settings
     } > "$data/pgbouncer.ini"
     (umask 077; printf '"distlock" "%s"\n' "$(cat "$updir/password")" > "$data/userlist.txt")
-    PGPASSWORD=$(cat "$updir/password") launch "$data" "$port" \
+    # The password reaches the readiness probe only (a passfile of mode 600), not pgbouncer's
+    # environment or any command line.
+    (umask 077; printf '127.0.0.1:%s:locks:distlock:%s\n' "$port" "$(cat "$updir/password")" > "$dir/probe.pgpass")
+    launch "$data" "$port" env PGPASSFILE="$dir/probe.pgpass" \
         psql "host=127.0.0.1 port=$port user=distlock dbname=locks sslmode=require" -Atqc 'select 1'
     ;;
 stop)

@@ -145,7 +145,7 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
     cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=10 --ignored \
         matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_tls_
-    # The seeds' optimistic (version column) update on PostgreSQL; it asserts its own outcome.
+    # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi
 if [[ -n "$stress" ]]; then

@@ -623,6 +623,24 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
     if crate::backend_env_has_secret() {
         command.env_remove("DISTLOCK_BACKEND");
     }
+    // A job's bound holds on the server whatever happens to us: the watchdog keeps it too.
+    let kill_by = held.job.as_ref().map(|_| {
+        held.guard.lease_deadline().unwrap_or_else(Instant::now).checked_sub(kill_margin).unwrap_or_else(Instant::now)
+    });
+    // The watchdog first: nothing would end the command if we died before it ran.
+    let watchdog = match crate::supervise::Watchdog::start(grace + kill_margin, kill_by) {
+        Ok(w) => w,
+        Err(e) => {
+            held.release().await;
+            anyhow::bail!(
+                "cannot start the watchdog that ends the command if distlock dies ({e}); the command was not run"
+            );
+        }
+    };
+    // SAFETY: report_group makes only async-signal-safe calls (getpid, write).
+    unsafe {
+        command.pre_exec(watchdog.report_group());
+    }
     let terminal = Terminal::foreground();
     let had_terminal = terminal.is_some();
     if terminal.is_some() {
@@ -653,6 +671,7 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
                 _ => (EXIT_CANNOT_RUN, e.to_string()),
             };
             eprintln!("distlock: cannot run {:?}: {why}", argv[0]);
+            watchdog.disarm();
             if let Some(t) = terminal {
                 t.take_back(); // the failed child may have taken it before its exec failed
             }
@@ -661,25 +680,6 @@ pub async fn run(args: ExecArgs) -> anyhow::Result<u8> {
         }
     };
     let pgid = child.id().map(|p| p as libc::pid_t).unwrap_or(0);
-    // A job's bound holds on the server whatever happens to us: the watchdog keeps it too.
-    let kill_by = held.job.as_ref().map(|_| {
-        held.guard.lease_deadline().unwrap_or_else(Instant::now).checked_sub(kill_margin).unwrap_or_else(Instant::now)
-    });
-    let watchdog = match crate::supervise::Watchdog::start(pgid, grace + kill_margin, kill_by) {
-        Ok(w) => w,
-        Err(e) => {
-            // Nothing would end the command if we died: it does not run at all.
-            crate::supervise::signal_group(pgid, libc::SIGKILL);
-            let _ = group_ended(&mut child, pgid).await;
-            if let Some(t) = terminal {
-                t.take_back();
-            }
-            held.release().await;
-            anyhow::bail!(
-                "cannot start the watchdog that ends the command if distlock dies ({e}); the command was killed"
-            );
-        }
-    };
     let to_group = |sig| {
         if pgid > 1 {
             crate::supervise::signal_group(pgid, sig);

@@ -80,6 +80,15 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
         let token =
             one.last_token.map(|t| format!("last fencing token {t}")).unwrap_or("no fencing token recorded".into());
         println!("{}: free (no holder, no waiter); {token}", one.name);
+        if listing.truncated {
+            println!(
+                "(more than {} locks share this name as a prefix: it may be among those left out)",
+                distlock::listing::MAX_LOCKS
+            );
+        }
+        for what in &listing.unseen {
+            println!("not recorded by {}: {what}", listing.backend);
+        }
     } else {
         print!("{}", table(&listing, usize::MAX, None));
     }

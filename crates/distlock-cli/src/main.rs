@@ -176,8 +176,6 @@ enum Command {
     /// (internal) The watchdog `exec` starts: ends the command's process group if `exec` dies.
     #[command(hide = true)]
     Supervise {
-        /// The command's process group.
-        pgid: i32,
         /// SIGKILL this long after SIGTERM.
         #[arg(value_parser = duration_arg)]
         kill_after: Duration,
@@ -397,9 +395,9 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    if let Command::Supervise { pgid, kill_after, kill_at } = cli.command {
+    if let Command::Supervise { kill_after, kill_at } = cli.command {
         // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
-        return ExitCode::from(supervise::run(pgid, kill_after, kill_at));
+        return ExitCode::from(supervise::run(kill_after, kill_at));
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         // The ZooKeeper client's own retries (one warning per attempt) are its business: distlock

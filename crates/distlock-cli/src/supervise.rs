@@ -2,7 +2,10 @@
 //!
 //! The command runs in a process group of its own. A **watchdog**, a second `distlock` process
 //! (`distlock supervise`, hidden) in yet another group, reads a pipe whose only write end
-//! `distlock exec` holds. When `exec` ends normally it writes `done` first and the watchdog just
+//! `distlock exec` holds. It is started before the command; the command's process, between its
+//! fork and its exec, writes its group (`group PGID`) to the pipe, so there is no moment in which
+//! the command runs unwatched (a `distlock exec` killed right after starting it left the command
+//! running for good). When `exec` ends normally it writes `done` first and the watchdog just
 //! exits. When `exec` dies any other way, SIGKILL included, the kernel closes the pipe and the
 //! watchdog sees end-of-file without `done`: it sends SIGTERM to the whole command group and
 //! SIGKILL after the grace period, which `exec` has already cut to fit the lock's lease.
@@ -16,7 +19,7 @@
 //! what it started, and it fires when the *thread* that forked exits, which in a multi-threaded
 //! runtime can happen while `exec` lives on. A pipe's end-of-file is certain and immediate.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,16 +31,19 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts a watchdog for process group `pgid`, killing it within `kill_after` of our death,
-    /// and at `kill_at` at the latest if given (whatever happens to us).
-    pub fn start(pgid: libc::pid_t, kill_after: Duration, kill_at: Option<Instant>) -> anyhow::Result<Watchdog> {
+    /// Starts a watchdog that kills the command's process group within `kill_after` of our
+    /// death, and at `kill_at` at the latest if given (whatever happens to us). It is started
+    /// before the command: the command's process, between its fork and its exec, writes its
+    /// group to the watchdog ([`Watchdog::report_group`]), so that no moment exists in which the
+    /// command runs and nothing would end it if we died.
+    pub fn start(kill_after: Duration, kill_at: Option<Instant>) -> anyhow::Result<Watchdog> {
         // /proc/self/exe works even when our binary was replaced or removed meanwhile (a package
         // upgrade during a long wait), where the path current_exe() gives would not.
         let exe = match std::path::Path::new("/proc/self/exe") {
             p if p.exists() => p.to_path_buf(),
             _ => std::env::current_exe()?,
         };
-        let mut args = vec!["supervise".to_string(), pgid.to_string(), format!("{}ms", kill_after.as_millis())];
+        let mut args = vec!["supervise".to_string(), format!("{}ms", kill_after.as_millis())];
         if let Some(at) = kill_at {
             let ms = monotonic_ms() + at.saturating_duration_since(Instant::now()).as_millis() as u64;
             args.extend(["--kill-at-monotonic-ms".to_string(), ms.to_string()]);
@@ -50,6 +56,30 @@ impl Watchdog {
         let mut child = command.spawn()?;
         let pipe = child.stdin.take();
         Ok(Watchdog { pipe, child })
+    }
+
+    /// What the command's process calls between fork and exec (`pre_exec`): writes
+    /// `group PGID` to the watchdog. Only async-signal-safe calls (getpid, write).
+    pub fn report_group(&self) -> impl Fn() -> std::io::Result<()> + Send + Sync + 'static {
+        use std::os::fd::AsRawFd;
+        let fd = self.pipe.as_ref().map_or(-1, |p| p.as_raw_fd());
+        move || {
+            // The line is built on the stack: no allocation after fork.
+            let mut line = *b"group 0000000000\n";
+            // SAFETY: getpid and write are async-signal-safe; `line` is a local buffer.
+            let mut pid = unsafe { libc::getpid() } as u32;
+            for i in (6..16).rev() {
+                line[i] = b'0' + (pid % 10) as u8;
+                pid /= 10;
+            }
+            let written = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+            if written == line.len() as isize {
+                Ok(())
+            } else {
+                // No watchdog to tell: the command must not run.
+                Err(std::io::Error::other("the watchdog is not listening"))
+            }
+        }
     }
 
     /// `exec` is ending normally: the watchdog leaves the group alone.
@@ -120,9 +150,17 @@ fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
-/// `distlock supervise PGID KILL_AFTER [--kill-at-monotonic-ms MS]`: the watchdog itself.
-/// Returns its exit status.
-pub fn run(pgid: libc::pid_t, kill_after: Duration, kill_at: Option<u64>) -> u8 {
+/// What the watchdog hears on its pipe.
+enum Heard {
+    /// The command's process group (written by the command's process before its exec).
+    Group(libc::pid_t),
+    /// The pipe closed: `true` if exec said "done" first (a normal end), `false` if it died.
+    End(bool),
+}
+
+/// `distlock supervise KILL_AFTER [--kill-at-monotonic-ms MS]`: the watchdog itself. Returns its
+/// exit status.
+pub fn run(kill_after: Duration, kill_at: Option<u64>) -> u8 {
     // Terminal hang-ups and interrupts are for the command and for exec, not for us.
     // SAFETY: setting signal dispositions to SIG_IGN before any thread is started.
     unsafe {
@@ -133,26 +171,43 @@ pub fn run(pgid: libc::pid_t, kill_after: Duration, kill_at: Option<u64>) -> u8 
     // The pipe is read on a thread, so that the bound (if any) is kept while exec lives.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut said = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut said);
-        let _ = tx.send(said.starts_with(b"done"));
+        let mut done = false;
+        for line in std::io::BufRead::lines(std::io::stdin().lock()) {
+            let Ok(line) = line else { break };
+            if let Some(pgid) = line.strip_prefix("group ").and_then(|g| g.trim().parse().ok()) {
+                let _ = tx.send(Heard::Group(pgid));
+            } else if line == "done" {
+                done = true;
+            }
+        }
+        let _ = tx.send(Heard::End(done));
     });
     let bound = kill_at.map(|ms| Instant::now() + Duration::from_millis(ms.saturating_sub(monotonic_ms())));
-    let done = match bound {
-        None => rx.recv().unwrap_or(false),
-        Some(bound) => {
-            match rx.recv_timeout(bound.saturating_duration_since(Instant::now())) {
-                Ok(done) => done,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => false,
+    let mut pgid: libc::pid_t = 0;
+    let done = loop {
+        let heard = match bound {
+            None => rx.recv().unwrap_or(Heard::End(false)),
+            Some(bound) => match rx.recv_timeout(bound.saturating_duration_since(Instant::now())) {
+                Ok(heard) => heard,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Heard::End(false),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     // exec should have ended the command by now: the bound is kept here.
                     if pgid > 1 && group_alive(pgid) {
                         eprintln!("distlock: the job's bound came with its command still running; killing process group {pgid}");
                         signal_group(pgid, libc::SIGKILL);
                     }
-                    return rx.recv().map_or(0, |_| 0);
+                    while let Ok(heard) = rx.recv() {
+                        if matches!(heard, Heard::End(_)) {
+                            break;
+                        }
+                    }
+                    return 0;
                 }
-            }
+            },
+        };
+        match heard {
+            Heard::Group(g) => pgid = g,
+            Heard::End(done) => break done,
         }
     };
     if done || pgid <= 1 {

@@ -246,7 +246,8 @@ impl Client {
     /// The one lock `name` in the shape of [`Client::locks`]: a listing of exactly that lock,
     /// its holders and waiters (none when it is free) and its last fencing token where the
     /// backend keeps one per lock. Works on every backend, also where a listing by prefix
-    /// is refused.
+    /// is refused (not on PostgreSQL with `lock_scope=transaction`: behind a transaction pooler
+    /// the sessions are the pooler's).
     ///
     /// # Examples
     ///

@@ -134,6 +134,17 @@ impl ConnectOptions {
     }
 }
 
+/// Whether a URL error's `reason` is about a key that `options` set (rather than about the rest
+/// of the user's URL).
+fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
+    let keys: &[(&[&str], bool)] = &[
+        (LEASE_KEYS, options.lease.is_some()),
+        (&["connect_timeout"], options.connect_timeout.is_some()),
+        (&["cacert", "cert", "key"], options.tls != crate::tls::TlsFiles::default()),
+    ];
+    keys.iter().any(|(names, set)| *set && names.iter().any(|k| reason.contains(k)))
+}
+
 /// Connects to the backend `url` names, with `options` in force on every backend.
 ///
 /// # Errors
@@ -155,7 +166,7 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client>
     let applied = options.apply(url)?;
     crate::connect(&applied).await.map_err(|e| match e {
         // The URL the user gave, not the one with the options written in, and which options.
-        Error::InvalidUrl { reason, .. } if applied != url => Error::InvalidUrl {
+        Error::InvalidUrl { reason, .. } if is_about_options(&reason, options) => Error::InvalidUrl {
             url: crate::redact_url(url),
             reason: format!("{reason} (set by the options, not the URL: {})", options.given().join(", ")),
         },

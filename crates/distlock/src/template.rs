@@ -4,9 +4,9 @@ use crate::{Error, LostReason, Result};
 use std::future::Future;
 use std::time::Duration;
 
-/// A lock that can be acquired with a timeout; implemented by every typed lock of every backend
-/// (mutexes, semaphores taking one permit, the fair and reentrant locks) and by
-/// [`crate::Lock`].
+/// A lock that can be acquired with a timeout: every backend's mutex and semaphore (one
+/// permit), Redis's fair lock, ZooKeeper's reentrant mutex, and [`crate::Lock`] (not the naive
+/// lock, the multi-locks or Redlock, which have no single name or timeout of this shape).
 ///
 /// # Examples
 ///
@@ -158,8 +158,8 @@ mod zk_impls {
 mod tests {
     use super::DistributedLock;
 
-    /// Every typed lock of every backend takes the template (a lock type missing here, or
-    /// without an impl, fails to compile).
+    /// Each lock type the trait's doc names takes the template (a type listed here without an
+    /// impl fails to compile; a new lock type must be added here by hand).
     #[test]
     fn every_lock_type_is_a_distributed_lock() {
         fn takes<L: DistributedLock>() {}

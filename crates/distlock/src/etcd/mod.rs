@@ -491,7 +491,10 @@ impl Client {
         let listing = self.locks(name).await?;
         let found = listing.locks.into_iter().find(|l| l.name == name);
         let found = found.map_or(Found::Free { recipe: "mutex", last_token: None }, Found::Lock);
-        Ok(Listing::one("etcd", name, found, listing.unseen))
+        let mut one = Listing::one("etcd", name, found, listing.unseen);
+        // Many locks sharing the name as a prefix may have left this one out: say so.
+        one.truncated = listing.truncated;
+        Ok(one)
     }
 
     /// Every lock with keys under `prefix` (`etcdctl lock`'s mutex keys `name/<lease>`, read/write

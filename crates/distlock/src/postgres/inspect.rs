@@ -128,7 +128,10 @@ impl Client {
             "postgres",
             name,
             found,
-            vec!["hold times and each holder's token: one sequence serves every lock".into()],
+            vec![
+                "hold times and each holder's token: one sequence serves every lock".into(),
+                "a semaphore's permits: each is an advisory key of its own, not found by the name".into(),
+            ],
         ))
     }
 

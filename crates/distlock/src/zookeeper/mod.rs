@@ -289,10 +289,10 @@ impl Client {
         }
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();
-        if timeout != url.session_timeout {
-            // The server keeps sessions within its bounds and grants the nearest: a lease other
-            // than the one asked for is refused, not used in its place (the session closes as
-            // `zk` drops).
+        if url.lease_given() && timeout.as_millis() != url.session_timeout.as_millis() {
+            // The server keeps sessions within its bounds and grants the nearest: a lease asked
+            // for that it would not grant is refused, not replaced (the session closes as `zk`
+            // drops). Without a lease asked for, the server's grant is the lease.
             return Err(Error::InvalidArgument {
                 what: "lease",
                 reason: format!(

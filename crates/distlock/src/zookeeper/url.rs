@@ -58,6 +58,9 @@ pub struct ZkUrl {
     pub auth: Option<ZkAuth>,
     /// Who may touch the nodes distlock creates (`acl=open|creator`).
     pub acl: AclMode,
+    /// The lease was asked for (in the URL, or by an option), not left at the default: then a
+    /// server that would grant another session timeout is refused rather than followed.
+    lease_given: bool,
 }
 
 /// The ACL of every node distlock creates (lock nodes, their directories and parents, election
@@ -135,6 +138,11 @@ pub enum ElectionLayout {
 }
 
 impl ZkUrl {
+    /// Whether the lease was asked for (not the default).
+    pub(crate) fn lease_given(&self) -> bool {
+        self.lease_given
+    }
+
     /// Parses a `zk://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<ZkUrl> {
         let bad = |reason: &str| Error::InvalidUrl { url: crate::redact_url(url), reason: reason.to_string() };
@@ -193,6 +201,7 @@ impl ZkUrl {
             }
         };
         let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
+        let mut lease_given = false;
         let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
         let mut lease_margin = None;
         let mut election = ElectionLayout::default();
@@ -252,7 +261,10 @@ impl ZkUrl {
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
             let slot = match crate::options::canonical_key(key) {
-                "lease" => &mut session_timeout,
+                "lease" => {
+                    lease_given = true;
+                    &mut session_timeout
+                }
                 "connect_timeout" => &mut connect_timeout,
                 "lease_margin" => {
                     lease_margin = Some(d);
@@ -282,7 +294,19 @@ impl ZkUrl {
         if acl == AclMode::Creator && auth.is_none() {
             return Err(bad("acl=creator needs a login: write zk://USER:PASSWORD@host:2181?acl=creator"));
         }
-        Ok(ZkUrl { hosts, chroot, session_timeout, connect_timeout, lease_margin, election, tls, tls_files, auth, acl })
+        Ok(ZkUrl {
+            hosts,
+            chroot,
+            session_timeout,
+            connect_timeout,
+            lease_margin,
+            election,
+            tls,
+            tls_files,
+            auth,
+            acl,
+            lease_given,
+        })
     }
 
     /// The connect string the ZooKeeper client takes: `h1:p1,h2:p2/chroot`.
