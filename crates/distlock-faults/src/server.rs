@@ -28,7 +28,13 @@ impl OwnServer {
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new(&script).arg(command).arg(&dir).args(args).output().expect("run the server script");
         let server = OwnServer { script, dir, printed: String::from_utf8_lossy(&out.stdout).trim().to_string() };
-        assert!(out.status.success(), "{command} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{} {command} failed ({}): {}",
+            server.script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         server
     }
 
@@ -44,7 +50,13 @@ impl OwnServer {
     /// If the script fails (its standard error is in the message).
     pub fn run(&self, command: &str, args: &[&str]) {
         let out = Command::new(&self.script).arg(command).arg(&self.dir).args(args).output().expect("run the script");
-        assert!(out.status.success(), "{command} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{} {command} failed ({}): {}",
+            self.script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// A file of the server's directory, as a string (for URLs and flags).
