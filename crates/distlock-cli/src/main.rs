@@ -2,8 +2,6 @@
 //!
 //! Exit statuses: see `exec_help!` (printed by `distlock exec --help`).
 
-mod alloc;
-mod bench;
 mod elect;
 mod exec;
 mod hold;
@@ -16,9 +14,6 @@ mod top;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 use std::time::Duration;
-
-#[global_allocator]
-static ALLOC: alloc::Counting = alloc::Counting;
 
 /// Exit status when the lock was not acquired (flock's default).
 pub const EXIT_NOT_ACQUIRED: u8 = 1;
@@ -148,9 +143,17 @@ enum Command {
     /// page.
     #[command(after_help = TOP_EXIT)]
     Top(top::TopArgs),
-    /// Measure every lock against the server's own limit (create+delete pairs/s).
-    #[command(after_help = OTHER_EXIT)]
-    Bench(bench::BenchArgs),
+    /// Measure every lock against the server's own limit (runs distlock-bench).
+    ///
+    /// Runs `distlock-bench` with these arguments, found beside this program or on PATH: the
+    /// benchmark is a program of its own, so that this one carries no fault proxy, peer library or
+    /// counting allocator. `distlock bench --help` is its help.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// distlock-bench's arguments.
+        #[arg(value_name = "ARGS", trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Run the embedded single-node server that speaks the ZooKeeper client protocol.
     #[command(after_help = SERVE_EXIT)]
     Serve(serve::ServeArgs),
@@ -208,15 +211,7 @@ pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAdd
 /// Redisson's `lockWatchdogTimeout=30000`, so a bare number there is refused, not read as hours.)
 /// The flags take values that start with `-`, so that a negative one is refused by name here.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.starts_with('-') {
-        return Err(format!("{s:?}: a duration cannot be negative"));
-    }
-    if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        let secs: f64 = t.parse().map_err(|_| format!("{s:?}: not a number of seconds"))?;
-        return Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e} (seconds)"));
-    }
-    distlock::parse_duration(t).map_err(|e| e.to_string())
+    distlock::parse_duration_flag(s).map_err(|e| e.to_string())
 }
 
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
@@ -330,13 +325,24 @@ pub fn backend_env_has_secret() -> bool {
     std::env::var("DISTLOCK_BACKEND").is_ok_and(|v| distlock::redact_url(&v) != v)
 }
 
-/// `$DISTLOCK_BACKEND` set but empty means the default backend, as if unset (for `bench`).
-pub fn backend_or_default(backend: &str) -> &str {
-    if backend.trim().is_empty() {
-        DEFAULT_BACKEND
+/// `distlock bench ARGS`: replaces this process with `distlock-bench ARGS`, found beside this
+/// program (a build's target directory, or the same `cargo install` root) or else on `PATH`, as
+/// git runs `git-NAME`. Returns only on failure, with the exit status.
+fn run_bench(args: Vec<std::ffi::OsString>) -> u8 {
+    use std::os::unix::process::CommandExt;
+    let beside = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.join("distlock-bench")));
+    let program = beside.filter(|p| p.is_file()).unwrap_or_else(|| "distlock-bench".into());
+    let e = std::process::Command::new(&program).args(args).exec();
+    if e.kind() == std::io::ErrorKind::NotFound {
+        eprintln!(
+            "distlock: the benchmark is a program of its own, distlock-bench, found neither beside this \
+             distlock nor on PATH: cargo install --path crates/distlock-bench (from a clone of distlock), or \
+             cargo run --release -p distlock-bench -- ARGS"
+        );
     } else {
-        backend
+        eprintln!("distlock: cannot run {}: {e}", program.display());
     }
+    EXIT_ERROR
 }
 
 /// The backend flags every connecting subcommand takes (each with a value).
@@ -395,6 +401,9 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    if let Command::Bench { args } = cli.command {
+        return ExitCode::from(run_bench(args));
+    }
     if let Command::Supervise { kill_after, kill_at } = cli.command {
         // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
         return ExitCode::from(supervise::run(kill_after, kill_at));
@@ -435,8 +444,7 @@ fn main() -> ExitCode {
                 );
                 Ok(0)
             }
-            Command::Bench(args) => bench::run(args).await,
-            Command::Supervise { .. } | Command::Completions { .. } | Command::Man => {
+            Command::Bench { .. } | Command::Supervise { .. } | Command::Completions { .. } | Command::Man => {
                 unreachable!("handled before the runtime starts")
             }
         }

@@ -1,243 +1,44 @@
-//! `distlock bench` (cleans up after itself, says what it cannot do) and `distlock serve` (its
-//! `--listen` forms and `--data-dir` errors), end to end.
-//!
-//! The bench test needs a server: DISTLOCK_TEST_ZK=host:port (scripts/test.sh, or
-//! `scripts/embedded.sh start DIR`). The others start their own.
+//! `distlock serve` (its `--listen` forms, `--data-dir` errors, pauses and crashes) end to end,
+//! and `distlock bench`, which runs the `distlock-bench` program (tested in its own crate). Each
+//! test starts what it needs.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use distlock_faults::process::{run_bounded, Scratch};
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
 
-const DEBUG_WARNING: &str =
-    "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)";
-
-fn test_zk() -> String {
-    std::env::var("DISTLOCK_TEST_ZK").expect("run the tests with scripts/test.sh (DISTLOCK_TEST_ZK unset)")
-}
-
-/// The children of `path` on the test server, or None if it does not exist.
-fn children(path: &str) -> Option<Vec<String>> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let client = distlock::zookeeper::Client::connect(&format!("zk://{}", test_zk())).await.unwrap();
-        let listed = client.zookeeper().list_children(path).await;
-        client.close(Duration::from_secs(5)).await;
-        match listed {
-            Ok(c) => Some(c),
-            Err(zookeeper_client::Error::NoNode) => None,
-            Err(e) => panic!("listing {path}: {e}"),
-        }
-    })
-}
-
-/// A child whose output is read on threads of their own (so that it never blocks on a full pipe).
-struct Running {
-    child: Child,
-    what: String,
-    stdout: std::thread::JoinHandle<Vec<u8>>,
-    stderr: std::thread::JoinHandle<Vec<u8>>,
-}
-
-impl Running {
-    fn start(cmd: &mut Command) -> Running {
-        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let drain = |mut r: Box<dyn Read + Send>| {
-            std::thread::spawn(move || {
-                let mut v = Vec::new();
-                let _ = r.read_to_end(&mut v);
-                v
-            })
-        };
-        let stdout = drain(Box::new(child.stdout.take().unwrap()));
-        let stderr = drain(Box::new(child.stderr.take().unwrap()));
-        Running { child, what: format!("{cmd:?}"), stdout, stderr }
-    }
-
-    /// Waits for the end, which must come within `bound` (else the child is killed and the test
-    /// fails).
-    fn finish(mut self, bound: Duration) -> Output {
-        let deadline = Instant::now() + bound;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                self.child.kill().unwrap();
-                self.child.wait().unwrap();
-                panic!("{} did not end within {bound:?}", self.what);
-            }
-            std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
-        };
-        Output { status, stdout: self.stdout.join().unwrap(), stderr: self.stderr.join().unwrap() }
-    }
-}
-
-/// Runs a command to its end, which must come within `bound`.
-fn run_bounded(cmd: &mut Command, bound: Duration) -> Output {
-    Running::start(cmd).finish(bound)
-}
-
-/// A scratch directory of this test's own, removed at the end.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Scratch {
-        let p = std::env::temp_dir().join(format!("distlock-test-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Asserts that no bench directory was added since `before` (the children of /distlock-bench
-/// then): none at all, normally, the root included.
-fn assert_no_bench_nodes(before: &Option<Vec<String>>) {
-    match before {
-        // The usual case: no other run's directory, so the root goes too.
-        None => {
-            let root = children("/").unwrap();
-            assert!(!root.iter().any(|c| c == "distlock-bench"), "left behind: {root:?}");
-        }
-        // Another run's (or an older binary's) directory is there: ours must not be.
-        Some(before) => {
-            let after = children("/distlock-bench").unwrap_or_default();
-            let new: Vec<_> = after.iter().filter(|c| !before.contains(c)).collect();
-            assert!(new.is_empty(), "left behind under /distlock-bench: {new:?}");
-        }
-    }
-}
-
-// One test, so that its runs do not see each other's directories.
+/// `distlock bench ARGS` runs the `distlock-bench` beside it with ARGS as given; a `distlock`
+/// with no distlock-bench beside it or on PATH says where to get it, and exits 2.
 #[test]
-fn bench_leaves_nothing_on_the_server() {
-    let before = children("/distlock-bench");
-    let out = run_bounded(
-        Command::new(BIN).args([
-            "bench",
-            "--backend",
-            &format!("zk://{}", test_zk()),
-            "--duration",
-            "200ms",
-            "--json",
-            "--clients",
-            "2",
-            "--locks",
-            "8",
-            "--tasks",
-            "4",
-            "--count",
-            "10",
-        ]),
-        Duration::from_secs(120),
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    // Every workload ran (their nodes are what must be gone).
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    for want in
-        ["raw-sequential", "uncontended-drop-release", "contended-2", "many-locks-8x4", "waiters-10", "herd-queue-2"]
-    {
-        assert!(lines.iter().any(|l| l["workload"] == want), "{want} missing: {lines:?}");
-    }
-    // The build profile, in every object and (for a debug build) on stderr.
-    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
-    for l in &lines {
-        assert_eq!(l["build_profile"], profile, "{l}");
-    }
-    assert_eq!(stderr.lines().filter(|l| *l == DEBUG_WARNING).count(), usize::from(cfg!(debug_assertions)), "{stderr}");
-    assert_no_bench_nodes(&before);
-
-    // A workload that fails midway (its plot cannot be written, after the lock loop ran): the
-    // error is reported and the run's nodes are removed all the same.
+fn bench_runs_distlock_bench_or_says_where_to_get_it() {
+    use std::os::unix::fs::PermissionsExt;
     let scratch = Scratch::new();
-    let file = scratch.0.join("a-file");
-    std::fs::write(&file, "").unwrap();
+    let (with, alone) = (scratch.0.join("with"), scratch.0.join("alone"));
+    for dir in [&with, &alone] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(BIN, dir.join("distlock")).unwrap();
+    }
+    // A stand-in that prints the arguments it was given, one per line.
+    let stand_in = with.join("distlock-bench");
+    std::fs::write(&stand_in, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let args = ["--backend", "embedded", "--duration", "-1", "a b"];
+    let out = run_bounded(Command::new(with.join("distlock")).arg("bench").args(args), Duration::from_secs(30));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(), args);
+
     let out = run_bounded(
-        Command::new(BIN)
-            .args(["bench", "--backend", &format!("zk://{}", test_zk()), "--duration", "200ms", "--plot"])
-            .arg(file.join("plots"))
-            .arg("uncontended"),
-        Duration::from_secs(120),
+        Command::new(alone.join("distlock")).env("PATH", scratch.0.join("empty")).args(["bench", "raw"]),
+        Duration::from_secs(30),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    let want = format!("distlock: --plot: cannot write {}: ", file.join("plots/uncontended-latency.svg").display());
-    assert!(stderr.contains(&want), "{stderr}");
-    assert_no_bench_nodes(&before);
-
-    // Interrupted (SIGINT) once its directory exists: it removes the directory, then exits 130.
-    let run = Running::start(Command::new(BIN).args([
-        "bench",
-        "--backend",
-        &format!("zk://{}", test_zk()),
-        "--duration",
-        "60s",
-        "uncontended",
-    ]));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = children("/distlock-bench").unwrap_or_default();
-        if now.iter().any(|c| !before.as_ref().is_some_and(|b| b.contains(c))) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the bench made no directory within 30s");
-        std::thread::sleep(Duration::from_millis(20)); // polling the server: no event to wait on
-    }
-    assert_eq!(unsafe { libc::kill(run.child.id() as i32, libc::SIGINT) }, 0);
-    let out = run.finish(Duration::from_secs(40));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert!(stderr.contains("distlock: bench interrupted; its nodes are removed"), "{stderr}");
-    assert_no_bench_nodes(&before);
-}
-
-#[test]
-fn bench_plot_names_the_workloads_it_cannot_plot() {
-    let scratch = Scratch::new();
-    let dir = scratch.0.join("plots");
-    let bench = |workloads: &[&str]| {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["bench", "--backend", "embedded", "--duration", "200ms", "--json", "--plot"])
-            .arg(&dir)
-            .args(workloads);
-        let out = run_bounded(&mut cmd, Duration::from_secs(120));
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        let notes: Vec<String> =
-            stderr.lines().filter(|l| l.starts_with("distlock: --plot:")).map(String::from).collect();
-        notes
-    };
-    let svgs = || -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&dir)
-            .map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    // Nothing to plot at all: said, and nothing written.
-    assert_eq!(
-        bench(&["raw"]),
-        ["distlock: --plot: nothing to plot for workload raw (only uncontended and contended write plots)"]
-    );
-    assert!(svgs().is_empty(), "{:?}", svgs());
-    // Some plots: the others are named, the plot is written.
-    assert_eq!(
-        bench(&["raw", "uncontended", "herd"]),
-        ["distlock: --plot: nothing to plot for workloads raw, herd (only uncontended and contended write plots)"]
-    );
-    assert_eq!(svgs(), ["uncontended-latency.svg"]);
-    // Only plotted workloads: nothing to say.
-    assert_eq!(bench(&["uncontended"]), Vec::<String>::new());
+    assert!(stderr.contains("distlock-bench, found neither beside this distlock nor on PATH"), "{stderr}");
+    assert!(stderr.contains("cargo install --path crates/distlock-bench"), "{stderr}");
 }
 
 /// A `distlock serve` this test started, killed when dropped.

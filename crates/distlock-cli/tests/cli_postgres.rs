@@ -72,39 +72,6 @@ fn exec_on_postgres_excludes_and_passes_the_token() {
     assert!(permits.status.success(), "{}", String::from_utf8_lossy(&permits.stderr));
 }
 
-/// bench on PostgreSQL measures the floor, the uncontended lock against it and contended
-/// hand-offs.
-#[test]
-fn bench_on_postgres_measures_the_floor_and_the_lock_against_it() {
-    let out = distlock(&["bench", "--duration", "200ms", "--clients", "2", "--json"]).output().unwrap();
-    let lines = common::json_lines(&out);
-    let get = |name: &str| lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name}")).clone();
-    for w in ["floor-sequential", "floor-pipelined", "uncontended", "uncontended-peer", "contended"] {
-        assert!(get(w)["ops_per_sec"].as_f64().unwrap() > 0.0, "{w}");
-    }
-    assert!(get("uncontended")["limit_ops_per_sec"].as_f64().unwrap() > 0.0);
-    let extra: Vec<(String, String)> = serde_json::from_value(get("contended")["extra"].clone()).unwrap();
-    assert!(extra.iter().any(|(k, _)| k == "min_over_max"), "{extra:?}");
-}
-
-/// Through the `--rtt` proxy, bench counts the client's writes on the wire: an uncontended cycle
-/// is one statement to acquire (the lock and its token together) and one to release.
-#[test]
-fn bench_counts_two_writes_per_uncontended_cycle_on_the_wire() {
-    let out = distlock(&["bench", "--duration", "300ms", "--rtt", "0ms", "--json", "uncontended"]).output().unwrap();
-    let lines = common::json_lines(&out);
-    let ours = lines.iter().find(|l| l["workload"] == "uncontended").expect("the uncontended report");
-    let extra: Vec<(String, String)> = serde_json::from_value(ours["extra"].clone()).unwrap();
-    let writes: f64 = extra
-        .iter()
-        .find(|(k, _)| k == "wire_writes_per_cycle")
-        .unwrap_or_else(|| panic!("no wire count in {extra:?}"))
-        .1
-        .parse()
-        .unwrap();
-    assert!((2.0..2.05).contains(&writes), "client writes per cycle: {writes}");
-}
-
 /// A killed holder (SIGKILL of exec and its command): its connection closes with the process, and
 /// the server ends the session, freeing the lock (at once here; within the lease at worst).
 #[test]

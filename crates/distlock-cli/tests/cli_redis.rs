@@ -124,51 +124,6 @@ fn a_paused_holder_is_kept_out_by_its_fencing_token() {
 }
 
 #[test]
-fn bench_on_redis_measures_every_floor_and_leaves_nothing() {
-    let dir = std::env::temp_dir().join(format!("distlock-bench-plots-{}", uuid::Uuid::new_v4().simple()));
-    let out = distlock(
-        &backend(""),
-        &[
-            "bench",
-            "--duration",
-            "200ms",
-            "--clients",
-            "2",
-            "--json",
-            "--plot",
-            dir.to_str().unwrap(),
-            "raw",
-            "uncontended",
-            "contended",
-        ],
-    )
-    .output()
-    .unwrap();
-    let lines = common::json_lines(&out);
-    let workload = |name: &str| {
-        lines.iter().find(|l| l["workload"] == name).unwrap_or_else(|| panic!("no {name} in {lines:?}")).clone()
-    };
-    for floor in ["raw-sequential", "floor-simple", "floor-redisson", "floor-redisson-pipelined"] {
-        assert!(workload(floor)["ops_per_sec"].as_f64().unwrap() > 0.0, "{floor}");
-    }
-    // Each lock against its own floor, measured interleaved with it.
-    for (lock, floor) in [("uncontended", "floor-redisson"), ("uncontended-simple", "floor-simple")] {
-        let w = workload(lock);
-        assert!(w["limit_ops_per_sec"].as_f64().unwrap() > 0.0, "{lock}: {w}");
-        let extra: Vec<(String, String)> = serde_json::from_value(w["extra"].clone()).unwrap();
-        assert!(
-            extra.iter().any(|(k, v)| k == "limit" && v.starts_with(floor) && v.contains("interleaved")),
-            "{extra:?}"
-        );
-    }
-    let extra: Vec<(String, String)> = serde_json::from_value(workload("contended")["extra"].clone()).unwrap();
-    assert!(extra.iter().any(|(k, _)| k == "min_over_max"), "{extra:?}");
-    assert!(dir.join("uncontended-latency.svg").exists() && dir.join("contended-throughput.svg").exists());
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(redis_cli(&["--scan", "--pattern", "*distlock-bench*"]), "", "the run's keys are gone");
-}
-
-#[test]
 fn elect_observe_and_leader_on_redis() {
     let name = key();
     common::elect_observe_and_leader(&backend("?lease=5s"), &name);

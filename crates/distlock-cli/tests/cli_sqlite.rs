@@ -61,40 +61,6 @@ fn a_paused_holder_is_kept_out_by_its_fencing_token() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `bench scaling` measures every point of the growth (1 to 1,000 names held at once, 2 to 32
-/// clients) and writes its three plots.
-#[test]
-fn bench_scaling_measures_every_point_and_plots() {
-    let (b, dir) = backend("");
-    let plots = dir.join("plots");
-    std::fs::create_dir_all(&plots).unwrap();
-    let out = distlock(&b, &["bench", "--duration", "100ms", "--json", "--plot", plots.to_str().unwrap(), "scaling"])
-        .output()
-        .unwrap();
-    let lines = common::json_lines(&out);
-    let names: Vec<&str> = lines.iter().map(|l| l["workload"].as_str().unwrap()).collect();
-    assert_eq!(
-        names,
-        [
-            "scaling-names-1",
-            "scaling-names-10",
-            "scaling-names-100",
-            "scaling-names-1000",
-            "scaling-clients-2",
-            "scaling-clients-8",
-            "scaling-clients-32"
-        ]
-    );
-    for l in &lines {
-        assert!(l["ops_per_sec"].as_f64().unwrap() > 0.0, "{l}");
-    }
-    for svg in ["scaling-names.svg", "scaling-names-p99.svg", "scaling-clients.svg"] {
-        let text = std::fs::read_to_string(plots.join(svg)).unwrap();
-        assert!(text.starts_with("<svg") || text.contains("<svg"), "{svg}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// The exposition in `path`, checked by Prometheus's own linter (`promtool check metrics`, from
 /// Debian's `prometheus` package, which scripts/deps.sh installs).
 fn promtool_checked(path: &std::path::Path) -> String {
@@ -422,7 +388,7 @@ fn top_batch_prints_views_and_stops() {
 /// gets; `leader --json` with nobody leading has every field its help promises (null).
 #[test]
 fn every_subcommand_documents_its_exit_statuses() {
-    for sub in ["exec", "hold", "elect", "leader", "inspect", "top", "serve", "bench", "setup"] {
+    for sub in ["exec", "hold", "elect", "leader", "inspect", "top", "serve", "setup"] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_distlock")).args([sub, "--help"]).output().unwrap();
         let help = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(out.status.success() && help.contains("EXIT STATUS:"), "{sub} --help: {help}");

@@ -12,7 +12,8 @@
 //!   intervals during which they believe they hold a lock and the writes they make with their
 //!   fencing token; the [`Report`] lists overlapping holds and stale writes.
 //! - [`process`]: [`pause`], [`resume`] and [`kill`] a server or client process (SIGSTOP,
-//!   SIGCONT, SIGKILL), for stop-the-world pauses and crashes.
+//!   SIGCONT, SIGKILL), for stop-the-world pauses and crashes; and a test's own child
+//!   ([`process::Running`], its end awaited with a bound) and scratch directory.
 //! - [`watch`]: [`FreeWatch`], which records when the server first shows a lock free, so a test
 //!   compares that with the holder's loss deadline instead of querying the server late.
 //!

@@ -109,3 +109,103 @@ mod tests {
         assert!(err.to_string().contains(&format!("SIGKILL to pid {missing}")), "{err}");
     }
 }
+
+/// A child process whose standard output and error are read on threads of their own (so that it
+/// never blocks on a full pipe), and whose end a test awaits with a bound.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let out = distlock_faults::process::run_bounded(std::process::Command::new("echo").arg("hi"), Duration::from_secs(10));
+/// assert_eq!(out.stdout, b"hi\n");
+/// ```
+#[derive(Debug)]
+pub struct Running {
+    child: std::process::Child,
+    what: String,
+    stdout: std::thread::JoinHandle<Vec<u8>>,
+    stderr: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Running {
+    /// Starts `cmd` with standard input closed and its output collected.
+    ///
+    /// # Panics
+    ///
+    /// If the command cannot be started.
+    pub fn start(cmd: &mut std::process::Command) -> Running {
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let drain = |mut r: Box<dyn io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                v
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        Running { child, what: format!("{cmd:?}"), stdout, stderr }
+    }
+
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the end, which must come within `bound`.
+    ///
+    /// # Panics
+    ///
+    /// If it does not (the child is killed first).
+    pub fn finish(mut self, bound: std::time::Duration) -> std::process::Output {
+        let deadline = std::time::Instant::now() + bound;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() >= deadline {
+                self.child.kill().unwrap();
+                self.child.wait().unwrap();
+                panic!("{} did not end within {bound:?}", self.what);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20)); // polling a process exit: no event to wait on
+        };
+        std::process::Output { status, stdout: self.stdout.join().unwrap(), stderr: self.stderr.join().unwrap() }
+    }
+}
+
+/// Runs `cmd` to its end, which must come within `bound` (see [`Running`]).
+pub fn run_bounded(cmd: &mut std::process::Command, bound: std::time::Duration) -> std::process::Output {
+    Running::start(cmd).finish(bound)
+}
+
+/// A scratch directory of a test's own under the temporary directory, removed when dropped.
+#[derive(Debug)]
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    /// A new, empty directory.
+    ///
+    /// # Panics
+    ///
+    /// If it cannot be made.
+    pub fn new() -> Scratch {
+        let p = std::env::temp_dir().join(format!("distlock-test-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Scratch {
+        Scratch::new()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

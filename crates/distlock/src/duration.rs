@@ -34,6 +34,29 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
     humantime::parse_duration(trimmed).map_err(|e| invalid(format!("{e}; write it like 500ms, 10s or 2m")))
 }
 
+/// Parses a duration as a command-line flag gives it: a bare number is seconds (`5`, `0.5`, as
+/// flock(1)'s `-w` and timeout(1) read them); anything else as [`parse_duration`]. For tools built
+/// on distlock that want the `distlock` command's rule (URL keys keep [`parse_duration`]'s).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(distlock::parse_duration_flag("5").unwrap(), Duration::from_secs(5));
+/// assert_eq!(distlock::parse_duration_flag("0.25").unwrap(), Duration::from_millis(250));
+/// assert_eq!(distlock::parse_duration_flag("500ms").unwrap(), Duration::from_millis(500));
+/// assert!(distlock::parse_duration_flag("-1").unwrap_err().to_string().contains("cannot be negative"));
+/// ```
+pub fn parse_duration_flag(text: &str) -> Result<Duration> {
+    let t = text.trim();
+    if !t.is_empty() && !t.starts_with('-') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        let invalid = |reason: String| Error::InvalidDuration { value: text.to_string(), reason };
+        let secs: f64 = t.parse().map_err(|_| invalid("not a number of seconds".into()))?;
+        return Duration::try_from_secs_f64(secs).map_err(|e| invalid(format!("{e} (seconds)")));
+    }
+    parse_duration(text)
+}
+
 /// A duration given as `key=value` in a URL's query: an error names the key.
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn url_duration(key: &str, value: &str) -> Result<Duration> {

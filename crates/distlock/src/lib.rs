@@ -44,7 +44,7 @@
 //! - [`with_lock`]: run a closure under a lock or report busy;
 //! - [`optimistic`]: the version-column update loop (no lock held at all);
 //! - [`blocking`]: the same for synchronous code;
-//! - [`Error`], [`LostReason`], [`parse_duration`], [`Owner`].
+//! - [`Error`], [`LostReason`], [`parse_duration`] (and [`parse_duration_flag`]), [`Owner`].
 //!
 //! # Examples
 //!
@@ -124,7 +124,7 @@ mod watchdog;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use duration::parse_duration;
+pub use duration::{parse_duration, parse_duration_flag};
 pub use error::{Error, LostReason, Result};
 pub use owner::Owner;
 pub use state::{LockState, QueueStatus};

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub struct BenchArgs {
     /// Backend URL, or `embedded` for an in-process server. Defaults to $DISTLOCK_BACKEND, then
     /// zk://127.0.0.1:2181.
-    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = "zk://127.0.0.1:2181")]
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, default_value = crate::DEFAULT_BACKEND)]
     pub(super) backend: String,
     /// TLS: the CA certificates (PEM) that verify the server, as on every other subcommand (the
     /// URL's cacert=). Every floor and peer of the run then connects over TLS as the lock does.

@@ -1,5 +1,5 @@
 //! Apache Curator beside distlock in `distlock bench --curator`: a small Java program
-//! (`peers/CuratorBench.java`, built into distlock and compiled on first use against Debian's
+//! (`peers/CuratorBench.java`, built into distlock-bench and compiled on first use against Debian's
 //! Curator jars) that runs InterProcessMutex cycles on command, so that both are measured on the
 //! same server, through the same proxy, in turns.
 

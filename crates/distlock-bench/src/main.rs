@@ -1,7 +1,11 @@
-//! `distlock bench`: every lock against the server's own limit, measured in one run. This file
-//! is the entry point, which picks the backend by URL; the shared harness is in `harness`, and
-//! each backend's workloads in a file of its own above it.
+//! `distlock-bench`: every lock against the server's own limit, measured in one run, with the
+//! peers (Apache Curator, Redisson's and redis-py's layouts, DistributedLock) beside it. A
+//! program of its own so that `distlock` carries no fault proxy, peer library or counting
+//! allocator; `distlock bench ARGS` runs it. This file is the entry point, which picks the
+//! backend by URL; the shared harness is in `harness`, and each backend's workloads in a file of
+//! its own above it.
 
+mod alloc;
 mod curator;
 mod etcd;
 mod handover;
@@ -15,10 +19,71 @@ mod zookeeper;
 use harness::{print_table, through_proxy, Progress, Run};
 use std::io::IsTerminal;
 
-pub(crate) use harness::BenchArgs;
+use harness::BenchArgs;
+use std::process::ExitCode;
+use std::time::Duration;
 
-pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
-    let url = with_tls_files(crate::backend_or_default(&args.backend), &args)?;
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
+
+/// The server measured when neither --backend nor $DISTLOCK_BACKEND names one.
+const DEFAULT_BACKEND: &str = "zk://127.0.0.1:2181";
+
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "distlock-bench",
+    version,
+    about = "Measure every distlock lock against its server's own limit, with the peers beside it",
+    after_help = "EXIT STATUS:\n  0  done\n  2  usage or backend error"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+fn main() -> ExitCode {
+    // The crash hand-over's leader is this program again (run by the workload, not by a user).
+    let leader = match std::env::args().collect::<Vec<_>>().as_slice() {
+        [_, flag, name] if flag == handover::LEADER_ARG => Some(name.clone()),
+        _ => None,
+    };
+    let bench = leader.is_none().then(|| <Cli as clap::Parser>::parse().args);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,zookeeper_client=error"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("distlock-bench: cannot start runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = rt.block_on(async {
+        match (leader, bench) {
+            (Some(name), _) => handover::lead_until_killed(&name).await.map(|()| 0),
+            (None, Some(args)) => run(args).await,
+            (None, None) => Ok(0),
+        }
+    });
+    rt.shutdown_timeout(Duration::from_millis(200));
+    match code {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("distlock-bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A flag's duration, by the `distlock` command's rule (a bare number is seconds).
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    distlock::parse_duration_flag(s).map_err(|e| e.to_string())
+}
+
+async fn run(args: BenchArgs) -> anyhow::Result<u8> {
+    // `$DISTLOCK_BACKEND` set but empty means the default, as if unset.
+    let backend = if args.backend.trim().is_empty() { DEFAULT_BACKEND } else { &args.backend };
+    let url = with_tls_files(backend, &args)?;
     let backend = url.as_str();
     if backend.starts_with("redis+cluster://") || backend.starts_with("rediss+cluster://") {
         anyhow::bail!(
@@ -27,7 +92,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     }
     if cfg!(debug_assertions) {
         eprintln!(
-            "distlock: warning: this is a debug build; its figures are not representative (cargo build --release)"
+            "distlock-bench: warning: this is a debug build; its figures are not representative (cargo build --release)"
         );
     }
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };

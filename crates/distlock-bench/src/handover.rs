@@ -1,7 +1,8 @@
 //! `distlock bench handover`: how long an election is without a leader when the leader goes, on
 //! any backend with elections, through the shared API. Graceful: the leader resigns while a
 //! candidate waits; the time from the resign call to the candidate's campaign returning.
-//! Crash: a `distlock elect` process leads and is killed (SIGKILL) while a candidate waits; the
+//! Crash: a process of its own leads (this program again, with [`LEADER_ARG`]) and is killed
+//! (SIGKILL) while a candidate waits; the
 //! time from the kill to the candidate's campaign returning, which the lease bounds (the server
 //! must first give up on the dead leader).
 
@@ -33,6 +34,19 @@ async fn queued(client: &distlock::Client, name: &str, n: usize) -> anyhow::Resu
     })
     .await
     .map_err(|_| anyhow::anyhow!("{n} candidates never queued on {name}"))?
+}
+
+/// `distlock-bench --handover-leader NAME`: the crash hand-over's leader, which campaigns in
+/// election NAME on `$DISTLOCK_BACKEND` with the value `doomed` and leads until it is killed.
+pub(super) const LEADER_ARG: &str = "--handover-leader";
+
+/// The leader process's life: returns only on an error (the exit status is then 2).
+pub(super) async fn lead_until_killed(name: &str) -> anyhow::Result<()> {
+    let url = std::env::var("DISTLOCK_BACKEND")?;
+    let client = distlock::connect(&url).await?;
+    let _leading = client.election(name)?.campaign("doomed").await?;
+    std::future::pending::<()>().await;
+    Ok(())
 }
 
 pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) -> anyhow::Result<Report> {
@@ -71,7 +85,7 @@ pub(super) async fn run(backend: &str, duration: Duration, progress: &Progress) 
             // The URL (a password with it) in the environment, never on a command line `ps` shows.
             .env("DISTLOCK_BACKEND", &url)
             .env_remove("DISTLOCK_BACKEND_FILE")
-            .args(["elect", "--value", "doomed", &name, "--", "sleep", "3600"])
+            .args([LEADER_ARG, &name])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

@@ -48,7 +48,7 @@ pub(super) async fn run(
         }
         if !unplotted.is_empty() {
             eprintln!(
-                "distlock: --plot: nothing to plot for workload{} {} (only {} write plots)",
+                "distlock-bench: --plot: nothing to plot for workload{} {} (only {} write plots)",
                 if unplotted.len() > 1 { "s" } else { "" },
                 unplotted.join(", "),
                 PLOTTED.join(" and ")
@@ -80,7 +80,7 @@ pub(super) async fn run(
     let removed = tokio::select! {
         r = remove_run(&admin, &prefix) => r,
         sig = stop.next() => {
-            eprintln!("distlock: interrupted again: {prefix} is left on the server");
+            eprintln!("distlock-bench: interrupted again: {prefix} is left on the server");
             return Ok(128 + sig);
         }
     };
@@ -93,14 +93,14 @@ pub(super) async fn run(
         }
         Ok(Err(e)) => {
             if let Err(r) = removed {
-                eprintln!("distlock: {r:#}");
+                eprintln!("distlock-bench: {r:#}");
             }
             Err(e)
         }
         Err(sig) => {
             match removed {
-                Ok(()) => eprintln!("distlock: bench interrupted; its nodes are removed"),
-                Err(r) => eprintln!("distlock: bench interrupted; {r:#}"),
+                Ok(()) => eprintln!("distlock-bench: interrupted; its nodes are removed"),
+                Err(r) => eprintln!("distlock-bench: interrupted; {r:#}"),
             }
             Ok(128 + sig)
         }
