@@ -2,8 +2,8 @@
 //! thin over `distlock::election`. Leading is holding the election's lock, so a campaign runs
 //! through `exec` and `hold` with their guarantees and exit statuses.
 
-use crate::exec::{ExecArgs, LockArgs, OnLost, Signals};
-use crate::{BackendArg, EXIT_NOT_ACQUIRED};
+use crate::exec::{AcquireArgs, CommandArgs, Plan, Signals};
+use crate::BackendArg;
 use distlock::election::Change;
 use std::io::Write;
 use std::time::Duration;
@@ -15,45 +15,38 @@ pub struct ElectArgs {
     /// The value to announce while leading (`etcdctl elect`'s PROPOSAL, Curator's participant
     /// id); not empty (--observe prints an empty line for "no leader"). Default: this host's
     /// name and distlock's pid.
-    #[arg(long, value_name = "VALUE", conflicts_with = "observe", value_parser = non_empty)]
+    #[arg(long, value_name = "VALUE", value_parser = non_empty)]
     value: Option<String>,
     /// Print the leader's value on every change, one line each (an empty line when nobody
     /// leads), until INT or TERM; as `etcdctl elect -l` but with "no leader" shown.
-    #[arg(short = 'l', long = "observe", visible_alias = "listen")]
+    #[arg(short = 'l', long = "observe", visible_alias = "listen", conflicts_with_all = CAMPAIGN_ONLY)]
     observe: bool,
     /// With --observe: how often the leader is read.
     #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "100ms", requires = "observe")]
     interval: Duration,
-    /// Wait at most this long to be elected (seconds, or with a unit); 0 never waits.
-    #[arg(allow_hyphen_values = true, short = 'w', long = "wait", value_name = "SECONDS", value_parser = crate::exec::wait_arg, conflicts_with_all = ["nonblock", "observe"])]
-    wait: Option<Duration>,
-    /// Do not wait: fail at once if another candidate leads or waits.
-    #[arg(short = 'n', long = "nonblock", conflicts_with = "observe")]
-    nonblock: bool,
-    /// Exit status when not elected.
-    #[arg(short = 'E', long = "conflict-exit-code", value_name = "N", default_value_t = EXIT_NOT_ACQUIRED, conflicts_with = "observe")]
-    conflict_exit_code: u8,
-    /// What to do to the command if the lead is lost while it runs.
-    #[arg(long = "on-lost", value_enum, default_value_t = OnLost::Term, conflicts_with = "observe")]
-    on_lost: OnLost,
-    /// Time between SIGTERM and SIGKILL when the lead is lost (cut as `exec` cuts it).
-    #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "5s", conflicts_with = "observe")]
-    grace: Duration,
-    /// Write the run's figures to PATH in the Prometheus text format, as `exec` does.
-    #[arg(long = "metrics-textfile", value_name = "PATH", conflicts_with = "observe")]
-    metrics_textfile: Option<std::path::PathBuf>,
-    /// Run STRING with `sh -c` while leading, instead of a COMMAND after --.
-    #[arg(short = 'c', long = "command", value_name = "STRING", conflicts_with_all = ["command", "observe"])]
-    command_string: Option<String>,
+    #[command(flatten)]
+    acquire: AcquireArgs,
     /// The election: a znode path or bare name on ZooKeeper, the key prefix on etcd, the key on
     /// Redis.
     #[arg(value_name = "NAME")]
     name: String,
-    /// The command to run while leading, after --. Without one, distlock leads until standard
-    /// input closes or INT, TERM or HUP arrives (as `hold`).
-    #[arg(value_name = "COMMAND", last = true, num_args = 1.., conflicts_with = "observe")]
-    command: Vec<String>,
+    #[command(flatten)]
+    command: CommandArgs,
 }
+
+/// The flags of a campaign, which --observe does not take.
+const CAMPAIGN_ONLY: [&str; 10] = [
+    "value",
+    "wait",
+    "nonblock",
+    "conflict_exit_code",
+    "quiet",
+    "metrics_textfile",
+    "on_lost",
+    "grace",
+    "command_string",
+    "command",
+];
 
 fn non_empty(s: &str) -> Result<String, String> {
     if s.is_empty() {
@@ -84,12 +77,11 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<u8> {
         let owner = distlock::Owner::current();
         format!("{}:{}", owner.host, owner.pid)
     });
-    let wait = if args.nonblock { Some(Duration::ZERO) } else { args.wait };
-    let lock = LockArgs::election(args.backend, args.name, value, wait, args.conflict_exit_code, args.metrics_textfile);
-    if args.command.is_empty() && args.command_string.is_none() {
-        return crate::hold::run(crate::hold::HoldArgs::under(lock)).await;
+    let plan = Plan::election(args.backend, args.name, value, args.acquire);
+    if args.command.is_empty() {
+        return crate::hold::hold(plan).await;
     }
-    crate::exec::run(ExecArgs::under(lock, args.on_lost, args.grace, args.command_string, args.command)).await
+    crate::exec::exec(plan, args.command).await
 }
 
 async fn observe(args: ElectArgs) -> anyhow::Result<u8> {

@@ -1,7 +1,7 @@
 //! `distlock hold`: take locks and hold them without running a command, for scripts (as
 //! `etcdctl lock` without a command does).
 
-use crate::exec::{acquire, LockArgs, Signals};
+use crate::exec::{acquire, LockArgs, Plan, Signals};
 use crate::EXIT_LOST;
 use std::io::{Read, Write};
 
@@ -14,15 +14,8 @@ pub struct HoldArgs {
     command: Vec<String>,
 }
 
-impl HoldArgs {
-    /// `hold` the locks `lock` names (an election's campaign for `distlock elect`).
-    pub fn under(lock: LockArgs) -> HoldArgs {
-        HoldArgs { lock, command: Vec::new() }
-    }
-}
-
+/// `distlock hold`.
 pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
-    let mut signals = Signals::new()?;
     if !args.command.is_empty() {
         anyhow::bail!(
             "hold runs no command (it holds until its standard input closes): to run `{}` under the lock, \
@@ -30,8 +23,15 @@ pub async fn run(args: HoldArgs) -> anyhow::Result<u8> {
             args.command.join(" ")
         );
     }
-    args.lock.start_record("hold")?;
-    let held = match acquire(&args.lock, &mut signals).await? {
+    hold(args.lock.plan()?).await
+}
+
+/// Holds what `plan` takes until standard input closes or INT, TERM or HUP arrives, printing the
+/// environment `exec` would give a command.
+pub async fn hold(plan: Plan) -> anyhow::Result<u8> {
+    let mut signals = Signals::new()?;
+    plan.start_record("hold")?;
+    let held = match acquire(&plan, &mut signals).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),
     };

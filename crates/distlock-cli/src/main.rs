@@ -379,35 +379,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e, &subcommand),
     };
-    match cli.command {
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut <Cli as clap::CommandFactory>::command(),
-                "distlock",
-                &mut std::io::stdout(),
-            );
-            return ExitCode::SUCCESS;
-        }
-        Command::Man => {
-            return match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut std::io::stdout())
-            {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("distlock: cannot write the manual page: {e}");
-                    ExitCode::from(EXIT_ERROR)
-                }
-            };
-        }
-        _ => {}
-    }
-    if let Command::Bench { args } = cli.command {
-        return ExitCode::from(run_bench(args));
-    }
-    if let Command::Supervise { kill_after, kill_at } = cli.command {
-        // No runtime: the watchdog only reads a pipe (on a thread) and sends signals.
-        return ExitCode::from(supervise::run(kill_after, kill_at));
-    }
+    let cli = match without_runtime(cli.command) {
+        Ok(code) => return code,
+        Err(command) => *command,
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         // The ZooKeeper client's own retries (one warning per attempt) are its business: distlock
         // reports the outcome once. DISTLOCK_LOG=info shows them.
@@ -426,7 +401,7 @@ fn main() -> ExitCode {
         }
     };
     let code = rt.block_on(async {
-        match cli.command {
+        match cli {
             Command::Exec(args) => exec::run(args).await,
             Command::Hold(args) => hold::run(args).await,
             Command::Elect(args) => elect::run(args).await,
@@ -434,16 +409,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => inspect::run(args).await,
             Command::Top(args) => top::run(args).await,
             Command::Serve(args) => serve::run(args).await,
-            Command::Setup { backend } => {
-                let client = backend.connect().await?;
-                client.setup().await?;
-                client.close(std::time::Duration::from_secs(2)).await;
-                eprintln!(
-                    "distlock setup: {}: the fencing sequence and the election and job tables are in place",
-                    distlock::redact_url(&backend.url()?)
-                );
-                Ok(0)
-            }
+            Command::Setup { backend } => setup(backend).await,
             Command::Bench { .. } | Command::Supervise { .. } | Command::Completions { .. } | Command::Man => {
                 unreachable!("handled before the runtime starts")
             }
@@ -461,6 +427,43 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_ERROR)
         }
     }
+}
+
+/// Runs the subcommands that need no runtime (completions, the manual page, the benchmark, the
+/// watchdog): their exit status, or the command back for the others.
+fn without_runtime(command: Command) -> Result<ExitCode, Box<Command>> {
+    match command {
+        Command::Completions { shell } => {
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "distlock", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut std::io::stdout()) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("distlock: cannot write the manual page: {e}");
+                    Ok(ExitCode::from(EXIT_ERROR))
+                }
+            }
+        }
+        Command::Bench { args } => Ok(ExitCode::from(run_bench(args))),
+        // The watchdog only reads a pipe (on a thread) and sends signals.
+        Command::Supervise { kill_after, kill_at } => Ok(ExitCode::from(supervise::run(kill_after, kill_at))),
+        command => Err(Box::new(command)),
+    }
+}
+
+/// `distlock setup`.
+async fn setup(backend: BackendArg) -> anyhow::Result<u8> {
+    let client = backend.connect().await?;
+    client.setup().await?;
+    client.close(std::time::Duration::from_secs(2)).await;
+    eprintln!(
+        "distlock setup: {}: the fencing sequence and the election and job tables are in place",
+        distlock::redact_url(&backend.url()?)
+    );
+    Ok(0)
 }
 
 /// An error and its causes on one line, each cause once: a cause whose text the line already

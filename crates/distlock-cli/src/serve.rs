@@ -212,7 +212,8 @@ fn write_addr_file(file: &Path, addr: SocketAddr) -> anyhow::Result<()> {
     })
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
+/// The server's configuration from the flags, each file read and checked.
+fn config(args: &ServeArgs) -> anyhow::Result<distlock_server::Config> {
     if args.tick.is_zero() {
         anyhow::bail!("invalid --tick: must be greater than zero");
     }
@@ -238,8 +239,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         }
         None => None,
     };
-    let config = distlock_server::Config {
-        tls: tls.clone(),
+    if args.handshake_timeout.is_zero() {
+        anyhow::bail!("invalid --handshake-timeout: must be greater than zero");
+    }
+    Ok(distlock_server::Config {
+        tls,
         users,
         auth_required: args.auth_required,
         tick: args.tick,
@@ -254,10 +258,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         max_nodes_per_session: usize::try_from(args.max_nodes_per_session).unwrap_or(usize::MAX),
         max_data_per_session: usize::try_from(args.max_data_per_session).unwrap_or(usize::MAX),
         ..Default::default()
-    };
-    if args.handshake_timeout.is_zero() {
-        anyhow::bail!("invalid --handshake-timeout: must be greater than zero");
-    }
+    })
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
+    let config = config(&args)?;
+    let tls = config.tls.is_some();
     // The data directory first: nothing is bound or announced for a server that cannot start.
     let server = distlock_server::Server::open(config).map_err(|e| match &args.data_dir {
         Some(d) => anyhow::anyhow!("cannot use data directory {}: {}", d.display(), data_dir_problem(d, &e)),
@@ -283,7 +289,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
     }
     eprintln!(
         "distlock serve: ZooKeeper protocol on {addr}{}{} ({})",
-        if tls.is_some() { " over TLS only" } else { "" },
+        if tls { " over TLS only" } else { "" },
         if args.auth_required { ", login required" } else { "" },
         match &args.data_dir {
             Some(d) => format!("data in {}, fsync {}", d.display(), args.fsync),
