@@ -30,6 +30,11 @@ pub struct BackendInfo {
     pub name: &'static str,
     /// The URL schemes it serves (`zk`, `zks`, …).
     pub schemes: &'static [&'static str],
+    /// The environment variables in which the backend's own command-line lock tool gives its
+    /// command the holder's mark ([`Guard::holder_id`]) and the token ([`Guard::fencing_token`]),
+    /// where it has such a tool: `etcdctl lock`'s `ETCD_LOCK_KEY` and `ETCD_LOCK_REV`. A program
+    /// run under a lock (`distlock exec`) gets them too, so scripts written for that tool work.
+    pub tool_env: Option<[&'static str; 2]>,
     connect: Option<Connector>,
 }
 
@@ -60,26 +65,46 @@ macro_rules! compiled {
 /// ```
 /// let zk = distlock::BACKENDS.iter().find(|b| b.schemes.contains(&"zks")).unwrap();
 /// assert_eq!(zk.name, "zookeeper");
+/// let etcd = distlock::BACKENDS.iter().find(|b| b.name == "etcd").unwrap();
+/// assert_eq!(etcd.tool_env, Some(["ETCD_LOCK_KEY", "ETCD_LOCK_REV"]));
 /// ```
 pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "zookeeper",
         schemes: &["zk", "zks"],
+        tool_env: None,
         connect: compiled!("zookeeper", crate::zookeeper::contract::connect),
     },
     BackendInfo {
         name: "redis",
         schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"],
+        tool_env: None,
         connect: compiled!("redis", crate::redis::contract::connect),
     },
     BackendInfo {
         name: "postgres",
         schemes: &["postgres", "postgresql"],
+        tool_env: None,
         connect: compiled!("postgres", crate::postgres::contract::connect),
     },
-    BackendInfo { name: "mysql", schemes: &["mysql", "mariadb"], connect: compiled!("mysql", crate::mysql::contract::connect) },
-    BackendInfo { name: "sqlite", schemes: &["sqlite"], connect: compiled!("sqlite", crate::sqlite::contract::connect) },
-    BackendInfo { name: "etcd", schemes: &["etcd", "etcds"], connect: compiled!("etcd", crate::etcd::contract::connect) },
+    BackendInfo {
+        name: "mysql",
+        schemes: &["mysql", "mariadb"],
+        tool_env: None,
+        connect: compiled!("mysql", crate::mysql::contract::connect),
+    },
+    BackendInfo {
+        name: "sqlite",
+        schemes: &["sqlite"],
+        tool_env: None,
+        connect: compiled!("sqlite", crate::sqlite::contract::connect),
+    },
+    BackendInfo {
+        name: "etcd",
+        schemes: &["etcd", "etcds"],
+        tool_env: Some(["ETCD_LOCK_KEY", "ETCD_LOCK_REV"]),
+        connect: compiled!("etcd", crate::etcd::contract::connect),
+    },
 ];
 
 /// Every URL scheme distlock knows, with the backend (and cargo feature) that serves it, from
@@ -149,6 +174,12 @@ impl Client {
     /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`.
     pub fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    /// This backend's entry in [`BACKENDS`].
+    pub fn info(&self) -> &'static BackendInfo {
+        let name = self.backend();
+        BACKENDS.iter().find(|b| b.name == name).expect("every backend is in the registry")
     }
 
     /// The typed client of this backend (`distlock::redis::Client`, …), if it is that one: the

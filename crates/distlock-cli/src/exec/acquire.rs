@@ -30,8 +30,8 @@ pub struct Held {
 
 impl Held {
     /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order;
-    /// on etcd also `ETCD_LOCK_KEY` (our keys) and `ETCD_LOCK_REV` (their create revisions), the
-    /// names `etcdctl lock` gives its command.
+    /// and the same marks and tokens under the names the backend's own lock tool uses, where it
+    /// has one ([`distlock::BackendInfo::tool_env`]: `etcdctl lock`'s `ETCD_LOCK_KEY`, `ETCD_LOCK_REV`).
     pub fn env(&self) -> Vec<(&'static str, String)> {
         let parts = self.guard.parts();
         let join = |f: &dyn Fn(&distlock::Guard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
@@ -40,9 +40,9 @@ impl Held {
             ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
             ("DISTLOCK_NODE", join(&|p| p.holder_id())),
         ];
-        if self.client.backend() == "etcd" {
-            env.push(("ETCD_LOCK_KEY", join(&|p| p.holder_id())));
-            env.push(("ETCD_LOCK_REV", join(&|p| p.fencing_token().to_string())));
+        if let Some([key, token]) = self.client.info().tool_env {
+            env.push((key, join(&|p| p.holder_id())));
+            env.push((token, join(&|p| p.fencing_token().to_string())));
         }
         if let Some(run) = &self.run {
             env.push(("DISTLOCK_JOB_STARTED_MS", run.started_ms.to_string()));
