@@ -87,7 +87,7 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<u8> {
 async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::new()?;
     let client = tokio::select! {
-        c = args.backend.connect() => c?,
+        c = args.backend.connect_to_look() => c?,
         _ = signals.ending() => return Ok(0),
     };
     let election = client.election(&args.name)?;
@@ -136,7 +136,7 @@ fn printable(change: &Change) -> String {
 }
 
 pub async fn leader(args: LeaderArgs) -> anyhow::Result<u8> {
-    let client = args.backend.connect().await?;
+    let client = args.backend.connect_to_look().await?;
     let election = client.election(&args.name)?;
     let leader = election.leader().await;
     let name = election.name().to_string();

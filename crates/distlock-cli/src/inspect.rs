@@ -27,7 +27,7 @@ pub struct InspectArgs {
 }
 
 pub async fn run(args: InspectArgs) -> anyhow::Result<u8> {
-    let client = args.backend.connect().await?;
+    let client = args.backend.connect_to_look().await?;
     // Closed on every path, an error's too: a ZooKeeper session or an etcd lease of ours must not
     // outlive the command until its timeout.
     let shown = show(&client, &args).await;

@@ -285,6 +285,19 @@ impl BackendArg {
         Ok(distlock::connect_with(&self.url()?, &self.options()).await?)
     }
 
+    /// Connects to look (`inspect`, `top`, `leader`, `elect --observe`), making no database: a
+    /// mistyped SQLite path is an error, not a new, empty database reported as "0 locks". First
+    /// with `setup=no`; a database that exists but that no distlock client has used yet
+    /// ([`distlock::Error::NotSetUp`]) is then set up as any client would, so that looking before
+    /// the first lock (an observer started first) works.
+    pub async fn connect_to_look(&self) -> anyhow::Result<distlock::Client> {
+        let url = self.url()?;
+        match distlock::connect_with(&url, &self.options().setup(false)).await {
+            Err(distlock::Error::NotSetUp { .. }) => Ok(distlock::connect_with(&url, &self.options()).await?),
+            connected => Ok(connected?),
+        }
+    }
+
     /// The backend URL: `--backend` (or `$DISTLOCK_BACKEND`), else the first line of
     /// `--backend-file` (or `$DISTLOCK_BACKEND_FILE`), else the default. Both given is an error.
     pub fn url(&self) -> anyhow::Result<String> {

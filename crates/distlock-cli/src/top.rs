@@ -193,7 +193,7 @@ pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
     if let Some(addr) = args.http {
         crate::only_loopback_unless_allowed("top --http", addr, args.allow_remote)?;
     }
-    let client = args.backend.connect().await?;
+    let client = args.backend.connect_to_look().await?;
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;

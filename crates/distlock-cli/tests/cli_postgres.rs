@@ -201,3 +201,25 @@ fn secrets_stay_hidden_on_postgres() {
 }
 
 const BIN_PATH: &str = env!("CARGO_BIN_EXE_distlock");
+
+/// Looking at a database no distlock client has used yet: `leader` says nobody leads and
+/// `inspect --all` lists nothing (exit 0), as on any database; a database that does not exist is
+/// an error naming it.
+#[test]
+fn looking_at_a_database_nobody_used_yet_finds_nothing() {
+    let db = format!("distlock_look_{}", uuid::Uuid::new_v4().simple());
+    psql(&format!("CREATE DATABASE {db}"));
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES").unwrap();
+    let fresh = format!("{}/{db}?lease=5s", url.rsplit_once('/').unwrap().0);
+    let out = common::distlock(&fresh, &["leader", "nobody"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = common::distlock(&fresh, &["inspect", "--all", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listing["locks"].as_array().map(Vec::len), Some(0), "{listing}");
+    let missing = format!("{}/no_such_db_{}?lease=5s", url.rsplit_once('/').unwrap().0, &db[14..]);
+    let out = common::distlock(&missing, &["inspect", "--all"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no_such_db_"), "{stderr}");
+}

@@ -226,6 +226,8 @@ fn inspect_all_lists_the_held_locks_under_a_prefix() {
 #[test]
 fn elect_observe_and_leader_on_sqlite() {
     let (b, dir) = backend("?lease=5s");
+    // A database someone has used: on a path nobody has, `leader` is an error, not "no leader".
+    assert!(distlock(&b, &["exec", "made", "--", "true"]).output().unwrap().status.success());
     common::elect_observe_and_leader(&b, "cli-elect");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -397,6 +399,8 @@ fn every_subcommand_documents_its_exit_statuses() {
     let help = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(help.contains("DISTLOCK_EPOCH") && help.contains("DISTLOCK_VALUE"), "{help}");
     let (b, dir) = backend("?lease=5s");
+    // A database someone has used (on a path nobody has, looking is an error: see below).
+    assert!(distlock(&b, &["exec", "made", "--", "true"]).output().unwrap().status.success());
     let out = distlock(&b, &["leader", "--json", "nobody-leads"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -465,4 +469,23 @@ fn shell_completions_and_a_manual_page() {
     for sub in ["exec", "hold", "elect", "inspect", "top", "completions"] {
         assert!(text.contains(sub), "the page lacks {sub}:\n{text}");
     }
+}
+
+/// Looking makes nothing: `inspect`, `top -b` and `leader` on a mistyped database path fail
+/// (exit 2) naming the file, and do not create it; `exec` does, and then they look as usual.
+#[test]
+fn looking_at_a_missing_database_is_an_error_not_an_empty_server() {
+    let (b, dir) = backend("?lease=5s");
+    let file = dir.join("locks.db");
+    for args in [&["inspect", "--all"][..], &["top", "-b", "-n", "1"], &["leader", "nobody"], &["inspect", "job"]] {
+        let out = distlock(&b, args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(&format!("no database file {}", file.display())), "{args:?}: {stderr}");
+        assert!(!file.exists(), "{args:?} made the database file");
+    }
+    assert!(distlock(&b, &["exec", "job", "--", "true"]).output().unwrap().status.success());
+    let out = distlock(&b, &["inspect", "--all"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -128,6 +128,19 @@ pub enum Error {
     /// The client was closed.
     #[error("the client is closed")]
     Closed,
+    /// Connecting with `setup=no` (see [`crate::ConnectOptions::setup`]) found the database
+    /// without something distlock keeps beside its locks (a table, the fencing sequence), which
+    /// it would otherwise have made: no distlock client has used this database yet.
+    #[error(
+        "{url}: {what} is missing, and setup=no makes nothing: no distlock client has used this database yet \
+         (`distlock setup` makes it)"
+    )]
+    NotSetUp {
+        /// The URL (without credentials).
+        url: String,
+        /// What is missing (`the fencing sequence distlock_fencing_seq`).
+        what: String,
+    },
     /// Could not establish a session with the backend.
     #[error("cannot connect to {url}: {reason}")]
     Connect {

@@ -13,6 +13,21 @@ use std::time::Duration;
 /// The keys that mean the lease, in any backend's URL.
 const LEASE_KEYS: &[&str] = &["lease", "session_timeout", "ttl"];
 
+/// The `setup` URL key every backend takes: `setup=auto` (the default: connecting makes what
+/// distlock keeps beside its locks where it is missing: a SQLite database file and its tables,
+/// the fencing sequence of PostgreSQL and MariaDB) or `setup=no` (connecting makes nothing, and
+/// what is missing is an error naming it). ZooKeeper, Redis and etcd make nothing when connecting
+/// either way. Whether connecting may make things, or the reason `value` is refused.
+pub(crate) fn parse_setup(value: &str) -> std::result::Result<bool, String> {
+    match value {
+        "auto" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!(
+            "setup={value}: use setup=auto (the default: connecting makes what is missing) or setup=no (it makes nothing)"
+        )),
+    }
+}
+
 /// A URL key as every backend's parser matches it: the lease's aliases (`session_timeout`, as
 /// ZooKeeper names it, and `ttl`, as etcd does) are `lease` on every scheme.
 pub(crate) fn canonical_key(key: &str) -> &str {
@@ -42,6 +57,8 @@ pub struct ConnectOptions {
     connect_timeout: Option<Duration>,
     lease: Option<Duration>,
     tls: crate::tls::TlsFiles,
+    /// `Some(false)`: `setup=no`.
+    setup: Option<bool>,
 }
 
 impl ConnectOptions {
@@ -82,6 +99,16 @@ impl ConnectOptions {
         self
     }
 
+    /// Whether connecting may make what distlock keeps beside its locks where it is missing (a
+    /// SQLite database file and its tables, the fencing sequence of PostgreSQL and MariaDB): yes
+    /// by default; `false` (the URL's `setup=no`) makes nothing and reports what is missing, for
+    /// a client that only looks (a mistyped SQLite path is then an error, not a new empty
+    /// database).
+    pub fn setup(mut self, setup: bool) -> ConnectOptions {
+        self.setup = Some(setup);
+        self
+    }
+
     /// The options set, in words (`lease 500ms`, `cacert ca.pem`).
     fn given(&self) -> Vec<String> {
         let mut given = Vec::new();
@@ -95,6 +122,9 @@ impl ConnectOptions {
             if let Some(path) = path {
                 given.push(format!("{name} {}", path.display()));
             }
+        }
+        if self.setup == Some(false) {
+            given.push("setup no".into());
         }
         given
     }
@@ -130,6 +160,10 @@ impl ConnectOptions {
             pairs.retain(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) != name);
             pairs.push(format!("{name}={text}"));
         }
+        if let Some(setup) = self.setup {
+            pairs.retain(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) != "setup");
+            pairs.push(format!("setup={}", if setup { "auto" } else { "no" }));
+        }
         Ok(if pairs.is_empty() { base.to_string() } else { format!("{base}?{}", pairs.join("&")) })
     }
 }
@@ -141,6 +175,7 @@ fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
         (LEASE_KEYS, options.lease.is_some()),
         (&["connect_timeout"], options.connect_timeout.is_some()),
         (&["cacert", "cert", "key"], options.tls != crate::tls::TlsFiles::default()),
+        (&["setup"], options.setup.is_some()),
     ];
     keys.iter().any(|(names, set)| *set && names.iter().any(|k| reason.contains(k)))
 }

@@ -532,3 +532,28 @@ async fn a_galera_node_is_refused_saying_why() {
     assert!(matches!(e, Error::Unsupported { .. }), "{text}");
     assert!(text.contains("Galera") && text.contains("wsrep_on = ON") && text.contains("GET_LOCK is local"), "{text}");
 }
+
+/// `setup=no` makes nothing: in a database no distlock client has used, connecting says the
+/// fencing sequence (or, with `fencing=row`, table) is missing and leaves it so; once a client
+/// made it, `setup=no` connects.
+#[tokio::test]
+async fn setup_no_makes_nothing_and_names_what_is_missing() {
+    let mut raw = raw().await;
+    let (db, db_url) = own_database(&mut raw, "distlock_setup").await;
+    for (query, what) in [("?lease=10s", "sequence distlock_fencing_seq"), ("?lease=10s&fencing=row", "table")] {
+        let url = format!("{db_url}{query}");
+        let e = Client::connect(&format!("{url}&setup=no")).await.unwrap_err();
+        assert!(matches!(e, Error::NotSetUp { .. }), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains(&format!("the fencing {what}")) && e.contains("is missing, and setup=no"), "{e}");
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?")
+            .bind(&db)
+            .fetch_one(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "setup=no made something in {db}");
+    }
+    let url = format!("{db_url}?lease=10s");
+    Client::connect(&url).await.unwrap().close(Duration::from_secs(2)).await;
+    Client::connect(&format!("{url}&setup=no")).await.unwrap().close(Duration::from_secs(2)).await;
+}

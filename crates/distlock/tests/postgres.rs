@@ -650,3 +650,28 @@ async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
     assert!(token > held.fencing_token());
     g.release().await.unwrap();
 }
+
+/// `setup=no` makes nothing: in a database no distlock client has used, connecting says the
+/// fencing sequence is missing and leaves it so; once a client made it, `setup=no` connects.
+#[tokio::test]
+async fn setup_no_makes_nothing_and_names_what_is_missing() {
+    let raw = raw().await;
+    let db = format!("distlock_setup_{}", uuid::Uuid::new_v4().simple());
+    raw.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    let db_url = format!("{}/{db}?lease=10s", pg_url().rsplit_once('/').unwrap().0);
+    let look = format!("{db_url}&setup=no");
+    let e = Client::connect(&look).await.unwrap_err();
+    assert!(matches!(e, Error::NotSetUp { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(e.contains("the fencing sequence distlock_fencing_seq is missing, and setup=no makes nothing"), "{e}");
+    let own = raw_to(db_url.split('?').next().unwrap()).await;
+    let n: i64 = own
+        .query_one("SELECT count(*) FROM pg_class WHERE relname = 'distlock_fencing_seq'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "setup=no made the sequence");
+    Client::connect(&db_url).await.unwrap().close(Duration::from_secs(2)).await;
+    let looking = Client::connect(&look).await.unwrap();
+    looking.close(Duration::from_secs(2)).await;
+}

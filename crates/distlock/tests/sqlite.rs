@@ -403,3 +403,24 @@ async fn with_lock_runs_on_the_typed_mutex_or_reports_busy() {
     let next = distlock::with_lock(&lock, Duration::from_secs(2), |token| async move { token }).await.unwrap();
     assert!(next > token, "tokens rise: {token} then {next}");
 }
+
+/// `setup=no` makes nothing: a missing file is an error naming it (and stays missing), so is a
+/// file without the lease table; once a client made them, `setup=no` opens them as usual.
+#[tokio::test]
+async fn setup_no_makes_nothing_and_names_what_is_missing() {
+    let (url, dir) = db("?lease=5s");
+    let file = dir.0.join("locks.db");
+    let look = format!("{url}&setup=no");
+    let e = Client::connect(&look).await.unwrap_err().to_string();
+    assert!(e.contains(&format!("no database file {} (setup=no makes nothing", file.display())), "{e}");
+    assert!(!file.exists(), "setup=no made the file");
+    std::fs::write(&file, b"").unwrap();
+    let e = Client::connect(&look).await.unwrap_err();
+    assert!(matches!(e, Error::NotSetUp { .. }), "{e:?}");
+    assert!(e.to_string().contains("the lease table distlock_leases is missing, and setup=no makes nothing"), "{e}");
+    let made = Client::connect(&url).await.unwrap();
+    made.mutex("setup").unwrap().lock().await.unwrap().release().await.unwrap();
+    let looking = Client::connect(&look).await.unwrap();
+    assert!(looking.mutex("setup").unwrap().try_lock().await.unwrap().is_some());
+    assert!(Client::connect(&format!("{url}&setup=maybe")).await.unwrap_err().to_string().contains("setup=maybe"));
+}

@@ -131,9 +131,13 @@ impl EtcdUrl {
                 "lease" => out.ttl = parse_duration(v)?,
                 "timeout" => out.timeout = parse_duration(v)?,
                 "connect_timeout" => out.connect_timeout = parse_duration(v)?,
+                // Connecting makes nothing on etcd (the session's lease ends with the client).
+                "setup" => {
+                    crate::options::parse_setup(v).map_err(bad)?;
+                }
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: ttl (or lease, session_timeout), timeout, connect_timeout, cacert, cert, key)"
+                        "unknown URL key {k:?} (known: ttl (or lease, session_timeout), timeout, connect_timeout, setup, cacert, cert, key)"
                     )))
                 }
             }

@@ -166,6 +166,10 @@ impl Client {
             .await
             .map_err(|e| backend("look for", FENCING_SEQUENCE, e))?
             > 0;
+        let missing = |what: String| Error::NotSetUp { url: client.inner.url.to_string(), what };
+        if fencing == Fencing::Sequence && !has_sequence && !client.inner.url.setup {
+            return Err(missing(format!("the fencing sequence {FENCING_SEQUENCE}")));
+        }
         if fencing == Fencing::Sequence && !has_sequence {
             let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE} NOCACHE");
             match sqlx::query(&create).execute(&mut conn.conn).await {
@@ -182,6 +186,9 @@ impl Client {
         if fencing == Fencing::Row
             && has_table().fetch_one(&mut conn.conn).await.map_err(|e| backend("look for", FENCING_TABLE, e))? == 0
         {
+            if !client.inner.url.setup {
+                return Err(missing(format!("the fencing table {FENCING_TABLE}")));
+            }
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
                  token BIGINT NOT NULL) ENGINE=InnoDB"

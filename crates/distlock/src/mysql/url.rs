@@ -50,6 +50,9 @@ pub struct MysqlUrl {
     pub tls_files: crate::tls::TlsFiles,
     /// Whether the connection is TLS (any `ssl-mode` but `DISABLED`).
     pub tls: bool,
+    /// Whether connecting may make the fencing sequence or table where missing (`setup=auto`,
+    /// the default) or not (`setup=no`: a missing one is an error).
+    pub setup: bool,
     shown: String,
 }
 
@@ -96,6 +99,7 @@ impl MysqlUrl {
         let (mut lease, mut connect_timeout, mut fencing) = (DEFAULT_LEASE, Duration::from_secs(10), Fencing::Sequence);
         let mut tls_files = crate::tls::TlsFiles::default();
         let mut ssl_mode = None;
+        let mut setup = true;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let aliases = [("ssl-ca", "cacert"), ("ssl-cert", "cert"), ("ssl-key", "key")];
@@ -120,6 +124,7 @@ impl MysqlUrl {
                 }
                 "lease" => lease = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
+                "setup" => setup = crate::options::parse_setup(v).map_err(&bad)?,
                 "fencing" => {
                     fencing = match v {
                         "sequence" => Fencing::Sequence,
@@ -129,7 +134,7 @@ impl MysqlUrl {
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, fencing, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
+                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, fencing, setup, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
                     )))
                 }
             }
@@ -192,7 +197,7 @@ impl MysqlUrl {
         // A lock wait is a "slow statement" by design: no warnings for it.
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
         let tls = !matches!(ssl_mode, M::Disabled);
-        Ok(MysqlUrl { options, lease, connect_timeout, fencing, tls_files, tls, shown })
+        Ok(MysqlUrl { options, lease, connect_timeout, fencing, tls_files, tls, setup, shown })
     }
 }
 

@@ -419,7 +419,7 @@ impl Client {
         let floor_sql = fencing_floor_sql();
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) && url.setup => {
                     // The first client on this database. Two at once: one gets a unique violation.
                     let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE}");
                     if let Err(e) = conn.client.batch_execute(&create).await {
@@ -436,6 +436,10 @@ impl Client {
             .await
             .map_err(|_| failed(format!("no answer to the fencing floor within {:?}", url.connect_timeout)))?
             .map_err(|e| {
+                if !url.setup && e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) {
+                    let what = format!("the fencing sequence {FENCING_SEQUENCE}");
+                    return Error::NotSetUp { url: url.to_string(), what };
+                }
                 failed(format!("raising the fencing sequence {FENCING_SEQUENCE} to the clock: {}", cause(&e)))
             })?;
         Ok(conn)

@@ -233,6 +233,9 @@ pub struct PgUrl {
     pub tls_files: crate::tls::TlsFiles,
     /// Session advisory locks (the default) or transaction-scoped ones for transaction poolers.
     pub scope: LockScope,
+    /// Whether connecting may make the fencing sequence where missing (`setup=auto`, the
+    /// default) or not (`setup=no`: a missing one is an error).
+    pub setup: bool,
     /// The URL without its password, for messages.
     shown: String,
 }
@@ -345,6 +348,7 @@ impl PgUrl {
         let mut ssl_mode = None;
         let mut tls_files = crate::tls::TlsFiles::default();
         let mut scope = LockScope::Session;
+        let mut setup = true;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             if tls_files
@@ -395,10 +399,11 @@ impl PgUrl {
                     }
                 }
                 "rescan" => rescan = crate::duration::url_duration(k, v)?,
+                "setup" => setup = crate::options::parse_setup(v).map_err(&bad)?,
                 _ => {
                     return Err(bad(format!(
                         "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, keys, application_name, rescan, \
-                         lock_scope, sslmode, sslrootcert, sslcert, sslkey)"
+                         lock_scope, setup, sslmode, sslrootcert, sslcert, sslkey)"
                     )))
                 }
             }
@@ -453,6 +458,7 @@ impl PgUrl {
             ssl_mode,
             tls_files,
             scope,
+            setup,
             shown: crate::redact_url(url),
         })
     }

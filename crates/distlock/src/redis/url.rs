@@ -278,6 +278,10 @@ impl RedisUrl {
                     }
                 }
                 "layout" => parsed.layout = value.parse().map_err(|e: Error| bad(e.to_string()))?,
+                // Connecting makes nothing on Redis.
+                "setup" => {
+                    crate::options::parse_setup(value).map_err(bad)?;
+                }
                 "replicas" if parsed.cluster.is_some() => {
                     return Err(bad("replicas: WAIT after acquire is not supported on a cluster yet".into()))
                 }

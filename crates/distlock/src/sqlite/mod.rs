@@ -181,8 +181,8 @@ impl Statements {
 }
 
 impl Client {
-    /// Opens (creating if missing) the database named by a `sqlite://` URL (see [`SqliteUrl`])
-    /// and creates the lease table if missing.
+    /// Opens (creating if missing, unless the URL says `setup=no`) the database named by a
+    /// `sqlite://` URL (see [`SqliteUrl`]) and creates the lease table if missing.
     pub async fn connect(url: &str) -> Result<Client> {
         Client::connect_url(SqliteUrl::parse(url)?).await
     }
@@ -190,9 +190,15 @@ impl Client {
     /// Opens with a parsed URL.
     pub async fn connect_url(url: SqliteUrl) -> Result<Client> {
         let failed = |reason: String| Error::Connect { url: url.to_string(), reason };
+        if !url.setup && !url.path.exists() {
+            return Err(failed(format!(
+                "no database file {} (setup=no makes nothing: is the path right?)",
+                url.path.display()
+            )));
+        }
         let options = SqliteConnectOptions::new()
             .filename(&url.path)
-            .create_if_missing(true)
+            .create_if_missing(url.setup)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(url.busy_timeout);
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
@@ -230,7 +236,8 @@ impl Client {
                         .acquire_timeout(url.busy_timeout)
                         .connect_with(options.clone())
                         .await?;
-                    for statement in &create {
+                    // With setup=no nothing is made (a missing table is said below).
+                    for statement in create.iter().filter(|_| url.setup) {
                         sqlx::query(statement).execute(&pool).await?;
                     }
                     Ok::<_, sqlx::Error>(pool)
@@ -247,6 +254,18 @@ impl Client {
         let pool = tokio::time::timeout(url.connect_timeout, open)
             .await
             .map_err(|_| failed(format!("opening took longer than connect_timeout ({:?})", url.connect_timeout)))??;
+        if !url.setup {
+            let tables: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1")
+                    .bind(t)
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(|e| failed(format!("looking for the table {t}: {e}")))?;
+            if tables == 0 {
+                pool.close().await;
+                return Err(Error::NotSetUp { url: url.to_string(), what: format!("the lease table {t}") });
+            }
+        }
         let sql = Statements::new(t);
         let file = std::fs::canonicalize(&url.path).unwrap_or_else(|_| url.path.clone());
         Ok(Client { inner: Arc::new(Inner { url, pool, sql, file }) })

@@ -40,6 +40,9 @@ pub struct SqliteUrl {
     pub busy_timeout: Duration,
     /// The bound on opening the database.
     pub connect_timeout: Duration,
+    /// Whether opening may make the database file and its tables where missing (`setup=auto`,
+    /// the default) or not (`setup=no`: a missing one is an error).
+    pub setup: bool,
 }
 
 impl std::fmt::Display for SqliteUrl {
@@ -69,6 +72,7 @@ impl SqliteUrl {
             table: "distlock_leases".into(),
             busy_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
+            setup: true,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -77,12 +81,13 @@ impl SqliteUrl {
                 "busy_timeout" => out.busy_timeout = crate::duration::url_duration(k, v)?,
                 "connect_timeout" => out.connect_timeout = crate::duration::url_duration(k, v)?,
                 "table" => out.table = v.to_string(),
+                "setup" => out.setup = crate::options::parse_setup(v).map_err(&bad)?,
                 "cacert" | "cert" | "key" => {
                     return Err(bad(format!("{k}: a SQLite database is a local file, reached without TLS")))
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), table, busy_timeout, connect_timeout)"
+                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), table, busy_timeout, connect_timeout, setup)"
                     )))
                 }
             }

@@ -254,9 +254,14 @@ impl ZkUrl {
                 };
                 continue;
             }
+            if key == "setup" {
+                // Connecting makes nothing on ZooKeeper: a lock's parents are made with the lock.
+                crate::options::parse_setup(value).map_err(|e| bad(&e))?;
+                continue;
+            }
             if !["lease", "connect_timeout", "lease_margin"].contains(&crate::options::canonical_key(key)) {
                 return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its aliases session_timeout and ttl, connect_timeout, lease_margin, election, auth, acl, cacert, cert, key)"
+                    "unknown option {key:?} (known: lease or its aliases session_timeout and ttl, connect_timeout, lease_margin, election, auth, acl, setup, cacert, cert, key)"
                 )));
             }
             let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
