@@ -232,7 +232,7 @@ pub struct BackendArg {
     /// Read the backend URL from this file instead (its first line): a password then stays off
     /// the command line and out of the environment. A file holding a password must be readable
     /// by its owner only (chmod 600), as ssh requires of keys.
-    #[arg(long, env = "DISTLOCK_BACKEND_FILE", value_name = "PATH")]
+    #[arg(long, env = "DISTLOCK_BACKEND_FILE", hide_env_values = true, value_name = "PATH")]
     pub backend_file: Option<std::path::PathBuf>,
     /// The lease, on every backend: how long the server keeps the lock of a holder it no longer
     /// hears from (ZooKeeper's session timeout, etcd's lease TTL, the lease of Redis keys and of
@@ -544,5 +544,44 @@ mod log {
             ctx.field_format().format_fields(writer.by_ref(), event)?;
             writeln!(writer)
         }
+    }
+}
+
+/// The command-line reference (docs/cli-reference.md): every subcommand's `--help`, generated
+/// from the same definitions the program parses with, at a fixed width.
+#[cfg(test)]
+fn reference() -> String {
+    use std::fmt::Write;
+    let mut cli = <Cli as clap::CommandFactory>::command().term_width(100);
+    let mut out = String::from(
+        "# distlock command-line reference\n\n\
+         Generated from the program's own definitions: every subcommand's `--help`. Do not edit; after a\n\
+         change to a flag, `DISTLOCK_BLESS=1 cargo test -p distlock-cli reference` writes it again (the\n\
+         test fails while it differs). docs/cli.md explains; this lists.\n\n",
+    );
+    let _ = write!(out, "## distlock\n\n```text\n{}```\n", cli.render_long_help());
+    cli.build();
+    for sub in cli.get_subcommands_mut().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+        let name = sub.get_name().to_string();
+        let help = sub.render_long_help().to_string();
+        let _ = write!(out, "\n## distlock {name}\n\n```text\n{}\n```\n", help.trim_end());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reference_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli-reference.md");
+        let now = super::reference();
+        if std::env::var_os("DISTLOCK_BLESS").is_some() {
+            std::fs::write(&path, &now).unwrap();
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            written == now,
+            "docs/cli-reference.md is not the help of this build: DISTLOCK_BLESS=1 cargo test -p distlock-cli reference"
+        );
     }
 }
