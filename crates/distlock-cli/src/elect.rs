@@ -21,7 +21,8 @@ pub struct ElectArgs {
     /// leads), until INT or TERM; as `etcdctl elect -l` but with "no leader" shown.
     #[arg(short = 'l', long = "observe", visible_alias = "listen", conflicts_with_all = CAMPAIGN_ONLY)]
     observe: bool,
-    /// With --observe: how often the leader is read.
+    /// With --observe: how often the leader is read on a backend without watches (Redis and the
+    /// SQL backends; ZooKeeper and etcd wake the observer by a watch instead).
     #[arg(allow_hyphen_values = true, long, value_name = "DURATION", value_parser = crate::duration_arg, default_value = "100ms", requires = "observe")]
     interval: Duration,
     #[command(flatten)]

@@ -182,12 +182,14 @@ impl Election {
         self.observe_every(OBSERVE_EVERY)
     }
 
-    /// A stream of changes, reading the leader every `interval`: the first
-    /// [`next`](Observer::next) gives the state now (a leader, or [`Change::NoLeader`]), each
-    /// later one the next change: a new leader, a new value, or no leader. A leadership shorter
-    /// than `interval` may go unseen.
+    /// A stream of changes: the first [`next`](Observer::next) gives the state now (a leader,
+    /// or [`Change::NoLeader`]), each later one the next change: a new leader, a new value, or no
+    /// leader. On ZooKeeper and etcd the leader is read again when a watch set with the last read
+    /// fires (within a round trip of the change; a leadership that begins and ends inside that
+    /// round trip can still go unseen, its epoch skipped); elsewhere it is read every `interval`,
+    /// and a leadership shorter than that may go unseen.
     pub fn observe_every(&self, interval: Duration) -> Observer {
-        Observer { ballot: self.inner.clone(), interval: interval.max(Duration::from_millis(1)), last: None }
+        Observer { ballot: self.inner.clone(), interval: interval.max(Duration::from_millis(1)), last: None, watch: None }
     }
 }
 
@@ -374,13 +376,24 @@ impl Leadership {
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Observer {
     ballot: Arc<dyn Ballot>,
     interval: Duration,
     /// The last state reported: `Some(None)` no leader, `Some(Some(..))` that leader.
     last: Option<Option<Leader>>,
+    /// The watch set with the last read, where the backend has watches.
+    watch: Option<crate::contract::BoxFuture<'static, ()>>,
 }
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer").field("interval", &self.interval).field("last", &self.last).finish_non_exhaustive()
+    }
+}
+
+/// How long an observer with a watch waits before reading again anyway (a watch is the
+/// server's promise; this bounds what a lost one could hide).
+const WATCH_REREAD: Duration = Duration::from_secs(10);
 
 impl Observer {
     /// The next change (the first call: the state now). An error (the server unreachable) is
@@ -391,11 +404,26 @@ impl Observer {
     pub async fn next(&mut self) -> Result<Change> {
         let mut first = self.last.is_none();
         loop {
-            if !first {
-                tokio::time::sleep(self.interval).await;
+            match self.watch.take() {
+                // Woken by the server at the change (cancelled here, the next call reads again
+                // after the interval).
+                Some(mut changed) => {
+                    tokio::select! {
+                        _ = &mut changed => {}
+                        _ = tokio::time::sleep(WATCH_REREAD.max(self.interval)) => {}
+                    }
+                }
+                None if !first => tokio::time::sleep(self.interval).await,
+                None => {}
             }
             first = false;
-            let now = self.ballot.leader().await?;
+            let now = match self.ballot.watch_leader().await? {
+                Some((now, changed)) => {
+                    self.watch = Some(changed);
+                    now
+                }
+                None => self.ballot.leader().await?,
+            };
             let same = match (&self.last, &now) {
                 (Some(Some(a)), Some(b)) => a.epoch == b.epoch && a.value == b.value,
                 (Some(None), None) => true,

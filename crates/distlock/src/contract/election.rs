@@ -28,6 +28,10 @@ pub struct Leader {
     pub key: String,
 }
 
+/// The leader read with a watch, and the future the watch resolves at the next change (see
+/// [`Ballot::watch_leader`]); `None` where the backend has no watch.
+pub(crate) type Watched = Option<(Option<Leader>, BoxFuture<'static, ()>)>;
+
 /// A backend's side of a leader election (see [`crate::election`]): campaigning is acquiring a
 /// lock whose holder's mark on the server carries the announced value. Everything else (the
 /// guard, loss, resign, observing) is written once over this.
@@ -38,6 +42,12 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
     fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe>;
     /// The leader now (the oldest candidate still on the server), if any.
     fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>>;
+    /// The leader now, read with a watch set on the server, and a future that resolves at the
+    /// first change after that read (a candidate come or gone, a new value, or the session's
+    /// trouble); `None` on a backend without watches, whose observers poll [`Ballot::leader`].
+    fn watch_leader(&self) -> BoxFuture<'_, Result<Watched>> {
+        Box::pin(async { Ok(None) })
+    }
     /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
     /// with [`Error::LockLost`] if it is no longer ours.
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;

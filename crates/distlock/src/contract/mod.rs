@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 mod election;
 mod jobs;
-pub(crate) use election::Ballot;
+pub(crate) use election::{Ballot, Watched};
 pub use election::Leader;
 pub(crate) use jobs::{JobLock, JobRead, Jobs, Seen};
 pub use jobs::Run;

@@ -8,7 +8,7 @@ use super::{Client, Mutex};
 use crate::contract::{self, Ballot, BoxFuture, Recipe};
 use crate::election::Leader;
 use crate::{Error, LostReason, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions};
 use std::sync::Arc;
 
 /// An election's side on etcd.
@@ -46,6 +46,48 @@ impl Ballot for Election {
                 epoch: kv.create_revision() as u64,
                 key: String::from_utf8_lossy(kv.key()).into_owned(),
             }))
+        })
+    }
+
+    fn watch_leader(&self) -> BoxFuture<'_, Result<crate::contract::Watched>> {
+        Box::pin(async move {
+            // As `leader`, then a watch on the candidates' prefix from the revision after that
+            // read: no change made after the read is missed.
+            let prefix = format!("{}/", self.name);
+            let options =
+                GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+            let etcd = self.client.etcd();
+            let resp = self
+                .client
+                .call("leader", &self.name, |_| {
+                    let (mut etcd, prefix, options) = (etcd.clone(), prefix.clone(), options.clone());
+                    async move { etcd.get(prefix, Some(options)).await }
+                })
+                .await?;
+            let leader = resp.kvs().first().map(|kv| Leader {
+                value: String::from_utf8_lossy(kv.value()).into_owned(),
+                epoch: kv.create_revision() as u64,
+                key: String::from_utf8_lossy(kv.key()).into_owned(),
+            });
+            let from = resp.header().map_or(0, |h| h.revision()) + 1;
+            let watch = WatchOptions::new().with_prefix().with_start_revision(from);
+            let mut stream = self
+                .client
+                .call("watch", &self.name, |_| {
+                    let (mut etcd, prefix, watch) = (etcd.clone(), prefix.clone(), watch.clone());
+                    async move { etcd.watch(prefix, Some(watch)).await }
+                })
+                .await?;
+            let changed: BoxFuture<'static, ()> = Box::pin(async move {
+                // The first event (the notice of the watch's creation carries none); a cancelled
+                // or compacted watch, an error or the stream's end wakes the observer too.
+                while let Ok(Some(msg)) = stream.message().await {
+                    if !msg.events().is_empty() || msg.canceled() || msg.compact_revision() > 0 {
+                        return;
+                    }
+                }
+            });
+            Ok(Some((leader, changed)))
         })
     }
 

@@ -81,6 +81,65 @@ impl Ballot for Election {
         })
     }
 
+    fn watch_leader(&self) -> BoxFuture<'_, Result<crate::contract::Watched>> {
+        Box::pin(async move {
+            // As `leader`, with a watch on the participants (and, once found, on the leader's
+            // data, which a proclaim changes); a missing directory is watched for its creation.
+            let zk = self.client.zk();
+            let (mut children, participants) = loop {
+                self.client.metrics().sent(1);
+                match zk.list_and_watch_children(&self.dir).await {
+                    Ok(listed) => break listed,
+                    Err(zk::Error::NoNode) => {
+                        if let Some(e) = self.client.missing_chroot(&self.dir).await {
+                            return Err(e);
+                        }
+                        self.client.metrics().sent(1);
+                        let (stat, created) =
+                            zk.check_and_watch_stat(&self.dir).await.map_err(|e| backend("exists", &self.dir, e))?;
+                        if stat.is_none() {
+                            return Ok(Some((
+                                None,
+                                Box::pin(async move { drop(created.changed().await) }) as BoxFuture<'static, ()>,
+                            )));
+                        }
+                        // Made since the listing: list it.
+                    }
+                    Err(e) => return Err(backend("getChildren", &self.dir, e)),
+                }
+            };
+            let marker = [self.marker()];
+            children.retain(|c| {
+                let key = sort_key(c, &marker);
+                key.len() == 10 && key.bytes().all(|b| b.is_ascii_digit())
+            });
+            sort_children(&mut children, &marker);
+            for child in children {
+                let path = format!("{}/{child}", self.dir);
+                self.client.metrics().sent(1);
+                match zk.get_and_watch_data(&path).await {
+                    Ok((data, stat, value)) => {
+                        let leader = Leader {
+                            value: String::from_utf8_lossy(&data).into_owned(),
+                            epoch: stat.czxid as u64,
+                            key: path,
+                        };
+                        let changed: BoxFuture<'static, ()> = Box::pin(async move {
+                            tokio::select! {
+                                _ = participants.changed() => {}
+                                _ = value.changed() => {}
+                            }
+                        });
+                        return Ok(Some((Some(leader), changed)));
+                    }
+                    Err(zk::Error::NoNode) => continue,
+                    Err(e) => return Err(backend("getData", &path, e)),
+                }
+            }
+            Ok(Some((None, Box::pin(async move { drop(participants.changed().await) }) as BoxFuture<'static, ()>)))
+        })
+    }
+
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             // Our node's path carries the acquire's unique prefix: while it exists it is the one
