@@ -18,6 +18,29 @@ pub(crate) struct Election {
     pub(crate) name: String,
 }
 
+impl Election {
+    /// Go's `Leader`: the first key by create revision under `<name>/`, and the revision of the
+    /// read.
+    async fn read_leader(&self) -> Result<(Option<Leader>, i64)> {
+        let prefix = format!("{}/", self.name);
+        let options = GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+        let etcd = self.client.etcd();
+        let resp = self
+            .client
+            .call("leader", &self.name, |_| {
+                let (mut etcd, prefix, options) = (etcd.clone(), prefix.clone(), options.clone());
+                async move { etcd.get(prefix, Some(options)).await }
+            })
+            .await?;
+        let leader = resp.kvs().first().map(|kv| Leader {
+            value: String::from_utf8_lossy(kv.value()).into_owned(),
+            epoch: kv.create_revision() as u64,
+            key: String::from_utf8_lossy(kv.key()).into_owned(),
+        });
+        Ok((leader, resp.header().map_or(0, |h| h.revision())))
+    }
+}
+
 impl Ballot for Election {
     fn name(&self) -> &str {
         &self.name
@@ -28,49 +51,16 @@ impl Ballot for Election {
     }
 
     fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>> {
-        Box::pin(async move {
-            // Go's `Leader`: the first key by create revision under `<name>/`.
-            let prefix = format!("{}/", self.name);
-            let options =
-                GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
-            let etcd = self.client.etcd();
-            let resp = self
-                .client
-                .call("leader", &self.name, |_| {
-                    let (mut etcd, prefix, options) = (etcd.clone(), prefix.clone(), options.clone());
-                    async move { etcd.get(prefix, Some(options)).await }
-                })
-                .await?;
-            Ok(resp.kvs().first().map(|kv| Leader {
-                value: String::from_utf8_lossy(kv.value()).into_owned(),
-                epoch: kv.create_revision() as u64,
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-            }))
-        })
+        Box::pin(async move { Ok(self.read_leader().await?.0) })
     }
 
     fn watch_leader(&self) -> BoxFuture<'_, Result<crate::contract::Watched>> {
         Box::pin(async move {
             // As `leader`, then a watch on the candidates' prefix from the revision after that
             // read: no change made after the read is missed.
-            let prefix = format!("{}/", self.name);
-            let options =
-                GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
-            let etcd = self.client.etcd();
-            let resp = self
-                .client
-                .call("leader", &self.name, |_| {
-                    let (mut etcd, prefix, options) = (etcd.clone(), prefix.clone(), options.clone());
-                    async move { etcd.get(prefix, Some(options)).await }
-                })
-                .await?;
-            let leader = resp.kvs().first().map(|kv| Leader {
-                value: String::from_utf8_lossy(kv.value()).into_owned(),
-                epoch: kv.create_revision() as u64,
-                key: String::from_utf8_lossy(kv.key()).into_owned(),
-            });
-            let from = resp.header().map_or(0, |h| h.revision()) + 1;
-            let watch = WatchOptions::new().with_prefix().with_start_revision(from);
+            let (leader, revision) = self.read_leader().await?;
+            let (prefix, etcd) = (format!("{}/", self.name), self.client.etcd());
+            let watch = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
             let mut stream = self
                 .client
                 .call("watch", &self.name, |_| {

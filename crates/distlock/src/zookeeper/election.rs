@@ -22,6 +22,18 @@ pub(crate) struct Election {
 }
 
 impl Election {
+    /// The participants' nodes among `children`, in sequence order (the first one still there
+    /// leads).
+    fn participants(&self, mut children: Vec<String>) -> Vec<String> {
+        let marker = [self.marker()];
+        children.retain(|c| {
+            let key = sort_key(c, &marker);
+            key.len() == 10 && key.bytes().all(|b| b.is_ascii_digit())
+        });
+        sort_children(&mut children, &marker);
+        children
+    }
+
     /// The marker of this election's nodes, by the URL's layout.
     fn marker(&self) -> &'static str {
         match self.client.url().election {
@@ -48,7 +60,7 @@ impl Ballot for Election {
             // Curator does.
             let zk = self.client.zk();
             self.client.metrics().sent(1);
-            let mut children = match zk.list_children(&self.dir).await {
+            let children = match zk.list_children(&self.dir).await {
                 Ok(c) => c,
                 Err(zk::Error::NoNode) => match self.client.missing_chroot(&self.dir).await {
                     Some(e) => return Err(e),
@@ -56,13 +68,7 @@ impl Ballot for Election {
                 },
                 Err(e) => return Err(backend("getChildren", &self.dir, e)),
             };
-            let marker = [self.marker()];
-            children.retain(|c| {
-                let key = sort_key(c, &marker);
-                key.len() == 10 && key.bytes().all(|b| b.is_ascii_digit())
-            });
-            sort_children(&mut children, &marker);
-            for child in children {
+            for child in self.participants(children) {
                 let path = format!("{}/{child}", self.dir);
                 self.client.metrics().sent(1);
                 match zk.get_data(&path).await {
@@ -86,7 +92,7 @@ impl Ballot for Election {
             // As `leader`, with a watch on the participants (and, once found, on the leader's
             // data, which a proclaim changes); a missing directory is watched for its creation.
             let zk = self.client.zk();
-            let (mut children, participants) = loop {
+            let (children, participants) = loop {
                 self.client.metrics().sent(1);
                 match zk.list_and_watch_children(&self.dir).await {
                     Ok(listed) => break listed,
@@ -108,13 +114,7 @@ impl Ballot for Election {
                     Err(e) => return Err(backend("getChildren", &self.dir, e)),
                 }
             };
-            let marker = [self.marker()];
-            children.retain(|c| {
-                let key = sort_key(c, &marker);
-                key.len() == 10 && key.bytes().all(|b| b.is_ascii_digit())
-            });
-            sort_children(&mut children, &marker);
-            for child in children {
+            for child in self.participants(children) {
                 let path = format!("{}/{child}", self.dir);
                 self.client.metrics().sent(1);
                 match zk.get_and_watch_data(&path).await {
