@@ -26,7 +26,13 @@
 //! - `etcd` (default): etcd's lock recipe, checked after the wait (`etcd://`).
 //!
 //! # Layout
-//! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend;
+//! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend,
+//!   from the registry [`BACKENDS`] (name, URL schemes, connect); [`connect_with`] and
+//!   [`ConnectOptions`] for the options every backend honours (lease, connect timeout, TLS
+//!   files, `setup`); [`listing`] for what `inspect` and `top` show, in one shape;
+//! - [`election`]: leader election (campaign, resign, proclaim, observe) and [`schedule`]:
+//!   once-per-slot jobs (ShedLock's tables and semantics), both written once over every backend;
+//! - [`observe`]: metrics and tracing spans; [`tls`]: the TLS files every backend reads;
 //! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
 //!   lock, semaphore, Redlock);
 //! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a sequence;
