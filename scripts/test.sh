@@ -127,7 +127,7 @@ for server in $servers; do
         # in the first pass and do not depend on the ZooKeeper server.
         cargo test -p distlock --test conformance --test curator --test election --test fault_matrix \
             --test faults --test observe --test recipes --test wire --test zookeeper --test schedule
-        cargo test -p distlock-cli --test cli --test bench_serve --test top --test options --test prometheus
+        cargo test -p distlock-cli --test main -- cli:: bench_serve:: top:: options:: prometheus::
         cargo test -p distlock-bench --test bench
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then

@@ -1,6 +1,6 @@
 //! `distlock exec` and `distlock inspect` end to end, against the ZooKeeper from scripts/test.sh.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! `distlock exec` and `inspect` on etcd, and `etcdctl lock` on the same names, against the
 //! member from scripts/test.sh (`DISTLOCK_TEST_ETCD=host:port`).
 
-mod common;
+use crate::common;
 
 use common::{distlock, unique, wait_exit, Lines};
 use std::process::{Command, Stdio};

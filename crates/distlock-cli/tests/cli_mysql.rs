@@ -1,7 +1,7 @@
 //! `distlock exec` and `inspect` on MariaDB, against the server from scripts/test.sh
 //! (`DISTLOCK_TEST_MYSQL=mysql://…`).
 
-mod common;
+use crate::common;
 
 use common::{distlock, unique, wait_exit, Lines};
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! `distlock exec` on PostgreSQL, against the server from scripts/test.sh
 //! (`DISTLOCK_TEST_POSTGRES=postgres://…`).
 
-mod common;
+use crate::common;
 
 use common::wait_exit;
 use std::io::{BufRead, BufReader};

@@ -1,7 +1,7 @@
 //! `distlock exec`, `hold` and `inspect` on Redis, against the redis-server from scripts/test.sh
 //! (`DISTLOCK_TEST_REDIS=host:port`).
 
-mod common;
+use crate::common;
 
 use common::{distlock, wait_exit, Lines};
 use std::process::{Command, Stdio};

@@ -1,6 +1,6 @@
 //! `distlock exec` and `inspect` on a SQLite lease table (a database file per test).
 
-mod common;
+use crate::common;
 
 use common::{distlock, holding, unique};
 use std::time::Duration;

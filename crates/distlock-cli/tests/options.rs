@@ -2,7 +2,7 @@
 //! gives up on a server that accepts and never answers after the timeout, and `--lease` (alias
 //! `--session-timeout`) is taken or refused with a message that names it.
 
-mod common;
+use crate::common;
 
 use common::distlock;
 use std::net::TcpListener;

@@ -3,7 +3,7 @@
 //! its HTTP API see exactly the counts this test caused. Every exposition also passes `promtool
 //! check metrics`.
 
-mod common;
+use crate::common;
 
 use common::{distlock, Lines};
 use std::io::{Read, Write};

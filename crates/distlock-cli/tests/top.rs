@@ -2,7 +2,7 @@
 //! and a waiter, on ZooKeeper (`DISTLOCK_TEST_ZK`) and etcd (`DISTLOCK_TEST_ETCD`); and
 //! `top --http` read by headless Chromium, which must render the same two rows.
 
-mod common;
+use crate::common;
 
 use common::{holding, unique, wait_exit, BIN};
 use std::process::{Command, Stdio};

@@ -13,7 +13,7 @@ use distlock_server::{Config, EmbeddedServer};
 use std::time::Duration;
 use zookeeper_client as zk;
 
-mod common;
+use crate::common;
 use common::{attach, create_body, jute, multi_create_cases, multi_with_one_create, one_create_result, request, BOUND};
 
 /// Differences allowed, by step name, each with why.

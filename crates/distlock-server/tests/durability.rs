@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use zookeeper_client as zk;
 
-mod common;
+use crate::common;
 use common::{attach, create_frame, raw, read_reply, BOUND};
 
 fn durable(dir: &std::path::Path, snapshot_every: u64) -> Config {

@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zookeeper_client as zk;
 
-mod common;
+use crate::common;
 use common::{
     attach, connect_frame, create_body, create_frame, frame, jute_string, multi_create_cases, multi_with_one_create,
     one_create_result, raw, request, BOUND,
