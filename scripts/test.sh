@@ -128,7 +128,7 @@ for server in $servers; do
         cargo test -p distlock --test conformance --test curator --test election --test fault_matrix \
             --test faults --test observe --test recipes --test wire --test zookeeper --test schedule
         cargo test -p distlock-cli --test main -- cli:: bench_serve:: top:: options:: prometheus::
-        cargo test -p distlock-bench --test bench
+        cargo test -p distlock-bench --test bench -- bench_leaves_nothing_on_the_server bench_handover
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
         "$target/debug/examples/order_numbers" "zk://$addr"

@@ -13,7 +13,8 @@
 # process gets the same pid: a start-tls failed that way once in CI, with nothing on stderr.
 make_certs() {
     local dir=$1 client_cn=${2:-distlock} days=30
-    local faketime_lib=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+    local faketime_lib
+    faketime_lib=$(find /usr/lib -path '*/faketime/libfaketime.so.1' 2>/dev/null | head -n 1)
     mkdir -p "$dir"
     (
         cd "$dir"
@@ -41,7 +42,7 @@ make_certs() {
         step openssl req -newkey rsa:2048 -nodes -keyout misnamed.key -out misnamed.csr -subj "/CN=elsewhere.invalid"
         step openssl x509 -req -in misnamed.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out misnamed.pem \
             -days $days -extfile misnamed.ext
-        if [[ -f "$faketime_lib" ]]; then
+        if [[ -n "$faketime_lib" && -f "$faketime_lib" ]]; then
             step openssl req -newkey rsa:2048 -nodes -keyout expired.key -out expired.csr -subj "/CN=localhost"
             step env LD_PRELOAD="$faketime_lib" FAKETIME=-400d openssl x509 -req -in expired.csr -CA ca.pem \
                 -CAkey ca.key -CAcreateserial -out expired.pem -days $days -extfile server.ext

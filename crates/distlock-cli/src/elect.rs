@@ -88,7 +88,9 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<u8> {
 async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
     let mut signals = Signals::new()?;
     let client = tokio::select! {
-        c = args.backend.connect_to_look() => c?,
+        // Not `connect_to_look`: an observer started before the first candidate, on a SQLite
+        // path nobody has used yet, waits for it (as `etcdctl elect -l` does), making the file.
+        c = args.backend.connect() => c?,
         _ = signals.ending() => return Ok(0),
     };
     let election = client.election(&args.name)?;
@@ -117,7 +119,8 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
                         failing = true;
                     }
                     tokio::select! {
-                        _ = tokio::time::sleep(args.interval.max(Duration::from_millis(500))) => {}
+                        // The observer itself waits before its next read (a poll's interval).
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                         _ = signals.ending() => break,
                     }
                 }

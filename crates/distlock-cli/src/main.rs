@@ -285,7 +285,7 @@ impl BackendArg {
         Ok(distlock::connect_with(&self.url()?, &self.options()).await?)
     }
 
-    /// Connects to look (`inspect`, `top`, `leader`, `elect --observe`), making no database: a
+    /// Connects to look (`inspect`, `top`, `leader`), making no database: a
     /// mistyped SQLite path is an error, not a new, empty database reported as "0 locks". First
     /// with `setup=no`; a database that exists but that no distlock client has used yet
     /// ([`distlock::Error::NotSetUp`]) is then set up as any client would, so that looking before

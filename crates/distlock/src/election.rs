@@ -189,7 +189,7 @@ impl Election {
     /// round trip can still go unseen, its epoch skipped); elsewhere it is read every `interval`,
     /// and a leadership shorter than that may go unseen.
     pub fn observe_every(&self, interval: Duration) -> Observer {
-        Observer { ballot: self.inner.clone(), interval: interval.max(Duration::from_millis(1)), last: None, watch: None }
+        Observer { ballot: self.inner.clone(), interval: interval.max(Duration::from_millis(1)), last: None, watch: None, watches: false }
     }
 }
 
@@ -383,6 +383,8 @@ pub struct Observer {
     last: Option<Option<Leader>>,
     /// The watch set with the last read, where the backend has watches.
     watch: Option<crate::contract::BoxFuture<'static, ()>>,
+    /// Whether the backend has set a watch (then `interval` is not how often to read).
+    watches: bool,
 }
 
 impl std::fmt::Debug for Observer {
@@ -395,6 +397,9 @@ impl std::fmt::Debug for Observer {
 /// server's promise; this bounds what a lost one could hide).
 const WATCH_REREAD: Duration = Duration::from_secs(10);
 
+/// How soon an observer with watches reads again after an error.
+const RETRY_WATCHED: Duration = Duration::from_millis(500);
+
 impl Observer {
     /// The next change (the first call: the state now). An error (the server unreachable) is
     /// returned as it happens; the next call goes on from the last state reported.
@@ -404,15 +409,19 @@ impl Observer {
     pub async fn next(&mut self) -> Result<Change> {
         let mut first = self.last.is_none();
         loop {
-            match self.watch.take() {
-                // Woken by the server at the change (cancelled here, the next call reads again
-                // after the interval).
-                Some(mut changed) => {
+            match self.watch.as_mut() {
+                // Woken by the server at the change. The watch is kept until it fires or the
+                // bound passes, so a call cancelled here loses nothing: the next one waits on it.
+                Some(changed) => {
                     tokio::select! {
-                        _ = &mut changed => {}
+                        _ = changed => {}
                         _ = tokio::time::sleep(WATCH_REREAD.max(self.interval)) => {}
                     }
+                    self.watch = None;
                 }
+                // After an error on a backend with watches: read again soon, not after an
+                // interval meant for polling.
+                None if !first && self.watches => tokio::time::sleep(self.interval.min(RETRY_WATCHED)).await,
                 None if !first => tokio::time::sleep(self.interval).await,
                 None => {}
             }
@@ -420,6 +429,7 @@ impl Observer {
             let now = match self.ballot.watch_leader().await? {
                 Some((now, changed)) => {
                     self.watch = Some(changed);
+                    self.watches = true;
                     now
                 }
                 None => self.ballot.leader().await?,

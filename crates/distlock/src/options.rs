@@ -100,7 +100,8 @@ impl ConnectOptions {
     }
 
     /// Whether connecting may make what distlock keeps beside its locks where it is missing (a
-    /// SQLite database file and its tables, the fencing sequence of PostgreSQL and MariaDB): yes
+    /// SQLite database file and its lease table, the fencing sequence of PostgreSQL and MariaDB;
+    /// the election's and jobs' tables are made when first used either way): yes
     /// by default; `false` (the URL's `setup=no`) makes nothing and reports what is missing, for
     /// a client that only looks (a mistyped SQLite path is then an error, not a new empty
     /// database).

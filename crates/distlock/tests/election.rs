@@ -266,9 +266,18 @@ async fn a_partitioned_leader_alone_is_told_first_then_observed_as_no_leader() {
     }
 }
 
+/// The observer's next change, which must come within five seconds.
+async fn next_soon(observer: &mut distlock::election::Observer, url: &str, what: &str) -> Change {
+    let soon = Duration::from_secs(5);
+    tokio::time::timeout(soon, observer.next())
+        .await
+        .unwrap_or_else(|_| panic!("{url}: {what} not reported within {soon:?}"))
+        .unwrap()
+}
+
 /// On ZooKeeper and etcd an observer is woken by a watch, not a poll: with an interval of ten
-/// minutes, a new leader, a new value and "no leader" are each reported within seconds (the
-/// other backends poll, and are left out here).
+/// minutes, a new leader, a new value and "no leader" are each reported within seconds, also
+/// after a wait was cancelled (the other backends poll, and are left out here).
 #[tokio::test]
 async fn an_observer_is_woken_by_a_watch_on_zookeeper_and_etcd() {
     let mut watched = Vec::new();
@@ -281,22 +290,20 @@ async fn an_observer_is_woken_by_a_watch_on_zookeeper_and_etcd() {
         let name = unique("watch");
         let (ea, eb) = (election(&a, &name), election(&b, &name));
         let mut observer = eb.observe_every(Duration::from_secs(600));
-        let soon = Duration::from_secs(5);
-        let mut next_soon = async |what: &str| {
-            tokio::time::timeout(soon, observer.next())
-                .await
-                .unwrap_or_else(|_| panic!("{url}: {what} not reported within {soon:?}"))
-                .unwrap()
-        };
-        assert_eq!(next_soon("the state").await, Change::NoLeader, "{url}");
+        assert_eq!(next_soon(&mut observer, &url, "the state").await, Change::NoLeader, "{url}");
+        // A wait cancelled (as in a select! loop) keeps the watch: the next one is woken too.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), observer.next()).await.is_err(),
+            "{url}: no change yet"
+        );
         let la = ea.campaign("one").await.unwrap();
-        let seen = next_soon("the leader").await;
+        let seen = next_soon(&mut observer, &url, "the leader").await;
         assert!(matches!(&seen, Change::Leader(l) if l.value == "one" && l.epoch == la.epoch()), "{url}: {seen:?}");
         la.proclaim("two").await.unwrap();
-        let seen = next_soon("the new value").await;
+        let seen = next_soon(&mut observer, &url, "the new value").await;
         assert!(matches!(&seen, Change::Leader(l) if l.value == "two"), "{url}: {seen:?}");
         la.resign().await.unwrap();
-        assert_eq!(next_soon("no leader").await, Change::NoLeader, "{url}");
+        assert_eq!(next_soon(&mut observer, &url, "no leader").await, Change::NoLeader, "{url}");
     }
     assert!(watched.contains(&"zookeeper"), "the run has a ZooKeeper server, so this tested it: {watched:?}");
 }

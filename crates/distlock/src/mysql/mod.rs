@@ -168,7 +168,18 @@ impl Client {
             > 0;
         let missing = |what: String| Error::NotSetUp { url: client.inner.url.to_string(), what };
         if fencing == Fencing::Sequence && !has_sequence && !client.inner.url.setup {
-            return Err(missing(format!("the fencing sequence {FENCING_SEQUENCE}")));
+            // A server without sequences (MySQL) keeps counter rows instead, once set up.
+            let has_rows = exists(FENCING_TABLE)
+                .fetch_one(&mut conn.conn)
+                .await
+                .map_err(|e| backend("look for", FENCING_TABLE, e))?
+                > 0;
+            if !has_rows {
+                return Err(missing(format!(
+                    "the fencing sequence {FENCING_SEQUENCE} (or, on a server without sequences, the table {FENCING_TABLE})"
+                )));
+            }
+            fencing = Fencing::Row;
         }
         if fencing == Fencing::Sequence && !has_sequence {
             let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE} NOCACHE");
