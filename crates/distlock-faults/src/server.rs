@@ -26,16 +26,8 @@ impl OwnServer {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts").join(script);
         let dir = std::env::temp_dir().join(format!("distlock-own-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new(&script).arg(command).arg(&dir).args(args).output().expect("run the server script");
-        let server = OwnServer { script, dir, printed: String::from_utf8_lossy(&out.stdout).trim().to_string() };
-        assert!(
-            out.status.success(),
-            "{} {command} failed ({}): {}",
-            server.script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        server
+        let out = run_script(&script, command, &dir, args);
+        OwnServer { script, dir, printed: String::from_utf8_lossy(&out.stdout).trim().to_string() }
     }
 
     /// The server's directory (the scripts keep its certificates, password and pid there).
@@ -49,20 +41,31 @@ impl OwnServer {
     ///
     /// If the script fails (its standard error is in the message).
     pub fn run(&self, command: &str, args: &[&str]) {
-        let out = Command::new(&self.script).arg(command).arg(&self.dir).args(args).output().expect("run the script");
-        assert!(
-            out.status.success(),
-            "{} {command} failed ({}): {}",
-            self.script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_script(&self.script, command, &self.dir, args);
     }
 
     /// A file of the server's directory, as a string (for URLs and flags).
     pub fn file(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
     }
+}
+
+/// Runs `SCRIPT COMMAND DIR ARGS…`; its output, once it has succeeded.
+///
+/// # Panics
+///
+/// If it cannot be run or fails (the script, its exit status and standard error are in the
+/// message).
+fn run_script(script: &Path, command: &str, dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(script).arg(command).arg(dir).args(args).output().expect("run the server script");
+    assert!(
+        out.status.success(),
+        "{} {command} failed ({}): {}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 impl Drop for OwnServer {

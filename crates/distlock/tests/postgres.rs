@@ -33,6 +33,20 @@ async fn raw() -> tokio_postgres::Client {
     raw_to(&pg_url()).await
 }
 
+/// A new database of the test's own (for tests that change its fencing sequence or need it
+/// untouched): its name and its URL, no query. [`drop_database`] removes it.
+async fn own_database(prefix: &str) -> (String, String) {
+    let db = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+    raw().await.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    let url = format!("{}/{db}", pg_url().rsplit_once('/').unwrap().0);
+    (db, url)
+}
+
+/// Removes a database of [`own_database`], its connections ended.
+async fn drop_database(db: &str) {
+    raw().await.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).await.unwrap();
+}
+
 /// [`raw`] to the server at `conninfo` (a URL or libpq's key=value form).
 async fn raw_to(conninfo: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await.expect("raw connection");
@@ -104,10 +118,7 @@ async fn the_key_the_token_and_nothing_left_after_release() {
 /// tokens still rise; and a sequence ahead of the clock is only ever advanced, never set back.
 #[tokio::test]
 async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
-    let raw = raw().await;
-    let db = format!("distlock_floor_{}", uuid::Uuid::new_v4().simple());
-    raw.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
-    let plain = format!("{}/{db}", pg_url().rsplit_once('/').unwrap().0);
+    let (db, plain) = own_database("distlock_floor").await;
     let db_url = format!("{plain}?lease=10s");
     let (own, connection) = tokio_postgres::connect(&plain, tokio_postgres::NoTls).await.unwrap();
     let own_task = tokio::spawn(connection);
@@ -136,7 +147,7 @@ async fn tokens_rise_across_a_lost_sequence_advance_and_a_clock_behind() {
     }
     drop(own);
     let _ = own_task.await;
-    raw.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).await.unwrap();
+    drop_database(&db).await;
 }
 
 /// Sets the fencing sequence an hour ahead of the server clock; returns the value set.
@@ -655,10 +666,8 @@ async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
 /// fencing sequence is missing and leaves it so; once a client made it, `setup=no` connects.
 #[tokio::test]
 async fn setup_no_makes_nothing_and_names_what_is_missing() {
-    let raw = raw().await;
-    let db = format!("distlock_setup_{}", uuid::Uuid::new_v4().simple());
-    raw.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
-    let db_url = format!("{}/{db}?lease=10s", pg_url().rsplit_once('/').unwrap().0);
+    let (db, plain) = own_database("distlock_setup").await;
+    let db_url = format!("{plain}?lease=10s");
     let look = format!("{db_url}&setup=no");
     let e = Client::connect(&look).await.unwrap_err();
     assert!(matches!(e, Error::NotSetUp { .. }), "{e:?}");
@@ -674,4 +683,6 @@ async fn setup_no_makes_nothing_and_names_what_is_missing() {
     Client::connect(&db_url).await.unwrap().close(Duration::from_secs(2)).await;
     let looking = Client::connect(&look).await.unwrap();
     looking.close(Duration::from_secs(2)).await;
+    drop(own);
+    drop_database(&db).await;
 }
