@@ -141,11 +141,11 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     # The same fault matrix on the other five backends, once (their servers were started above;
     # the restart cells kill and restart them, so nothing else runs meanwhile).
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
-    echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd and SQLite, and over TLS ==="
-    # Each has its own server and mostly waits on leases: all ten run at once.
+    echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
+    # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
     cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=10 --ignored \
-        matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_tls_
+        matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_memory matrix_tls_
     # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi

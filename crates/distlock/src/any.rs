@@ -25,7 +25,7 @@ type Connector = fn(&str) -> BoxFuture<'_, Result<Client>>;
 /// serves, and how it connects when its feature is compiled in. [`BACKENDS`] lists them.
 #[derive(Debug, Clone, Copy)]
 pub struct BackendInfo {
-    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`: what
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`: what
     /// [`Client::backend`] says, and the cargo feature that compiles it in.
     pub name: &'static str,
     /// The URL schemes it serves (`zk`, `zks`, …).
@@ -105,6 +105,12 @@ pub const BACKENDS: &[BackendInfo] = &[
         tool_env: Some(["ETCD_LOCK_KEY", "ETCD_LOCK_REV"]),
         connect: compiled!("etcd", crate::etcd::contract::connect),
     },
+    BackendInfo {
+        name: "memory",
+        schemes: &["memory"],
+        tool_env: None,
+        connect: compiled!("memory", crate::memory::connect),
+    },
 ];
 
 /// Every URL scheme distlock knows, with the backend (and cargo feature) that serves it, from
@@ -171,7 +177,7 @@ impl Client {
         Client { inner }
     }
 
-    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`.
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.
     pub fn backend(&self) -> &'static str {
         self.inner.backend()
     }

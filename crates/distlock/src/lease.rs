@@ -90,7 +90,7 @@ pub(crate) async fn fresh_after_wait(
 }
 
 /// What one renewal (a ping, an extension) of a lease found.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "memory")), allow(dead_code))]
 pub(crate) enum Renewal {
     /// The server confirmed it: the deadline moves on.
     Renewed,
@@ -348,7 +348,7 @@ impl Lease {
 
     /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
     /// than half the time left), until the lease is lost.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "etcd", feature = "memory")), allow(dead_code))]
     pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
     where
         F: FnMut() -> Fut,
@@ -371,7 +371,7 @@ impl Lease {
     /// have handed the lock on); otherwise `unlock` runs to its answer (in the background if this
     /// future is dropped), and `false` from it means the server no longer had the lock as ours,
     /// for reason `gone`.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "memory")), allow(dead_code))]
     pub(crate) async fn release<F>(&self, before: LockState, name: String, unlock: F, gone: LostReason) -> Result<()>
     where
         F: std::future::Future<Output = Result<bool>> + Send + 'static,

@@ -5,7 +5,8 @@
 //! EPHEMERAL_SEQUENTIAL nodes, each watching only the node ahead of it), Redis (Redisson's and
 //! redis-py's layouts, leases renewed by a watchdog), PostgreSQL (advisory locks), MariaDB and
 //! MySQL (`GET_LOCK`), SQLite (a lease table in a file) and etcd (its lock recipe, checked after
-//! the wait).
+//! the wait); and, for users' own tests, an in-process store (`memory://`) whose leases run on
+//! tokio's clock.
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
@@ -24,6 +25,7 @@
 //! - `mysql` (default): MariaDB/MySQL `GET_LOCK` (`mysql://`, `mariadb://`).
 //! - `sqlite` (default): a lease table in a SQLite file (`sqlite://`).
 //! - `etcd` (default): etcd's lock recipe, checked after the wait (`etcd://`).
+//! - `memory` (default): an in-process store for tests, on tokio's clock (`memory://NAME`).
 //!
 //! # Layout
 //! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend,
@@ -37,6 +39,7 @@
 //!   lock, semaphore, Redlock);
 //! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a sequence;
 //! - [`mysql`]: `GET_LOCK` on MariaDB and MySQL; [`sqlite`]: a lease table in a SQLite file;
+//!   [`memory`]: an in-process store for users' tests (paused time, a partition switch);
 //! - [`etcd`]: etcd's mutex (as `etcdctl lock`), read/write lock and semaphore, fenced by
 //!   create revision;
 //! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
@@ -75,7 +78,8 @@ macro_rules! with_a_backend {
             feature = "postgres",
             feature = "mysql",
             feature = "sqlite",
-            feature = "etcd"
+            feature = "etcd",
+            feature = "memory"
         ))]
         $item
     )*};
@@ -96,7 +100,14 @@ with_a_backend! {
 }
 
 #[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd",
+        feature = "memory"
+    )),
     allow(dead_code)
 )]
 mod detach;
@@ -104,11 +115,20 @@ mod duration;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "etcd",
+    feature = "memory"
+))]
 mod lease;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
 mod listening;
 pub mod listing;
+#[cfg(feature = "memory")]
+pub mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 pub mod observe;
@@ -156,6 +176,10 @@ struct ElectionsDocDoctests;
 #[cfg(all(doctest, feature = "zookeeper"))]
 #[doc = include_str!("../../../docs/embedded-server.md")]
 struct EmbeddedServerDocDoctests;
+
+#[cfg(all(doctest, feature = "memory"))]
+#[doc = include_str!("../../../docs/backends/memory.md")]
+struct MemoryDocDoctests;
 
 /// Asserts that `parse` refuses each input with an error whose text contains the given words.
 #[cfg(test)]

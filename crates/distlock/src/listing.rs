@@ -27,7 +27,7 @@ pub const MAX_LOCKS: usize = 1000;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Listing {
-    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`.
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.
     pub backend: &'static str,
     /// The prefix asked for, as given.
     pub prefix: String,

@@ -364,10 +364,10 @@ impl Schedule {
         let holder = Holder::this_process();
         // The last write answered "changed", and when it was sent: a client that sent it again
         // after a lost answer (etcd's) hears "changed" from its own write.
-        let mut attempt: Option<(Run, std::time::Instant)> = None;
+        let mut attempt: Option<(Run, tokio::time::Instant)> = None;
         for _ in 0..ATTEMPTS {
             // The hold is counted from before the read was sent: the server's `now` is later.
-            let sent = std::time::Instant::now();
+            let sent = tokio::time::Instant::now();
             let read = self.jobs.read(&self.name).await?;
             if let Some((ours, ours_sent)) = attempt.take() {
                 if read.run.as_ref().is_some_and(|r| r.token == ours.token && r.locked_by == ours.locked_by) {
@@ -421,10 +421,10 @@ impl Schedule {
     /// the read it was decided on), unless it was confirmed with less than three quarters of its
     /// bound left (a reply held up in the network): then it is given back, as the work would not
     /// have its time and the job may be another's soon after.
-    async fn confirmed(&self, run: Run, sent: std::time::Instant, at_most: i64) -> Result<Started> {
+    async fn confirmed(&self, run: Run, sent: tokio::time::Instant, at_most: i64) -> Result<Started> {
         let bound = Duration::from_millis(at_most as u64);
         let stop_by = sent + bound - crate::margin::margin(bound, Duration::ZERO);
-        if std::time::Instant::now() + bound / 4 >= stop_by {
+        if tokio::time::Instant::now() + bound / 4 >= stop_by {
             if let Err(e) = self.finish_run(run.token, None).await {
                 tracing::warn!(job = %self.name, error = %e, "giving back a late start failed");
             }
@@ -582,7 +582,8 @@ fn skipped(job: &str, read: &JobRead, period: Option<i64>) -> Option<Skipped> {
 pub struct JobGuard {
     schedule: Schedule,
     run: Run,
-    stop_by: std::time::Instant,
+    /// On tokio's clock (which a paused test moves).
+    stop_by: tokio::time::Instant,
     finished: bool,
 }
 
@@ -601,7 +602,7 @@ impl JobGuard {
     /// another (ShedLock's `lockAtMostFor`, counted from before the start was sent, less a
     /// margin for clock rates).
     pub fn stop_by(&self) -> std::time::Instant {
-        self.stop_by
+        self.stop_by.into_std()
     }
 
     /// Records the end and `exit`, and gives the job back (it stays taken until the slot's end
@@ -684,10 +685,10 @@ impl Held for JobGuard {
         self.run.token
     }
     fn lease_deadline(&self) -> std::time::Instant {
-        self.stop_by
+        self.stop_by.into_std()
     }
     fn state(&self) -> LockState {
-        if std::time::Instant::now() < self.stop_by {
+        if tokio::time::Instant::now() < self.stop_by {
             LockState::Held
         } else {
             LockState::Lost(LostReason::LeaseExpired)
@@ -698,7 +699,7 @@ impl Held for JobGuard {
         // another's after it.
         let at = self.stop_by;
         Box::pin(async move {
-            tokio::time::sleep_until(at.into()).await;
+            tokio::time::sleep_until(at).await;
             LostReason::LeaseExpired
         })
     }

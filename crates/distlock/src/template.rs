@@ -104,6 +104,18 @@ where
 /// ```ignore
 /// distributed_lock!(Mutex => MutexGuard, |l, t| name: l.name(), within: l.lock_timeout(t));
 /// ```
+// The in-process store's locks are reached through `Client` only.
+#[cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd"
+    )),
+    allow(unused_macros)
+)]
 macro_rules! distributed_lock {
     ($ty:ty => $guard:ty, |$l:ident, $t:ident| name: $name:expr, within: $within:expr) => {
         impl $crate::DistributedLock for $ty {
@@ -122,9 +134,31 @@ macro_rules! distributed_lock {
         }
     };
 }
+#[cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd"
+    )),
+    allow(unused_imports)
+)]
 pub(crate) use distributed_lock;
 
 /// Implements [`DistributedGuard`] for guards with `fencing_token`, `lost` and `release`.
+#[cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd"
+    )),
+    allow(unused_macros)
+)]
 macro_rules! distributed_guard {
     ($($t:ty),* $(,)?) => {$(
         impl $crate::DistributedGuard for $t {
@@ -140,6 +174,17 @@ macro_rules! distributed_guard {
         }
     )*};
 }
+#[cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "etcd"
+    )),
+    allow(unused_imports)
+)]
 pub(crate) use distributed_guard;
 
 // ZooKeeper's typed locks outside the contract's recipes (those get theirs from `recipe!`).

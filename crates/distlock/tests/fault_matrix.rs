@@ -190,11 +190,32 @@ struct Shared {
     stop: AtomicBool,
     losses: AtomicUsize,
     seq: AtomicU64,
+    /// Per contender: its client, once connected (the in-process store's partition switch).
+    clients: StdMutex<Vec<Option<Client>>>,
 }
 
 impl Shared {
     fn holder(&self) -> Option<usize> {
         (0..self.holding.len()).find(|&i| self.holding[i].load(Ordering::SeqCst))
+    }
+
+    /// Cuts contender `id` off (`cut`) or lets it through again: through its proxy, or, on the
+    /// in-process store, which has no network, by the client's own switch.
+    fn cut(&self, proxy: Option<&FaultProxy>, id: usize, cut: bool) {
+        match (proxy, cut) {
+            (Some(p), true) => p.set(Fault::Blackhole),
+            (Some(p), false) => p.heal(),
+            (None, _) => {
+                let clients = self.clients.lock().unwrap();
+                let client = clients[id].as_ref().expect("the holder is connected");
+                let memory = client.downcast::<distlock::memory::Client>().expect("no proxy: the in-process store");
+                if cut {
+                    memory.partition()
+                } else {
+                    memory.heal()
+                }
+            }
+        }
     }
 }
 
@@ -273,7 +294,10 @@ async fn contender(id: usize, recipe: Recipe, name: String, url: String, shared:
         let c = match &client {
             Some(c) => c.clone(),
             None => match distlock::connect(&url).await {
-                Ok(c) => client.insert(c).clone(),
+                Ok(c) => {
+                    shared.clients.lock().unwrap()[id] = Some(c.clone());
+                    client.insert(c).clone()
+                }
                 Err(_) => {
                     // The server or the path to it is down: try again shortly.
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -522,6 +546,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         stop: AtomicBool::new(false),
         losses: AtomicUsize::new(0),
         seq: AtomicU64::new(0),
+        clients: StdMutex::new(vec![None; CONTENDERS]),
     });
     let mut proxies = Vec::new();
     let mut urls = Vec::new();
@@ -569,11 +594,10 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         match scenario {
             Scenario::None => {}
             Scenario::BlackholeShort | Scenario::BlackholeLong => {
-                let p = proxy.unwrap();
-                p.set(Fault::Blackhole);
+                shared.cut(proxy.as_deref(), victim, true);
                 let d = if scenario == Scenario::BlackholeShort { target.lease / 2 } else { target.lease * 3 / 2 };
                 tokio::time::sleep(d).await;
-                p.heal();
+                shared.cut(proxy.as_deref(), victim, false);
             }
             Scenario::Reset => {
                 let p = proxy.unwrap();
@@ -1019,6 +1043,25 @@ async fn matrix_sqlite() {
     )
     .await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The in-process store (`memory://`): no network and no other process, so the cells of a
+/// silent partition, made by the client's own switch ([`distlock::memory::Client::partition`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
+async fn matrix_memory() {
+    let target = Target {
+        server: "memory (in-process)".into(),
+        url: format!("memory://matrix-{}?lease={LEASE}", uuid::Uuid::new_v4().simple()),
+        addr: None,
+        restart: None,
+        ensemble: None,
+        restart_forgets: false,
+        lease: distlock::parse_duration(LEASE).unwrap(),
+        pause_holds: false,
+        connection_bound: false,
+    };
+    run_matrix(target, &[Scenario::None, Scenario::BlackholeShort, Scenario::BlackholeLong]).await;
 }
 
 /// The cells that touch the connection (partitions shorter and longer than the lease, a reset,

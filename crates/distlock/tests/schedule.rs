@@ -151,6 +151,7 @@ per_backend! {
     jobs_on_mysql => "mysql://",
     jobs_on_etcd => "etcd://",
     jobs_on_sqlite => "sqlite://",
+    jobs_on_memory => "memory://",
 }
 
 // ShedLock's own statements (its JDBC provider with `usingDbTime()`), run by hand against the

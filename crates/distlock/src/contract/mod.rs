@@ -126,7 +126,7 @@ impl Kind {
 
 /// A connected client of one backend.
 pub(crate) trait Backend: Debug + Send + Sync + 'static {
-    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite` or `etcd`.
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.
     fn backend(&self) -> &'static str;
     /// How long the server keeps a lock whose holder went silent.
     fn lease(&self) -> Duration;

@@ -1,4 +1,4 @@
-//! The URL of every backend a test run has a server for: shared by the tests that run one
+//! The URL of every backend a test run has a server for (and SQLite's and the in-process store's, which need none): shared by the tests that run one
 //! scenario on every backend (`conformance.rs`, `observe.rs`).
 
 /// The URL of every backend (and its short lease/session settings). A server missing from the
@@ -19,6 +19,8 @@ pub fn backends() -> Vec<String> {
     let dir = std::env::temp_dir().join(format!("distlock-backends-sqlite-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     urls.push(format!("sqlite://{}/locks.db?lease=4s", dir.display()));
+    // The in-process store needs nothing either: one of this test's own.
+    urls.push(format!("memory://backends-{}?lease=4s", uuid::Uuid::new_v4().simple()));
     urls
 }
 

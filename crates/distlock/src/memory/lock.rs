@@ -1,0 +1,224 @@
+//! A lock of the in-process store as the contract's [`Recipe`], and its guard as [`Held`]: the
+//! guard renews its lease every third of it through [`Lease::keep`], as the server-backed
+//! backends do, so a cut-off client ([`super::Client::partition`]) loses its lock at its
+//! deadline, before the store's lease ends. A cut-off client's requests wait for the heal, as
+//! they would wait out a silent partition, except a try, which cannot wait.
+
+use super::store::{Entry, Store};
+use super::Client;
+use crate::contract::{BoxFuture, Held, Kind, Recipe, Wait};
+use crate::lease::{Lease, Renewal};
+use crate::{LockState, LostReason, QueueStatus, Result};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A lock of `kind` named `name` in the client's store.
+#[derive(Debug, Clone)]
+pub(crate) struct MemLock {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+    pub(crate) kind: Kind,
+}
+
+impl Recipe for MemLock {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        wait: Wait,
+        progress: Option<&'a watch::Sender<QueueStatus>>,
+    ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>> {
+        Box::pin(async move { Ok(self.acquire_with(wait, progress).await?.map(|g| Box::new(g) as Box<dyn Held>)) })
+    }
+}
+
+impl MemLock {
+    /// Queues (unless `wait` is `Never` and the lock is not free now) and waits for the grant.
+    pub(crate) async fn acquire_with(
+        &self,
+        wait: Wait,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<MemGuard>> {
+        match wait {
+            Wait::Never => self.client.reach("acquire", &self.name)?,
+            _ => {
+                let give_up = tokio::time::sleep_until(wait.give_up_at().unwrap_or_else(far_future));
+                tokio::select! {
+                    _ = self.client.arrive() => {}
+                    _ = give_up => return Ok(None),
+                }
+            }
+        }
+        let store = self.client.store.clone();
+        let (name, kind, lease) = (self.name.clone(), self.kind, self.client.lease());
+        let mut changes = store.subscribe();
+        let id = store.change(|s, now| {
+            let id = format!("{}-{}", std::process::id(), s.next_id());
+            let row = s.locks.entry(name.clone()).or_default();
+            row.settle(now);
+            let entry = Entry { id: id.clone(), kind, since: now, until: now, lease, token: 0 };
+            if wait != Wait::Never {
+                row.queue.push_back(entry);
+                row.settle(now);
+            } else if row.queue.is_empty() && row.fits(kind) {
+                row.grant(entry, now);
+            }
+            id
+        });
+        // From here a dropped acquire takes its entry out (and gives back a grant it got).
+        let mut pending = Pending { store: store.clone(), name: name.clone(), id: Some(id.clone()) };
+        loop {
+            let (held, next_end, place) = store.read(|s, _| {
+                let row = &s.locks[&name];
+                let place = row.queue.iter().position(|w| w.id == id).map(|ahead| QueueStatus {
+                    ahead: ahead + row.holders.len(),
+                    queue_len: row.queue.len() + row.holders.len(),
+                });
+                (row.holder(&id).cloned(), row.next_end(), place)
+            });
+            if let Some(entry) = held {
+                pending.id = None;
+                if let Some(p) = progress {
+                    p.send_replace(QueueStatus { ahead: 0, queue_len: 1 });
+                }
+                return Ok(Some(MemGuard::new(self.client.clone(), name, entry)));
+            }
+            let Some(place) = place else {
+                return Ok(None); // not queued: a try that found the lock taken
+            };
+            let give_up = wait.give_up_at().unwrap_or_else(far_future);
+            if let Some(p) = progress {
+                p.send_replace(place);
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                // A holder's lease ends: settle the queue then.
+                _ = tokio::time::sleep_until(next_end.unwrap_or_else(far_future)), if next_end.is_some() => {
+                    store.change(|s, now| s.locks.entry(name.clone()).or_default().settle(now));
+                }
+                _ = tokio::time::sleep_until(give_up) => return Ok(None),
+            }
+        }
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + std::time::Duration::from_secs(86_400 * 365)
+}
+
+/// An acquire's entry in the store until it becomes a guard; dropped before that, it takes the
+/// entry out (a grant it had is given back).
+struct Pending {
+    store: Arc<Store>,
+    name: String,
+    id: Option<String>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.store.change(|s, now| s.locks.entry(self.name.clone()).or_default().remove(&id, now));
+        }
+    }
+}
+
+/// A held lock of the store.
+#[derive(Debug)]
+pub(crate) struct MemGuard {
+    hold: Option<Hold>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    client: Client,
+    name: String,
+    id: String,
+    token: u64,
+    lease: Arc<Lease>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl MemGuard {
+    fn new(client: Client, name: String, entry: Entry) -> MemGuard {
+        // The lease runs from the grant, which the store dated; the guard's deadline is that
+        // less the drift margin, so it is lost before the store hands the lock on.
+        let lease = Arc::new(Lease::new(entry.since, entry.lease, "memory"));
+        let keeper = tokio::spawn(keep(client.clone(), name.clone(), entry.id.clone(), lease.clone()));
+        MemGuard { hold: Some(Hold { client, name, id: entry.id, token: entry.token, lease, keeper }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+}
+
+/// Renews every third of the lease until it is lost; a renewal from a cut-off client does not
+/// arrive, and one that finds the entry gone is a loss.
+async fn keep(client: Client, name: String, id: String, lease: Arc<Lease>) {
+    lease
+        .keep(&name, client.lease() / 3, || async {
+            // Bounded by the lease's deadline (`Lease::renew_once`).
+            client.arrive().await;
+            match client.store.change(|s, now| s.locks.entry(name.clone()).or_default().renew(&id, now)) {
+                true => Renewal::Renewed,
+                false => Renewal::Gone(LostReason::LeaseExpired),
+            }
+        })
+        .await;
+}
+
+/// Takes the holder out of the store once the request arrives; whether it still held.
+async fn give_back(client: Client, name: String, id: String) -> Result<bool> {
+    client.arrive().await;
+    Ok(client.store.change(|s, now| s.locks.entry(name).or_default().remove(&id, now)))
+}
+
+impl Held for MemGuard {
+    fn name(&self) -> String {
+        self.hold().name.clone()
+    }
+    fn holder_id(&self) -> String {
+        self.hold().id.clone()
+    }
+    fn fencing_token(&self) -> u64 {
+        self.hold().token
+    }
+    fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().lease.deadline().into_std()
+    }
+    fn state(&self) -> LockState {
+        let h = self.hold();
+        h.lease.state(&h.name)
+    }
+    fn lost(&self) -> BoxFuture<'static, LostReason> {
+        let h = self.hold();
+        Box::pin(Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending()))
+    }
+    fn release(mut self: Box<Self>) -> BoxFuture<'static, Result<()>> {
+        let Hold { client, name, id, lease, keeper, .. } = self.hold.take().expect("a guard holds until released");
+        keeper.abort();
+        Box::pin(async move {
+            let (before, lock) = (lease.state(&name), name.clone());
+            let unlock = give_back(client, name, id);
+            lease.release(before, lock, unlock, LostReason::LeaseExpired).await
+        })
+    }
+}
+
+impl Drop for MemGuard {
+    fn drop(&mut self) {
+        let Some(Hold { client, name, id, lease, keeper, .. }) = self.hold.take() else { return };
+        keeper.abort();
+        lease.end();
+        // Given back at once (a test sees the lock free right after the drop); from a cut-off
+        // client, once it heals (or never, outside a runtime: then its lease runs out).
+        if !*client.cut.borrow() {
+            client.store.change(|s, now| s.locks.entry(name).or_default().remove(&id, now));
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(give_back(client, name, id)));
+        }
+    }
+}
