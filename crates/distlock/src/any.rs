@@ -616,7 +616,7 @@ impl Guard {
     pub async fn release(mut self) -> Result<()> {
         let inner = self.inner.take().expect("a guard has its lock until its release or drop");
         let state = inner.state();
-        let left = inner.lease_deadline().saturating_duration_since(std::time::Instant::now());
+        let left = inner.lease_deadline().saturating_duration_since(tokio::time::Instant::now().into_std());
         self.hold.ending(state);
         let out = inner.release().await;
         // A loss the release itself found (the server no longer had the lock as ours).

@@ -43,6 +43,8 @@ async fn readers_share_a_writer_waits_in_turn_and_permits_count() {
     let third = p(&c).try_lock().await.unwrap().expect("a permit given back");
     assert!(third.fencing_token() > b.fencing_token());
     assert!(c.semaphore_permit("pool", 0).is_err(), "no permits is refused");
+    let e = c.semaphore_permit("pool", 3).unwrap().try_lock().await.unwrap_err();
+    assert!(e.to_string().contains("in use with 2 permits, not 3"), "{e}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -68,6 +70,19 @@ async fn a_cut_off_holder_is_told_before_the_lock_passes_on() {
     // Healed, the old holder's release finds the lock gone.
     cut(&ours).heal();
     assert!(guard.release().await.is_err());
+}
+
+/// A release from a cut-off client waits for the heal at most until its lease is over.
+#[tokio::test(start_paused = true)]
+async fn a_cut_off_release_ends_at_the_deadline() {
+    let c = client("release").await;
+    let guard = c.mutex("m").unwrap().lock().await.unwrap();
+    cut(&c).partition();
+    let e = guard.release().await.unwrap_err();
+    assert!(matches!(e, crate::Error::LockLost { reason: LostReason::LeaseExpired, .. }), "{e}");
+    cut(&c).heal();
+    let next = c.mutex("m").unwrap().lock_timeout(Duration::from_secs(20)).await.unwrap();
+    assert!(next.is_some(), "the store let it go at its lease");
 }
 
 /// One `advance` past the lease is a paused process: no renewal ran in it, so the lock is lost

@@ -55,31 +55,42 @@ impl MemLock {
         let store = self.client.store.clone();
         let (name, kind, lease) = (self.name.clone(), self.kind, self.client.lease());
         let mut changes = store.subscribe();
+        let entry_of = |id: &str, now| Entry { id: id.to_string(), kind, since: now, until: now, lease, token: 0 };
         let id = store.change(|s, now| {
             let id = format!("{}-{}", std::process::id(), s.next_id());
             let row = s.locks.entry(name.clone()).or_default();
             row.settle(now);
-            let entry = Entry { id: id.clone(), kind, since: now, until: now, lease, token: 0 };
+            row.check_permits(&name, kind)?;
             if wait != Wait::Never {
-                row.queue.push_back(entry);
+                row.queue.push_back(entry_of(&id, now));
                 row.settle(now);
             } else if row.queue.is_empty() && row.fits(kind) {
-                row.grant(entry, now);
+                row.grant(entry_of(&id, now), now);
             }
-            id
-        });
+            Ok::<_, crate::Error>(id)
+        })?;
+        let give_up = wait.give_up_at().unwrap_or_else(far_future);
         // From here a dropped acquire takes its entry out (and gives back a grant it got).
         let mut pending = Pending { store: store.clone(), name: name.clone(), id: Some(id.clone()) };
         loop {
-            let (held, next_end, place) = store.read(|s, _| {
+            let (held, next_end, place) = store.read(|s, now| {
                 let row = &s.locks[&name];
                 let place = row.queue.iter().position(|w| w.id == id).map(|ahead| QueueStatus {
                     ahead: ahead + row.holders.len(),
                     queue_len: row.queue.len() + row.holders.len(),
                 });
-                (row.holder(&id).cloned(), row.next_end(), place)
+                // A grant whose lease is already over is not had: in line again (below).
+                (row.holder(&id).filter(|h| h.until > now).cloned(), row.next_end(), place)
             });
             if let Some(entry) = held {
+                // A grant made while this client is cut off reaches it at the heal (its lease
+                // ran from the grant meanwhile).
+                if *self.client.cut.borrow() {
+                    tokio::select! {
+                        _ = self.client.arrive() => {}
+                        _ = tokio::time::sleep_until(give_up) => return Ok(None),
+                    }
+                }
                 pending.id = None;
                 if let Some(p) = progress {
                     p.send_replace(QueueStatus { ahead: 0, queue_len: 1 });
@@ -87,9 +98,18 @@ impl MemLock {
                 return Ok(Some(MemGuard::new(self.client.clone(), name, entry)));
             }
             let Some(place) = place else {
-                return Ok(None); // not queued: a try that found the lock taken
+                if wait == Wait::Never {
+                    return Ok(None); // not queued: a try that found the lock taken
+                }
+                // Granted, and the lease ran out before this task looked (a late task, or a
+                // jump of the paused clock): in line again, at the back.
+                store.change(|s, now| {
+                    let row = s.locks.entry(name.clone()).or_default();
+                    row.queue.push_back(entry_of(&id, now));
+                    row.settle(now);
+                });
+                continue;
             };
-            let give_up = wait.give_up_at().unwrap_or_else(far_future);
             if let Some(p) = progress {
                 p.send_replace(place);
             }
@@ -201,8 +221,15 @@ impl Held for MemGuard {
         let Hold { client, name, id, lease, keeper, .. } = self.hold.take().expect("a guard holds until released");
         keeper.abort();
         Box::pin(async move {
-            let (before, lock) = (lease.state(&name), name.clone());
-            let unlock = give_back(client, name, id);
+            let (before, lock, deadline) = (lease.state(&name), name.clone(), lease.deadline());
+            // From a cut-off client the release waits for the heal, at most until the lease is
+            // over: then the lock is no longer ours to release.
+            let unlock = async move {
+                tokio::select! {
+                    released = give_back(client, name, id) => released,
+                    _ = tokio::time::sleep_until(deadline) => Ok(false),
+                }
+            };
             lease.release(before, lock, unlock, LostReason::LeaseExpired).await
         })
     }

@@ -1,7 +1,9 @@
 //! An in-process backend for tests: `memory://NAME`. No server, no port, no real time: the
 //! locks live in this process, and their leases run on tokio's clock, so a test under
-//! [`tokio::time::pause`] sees a lease run out, a `lost()` fire and a token rise at the instant
-//! it advances to, every run.
+//! [`tokio::time::pause`][pause] sees a lease run out, a `lost()` fire and a token rise at the
+//! instant it advances to, every run.
+//!
+//! [pause]: https://docs.rs/tokio/latest/tokio/time/fn.pause.html
 //!
 //! It keeps the one contract as the server-backed backends do: every lock kind (the mutex,
 //! read/write locks, semaphores), elections, scheduled jobs, listing; first come first served
@@ -12,7 +14,7 @@
 //! store of its own, shared with nobody. Keep a store to one tokio runtime (its leases run on
 //! that runtime's clock).
 //!
-//! URL keys: `lease` (or `ttl`, `session_timeout`; default 30 s, at least 1 ms),
+//! URL keys: `lease` (or `ttl`, `session_timeout`; default 30 s, from 100 ms to 1 day),
 //! `connect_timeout` (taken, and met at once), `setup` (`setup=no` refuses a name no client of
 //! this process has connected to yet, as an unused database is refused elsewhere).
 //!
@@ -62,6 +64,10 @@ use store::Store;
 
 /// The lease when the URL does not give one.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest lease: well above the margin a guard's deadline keeps from it (2% + 2 ms).
+const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest lease.
+const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// A parsed `memory://NAME?lease=…` URL.
 ///
@@ -114,8 +120,8 @@ impl MemoryUrl {
                 }
             }
         }
-        if out.lease.is_zero() {
-            return Err(bad("lease must be more than 0".into()));
+        if !(MIN_LEASE..=MAX_LEASE).contains(&out.lease) {
+            return Err(bad(format!("lease={} must be from 100ms to 1 day", humantime::format_duration(out.lease))));
         }
         Ok(out)
     }
@@ -174,8 +180,9 @@ impl Client {
     }
 
     /// Cuts this client off from the store, as a silent network partition would: its renewals,
-    /// releases and waiting acquires wait for [`Client::heal`] (so its locks run out at their
-    /// lease: their guards report the loss at their deadline, before the store hands them on);
+    /// waiting acquires and releases wait for [`Client::heal`] (a release at most until the
+    /// lease is over: then it fails with [`Error::LockLost`]), so its locks run out at their
+    /// lease (their guards report the loss at their deadline, before the store hands them on);
     /// what cannot wait (a `try_lock`, a listing, reading a leader or a job) fails at once, as a
     /// request timing out would. Clones of this client are cut off with it; other clients of the
     /// store are not.
@@ -237,6 +244,8 @@ mod tests {
             &[
                 ("memory://a/b", "one word"),
                 ("memory://x?lease=0s", "lease"),
+                ("memory://x?lease=50ms", "100ms"),
+                ("memory://x?lease=300000000000y", "lease"),
                 ("memory://x?key=/k.pem", "TLS"),
                 ("memory://x?nope=1", "nope"),
                 ("memory://x?setup=maybe", "setup=maybe"),

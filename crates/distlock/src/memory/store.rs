@@ -116,6 +116,23 @@ impl LockRow {
         }
     }
 
+    /// `Ok` unless `kind` is a semaphore's permit with a count other than the one its holders
+    /// and waiters use.
+    pub(crate) fn check_permits(&self, name: &str, kind: Kind) -> crate::Result<()> {
+        let Kind::Permits(n) = kind else { return Ok(()) };
+        let other = self.holders.iter().chain(&self.queue).find_map(|e| match e.kind {
+            Kind::Permits(m) if m != n => Some(m),
+            _ => None,
+        });
+        match other {
+            Some(m) => Err(crate::Error::InvalidArgument {
+                what: "permit count",
+                reason: format!("the semaphore {name} is in use with {m} permits, not {n}"),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether a holder of `kind` can join the holders now.
     pub(crate) fn fits(&self, kind: Kind) -> bool {
         match kind {
