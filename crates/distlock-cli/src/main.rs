@@ -570,6 +570,9 @@ fn reference() -> String {
 }
 
 #[cfg(test)]
+mod doc_commands;
+
+#[cfg(test)]
 mod tests {
     #[test]
     fn reference_is_current() {
