@@ -139,7 +139,7 @@ async fn floor(conn: &Floor, base: i64, duration: Duration, progress: &Progress)
     while start.elapsed() < duration {
         pair(conn, base).await?;
         n += 1;
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             progress.show("floor sequential", n, start.elapsed());
         }
     }

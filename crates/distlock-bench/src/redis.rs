@@ -125,7 +125,7 @@ where
     while start.elapsed() < duration {
         pair(0).await?;
         pairs += 1;
-        if pairs % 1024 == 0 {
+        if pairs.is_multiple_of(1024) {
             progress.show(&format!("{name} sequential"), pairs, start.elapsed());
         }
     }
@@ -164,7 +164,7 @@ where
             inflight.push(pair(next % (2 * window) + 1));
             next += 1;
         }
-        if pairs % 4096 == 0 {
+        if pairs.is_multiple_of(4096) {
             progress.show(name, pairs, start.elapsed());
         }
     }

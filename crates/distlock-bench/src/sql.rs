@@ -148,7 +148,7 @@ async fn floor(db: &Db, name: &str, duration: Duration, progress: &Progress) -> 
     while start.elapsed() < duration {
         db.pair(name).await?;
         n += 1;
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             progress.show("floor", n, start.elapsed());
         }
     }

@@ -294,7 +294,7 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
         zk.create(&node, b"", &eph).await?;
         zk.delete(&node, None).await?;
         pairs += 1;
-        if pairs % 256 == 0 {
+        if pairs.is_multiple_of(256) {
             progress.show("raw sequential", pairs, start.elapsed());
         }
     }
@@ -325,7 +325,7 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
             inflight.push(pair(next));
             next += 1;
         }
-        if pairs % 1024 == 0 {
+        if pairs.is_multiple_of(1024) {
             progress.show("raw pipelined", pairs, start.elapsed());
         }
     }
@@ -355,7 +355,7 @@ async fn uncontended(
         acq.push((t2 - t).as_micros() as u64);
         rel.push(t2.elapsed().as_micros() as u64);
         n += 1;
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             progress.show("uncontended", n, start.elapsed());
         }
     }
@@ -393,7 +393,7 @@ async fn uncontended(
     while start.elapsed() < duration {
         drop(lock.lock().await?);
         d += 1;
-        if d % 256 == 0 {
+        if d.is_multiple_of(256) {
             progress.show("uncontended (release by drop)", d, start.elapsed());
         }
     }
@@ -658,7 +658,7 @@ async fn waiters(bench: Bench<'_, Limits>, count: u32) -> anyhow::Result<Report>
             break; // a waiter failed: its error comes out of the join below
         }
         drained += 1;
-        if drained % 256 == 0 {
+        if drained.is_multiple_of(256) {
             progress.show("waiters: draining", drained, start.elapsed());
         }
     }

@@ -68,6 +68,8 @@
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
+// docs.rs marks each item with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// Items that exist when at least one backend is compiled in.
 macro_rules! with_a_backend {
