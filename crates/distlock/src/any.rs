@@ -390,6 +390,13 @@ impl Client {
     }
 
     fn make(&self, name: &str, kind: Kind) -> Result<Lock> {
+        // Refused once here for every backend, before any I/O (the typed APIs check it too).
+        if kind == Kind::Permits(0) {
+            return Err(Error::InvalidArgument {
+                what: "permit count",
+                reason: "a semaphore needs at least 1 permit".into(),
+            });
+        }
         let name = self.lock_name(name)?;
         Ok(Lock { inner: self.inner.recipe(&name, kind)?, backend: self.backend() })
     }

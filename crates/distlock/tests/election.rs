@@ -295,7 +295,7 @@ async fn next_soon(observer: &mut distlock::election::Observer, url: &str, what:
 /// minutes, a new leader, a new value and "no leader" are each reported within seconds, also
 /// after a wait was cancelled (the other backends poll, and are left out here).
 #[tokio::test]
-async fn an_observer_is_woken_by_a_watch_on_zookeeper_and_etcd() {
+async fn an_observer_is_woken_by_a_watch_where_the_backend_has_one() {
     let mut watched = Vec::new();
     for url in backends() {
         let (a, b) = (connect(&url).await, connect(&url).await);

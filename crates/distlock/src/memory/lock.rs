@@ -42,15 +42,13 @@ impl MemLock {
         wait: Wait,
         progress: Option<&watch::Sender<QueueStatus>>,
     ) -> Result<Option<MemGuard>> {
+        let give_up = wait.give_up_at().unwrap_or_else(far_future);
         match wait {
             Wait::Never => self.client.reach("acquire", &self.name)?,
-            _ => {
-                let give_up = tokio::time::sleep_until(wait.give_up_at().unwrap_or_else(far_future));
-                tokio::select! {
-                    _ = self.client.arrive() => {}
-                    _ = give_up => return Ok(None),
-                }
-            }
+            _ => tokio::select! {
+                _ = self.client.arrive() => {}
+                _ = tokio::time::sleep_until(give_up) => return Ok(None),
+            },
         }
         let store = self.client.store.clone();
         let (name, kind, lease) = (self.name.clone(), self.kind, self.client.lease());
@@ -69,7 +67,6 @@ impl MemLock {
             }
             Ok::<_, crate::Error>(id)
         })?;
-        let give_up = wait.give_up_at().unwrap_or_else(far_future);
         // From here a dropped acquire takes its entry out (and gives back a grant it got).
         let mut pending = Pending { store: store.clone(), name: name.clone(), id: Some(id.clone()) };
         loop {
