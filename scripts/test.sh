@@ -111,7 +111,7 @@ for server in $servers; do
             scripts/zk-ensemble.sh start "$dir" > /dev/null
             echo "test.sh: === 3-node ensemble $(cat "$dir/ensemble.addr") ==="
             DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")" \
-                cargo test -p distlock --test fault_matrix -- --nocapture --ignored --exact matrix_ensemble
+                cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
             continue ;;
         *) echo "test.sh: unknown server $server (zookeeper, embedded, ensemble)" >&2; exit 2 ;;
     esac
@@ -125,12 +125,14 @@ for server in $servers; do
         # A second ZooKeeper server: the tests that talk ZooKeeper (and those that run one
         # scenario on every backend); the other backends' own tests, the unit and doc tests ran
         # in the first pass and do not depend on the ZooKeeper server.
-        cargo test -p distlock --test conformance --test curator --test election --test fault_matrix \
-            --test faults --test observe --test recipes --test wire --test zookeeper --test schedule
+        cargo test -p distlock --test main -- conformance:: curator:: election:: faults:: observe:: \
+            recipes:: wire:: zookeeper:: schedule::
         cargo test -p distlock-cli --test main -- cli:: bench_serve:: top:: options:: prometheus::
         cargo test -p distlock-bench --test bench -- bench_leaves_nothing_on_the_server bench_handover
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
+        # The fault matrix on this server, alone: its restart cells kill and restart the server.
+        cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix_single_server
         "$target/debug/examples/order_numbers" "zk://$addr"
         "$target/debug/examples/takeover" "zk://$addr"
         tests/compat/zkcli.sh "$addr"
@@ -144,8 +146,9 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    cargo test -p distlock --test fault_matrix -- --nocapture --test-threads=10 --ignored \
-        matrix_redis matrix_postgres matrix_mariadb matrix_etcd matrix_sqlite matrix_memory matrix_tls_
+    cargo test -p distlock --test main -- --nocapture --test-threads=10 --ignored fault_matrix::matrix_redis \
+        fault_matrix::matrix_postgres fault_matrix::matrix_mariadb fault_matrix::matrix_etcd fault_matrix::matrix_sqlite \
+        fault_matrix::matrix_memory fault_matrix::matrix_tls_
     # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi

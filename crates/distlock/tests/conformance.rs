@@ -8,227 +8,228 @@ use distlock_faults::{FencedResource, Mode};
 use std::time::Duration;
 use tokio::time::Instant;
 
-#[path = "common/backends.rs"]
-mod backends;
-use backends::backends;
-
-fn unique(what: &str) -> String {
-    format!("conformance-{what}-{}", uuid::Uuid::new_v4().simple())
-}
+use crate::common::backends::on_every_backend;
+use crate::common::unique;
 
 async fn connect(url: &str) -> distlock::Client {
     distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"))
 }
 
-#[tokio::test]
-async fn exclusion_fencing_and_nothing_left_behind() {
-    for url in backends() {
-        let name = unique("mutex");
-        let resource = FencedResource::new(true, 1);
-        let mut tasks = Vec::new();
-        for who in 0..4usize {
-            let (url, name, resource) = (url.clone(), name.clone(), resource.clone());
-            tasks.push(tokio::spawn(async move {
-                let client = connect(&url).await;
-                let lock = client.mutex(&name).unwrap();
-                for seq in 0..10u64 {
-                    let g = lock
-                        .lock_timeout(Duration::from_secs(30))
-                        .await
-                        .unwrap()
-                        .unwrap_or_else(|| panic!("{url}: client {who}, cycle {seq}: not granted within 30 s"));
-                    let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
-                    assert!(resource.write(who, g.fencing_token(), seq), "{url}: a fresh holder's write refused");
-                    tokio::task::yield_now().await;
-                    resource.end(id);
-                    g.release().await.unwrap();
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let report = resource.report();
-        assert!(report.is_clean(), "{url}: {report}");
-        assert_eq!(report.holds, 40, "{url}");
-        // Nothing is held any more: another client takes it at once.
-        let client = connect(&url).await;
-        let g = client.mutex(&name).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: left held"));
-        assert!(g.fencing_token() >= report.max_token, "{url}: tokens never go back");
-        g.release().await.unwrap();
+on_every_backend!(
+    #[tokio::test]
+    exclusion_fencing_and_nothing_left_behind
+);
+async fn exclusion_fencing_and_nothing_left_behind(url: String) {
+    let name = unique("mutex");
+    let resource = FencedResource::new(true, 1);
+    let mut tasks = Vec::new();
+    for who in 0..4usize {
+        let (url, name, resource) = (url.clone(), name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect(&url).await;
+            let lock = client.mutex(&name).unwrap();
+            for seq in 0..10u64 {
+                let g = lock
+                    .lock_timeout(Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{url}: client {who}, cycle {seq}: not granted within 30 s"));
+                let id = resource.begin(who, Mode::Exclusive, g.fencing_token());
+                assert!(resource.write(who, g.fencing_token(), seq), "{url}: a fresh holder's write refused");
+                tokio::task::yield_now().await;
+                resource.end(id);
+                g.release().await.unwrap();
+            }
+        }));
     }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = resource.report();
+    assert!(report.is_clean(), "{url}: {report}");
+    assert_eq!(report.holds, 40, "{url}");
+    // Nothing is held any more: another client takes it at once.
+    let client = connect(&url).await;
+    let g = client.mutex(&name).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: left held"));
+    assert!(g.fencing_token() >= report.max_token, "{url}: tokens never go back");
+    g.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn busy_timeouts_release_on_drop_and_the_guard_contract() {
-    for url in backends() {
-        let name = unique("contract");
-        let (a, b) = (connect(&url).await, connect(&url).await);
-        let held = a.mutex(&name).unwrap().lock().await.unwrap();
-        assert_eq!(held.state(), LockState::Held, "{url}");
-        assert!(held.lease_deadline() > std::time::Instant::now(), "{url}: a deadline ahead");
-        assert!(!held.holder_id().is_empty(), "{url}");
-        assert_eq!(held.lock_name(), a.lock_name(&name).unwrap(), "{url}");
-        let other = b.mutex(&name).unwrap();
-        assert!(other.try_lock().await.unwrap().is_none(), "{url}: try_lock on a held lock");
-        let started = Instant::now();
-        assert!(other.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{url}: the timeout is kept");
-        // The run-or-report-busy template says busy.
-        let busy = distlock::with_lock(&other, Duration::from_millis(100), |_| async {}).await;
-        assert!(matches!(busy, Err(Error::Busy { .. })), "{url}: {busy:?}");
-        // A waiter gets it when the holder's guard is dropped (release in the background).
-        let t = held.fencing_token();
-        let waiter = tokio::spawn(async move { other.lock_timeout(Duration::from_secs(20)).await.unwrap() });
-        drop(held);
-        let g = waiter.await.unwrap().unwrap_or_else(|| panic!("{url}: released by drop"));
-        assert!(g.fencing_token() > t, "{url}: tokens rise");
-        // with_lock runs under the lock and passes its token.
-        g.release().await.unwrap();
-        let token =
-            distlock::with_lock(&b.mutex(&name).unwrap(), Duration::from_secs(5), |t| async move { t }).await.unwrap();
-        assert!(token > t, "{url}");
-        // Bad names are clear errors, never a panic.
-        let e = a.mutex("").unwrap_err().to_string();
-        assert!(!e.is_empty(), "{url}: an empty name is an error that says why");
-    }
+on_every_backend!(
+    #[tokio::test]
+    busy_timeouts_release_on_drop_and_the_guard_contract
+);
+async fn busy_timeouts_release_on_drop_and_the_guard_contract(url: String) {
+    let name = unique("contract");
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    assert_eq!(held.state(), LockState::Held, "{url}");
+    assert!(held.lease_deadline() > std::time::Instant::now(), "{url}: a deadline ahead");
+    assert!(!held.holder_id().is_empty(), "{url}");
+    assert_eq!(held.lock_name(), a.lock_name(&name).unwrap(), "{url}");
+    let other = b.mutex(&name).unwrap();
+    assert!(other.try_lock().await.unwrap().is_none(), "{url}: try_lock on a held lock");
+    let started = Instant::now();
+    assert!(other.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{url}: the timeout is kept");
+    // The run-or-report-busy template says busy.
+    let busy = distlock::with_lock(&other, Duration::from_millis(100), |_| async {}).await;
+    assert!(matches!(busy, Err(Error::Busy { .. })), "{url}: {busy:?}");
+    // A waiter gets it when the holder's guard is dropped (release in the background).
+    let t = held.fencing_token();
+    let waiter = tokio::spawn(async move { other.lock_timeout(Duration::from_secs(20)).await.unwrap() });
+    drop(held);
+    let g = waiter.await.unwrap().unwrap_or_else(|| panic!("{url}: released by drop"));
+    assert!(g.fencing_token() > t, "{url}: tokens rise");
+    // with_lock runs under the lock and passes its token.
+    g.release().await.unwrap();
+    let token =
+        distlock::with_lock(&b.mutex(&name).unwrap(), Duration::from_secs(5), |t| async move { t }).await.unwrap();
+    assert!(token > t, "{url}");
+    // Bad names are clear errors, never a panic.
+    let e = a.mutex("").unwrap_err().to_string();
+    assert!(!e.is_empty(), "{url}: an empty name is an error that says why");
 }
 
-#[tokio::test]
-async fn readers_share_writers_exclude_and_permits_count() {
-    for url in backends() {
-        let (a, b) = (connect(&url).await, connect(&url).await);
-        if url.starts_with("sqlite") || url.starts_with("mysql") {
-            // The lease table and GET_LOCK have the mutex only: the lock says so when it is made.
-            assert!(matches!(a.read_lock("x"), Err(Error::Unsupported { .. })), "{url}");
-            assert!(matches!(a.semaphore_permit("x", 2), Err(Error::Unsupported { .. })), "{url}");
-            continue;
-        }
-        let rw = unique("rw");
-        let r1 = a.read_lock(&rw).unwrap().lock().await.unwrap();
-        let r2 = b.read_lock(&rw).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: readers share"));
-        assert!(b.write_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: a writer waits for readers");
-        r1.release().await.unwrap();
-        r2.release().await.unwrap();
-        let w = b.write_lock(&rw).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("free");
-        assert!(a.read_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: readers wait for a writer");
-        w.release().await.unwrap();
-
-        let pool = unique("pool");
-        let p1 = a.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
-        let p2 = b.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
-        assert!(a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap().is_none(), "{url}: two of two");
-        p1.release().await.unwrap();
-        let p3 = a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap();
-        assert!(p3.is_some(), "{url}: a released permit is free again");
-        p2.release().await.unwrap();
-        p3.unwrap().release().await.unwrap();
+on_every_backend!(
+    #[tokio::test]
+    readers_share_writers_exclude_and_permits_count
+);
+async fn readers_share_writers_exclude_and_permits_count(url: String) {
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    if url.starts_with("sqlite") || url.starts_with("mysql") {
+        // The lease table and GET_LOCK have the mutex only: the lock says so when it is made.
+        assert!(matches!(a.read_lock("x"), Err(Error::Unsupported { .. })), "{url}");
+        assert!(matches!(a.semaphore_permit("x", 2), Err(Error::Unsupported { .. })), "{url}");
+        return;
     }
+    let rw = unique("rw");
+    let r1 = a.read_lock(&rw).unwrap().lock().await.unwrap();
+    let r2 = b.read_lock(&rw).unwrap().try_lock().await.unwrap().unwrap_or_else(|| panic!("{url}: readers share"));
+    assert!(b.write_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: a writer waits for readers");
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = b.write_lock(&rw).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("free");
+    assert!(a.read_lock(&rw).unwrap().try_lock().await.unwrap().is_none(), "{url}: readers wait for a writer");
+    w.release().await.unwrap();
+
+    let pool = unique("pool");
+    let p1 = a.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
+    let p2 = b.semaphore_permit(&pool, 2).unwrap().lock().await.unwrap();
+    assert!(a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap().is_none(), "{url}: two of two");
+    p1.release().await.unwrap();
+    let p3 = a.semaphore_permit(&pool, 2).unwrap().try_lock().await.unwrap();
+    assert!(p3.is_some(), "{url}: a released permit is free again");
+    p2.release().await.unwrap();
+    p3.unwrap().release().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_multilock_takes_all_or_nothing() {
-    for url in backends() {
-        let (a, b) = (connect(&url).await, connect(&url).await);
-        let (x, y) = (unique("x"), unique("y"));
-        let only_y = b.mutex(&y).unwrap().lock().await.unwrap();
-        let both = MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&y).unwrap()]).unwrap();
-        assert!(both.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
-        // Nothing of the set is kept: x is free for someone else (the rollback may finish in the
-        // background just after the timeout returns, so a short wait, far below any lease).
-        let gx = b
-            .mutex(&x)
-            .unwrap()
-            .lock_timeout(Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("{url}: x kept"));
-        gx.release().await.unwrap();
-        only_y.release().await.unwrap();
-        let g = both.lock_timeout(Duration::from_secs(10)).await.unwrap().expect("both free");
-        g.release().await.unwrap();
-        assert!(MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&x).unwrap()]).is_err(), "{url}: a name twice");
-    }
+on_every_backend!(
+    #[tokio::test]
+    a_multilock_takes_all_or_nothing
+);
+async fn a_multilock_takes_all_or_nothing(url: String) {
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    let (x, y) = (unique("x"), unique("y"));
+    let only_y = b.mutex(&y).unwrap().lock().await.unwrap();
+    let both = MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&y).unwrap()]).unwrap();
+    assert!(both.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{url}");
+    // Nothing of the set is kept: x is free for someone else (the rollback may finish in the
+    // background just after the timeout returns, so a short wait, far below any lease).
+    let gx = b
+        .mutex(&x)
+        .unwrap()
+        .lock_timeout(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{url}: x kept"));
+    gx.release().await.unwrap();
+    only_y.release().await.unwrap();
+    let g = both.lock_timeout(Duration::from_secs(10)).await.unwrap().expect("both free");
+    g.release().await.unwrap();
+    assert!(MultiLock::new(vec![a.mutex(&x).unwrap(), a.mutex(&x).unwrap()]).is_err(), "{url}: a name twice");
 }
 
-#[tokio::test]
-async fn cancelled_acquires_leave_nothing() {
-    for url in backends() {
-        let name = unique("cancel");
-        let client = connect(&url).await;
-        let lock = client.mutex(&name).unwrap();
-        // Acquires cut off at every stage of their request: whatever they were granted is released.
-        for i in 0..30u64 {
-            let _ = tokio::time::timeout(Duration::from_micros(20 * i), lock.lock()).await;
-        }
-        let other = connect(&url).await;
-        let g = other
-            .mutex(&name)
-            .unwrap()
-            .lock_timeout(Duration::from_secs(10))
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("{url}: a cancelled acquire kept the lock"));
-        g.release().await.unwrap();
+on_every_backend!(
+    #[tokio::test]
+    cancelled_acquires_leave_nothing
+);
+async fn cancelled_acquires_leave_nothing(url: String) {
+    let name = unique("cancel");
+    let client = connect(&url).await;
+    let lock = client.mutex(&name).unwrap();
+    // Acquires cut off at every stage of their request: whatever they were granted is released.
+    for i in 0..30u64 {
+        let _ = tokio::time::timeout(Duration::from_micros(20 * i), lock.lock()).await;
     }
+    let other = connect(&url).await;
+    let g = other
+        .mutex(&name)
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{url}: a cancelled acquire kept the lock"));
+    g.release().await.unwrap();
 }
 
+on_every_backend!(
+    #[tokio::test]
+    locks_lists_the_holder_and_the_waiter_in_order
+);
 /// `Client::locks`: a holder and a waiter as the server records them, tokens that match the
 /// guard's, and nothing listed once both are gone. MariaDB refuses, naming why.
-#[tokio::test]
-async fn locks_lists_the_holder_and_the_waiter_in_order() {
-    for url in backends() {
-        let name = unique("list");
-        let (a, b) = (connect(&url).await, connect(&url).await);
-        let backend = a.backend();
-        if backend == "mysql" {
-            let e = a.locks("").await.expect_err("MariaDB cannot list its locks");
-            assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("inspect one lock"), "{e}");
-            continue;
+async fn locks_lists_the_holder_and_the_waiter_in_order(url: String) {
+    let name = unique("list");
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    let backend = a.backend();
+    if backend == "mysql" {
+        let e = a.locks("").await.expect_err("MariaDB cannot list its locks");
+        assert!(matches!(e, Error::Unsupported { .. }) && e.to_string().contains("inspect one lock"), "{e}");
+        return;
+    }
+    // PostgreSQL lists by advisory key, so only the whole database.
+    let (prefix, listed) = match b.postgres() {
+        Some(pg) => (String::new(), format!("advisory key {}", pg.key(&name).unwrap())),
+        None => (name.clone(), a.lock_name(&name).unwrap()),
+    };
+    let find = |l: distlock::listing::Listing| l.locks.into_iter().find(|l| l.name == listed);
+    let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    let waiter = {
+        let lock = b.mutex(&name).unwrap();
+        tokio::spawn(async move { lock.lock_timeout(Duration::from_secs(30)).await })
+    };
+    // Backends whose server records a waiter show it (Redis waiters wait on a channel, SQLite's
+    // poll the row).
+    let waiters = usize::from(matches!(backend, "zookeeper" | "postgres" | "etcd"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lock = loop {
+        let lock = find(a.locks(&prefix).await.unwrap()).unwrap_or_else(|| panic!("{url}: {listed} not listed"));
+        if lock.waiters().count() == waiters || Instant::now() > deadline {
+            break lock;
         }
-        // PostgreSQL lists by advisory key, so only the whole database.
-        let (prefix, listed) = match b.postgres() {
-            Some(pg) => (String::new(), format!("advisory key {}", pg.key(&name).unwrap())),
-            None => (name.clone(), a.lock_name(&name).unwrap()),
-        };
-        let find = |l: distlock::listing::Listing| l.locks.into_iter().find(|l| l.name == listed);
-        let g = a.mutex(&name).unwrap().lock().await.unwrap();
-        let waiter = {
-            let lock = b.mutex(&name).unwrap();
-            tokio::spawn(async move { lock.lock_timeout(Duration::from_secs(30)).await })
-        };
-        // Backends whose server records a waiter show it (Redis waiters wait on a channel, SQLite's
-        // poll the row).
-        let waiters = usize::from(matches!(backend, "zookeeper" | "postgres" | "etcd"));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let lock = loop {
-            let lock = find(a.locks(&prefix).await.unwrap()).unwrap_or_else(|| panic!("{url}: {listed} not listed"));
-            if lock.waiters().count() == waiters || Instant::now() > deadline {
-                break lock;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert_eq!(lock.holders().count(), 1, "{url}: {lock:?}");
-        assert_eq!(lock.waiters().count(), waiters, "{url}: {lock:?}");
-        assert!(lock.entries[0].holds, "{url}: holders first: {lock:?}");
-        let holder = &lock.entries[0];
-        // Every backend but PostgreSQL (one sequence for every lock) tells a holder's token.
-        assert_eq!(holder.token.is_some(), backend != "postgres", "{url}: {lock:?}");
-        if let Some(token) = holder.token {
-            assert_eq!(token, g.fencing_token(), "{url}: {lock:?}");
-        }
-        if matches!(backend, "zookeeper" | "sqlite") {
-            let me = format!("pid {}", std::process::id());
-            assert!(lock.entries.iter().all(|e| e.owner.ends_with(&me)), "{url}: owners: {lock:?}");
-        }
-        g.release().await.unwrap();
-        let g2 = waiter.await.unwrap().unwrap().expect("the waiter gets the lock");
-        g2.release().await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while find(a.locks(&prefix).await.unwrap()).is_some() {
-            assert!(Instant::now() < deadline, "{url}: {listed} still listed after both released");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(lock.holders().count(), 1, "{url}: {lock:?}");
+    assert_eq!(lock.waiters().count(), waiters, "{url}: {lock:?}");
+    assert!(lock.entries[0].holds, "{url}: holders first: {lock:?}");
+    let holder = &lock.entries[0];
+    // Every backend but PostgreSQL (one sequence for every lock) tells a holder's token.
+    assert_eq!(holder.token.is_some(), backend != "postgres", "{url}: {lock:?}");
+    if let Some(token) = holder.token {
+        assert_eq!(token, g.fencing_token(), "{url}: {lock:?}");
+    }
+    if matches!(backend, "zookeeper" | "sqlite") {
+        let me = format!("pid {}", std::process::id());
+        assert!(lock.entries.iter().all(|e| e.owner.ends_with(&me)), "{url}: owners: {lock:?}");
+    }
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().unwrap().expect("the waiter gets the lock");
+    g2.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find(a.locks(&prefix).await.unwrap()).is_some() {
+        assert!(Instant::now() < deadline, "{url}: {listed} still listed after both released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

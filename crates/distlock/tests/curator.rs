@@ -4,9 +4,7 @@
 //! jars and run beside distlock. Both sides append `enter`/`exit` lines to one log file (single
 //! O_APPEND writes, so the file is the true interleaving) and the log is checked for exclusion.
 
-mod common;
-
-use common::*;
+use crate::common::zk::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

@@ -3,7 +3,8 @@
 //! (`scripts/etcd.sh cluster`).
 #![cfg(feature = "etcd")]
 
-mod common;
+use crate::common;
+use crate::common::unique;
 
 use distlock::etcd::etcd_client::{self, LockOptions, TxnOp};
 use distlock::etcd::Client;
@@ -26,10 +27,6 @@ async fn connect(query: &str) -> Client {
 /// A plain etcd client, for looking at the server as a third party.
 async fn raw() -> etcd_client::Client {
     etcd_client::Client::connect([addr()], None).await.unwrap()
-}
-
-fn unique(name: &str) -> String {
-    format!("t-{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
 }
 
 /// The keys under `prefix/`, oldest first: (key, create revision, lease).

@@ -17,8 +17,9 @@
 //! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
 //! only the scenarios whose names contain TEXT, `DISTLOCK_MATRIX_RECIPE=TEXT` only the recipes
 //! whose names do (`election`).
-//! - `matrix_single_server`: ZooKeeper at `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the
-//!   `scripts/zk.sh` directory) adds the server crash-and-restart cells.
+//! - `matrix_single_server` (ignored unless asked for: scripts/test.sh runs it in each ZooKeeper
+//!   pass when nothing else runs, as it restarts the server): ZooKeeper at `DISTLOCK_TEST_ZK`;
+//!   `DISTLOCK_TEST_ZK_DIR` (the `scripts/zk.sh` directory) adds the server crash-and-restart cells.
 //! - `matrix_ensemble` (ignored unless asked for: `-- --ignored`): on the running
 //!   `scripts/zk-ensemble.sh` ensemble that `DISTLOCK_TEST_ENSEMBLE_DIR` names.
 //! - `matrix_redis`, `matrix_postgres`, `matrix_mariadb`, `matrix_etcd`, `matrix_sqlite` and the
@@ -30,7 +31,7 @@
 //! Results go to stdout and to `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown
 //! table per server.
 
-mod common;
+use crate::common;
 
 use distlock::{Client, Guard};
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
@@ -469,7 +470,8 @@ async fn spawn_child(
 ) -> (u32, tokio::process::Child) {
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
-        .args(["--exact", "child_holder", "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args(["--exact", &common::test_name(module_path!(), "child_holder"), "--include-ignored", "--nocapture"])
+        .arg("--test-threads=1")
         .env("DISTLOCK_CHILD_URL", url)
         .env("DISTLOCK_CHILD_PATH", name)
         .env("DISTLOCK_CHILD_RECIPE", recipe.name())
@@ -734,7 +736,8 @@ async fn leaked_after(target: &Target, recipe: Recipe, name: &str, bound: Durati
             Some(zk) => {
                 let mut left = 0;
                 for dir in [name.to_string(), format!("{name}/leases"), format!("{name}/locks")] {
-                    left += common::children(zk, &dir).await.iter().filter(|n| *n != "leases" && *n != "locks").count();
+                    left +=
+                        common::zk::children(zk, &dir).await.iter().filter(|n| *n != "leases" && *n != "locks").count();
                 }
                 left
             }
@@ -897,8 +900,9 @@ fn network_scenarios(restart: bool) -> Vec<Scenario> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts the test server: scripts/test.sh runs it in each ZooKeeper pass, alone"]
 async fn matrix_single_server() {
-    let addr = common::zk_addr();
+    let addr = common::zk::zk_addr();
     let dir = std::env::var("DISTLOCK_TEST_ZK_DIR").ok();
     let server = std::env::var("DISTLOCK_TEST_SERVER_NAME").unwrap_or_else(|_| format!("server at {addr}"));
     let mut scenarios = network_scenarios(dir.is_some());

@@ -3,9 +3,7 @@
 //! RST), resets with refused reconnection, lost replies and delayed replies. Each test states the
 //! contract it checks; each failed on the code before the fault work.
 
-mod common;
-
-use common::*;
+use crate::common::zk::*;
 use distlock::zookeeper::{Client, LockSpec, LockState, MultiLock};
 use distlock::{Error, LostReason};
 use distlock_faults::{Fault, FaultProxy};

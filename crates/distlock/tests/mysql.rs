@@ -2,7 +2,8 @@
 //! `scripts/mariadb.sh`, which exports `DISTLOCK_TEST_MYSQL=mysql://…`).
 #![cfg(feature = "mysql")]
 
-mod common;
+use crate::common;
+use crate::common::unique;
 
 use distlock::mysql::Client;
 use distlock::optimistic::optimistic_update;
@@ -21,10 +22,6 @@ fn my_url() -> String {
 
 async fn connect(query: &str) -> Client {
     Client::connect(&format!("{}{query}", my_url())).await.expect("connect to the test MariaDB server")
-}
-
-fn unique(name: &str) -> String {
-    format!("t:{name}:{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
 }
 
 /// A plain connection for looking at the server as a third party.

@@ -1,6 +1,6 @@
-//! Metrics and spans on every backend the run has a server for: what a real `metrics` recorder
-//! and a `tracing` subscriber receive is exactly what the test caused. One test function: the
-//! recorder and the subscriber are process-wide, so nothing else may run beside it here.
+//! Metrics and spans on every backend: what a real `metrics` recorder and a `tracing` subscriber
+//! receive is exactly what the test caused. The recorder and the subscriber are process-wide, so
+//! each test runs its part in a child process of this binary, where nothing else runs beside it.
 
 use distlock::observe::{self, LockNames, Options};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -11,8 +11,7 @@ use tokio::time::Instant;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
-#[path = "common/backends.rs"]
-mod backends;
+use crate::common::{self, backends::on_every_backend};
 
 /// Every value recorded so far, summed over snapshots (the debugging recorder resets what it
 /// hands out: counters and gauges add up, histograms count their samples).
@@ -94,117 +93,152 @@ async fn wait_for(totals: &mut Totals, snapshotter: &Snapshotter, what: &str, co
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_and_spans_count_what_happened_on_every_backend() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this test binary");
-    let closed: Closed = Arc::default();
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Spans(closed.clone()))).unwrap();
-    observe::enable(Options { lock_names: LockNames::Capped(1000) });
-    let mut totals = Totals::default();
+on_every_backend!(
+    #[tokio::test]
+    metrics_and_spans_count_what_happened
+);
+/// On `url`'s backend, in a process of its own (`alone`).
+async fn metrics_and_spans_count_what_happened(url: String) {
+    in_a_process_of_its_own(&format!("url={url}"));
+}
 
-    for url in backends::backends() {
-        let a = distlock::connect(&url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
-        let b = distlock::connect(&url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
-        let backend = a.backend();
-        let name = a.mutex(&format!("observe-{}", uuid::Uuid::new_v4().simple())).unwrap().name().to_string();
-        let (la, lb) = (a.mutex(&name).unwrap(), b.mutex(&name).unwrap());
-        let mut tokens = Vec::new();
-        for _ in 0..3 {
-            let g = la.lock().await.unwrap();
-            tokens.push(g.fencing_token());
-            g.release().await.unwrap();
+/// A loss counted when it happens, the cap on lock names, and metrics off (in a process of its own).
+#[test]
+fn a_loss_the_names_cap_and_off() {
+    in_a_process_of_its_own("rest");
+}
+
+/// Runs `alone` in a child process of this test binary (the recorder and the subscriber are
+/// process-wide, and the other tests of the binary would add to what they see), doing `part`.
+fn in_a_process_of_its_own(part: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &common::test_name(module_path!(), "alone"), "--ignored", "--nocapture", "--test-threads=1"])
+        .env("DISTLOCK_OBSERVE_PART", part)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "observe's {part} failed in its own process:\n{said}");
+    assert!(said.contains("1 passed"), "observe's {part} did not run in its own process:\n{said}");
+}
+
+/// The part named by `DISTLOCK_OBSERVE_PART`, with a real recorder and subscriber installed: the
+/// only test of its process (`in_a_process_of_its_own` starts it).
+#[test]
+#[ignore = "run by observe's tests in a process of its own"]
+fn alone() {
+    let part = std::env::var("DISTLOCK_OBSERVE_PART").expect("DISTLOCK_OBSERVE_PART (run by in_a_process_of_its_own)");
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap().block_on(async {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("the only recorder of this test binary");
+        let closed: Closed = Arc::default();
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Spans(closed.clone()))).unwrap();
+        observe::enable(Options { lock_names: LockNames::Capped(1000) });
+        let mut totals = Totals::default();
+
+        match part.strip_prefix("url=") {
+            Some(url) => on_one_backend(url, &mut totals, &snapshotter, &closed).await,
+            None => loss_cap_and_off(&mut totals, &snapshotter).await,
         }
+    });
+}
+
+/// Locks taken, refused, timed out, cancelled, released and dropped on `url`: every metric and
+/// span counts exactly those.
+async fn on_one_backend(url: &str, totals: &mut Totals, snapshotter: &Snapshotter, closed: &Closed) {
+    let a = distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let b = distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let backend = a.backend();
+    let name = a.mutex(&format!("observe-{}", uuid::Uuid::new_v4().simple())).unwrap().name().to_string();
+    let (la, lb) = (a.mutex(&name).unwrap(), b.mutex(&name).unwrap());
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
         let g = la.lock().await.unwrap();
         tokens.push(g.fencing_token());
-        assert!(lb.try_lock().await.unwrap().is_none(), "{backend}: held by a");
-        assert!(lb.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{backend}: held by a");
-        assert!(tokio::time::timeout(Duration::from_millis(300), lb.lock()).await.is_err(), "{backend}: held by a");
-        if backend != "zookeeper" {
-            // Renewals of the held lease (every backend but ZooKeeper, whose session is kept by
-            // the client's pings).
-            wait_for(&mut totals, &snapshotter, &format!("{backend}: a lease renewal"), |t| {
-                t.get("distlock_lease_renewals_total", &[("backend", backend), ("result", "renewed")]) >= 1.0
-            })
-            .await;
-        }
         g.release().await.unwrap();
-        totals.take(&snapshotter);
-
-        let lock = [("backend", backend), ("lock", name.as_str())];
-        let count = |outcome: &str| totals.get("distlock_acquires_total", &[lock[0], lock[1], ("outcome", outcome)]);
-        assert_eq!(count("acquired"), 4.0, "{backend}");
-        assert_eq!(count("busy"), 1.0, "{backend}");
-        assert_eq!(count("timed_out"), 1.0, "{backend}");
-        assert_eq!(count("cancelled"), 1.0, "{backend}");
-        assert_eq!(count("error"), 0.0, "{backend}");
-        assert_eq!(totals.get("distlock_acquire_wait_seconds", &lock), 7.0, "{backend}: one wait per acquire");
-        assert_eq!(totals.get("distlock_hold_seconds", &lock), 4.0, "{backend}");
-        assert_eq!(totals.get("distlock_locks_held", &[("backend", backend)]), 0.0, "{backend}: none held now");
-        assert_eq!(
-            totals.get("distlock_acquires_waiting", &[("backend", backend)]),
-            0.0,
-            "{backend}: none waiting now"
-        );
-        assert_eq!(
-            totals.get("distlock_releases_total", &[("backend", backend), ("result", "released")]),
-            4.0,
-            "{backend}"
-        );
-        assert_eq!(totals.get("distlock_release_lease_left_seconds", &[("backend", backend)]), 4.0, "{backend}");
-
-        // A dropped guard is a hold too (released in the background).
-        drop(la.lock().await.unwrap());
-        totals.take(&snapshotter);
-        assert_eq!(
-            totals.get("distlock_releases_total", &[("backend", backend), ("result", "dropped")]),
-            1.0,
-            "{backend}"
-        );
-        // Releases are not losses (a release ends the lease, which `lost()` also sees).
-        assert_eq!(totals.get("distlock_locks_lost_total", &lock), 0.0, "{backend}: a release counted as a loss");
-
-        // Spans: one acquire span per acquire with its outcome; one hold span per grant. A span
-        // closes when its last handle goes, which a backend's own child span may keep a moment.
-        let until = Instant::now() + Duration::from_secs(15);
-        let mine =
-            |n: &str| closed.lock().unwrap().iter().filter(|(s, f)| s == n && f.get("lock") == Some(&name)).count();
-        while (mine("distlock.acquire"), mine("distlock.hold")) != (8, 5) && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let spans = closed.lock().unwrap().clone();
-        let ours = |span: &str| {
-            spans
-                .iter()
-                .filter(|(n, f)| n == span && f.get("lock").map(String::as_str) == Some(name.as_str()))
-                .map(|(_, f)| f.clone())
-                .collect::<Vec<_>>()
-        };
-        let acquires = ours("distlock.acquire");
-        let outcomes = |o: &str| acquires.iter().filter(|f| f.get("outcome").map(String::as_str) == Some(o)).count();
-        assert_eq!(
-            (outcomes("acquired"), outcomes("busy"), outcomes("timed_out"), outcomes("cancelled")),
-            (5, 1, 1, 1),
-            "{backend}: {acquires:?}"
-        );
-        assert!(acquires
-            .iter()
-            .all(|f| f.get("backend").map(String::as_str) == Some(backend) && f.contains_key("waited_s")));
-        let holds = ours("distlock.hold");
-        assert_eq!(holds.len(), 5, "{backend}: {holds:?}");
-        let mut held_tokens: Vec<u64> = holds.iter().filter_map(|f| f.get("token")?.parse().ok()).collect();
-        held_tokens.sort();
-        assert!(held_tokens.starts_with(&tokens), "{backend}: hold spans' tokens {held_tokens:?}, grants {tokens:?}");
-        assert_eq!(holds.iter().filter(|f| f.get("end").map(String::as_str) == Some("released")).count(), 4);
-        assert_eq!(holds.iter().filter(|f| f.get("end").map(String::as_str) == Some("dropped")).count(), 1);
-
-        a.close(Duration::from_secs(5)).await;
-        b.close(Duration::from_secs(5)).await;
     }
+    let g = la.lock().await.unwrap();
+    tokens.push(g.fencing_token());
+    assert!(lb.try_lock().await.unwrap().is_none(), "{backend}: held by a");
+    assert!(lb.lock_timeout(Duration::from_millis(300)).await.unwrap().is_none(), "{backend}: held by a");
+    assert!(tokio::time::timeout(Duration::from_millis(300), lb.lock()).await.is_err(), "{backend}: held by a");
+    if backend != "zookeeper" {
+        // Renewals of the held lease (every backend but ZooKeeper, whose session is kept by
+        // the client's pings).
+        wait_for(totals, snapshotter, &format!("{backend}: a lease renewal"), |t| {
+            t.get("distlock_lease_renewals_total", &[("backend", backend), ("result", "renewed")]) >= 1.0
+        })
+        .await;
+    }
+    g.release().await.unwrap();
+    totals.take(snapshotter);
 
+    let lock = [("backend", backend), ("lock", name.as_str())];
+    let count = |outcome: &str| totals.get("distlock_acquires_total", &[lock[0], lock[1], ("outcome", outcome)]);
+    assert_eq!(count("acquired"), 4.0, "{backend}");
+    assert_eq!(count("busy"), 1.0, "{backend}");
+    assert_eq!(count("timed_out"), 1.0, "{backend}");
+    assert_eq!(count("cancelled"), 1.0, "{backend}");
+    assert_eq!(count("error"), 0.0, "{backend}");
+    assert_eq!(totals.get("distlock_acquire_wait_seconds", &lock), 7.0, "{backend}: one wait per acquire");
+    assert_eq!(totals.get("distlock_hold_seconds", &lock), 4.0, "{backend}");
+    assert_eq!(totals.get("distlock_locks_held", &[("backend", backend)]), 0.0, "{backend}: none held now");
+    assert_eq!(totals.get("distlock_acquires_waiting", &[("backend", backend)]), 0.0, "{backend}: none waiting now");
+    assert_eq!(
+        totals.get("distlock_releases_total", &[("backend", backend), ("result", "released")]),
+        4.0,
+        "{backend}"
+    );
+    assert_eq!(totals.get("distlock_release_lease_left_seconds", &[("backend", backend)]), 4.0, "{backend}");
+
+    // A dropped guard is a hold too (released in the background).
+    drop(la.lock().await.unwrap());
+    totals.take(snapshotter);
+    assert_eq!(totals.get("distlock_releases_total", &[("backend", backend), ("result", "dropped")]), 1.0, "{backend}");
+    // Releases are not losses (a release ends the lease, which `lost()` also sees).
+    assert_eq!(totals.get("distlock_locks_lost_total", &lock), 0.0, "{backend}: a release counted as a loss");
+
+    // Spans: one acquire span per acquire with its outcome; one hold span per grant. A span
+    // closes when its last handle goes, which a backend's own child span may keep a moment.
+    let until = Instant::now() + Duration::from_secs(15);
+    let mine = |n: &str| closed.lock().unwrap().iter().filter(|(s, f)| s == n && f.get("lock") == Some(&name)).count();
+    while (mine("distlock.acquire"), mine("distlock.hold")) != (8, 5) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spans = closed.lock().unwrap().clone();
+    let ours = |span: &str| {
+        spans
+            .iter()
+            .filter(|(n, f)| n == span && f.get("lock").map(String::as_str) == Some(name.as_str()))
+            .map(|(_, f)| f.clone())
+            .collect::<Vec<_>>()
+    };
+    let acquires = ours("distlock.acquire");
+    let outcomes = |o: &str| acquires.iter().filter(|f| f.get("outcome").map(String::as_str) == Some(o)).count();
+    assert_eq!(
+        (outcomes("acquired"), outcomes("busy"), outcomes("timed_out"), outcomes("cancelled")),
+        (5, 1, 1, 1),
+        "{backend}: {acquires:?}"
+    );
+    assert!(acquires
+        .iter()
+        .all(|f| f.get("backend").map(String::as_str) == Some(backend) && f.contains_key("waited_s")));
+    let holds = ours("distlock.hold");
+    assert_eq!(holds.len(), 5, "{backend}: {holds:?}");
+    let mut held_tokens: Vec<u64> = holds.iter().filter_map(|f| f.get("token")?.parse().ok()).collect();
+    held_tokens.sort();
+    assert!(held_tokens.starts_with(&tokens), "{backend}: hold spans' tokens {held_tokens:?}, grants {tokens:?}");
+    assert_eq!(holds.iter().filter(|f| f.get("end").map(String::as_str) == Some("released")).count(), 4);
+    assert_eq!(holds.iter().filter(|f| f.get("end").map(String::as_str) == Some("dropped")).count(), 1);
+
+    a.close(Duration::from_secs(5)).await;
+    b.close(Duration::from_secs(5)).await;
+}
+
+/// A loss counted when it happens (on SQLite), then the cap on lock names, then metrics off.
+async fn loss_cap_and_off(totals: &mut Totals, snapshotter: &Snapshotter) {
     #[cfg(feature = "sqlite")]
-    a_loss_is_counted_when_it_happens(&mut totals, &snapshotter).await;
+    a_loss_is_counted_when_it_happens(totals, snapshotter).await;
 
     // The cap: names already labelled keep their label; new ones share `_other`.
     observe::enable(Options { lock_names: LockNames::Capped(0) });
@@ -214,7 +248,7 @@ async fn metrics_and_spans_count_what_happened_on_every_backend() {
     for i in 0..3 {
         client.mutex(&format!("capped-{i}")).unwrap().lock().await.unwrap().release().await.unwrap();
     }
-    totals.take(&snapshotter);
+    totals.take(snapshotter);
     assert_eq!(totals.get("distlock_acquires_total", &[("lock", observe::OTHER_NAMES), ("outcome", "acquired")]), 3.0);
     assert!(totals
         .values
@@ -223,7 +257,7 @@ async fn metrics_and_spans_count_what_happened_on_every_backend() {
     // Off: no metric at all.
     observe::disable();
     client.mutex("off").unwrap().lock().await.unwrap().release().await.unwrap();
-    totals.take(&snapshotter);
+    totals.take(snapshotter);
     assert_eq!(totals.get("distlock_acquires_total", &[("lock", observe::OTHER_NAMES), ("outcome", "acquired")]), 3.0);
     let _ = std::fs::remove_dir_all(&dir);
 }

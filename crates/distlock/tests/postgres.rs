@@ -2,7 +2,8 @@
 //! `scripts/postgres.sh`, which exports `DISTLOCK_TEST_POSTGRES=postgres://…`).
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
+use crate::common::{eventually, unique};
 
 use distlock::postgres::{AdvisoryKey, Client};
 use distlock::{Error, LockState, LostReason};
@@ -22,10 +23,6 @@ fn url(query: &str) -> String {
 
 async fn connect(query: &str) -> Client {
     Client::connect(&url(query)).await.expect("connect to the test PostgreSQL server")
-}
-
-fn unique(name: &str) -> String {
-    format!("distlock-test:{name}:{}", uuid::Uuid::new_v4().simple())
 }
 
 /// A plain connection for looking at the server as a third party.
@@ -67,19 +64,6 @@ async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bo
     .iter()
     .map(|r| (r.get(0), r.get(1)))
     .collect()
-}
-
-/// Waits (bounded) until `cond` holds, re-checking every 10 ms; panics naming `what`.
-async fn eventually<F, Fut>(bound: Duration, what: &str, cond: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + bound;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]

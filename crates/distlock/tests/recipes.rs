@@ -1,8 +1,6 @@
 //! Read/write lock, semaphore and revocation against a real ZooKeeper (scripts/test.sh).
 
-mod common;
-
-use common::*;
+use crate::common::zk::*;
 use distlock::zookeeper::QueueStatus;
 use distlock::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,6 +3,7 @@
 //! `DISTLOCK_TEST_REDIS_DIR`).
 #![cfg(feature = "redis")]
 
+use crate::common::{eventually, unique};
 use distlock::redis::Client;
 use distlock::{Error, LockState, LostReason};
 use distlock_faults::{Fault, FaultProxy, FencedResource, FreeWatch, Mode};
@@ -29,29 +30,12 @@ async fn raw() -> redis::aio::MultiplexedConnection {
     client.get_multiplexed_async_connection().await.expect("raw connection")
 }
 
-fn unique(name: &str) -> String {
-    format!("distlock-test:{name}:{}", uuid::Uuid::new_v4().simple())
-}
-
 async fn cmd<T: redis::FromRedisValue>(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> T {
     let mut c = redis::cmd(args[0]);
     for a in &args[1..] {
         c.arg(*a);
     }
     c.query_async(conn).await.unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
-/// Waits (bounded) until `cond` holds, re-checking every 10 ms; panics naming `what`.
-async fn eventually<F, Fut>(bound: Duration, what: &str, cond: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + bound;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn exists(key: &str) -> bool {

@@ -7,7 +7,8 @@
 //! the fenced checker).
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
+use crate::common::eventually;
 
 use distlock::redis::Client;
 use distlock::{Error, LostReason};
@@ -256,19 +257,6 @@ async fn redlock_holds_with_a_majority_and_not_without() {
 
 async fn raw_conn(addr: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(format!("redis://{addr}")).unwrap().get_multiplexed_async_connection().await.unwrap()
-}
-
-/// Waits (bounded) until `cond` holds, re-checking every 50 ms.
-async fn eventually<F, Fut>(bound: Duration, what: &str, cond: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + bound;
-    while !cond().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A master, its replica and three Sentinels that know both and each other.

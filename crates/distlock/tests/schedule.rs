@@ -1,17 +1,13 @@
 //! Scheduled jobs on every backend the run has a server for: once per slot by the server's
 //! clock, ShedLock's two bounds, the record of the last run, rising tokens, bad input refused.
-//! One test per backend (`cargo test --test schedule -- redis` runs Redis's).
+//! One test per backend (`cargo test -p distlock --test main -- schedule::once_per_slot::redis` runs Redis's).
 
 use distlock::schedule::{SkipReason, Started};
 use distlock::Error;
 use std::time::{Duration, Instant};
 
-#[path = "common/backends.rs"]
-mod backends;
-
-fn unique(what: &str) -> String {
-    format!("job-{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
-}
+use crate::common::backends::on_every_backend;
+use crate::common::unique;
 
 async fn connect(url: &str) -> distlock::Client {
     distlock::connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"))
@@ -45,7 +41,12 @@ async fn start_within(url: &str, job: &distlock::schedule::Schedule, bound: Dura
     }
 }
 
-async fn scenario(url: &str) {
+on_every_backend!(
+    #[tokio::test]
+    once_per_slot
+);
+async fn once_per_slot(url: String) {
+    let url = url.as_str();
     let (a, b) = (connect(url).await, connect(url).await);
     let name = unique("slot");
     let period = Duration::from_secs(2);
@@ -126,32 +127,6 @@ async fn scenario(url: &str) {
     .await
     .unwrap_or_else(|_| panic!("{url}: a dropped run is recorded as ended"));
     start_within(url, &j, Duration::from_secs(2)).await.finish(None).await.unwrap();
-}
-
-fn url_of(scheme: &str) -> Option<String> {
-    backends::backends().into_iter().find(|u| u.starts_with(scheme))
-}
-
-macro_rules! per_backend {
-    ($($test:ident => $scheme:literal),* $(,)?) => {$(
-        #[tokio::test]
-        async fn $test() {
-            match url_of($scheme) {
-                Some(url) => scenario(&url).await,
-                None => eprintln!("{}: no server in this run; skipped", $scheme),
-            }
-        }
-    )*};
-}
-
-per_backend! {
-    jobs_on_zookeeper => "zk://",
-    jobs_on_redis => "redis://",
-    jobs_on_postgres => "postgres",
-    jobs_on_mysql => "mysql://",
-    jobs_on_etcd => "etcd://",
-    jobs_on_sqlite => "sqlite://",
-    jobs_on_memory => "memory://",
 }
 
 // ShedLock's own statements (its JDBC provider with `usingDbTime()`), run by hand against the
@@ -243,7 +218,7 @@ impl Peer {
 /// ShedLock takes the job: distlock is skipped, naming ShedLock's holder; ShedLock unlocks:
 /// distlock runs; while distlock runs (and for its at-least bound) ShedLock cannot take it;
 /// then it can.
-async fn shedlock_interop(url: &str, peer: Peer) {
+async fn shedlock_exclusion(url: &str, peer: Peer) {
     let client = connect(url).await;
     let name = unique("shedlock");
     let job = client.schedule(&name).unwrap().at_most_for(Duration::from_secs(10)).at_least_for(Duration::from_secs(3));
@@ -271,28 +246,19 @@ async fn shedlock_interop(url: &str, peer: Peer) {
     assert!(s.to_string().contains("java-service-2"), "{url}: {s}");
 }
 
-#[tokio::test]
-async fn shedlock_interop_on_postgres() {
-    let Some(url) = url_of("postgres") else { return eprintln!("no PostgreSQL in this run; skipped") };
+on_every_backend!(#[tokio::test] shedlock_interop: postgres, mysql, sqlite);
+/// ShedLock's statements on the backend's own table, beside distlock (`shedlock_exclusion`).
+async fn shedlock_interop(url: String) {
     let base = url.split('?').next().unwrap().to_string();
-    let (c, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
-    shedlock_interop(&url, Peer::Postgres(c)).await;
-}
-
-#[tokio::test]
-async fn shedlock_interop_on_mysql() {
-    let Some(url) = url_of("mysql://") else { return eprintln!("no MariaDB in this run; skipped") };
-    let base = url.split('?').next().unwrap().to_string();
-    shedlock_interop(&url, Peer::Mysql(sqlx::MySqlPool::connect(&base).await.unwrap())).await;
-}
-
-#[tokio::test]
-async fn shedlock_interop_on_sqlite() {
-    let url = url_of("sqlite://").expect("SQLite needs no server");
-    let path = url.trim_start_matches("sqlite://").split('?').next().unwrap().to_string();
-    let client = connect(&url).await; // makes the file
-    drop(client);
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{path}")).await.unwrap();
-    shedlock_interop(&url, Peer::Sqlite(pool)).await;
+    let peer = if base.starts_with("postgres") {
+        let (c, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        Peer::Postgres(c)
+    } else if base.starts_with("mysql") {
+        Peer::Mysql(sqlx::MySqlPool::connect(&base).await.unwrap())
+    } else {
+        drop(connect(&url).await); // makes the file
+        Peer::Sqlite(sqlx::SqlitePool::connect(&base).await.unwrap())
+    };
+    shedlock_exclusion(&url, peer).await;
 }

@@ -5,9 +5,7 @@
 //! waits for an earlier reply (a Nagle delay, or a request made only after the reply) then
 //! arrives in a later chunk than the request it was made with.
 
-mod common;
-
-use common::*;
+use crate::common::zk::*;
 use distlock::zookeeper::Client;
 use distlock_faults::{ClientWrite, Fault, FaultProxy};
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! The ZooKeeper mutex against a real server (started by scripts/test.sh).
 
-mod common;
-
-use common::*;
+use crate::common;
+use crate::common::zk::*;
 use distlock::zookeeper::{Client, LockState, QueueStatus};
 use distlock::{Error, LostReason};
 use std::sync::{Arc, Mutex as StdMutex};

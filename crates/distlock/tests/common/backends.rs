@@ -1,27 +1,37 @@
-//! The URL of every backend a test run has a server for (and SQLite's and the in-process store's, which need none): shared by the tests that run one
-//! scenario on every backend (`conformance.rs`, `observe.rs`).
+//! The servers of a test run, and `on_every_backend!`: one scenario made a named test per backend
+//! (`conformance::cancelled_acquires_leave_nothing::redis`, …), so a failure names its backend
+//! and a filter picks one (`cargo test -p distlock --test main -- ::etcd`).
 
-/// The URL of every backend (and its short lease/session settings). A server missing from the
-/// environment fails the test, naming its variable, unless `DISTLOCK_TEST_SKIP_MISSING=1` asks to
-/// run on the servers there are (then each missing one is said on stderr).
-pub fn backends() -> Vec<String> {
-    let mut urls: Vec<String> = [
-        ("DISTLOCK_TEST_ZK", "ZooKeeper", "zk://{}?session_timeout=4s"),
-        ("DISTLOCK_TEST_REDIS", "Redis", "redis://{}?lease=4s"),
-        ("DISTLOCK_TEST_POSTGRES", "PostgreSQL", "{}?lease=4s"),
-        ("DISTLOCK_TEST_MYSQL", "MariaDB", "{}?lease=4s"),
-        ("DISTLOCK_TEST_ETCD", "etcd", "etcd://{}?ttl=4s"),
-    ]
-    .into_iter()
-    .filter_map(|(var, name, url)| server(var, name).map(|at| url.replace("{}", &at)))
-    .collect();
-    // SQLite needs no server: a database file of this test's own.
-    let dir = std::env::temp_dir().join(format!("distlock-backends-sqlite-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    urls.push(format!("sqlite://{}/locks.db?lease=4s", dir.display()));
-    // The in-process store needs nothing either: one of this test's own.
-    urls.push(format!("memory://backends-{}?lease=4s", uuid::Uuid::new_v4().simple()));
-    urls
+/// Every backend a scenario runs on: its name (the test's), the variable that names its server
+/// (none: it needs no server), and its URL with short lease settings (`{}` is the server).
+const BACKENDS: [(&str, Option<&str>, &str); 7] = [
+    ("zookeeper", Some("DISTLOCK_TEST_ZK"), "zk://{}?session_timeout=4s"),
+    ("redis", Some("DISTLOCK_TEST_REDIS"), "redis://{}?lease=4s"),
+    ("postgres", Some("DISTLOCK_TEST_POSTGRES"), "{}?lease=4s"),
+    ("mysql", Some("DISTLOCK_TEST_MYSQL"), "{}?lease=4s"),
+    ("etcd", Some("DISTLOCK_TEST_ETCD"), "etcd://{}?ttl=4s"),
+    // A database file of the test's own.
+    ("sqlite", None, "sqlite://{}/locks.db?lease=4s"),
+    // A store of the test's own.
+    ("memory", None, "memory://{}?lease=4s"),
+];
+
+/// The URL of `backend` for one test. A server missing from the environment fails the test,
+/// naming its variable, unless `DISTLOCK_TEST_SKIP_MISSING=1` asks to run on the servers there
+/// are: then it is `None`, and said on stderr.
+pub fn url(backend: &str) -> Option<String> {
+    let (_, var, url) =
+        BACKENDS.iter().find(|(name, _, _)| *name == backend).unwrap_or_else(|| panic!("no backend {backend}"));
+    let at = match var {
+        Some(var) => server(var, backend)?,
+        None if backend == "sqlite" => {
+            let dir = std::env::temp_dir().join(super::unique("distlock-backends-sqlite"));
+            std::fs::create_dir_all(&dir).unwrap();
+            dir.display().to_string()
+        }
+        None => super::unique("backends"),
+    };
+    Some(url.replace("{}", &at))
 }
 
 /// The server in `var`; if unset, a failure naming it, or `None` when missing servers may be
@@ -39,3 +49,45 @@ pub fn server(var: &str, name: &str) -> Option<String> {
         ),
     }
 }
+
+/// Runs `scenario` on `backend`'s URL (see `url` for a missing server).
+pub async fn run<F: std::future::Future<Output = ()>>(backend: &str, scenario: impl FnOnce(String) -> F) {
+    if let Some(url) = url(backend) {
+        scenario(url).await
+    }
+}
+
+/// `on_every_backend!(#[tokio::test] name);` beside `async fn name(url: String)` makes the module
+/// `name` with one test per backend built in (`name::zookeeper`, `name::redis`, …), each running
+/// the scenario on that backend's URL. The attribute is the test's (`#[tokio::test(flavor = …)]`).
+/// `on_every_backend!(#[tokio::test] name: zookeeper, etcd);` names the backends a scenario is
+/// for, when the others cannot have what it tests.
+macro_rules! on_every_backend {
+    (#[$test:meta] $scenario:ident) => {
+        $crate::common::backends::on_every_backend!(#[$test] $scenario: zookeeper, redis, postgres, mysql, etcd, sqlite, memory);
+    };
+    (#[$test:meta] $scenario:ident: $($backend:ident),+) => {
+        mod $scenario {
+            $($crate::common::backends::backend_test!($backend #[$test] $scenario);)+
+        }
+    };
+}
+pub(crate) use on_every_backend;
+
+/// One test of `on_every_backend!`, built when its backend's feature is.
+macro_rules! backend_test {
+    (zookeeper $($rest:tt)+) => { #[cfg(feature = "zookeeper")] $crate::common::backends::backend_test!(@test zookeeper $($rest)+); };
+    (redis $($rest:tt)+) => { #[cfg(feature = "redis")] $crate::common::backends::backend_test!(@test redis $($rest)+); };
+    (postgres $($rest:tt)+) => { #[cfg(feature = "postgres")] $crate::common::backends::backend_test!(@test postgres $($rest)+); };
+    (mysql $($rest:tt)+) => { #[cfg(feature = "mysql")] $crate::common::backends::backend_test!(@test mysql $($rest)+); };
+    (etcd $($rest:tt)+) => { #[cfg(feature = "etcd")] $crate::common::backends::backend_test!(@test etcd $($rest)+); };
+    (sqlite $($rest:tt)+) => { #[cfg(feature = "sqlite")] $crate::common::backends::backend_test!(@test sqlite $($rest)+); };
+    (memory $($rest:tt)+) => { #[cfg(feature = "memory")] $crate::common::backends::backend_test!(@test memory $($rest)+); };
+    (@test $backend:ident #[$test:meta] $scenario:ident) => {
+        #[$test]
+        async fn $backend() {
+            $crate::common::backends::run(stringify!($backend), super::$scenario).await
+        }
+    };
+}
+pub(crate) use backend_test;
