@@ -132,7 +132,7 @@ for server in $servers; do
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
         # The fault matrix on this server, alone: its restart cells kill and restart the server.
-        cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix_single_server
+        cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix::zookeeper
         "$target/debug/examples/order_numbers" "zk://$addr"
         "$target/debug/examples/takeover" "zk://$addr"
         tests/compat/zkcli.sh "$addr"
@@ -146,9 +146,8 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    cargo test -p distlock --test main -- --nocapture --test-threads=10 --ignored fault_matrix::matrix_redis \
-        fault_matrix::matrix_postgres fault_matrix::matrix_mariadb fault_matrix::matrix_etcd fault_matrix::matrix_sqlite \
-        fault_matrix::matrix_memory fault_matrix::matrix_tls_
+    cargo test -p distlock --test main -- --nocapture --test-threads=10 --ignored \
+        fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper
     # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi

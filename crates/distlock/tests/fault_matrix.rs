@@ -17,21 +17,24 @@
 //! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
 //! only the scenarios whose names contain TEXT, `DISTLOCK_MATRIX_RECIPE=TEXT` only the recipes
 //! whose names do (`election`).
-//! - `matrix_single_server` (ignored unless asked for: scripts/test.sh runs it in each ZooKeeper
-//!   pass when nothing else runs, as it restarts the server): ZooKeeper at `DISTLOCK_TEST_ZK`;
-//!   `DISTLOCK_TEST_ZK_DIR` (the `scripts/zk.sh` directory) adds the server crash-and-restart cells.
-//! - `matrix_ensemble` (ignored unless asked for: `-- --ignored`): on the running
-//!   `scripts/zk-ensemble.sh` ensemble that `DISTLOCK_TEST_ENSEMBLE_DIR` names.
-//! - `matrix_redis`, `matrix_postgres`, `matrix_mariadb`, `matrix_etcd`, `matrix_sqlite` and the
-//!   `matrix_tls_*` (ignored unless asked for: scripts/test.sh runs them once, not in every
-//!   ZooKeeper pass), on the servers of `DISTLOCK_TEST_REDIS`, `_POSTGRES`, `_MYSQL`, `_ETCD`
-//!   (and their `_DIR`s for the restart cells); SQLite on a file of its own; the TLS ones on
-//!   TLS-only servers of their own.
+//!
+//! All are ignored unless asked for (`-- --ignored`); scripts/test.sh runs them:
+//! - `matrix::zookeeper`, in each ZooKeeper pass when nothing else runs (it restarts the server):
+//!   ZooKeeper at `DISTLOCK_TEST_ZK`; `DISTLOCK_TEST_ZK_DIR` (the `scripts/zk.sh` directory) adds
+//!   the server crash-and-restart cells.
+//! - `matrix_ensemble`: on the running `scripts/zk-ensemble.sh` ensemble that
+//!   `DISTLOCK_TEST_ENSEMBLE_DIR` names.
+//! - `matrix::redis`, `::postgres`, `::mysql`, `::etcd`, `::sqlite`, `::memory` and
+//!   `matrix_over_tls::*`, once, beside each other: on the servers of `DISTLOCK_TEST_REDIS`,
+//!   `_POSTGRES`, `_MYSQL`, `_ETCD` (and their `_DIR`s for the restart cells); SQLite on a file
+//!   of its own; the TLS ones on TLS-only servers of their own (the shared server's variable
+//!   must still be set, as for every test per backend, though only its backend is used).
 //!
 //! Results go to stdout and to `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown
 //! table per server.
 
 use crate::common;
+use crate::common::backends::on_every_backend;
 
 use distlock::{Client, Guard};
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
@@ -899,9 +902,29 @@ fn network_scenarios(restart: bool) -> Vec<Scenario> {
     s
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "restarts the test server: scripts/test.sh runs it in each ZooKeeper pass, alone"]
-async fn matrix_single_server() {
+on_every_backend!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a long matrix: scripts/test.sh runs it (ZooKeeper's alone in each ZooKeeper pass)"]
+    matrix
+);
+/// The fault matrix on the backend of `url` (its server as the test run gives it: address,
+/// script directory for the restart cells).
+async fn matrix(url: String) {
+    match url.split(':').next().unwrap() {
+        "zk" => zookeeper_matrix().await,
+        "redis" => redis_matrix().await,
+        "postgres" | "postgresql" => postgres_matrix().await,
+        "mysql" => mariadb_matrix().await,
+        "etcd" => etcd_matrix().await,
+        "sqlite" => sqlite_matrix().await,
+        "memory" => memory_matrix().await,
+        other => panic!("no fault matrix for {other}"),
+    }
+}
+
+/// ZooKeeper at `DISTLOCK_TEST_ZK` (Apache's or the embedded server): every network cell and a
+/// lost reply; the restart cell when `DISTLOCK_TEST_ZK_DIR` names its `scripts/zk.sh` directory.
+async fn zookeeper_matrix() {
     let addr = common::zk::zk_addr();
     let dir = std::env::var("DISTLOCK_TEST_ZK_DIR").ok();
     let server = std::env::var("DISTLOCK_TEST_SERVER_NAME").unwrap_or_else(|_| format!("server at {addr}"));
@@ -973,9 +996,7 @@ async fn backend_matrix(
     run_matrix(target, &network_scenarios(dir.is_some())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_redis() {
+async fn redis_matrix() {
     let url = |addr: &str| format!("redis://{addr}?lease={LEASE}");
     let server = "Redis 7 (standalone, no persistence)";
     backend_matrix(
@@ -989,9 +1010,7 @@ async fn matrix_redis() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_postgres() {
+async fn postgres_matrix() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
     backend_matrix(
         "PostgreSQL 15",
@@ -1004,9 +1023,7 @@ async fn matrix_postgres() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_mariadb() {
+async fn mariadb_matrix() {
     let url = |given: &str| format!("{given}?lease={SQL_LEASE}");
     backend_matrix(
         "MariaDB",
@@ -1019,9 +1036,7 @@ async fn matrix_mariadb() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_etcd() {
+async fn etcd_matrix() {
     let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
     backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", Nature::default())
         .await;
@@ -1029,9 +1044,7 @@ async fn matrix_etcd() {
 
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
 /// the lease running out under them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_sqlite() {
+async fn sqlite_matrix() {
     let dir = std::env::temp_dir().join(format!("distlock-matrix-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let target = Target {
@@ -1055,9 +1068,7 @@ async fn matrix_sqlite() {
 
 /// The in-process store (`memory://`): no network and no other process, so the cells of a
 /// silent partition, made by the client's own switch ([`distlock::memory::Client::partition`]).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_memory() {
+async fn memory_matrix() {
     let target = Target {
         server: "memory (in-process)".into(),
         url: format!("memory://matrix-{}?lease={LEASE}", uuid::Uuid::new_v4().simple()),
@@ -1108,24 +1119,36 @@ async fn tls_matrix(
     drop(own);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_tls_zookeeper() {
+on_every_backend!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
+    matrix_over_tls: zookeeper, redis, postgres, mysql, etcd
+);
+/// The connection cells over TLS on the backend of `url`, on a TLS-only server of the test's own
+/// (so `url`, the shared server's, only names the backend).
+async fn matrix_over_tls(url: String) {
+    match url.split(':').next().unwrap() {
+        "zk" => tls_zookeeper().await,
+        "redis" => tls_redis().await,
+        "postgres" | "postgresql" => tls_postgres().await,
+        "mysql" => tls_mysql().await,
+        "etcd" => tls_etcd().await,
+        other => panic!("no TLS matrix for {other}"),
+    }
+}
+
+async fn tls_zookeeper() {
     let url = |addr: &str, pw: &str, files: &str| format!("zks://distlock:{pw}@{addr}?auth=sasl&{files}&lease={LEASE}");
     tls_matrix("Apache ZooKeeper 3.8 over TLS, SASL login", "scripts/zk.sh", url, LEASE, Nature::default()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_tls_redis() {
+async fn tls_redis() {
     let url = |addr: &str, pw: &str, files: &str| format!("rediss://distlock:{pw}@{addr}?{files}&lease={LEASE}");
     let nature = Nature { restart_forgets: true, ..Nature::default() };
     tls_matrix("Redis 7 over TLS, ACL user", "scripts/redis.sh", url, LEASE, nature).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_tls_postgres() {
+async fn tls_postgres() {
     let url = |addr: &str, pw: &str, files: &str| {
         format!("postgres://distlock:{pw}@{addr}/locks?sslmode=verify-full&{files}&lease={SQL_LEASE}")
     };
@@ -1133,9 +1156,7 @@ async fn matrix_tls_postgres() {
     tls_matrix("PostgreSQL 15 over TLS, SCRAM login", "scripts/postgres.sh", url, SQL_LEASE, nature).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_tls_mariadb() {
+async fn tls_mysql() {
     let url = |addr: &str, pw: &str, files: &str| {
         format!("mysql://distlock:{pw}@{addr}/distlock?ssl-mode=VERIFY_IDENTITY&{files}&lease={SQL_LEASE}")
     };
@@ -1143,9 +1164,7 @@ async fn matrix_tls_mariadb() {
     tls_matrix("MariaDB over TLS, password login", "scripts/mariadb.sh", url, SQL_LEASE, nature).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-async fn matrix_tls_etcd() {
+async fn tls_etcd() {
     let url = |addr: &str, pw: &str, files: &str| format!("etcds://distlock:{pw}@{addr}?{files}&lease={LEASE}");
     tls_matrix("etcd 3.4 over TLS, user login", "scripts/etcd.sh", url, LEASE, Nature::default()).await;
 }

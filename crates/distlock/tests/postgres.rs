@@ -66,6 +66,34 @@ async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bo
     .collect()
 }
 
+/// The first clients on a new database, all at once: each makes what is missing (the fencing
+/// sequence, the elections' and the jobs' tables), and one that loses the race to make it finds
+/// it made. PostgreSQL reports that loss as a unique violation or as "already exists", by timing;
+/// every connect, election and job works.
+#[tokio::test]
+async fn the_first_clients_on_a_new_database_make_its_objects_at_once() {
+    for round in 0..6 {
+        let (db, url) = own_database("first").await;
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let url = format!("{url}?lease=5s");
+                tokio::spawn(async move {
+                    let client = distlock::connect(&url).await.map_err(|e| format!("connect: {e}"))?;
+                    client.election("e").unwrap().leader().await.map_err(|e| format!("election: {e}"))?;
+                    let job = client.schedule("j").unwrap().once_per(Duration::from_secs(60));
+                    job.last_run().await.map_err(|e| format!("job: {e}"))?;
+                    client.close(Duration::from_secs(5)).await;
+                    Ok::<(), String>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        drop_database(&db).await;
+    }
+}
+
 #[tokio::test]
 async fn the_key_the_token_and_nothing_left_after_release() {
     let pg = connect("?lease=10s").await;

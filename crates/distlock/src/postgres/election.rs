@@ -62,7 +62,7 @@ impl Election {
                     .get(0);
                 match if there { Ok(()) } else { conn.client.batch_execute(CREATE).await } {
                     Ok(()) => {}
-                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
+                    Err(e) if super::made_by_another(&e) => {}
                     Err(e) => return Err(backend("create", &self.name, e)),
                 }
                 self.client.put_back(conn);

@@ -49,7 +49,7 @@ impl Jobs {
                     if !there {
                         match conn.client.batch_execute(create).await {
                             Ok(()) => {}
-                            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
+                            Err(e) if super::made_by_another(&e) => {}
                             Err(e) => return Err(backend("create", table, e)),
                         }
                     }

@@ -420,10 +420,10 @@ impl Client {
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) && url.setup => {
-                    // The first client on this database. Two at once: one gets a unique violation.
+                    // The first client on this database (or one of several at once).
                     let create = format!("CREATE SEQUENCE IF NOT EXISTS {FENCING_SEQUENCE}");
                     if let Err(e) = conn.client.batch_execute(&create).await {
-                        if e.code() != Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                        if !made_by_another(&e) {
                             return Err(e);
                         }
                     }
@@ -510,5 +510,35 @@ fn cause(e: &tokio_postgres::Error) -> String {
 }
 
 pub(crate) fn backend(op: &'static str, name: &str, e: tokio_postgres::Error) -> Error {
-    Error::Backend { op, path: name.to_string(), source: Box::new(e) }
+    Error::Backend { op, path: name.to_string(), source: Box::new(ServerSaid { text: cause(&e), error: e }) }
+}
+
+/// A driver error shown with the server's own words and SQLSTATE (the driver's display of a
+/// server error is only "db error").
+#[derive(Debug)]
+struct ServerSaid {
+    text: String,
+    error: tokio_postgres::Error,
+}
+
+impl std::fmt::Display for ServerSaid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ServerSaid {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// A `CREATE … IF NOT EXISTS` (a sequence, a table) that failed because another client made the
+/// object at the same moment: the object is there. PostgreSQL says so as a unique violation on
+/// its catalog or as "already exists", depending on timing.
+pub(crate) fn made_by_another(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE, SqlState::DUPLICATE_OBJECT].contains(c)
+    })
 }

@@ -59,23 +59,27 @@ pub async fn run<F: std::future::Future<Output = ()>>(backend: &str, scenario: i
 
 /// `on_every_backend!(#[tokio::test] name);` beside `async fn name(url: String)` makes the module
 /// `name` with one test per backend built in (`name::zookeeper`, `name::redis`, …), each running
-/// the scenario on that backend's URL. The attribute is the test's (`#[tokio::test(flavor = …)]`).
-/// `on_every_backend!(#[tokio::test] name: zookeeper, etcd);` names the backends a scenario is
-/// for, when the others cannot have what it tests.
+/// the scenario on that backend's URL. The attributes are the tests' (`#[tokio::test(flavor = …)]`,
+/// `#[ignore = …]`). `on_every_backend!(#[tokio::test] name: zookeeper, etcd);` names the backends
+/// a scenario is for, when the others cannot have what it tests.
 macro_rules! on_every_backend {
-    (#[$test:meta] $scenario:ident) => {
-        $crate::common::backends::on_every_backend!(#[$test] $scenario: zookeeper, redis, postgres, mysql, etcd, sqlite, memory);
+    ($(#[$attr:meta])+ $scenario:ident) => {
+        $crate::common::backends::on_every_backend!($(#[$attr])+ $scenario: zookeeper, redis, postgres, mysql, etcd, sqlite, memory);
     };
-    (#[$test:meta] $scenario:ident: $($backend:ident),+) => {
+    ($(#[$attr:meta])+ $scenario:ident: $($backend:ident),+) => {
         mod $scenario {
-            $($crate::common::backends::backend_test!($backend #[$test] $scenario);)+
+            $crate::common::backends::backend_test!(@each [$(#[$attr])+] $scenario: $($backend),+);
         }
     };
 }
 pub(crate) use on_every_backend;
 
-/// One test of `on_every_backend!`, built when its backend's feature is.
+/// The tests of `on_every_backend!`, each built when its backend's feature is (the attributes
+/// travel as one token tree, so that they repeat with each backend).
 macro_rules! backend_test {
+    (@each $attrs:tt $scenario:ident: $($backend:ident),+) => {
+        $($crate::common::backends::backend_test!($backend $attrs $scenario);)+
+    };
     (zookeeper $($rest:tt)+) => { #[cfg(feature = "zookeeper")] $crate::common::backends::backend_test!(@test zookeeper $($rest)+); };
     (redis $($rest:tt)+) => { #[cfg(feature = "redis")] $crate::common::backends::backend_test!(@test redis $($rest)+); };
     (postgres $($rest:tt)+) => { #[cfg(feature = "postgres")] $crate::common::backends::backend_test!(@test postgres $($rest)+); };
@@ -83,8 +87,8 @@ macro_rules! backend_test {
     (etcd $($rest:tt)+) => { #[cfg(feature = "etcd")] $crate::common::backends::backend_test!(@test etcd $($rest)+); };
     (sqlite $($rest:tt)+) => { #[cfg(feature = "sqlite")] $crate::common::backends::backend_test!(@test sqlite $($rest)+); };
     (memory $($rest:tt)+) => { #[cfg(feature = "memory")] $crate::common::backends::backend_test!(@test memory $($rest)+); };
-    (@test $backend:ident #[$test:meta] $scenario:ident) => {
-        #[$test]
+    (@test $backend:ident [$(#[$attr:meta])+] $scenario:ident) => {
+        $(#[$attr])+
         async fn $backend() {
             $crate::common::backends::run(stringify!($backend), super::$scenario).await
         }
