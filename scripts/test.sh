@@ -55,7 +55,11 @@ if (( avail_kib < 4 * 1024 * 1024 )); then
     echo "test.sh: warning: only $((avail_kib / 1024)) MiB free on $run_tmp's disk; the run needs about 4 GiB" >&2
 fi
 
-cargo build --workspace --exclude distlock-zookeeper-client --all-targets --examples
+# Every cargo command selects the whole workspace (and a test target by name), so that features
+# unify the same way each time and nothing is built twice (`-p one-crate` would rebuild it and its
+# dependencies with that crate's features alone: about 3.5 minutes a run).
+ws=(--workspace --exclude distlock-zookeeper-client)
+cargo build "${ws[@]}" --all-targets --examples
 # Cargo's output directory ($CARGO_TARGET_DIR when set).
 target=${CARGO_TARGET_DIR:-target}
 
@@ -111,7 +115,7 @@ for server in $servers; do
             scripts/zk-ensemble.sh start "$dir" > /dev/null
             echo "test.sh: === 3-node ensemble $(cat "$dir/ensemble.addr") ==="
             DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")" \
-                cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
+                cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
             continue ;;
         *) echo "test.sh: unknown server $server (zookeeper, embedded, ensemble)" >&2; exit 2 ;;
     esac
@@ -119,20 +123,20 @@ for server in $servers; do
     export DISTLOCK_TEST_ZK="$addr"
     echo "test.sh: === $server at $addr ==="
     if [[ -z "${full_pass_done:-}" || ${#extra[@]} -gt 0 ]]; then
-        cargo test --workspace --exclude distlock-zookeeper-client "${extra[@]}"
+        cargo test "${ws[@]}" "${extra[@]}"
         full_pass_done=1
     else
         # A second ZooKeeper server: the tests that talk ZooKeeper (and those that run one
         # scenario on every backend); the other backends' own tests, the unit and doc tests ran
         # in the first pass and do not depend on the ZooKeeper server.
-        cargo test -p distlock --test main -- conformance:: curator:: election:: faults:: observe:: \
-            recipes:: wire:: zookeeper:: schedule::
-        cargo test -p distlock-cli --test main -- cli:: bench_serve:: top:: options:: prometheus::
-        cargo test -p distlock-bench --test bench -- bench_leaves_nothing_on_the_server bench_handover
+        # (The library's and the CLI's binaries are both `main`: the filters name modules of each.)
+        cargo test "${ws[@]}" --test main -- conformance:: curator:: election:: faults:: observe:: \
+            recipes:: wire:: zookeeper:: schedule:: cli:: bench_serve:: top:: options:: prometheus::
+        cargo test "${ws[@]}" --test bench -- bench_leaves_nothing_on_the_server bench_handover
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
         # The fault matrix on this server, alone: its restart cells kill and restart the server.
-        cargo test -p distlock --test main -- --nocapture --ignored --exact fault_matrix::matrix::zookeeper
+        cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix::zookeeper
         "$target/debug/examples/order_numbers" "zk://$addr"
         "$target/debug/examples/takeover" "zk://$addr"
         tests/compat/zkcli.sh "$addr"
@@ -146,7 +150,7 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    cargo test -p distlock --test main -- --nocapture --test-threads=10 --ignored \
+    cargo test "${ws[@]}" --test main -- --nocapture --test-threads=10 --ignored \
         fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper
     # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
     "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
