@@ -4,7 +4,7 @@
 //! uncontended lock interleaved with the sequential floor, and contended hand-offs (each waiter
 //! woken by its watch alone).
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, BenchParams, Progress, Report};
 use distlock::etcd::etcd_client::{
     self, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
@@ -17,8 +17,8 @@ pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "scaling"];
 const IN_FLIGHT: u32 = 8;
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
-pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, .. } = run;
+pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
+    let BenchParams { url, workloads, .. } = run;
     check_workloads("etcd", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let etcd = client.etcd().ok_or_else(|| anyhow::anyhow!("{url}: not an etcd:// URL"))?.etcd();
@@ -36,9 +36,9 @@ async fn measure(
     etcd: etcd_client::Client,
     lease: i64,
     base: &str,
-    run: Run<'_>,
+    run: BenchParams<'_>,
 ) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress, plot } = run;
+    let BenchParams { url, workloads, duration, clients, json, progress, plot } = run;
     let floor_key = format!("{base}/floor");
     let sequential = floor(&etcd, lease, &floor_key, 1, duration, progress).await?;
     let mut reports = Vec::new();
@@ -64,7 +64,7 @@ async fn measure(
                 vec![interleaved(&lock, pair, duration, vec![("pair".into(), PAIR.into())], progress).await?]
             }
             "scaling" => {
-                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                let this = BenchParams { url, workloads, duration, clients, json, progress, plot };
                 super::harness::scaling_on(&this, &format!("{base}/scaling"), sequential).await?
             }
             "contended" => {

@@ -441,7 +441,7 @@ pub(crate) fn emit(done: Vec<Report>, json: bool, progress: &Progress, all: &mut
 /// What a backend's bench run is asked for: the URL, the workloads, how long each runs, how
 /// many clients contend, JSON lines or not, and where progress goes.
 #[derive(Clone, Copy)]
-pub(crate) struct Run<'a> {
+pub(crate) struct BenchParams<'a> {
     pub(crate) url: &'a str,
     pub(crate) workloads: &'a [String],
     pub(crate) duration: Duration,
@@ -479,7 +479,7 @@ pub(crate) const SCALING_CLIENTS: [u32; 3] = [2, 8, 32];
 /// and p99 with 1, 10, 100 and 1,000 distinct names held at once (a task per name, one client),
 /// and contended hand-offs/s with 2, 8 and 32 clients on one name; each point runs `duration`.
 /// Ratios are against `floor` (the backend's sequential floor pair). With `plot`, two SVGs.
-pub(crate) async fn scaling_on(run: &Run<'_>, base: &str, floor: f64) -> anyhow::Result<Vec<Report>> {
+pub(crate) async fn scaling_on(run: &BenchParams<'_>, base: &str, floor: f64) -> anyhow::Result<Vec<Report>> {
     let (url, duration, progress) = (run.url, run.duration, run.progress);
     let client = distlock::connect(url).await?;
     let mut reports = Vec::new();

@@ -16,7 +16,7 @@ mod redis;
 mod sql;
 mod zookeeper;
 
-use harness::{print_table, through_proxy, Progress, Run};
+use harness::{print_table, through_proxy, BenchParams, Progress};
 use std::io::IsTerminal;
 
 use harness::BenchArgs;
@@ -144,7 +144,7 @@ async fn run(args: BenchArgs) -> anyhow::Result<u8> {
         _ => backend,
     };
     // What the backends on the shared harness are asked to do.
-    let run = |workloads| Run {
+    let run = |workloads| BenchParams {
         url: backend,
         workloads,
         duration,

@@ -4,7 +4,7 @@
 //! them the peer, the Rust port of DistributedLock (`distributed-lock-postgres`), measured alike.
 
 use super::harness::{
-    check_workloads, contended_on, emit, interleaved, interleaved_cycle, report, Progress, Report, Run,
+    check_workloads, contended_on, emit, interleaved, interleaved_cycle, report, BenchParams, Progress, Report,
 };
 use distlock::postgres::Client;
 use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
@@ -18,8 +18,8 @@ pub const WORKLOADS: [&str; 4] = ["raw", "uncontended", "contended", "scaling"];
 const WINDOW: i64 = 64;
 
 /// Runs `workloads` against `url` with `clients` contending clients for `duration` each.
-pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress, plot } = run;
+pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
+    let BenchParams { url, workloads, duration, clients, json, progress, plot } = run;
     check_workloads("PostgreSQL", workloads, &WORKLOADS)?;
     // The floor's connection is made as the lock's are: the URL's login and TLS (`sslmode`, its
     // CA and client certificate), so a TLS run measures TLS on both sides.
@@ -51,7 +51,7 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                 vec![ours, peer_uncontended(&peer_url(url, &parsed), &floor_conn, base, duration, progress).await?]
             }
             "scaling" => {
-                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                let this = BenchParams { url, workloads, duration, clients, json, progress, plot };
                 super::harness::scaling_on(&this, &format!("distlock-bench:{base:x}:scaling"), sequential).await?
             }
             "contended" => {

@@ -82,8 +82,15 @@ async fn measure(
             "contended" => contended(bench, clients, plot.as_deref()).await?,
             "many-locks" => vec![many_locks(bench, locks, tasks).await?],
             "scaling" => {
-                let run =
-                    super::harness::Run { url, workloads, duration, clients, json, progress, plot: plot.as_deref() };
+                let run = super::harness::BenchParams {
+                    url,
+                    workloads,
+                    duration,
+                    clients,
+                    json,
+                    progress,
+                    plot: plot.as_deref(),
+                };
                 super::harness::scaling_on(&run, &format!("{prefix}:scaling"), limits.redisson).await?
             }
             _ => unreachable!("checked above"),

@@ -3,7 +3,7 @@
 //! release update, on one connection), the uncontended lock interleaved with it, contended
 //! hand-offs, and the optimistic (version column) helper alone and under contention.
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, Progress, Report, Run};
+use super::harness::{check_workloads, contended_on, emit, interleaved, report, BenchParams, Progress, Report};
 use distlock::optimistic::optimistic_update;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,8 +76,8 @@ impl Db {
 
 /// Runs `workloads` against `url` (a `mysql://` or `sqlite://` URL) with `clients` contending
 /// clients for `duration` each.
-pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
-    let Run { url, workloads, duration, clients, json, progress, plot } = run;
+pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
+    let BenchParams { url, workloads, duration, clients, json, progress, plot } = run;
     check_workloads("MariaDB and SQLite", workloads, &WORKLOADS)?;
     let client = distlock::connect(url).await?;
     let conns = clients.max(1) + 1;
@@ -120,7 +120,7 @@ pub async fn run(run: Run<'_>) -> anyhow::Result<Vec<Report>> {
                 vec![interleaved(&lock, pair, duration, extra, progress).await?]
             }
             "scaling" => {
-                let this = Run { url, workloads, duration, clients, json, progress, plot };
+                let this = BenchParams { url, workloads, duration, clients, json, progress, plot };
                 super::harness::scaling_on(&this, &format!("{base}:scaling"), floor).await?
             }
             "contended" => {

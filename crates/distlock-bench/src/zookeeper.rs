@@ -206,7 +206,7 @@ async fn measure(
             "waiters" => vec![waiters(bench, args.count).await?],
             "herd" => herd(bench, args.clients).await?,
             "scaling" => {
-                let run = super::harness::Run {
+                let run = super::harness::BenchParams {
                     url,
                     workloads: &[],
                     duration: args.duration,

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 #[derive(Debug)]
-struct Run {
+struct Invocation {
     path: PathBuf,
     command: &'static str,
     locks: String,
@@ -27,9 +27,9 @@ struct Run {
     written: bool,
 }
 
-static RUN: Mutex<Option<Run>> = Mutex::new(None);
+static RUN: Mutex<Option<Invocation>> = Mutex::new(None);
 
-fn with(f: impl FnOnce(&mut Run)) {
+fn with(f: impl FnOnce(&mut Invocation)) {
     let mut run = RUN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(run) = run.as_mut() {
         f(run);
@@ -48,7 +48,7 @@ pub fn start(path: Option<PathBuf>, command: &'static str, locks: &[String]) -> 
     std::fs::write(&probe, b"")
         .and_then(|()| std::fs::remove_file(&probe))
         .map_err(|e| anyhow::anyhow!("--metrics-textfile {}: cannot write beside it: {e}", path.display()))?;
-    *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(Run {
+    *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(Invocation {
         path,
         command,
         locks: locks.join(","),
@@ -123,7 +123,7 @@ fn temporary(path: &std::path::Path) -> std::io::Result<PathBuf> {
     Ok(dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id())))
 }
 
-fn write(run: &Run, exit: u8) -> std::io::Result<()> {
+fn write(run: &Invocation, exit: u8) -> std::io::Result<()> {
     let text = render(run, exit, SystemTime::now());
     let tmp = temporary(&run.path)?;
     let out = (|| {
@@ -141,7 +141,7 @@ fn esc(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-fn render(run: &Run, exit: u8, now: SystemTime) -> String {
+fn render(run: &Invocation, exit: u8, now: SystemTime) -> String {
     let base = format!("command=\"{}\",lock=\"{}\"", run.command, esc(&run.locks));
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, lines: Vec<(String, String)>| {
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn renders_one_gauge_per_figure_with_escaped_labels() {
-        let run = Run {
+        let run = Invocation {
             path: "x.prom".into(),
             command: "exec",
             locks: "a\"b".into(),

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 /// The safety margin taken off every lease of a server with no reporting delay (see
 /// [`crate::margin`]).
 pub(crate) fn drift(lease: Duration) -> Duration {
-    crate::margin::margin(lease, Duration::ZERO)
+    crate::lease_margin::margin(lease, Duration::ZERO)
 }
 
 /// The accessors of a guard whose `hold: Option<Hold>` (taken at release) keeps a
@@ -380,7 +380,7 @@ impl Lease {
         if let LockState::Lost(reason) = before {
             return Err(Error::LockLost { lock: name, reason });
         }
-        match crate::detach::detach(unlock).await? {
+        match crate::background::detach(unlock).await? {
             true => Ok(()),
             false => Err(Error::LockLost { lock: name, reason: gone }),
         }

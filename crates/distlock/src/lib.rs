@@ -88,15 +88,15 @@ macro_rules! with_a_backend {
 }
 
 with_a_backend! {
-    pub(crate) mod any;
+    pub(crate) mod facade;
     pub mod blocking;
     pub(crate) mod contract;
     pub mod election;
     pub mod schedule;
-    mod margin;
+    mod lease_margin;
     mod multi;
     mod options;
-    pub use any::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
+    pub use facade::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
     pub use options::{connect_with, redact_url, ConnectOptions};
 }
@@ -112,7 +112,7 @@ with_a_backend! {
     )),
     allow(dead_code)
 )]
-mod detach;
+mod background;
 mod duration;
 mod error;
 #[cfg(feature = "etcd")]
@@ -129,6 +129,7 @@ mod lease;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
 mod listening;
 pub mod listing;
+mod lock_state;
 #[cfg(feature = "memory")]
 pub mod memory;
 #[cfg(feature = "mysql")]
@@ -144,7 +145,6 @@ pub mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-mod state;
 mod template;
 pub mod tls;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
@@ -154,8 +154,8 @@ pub mod zookeeper;
 
 pub use duration::{parse_duration, parse_duration_flag};
 pub use error::{Error, LostReason, Result};
+pub use lock_state::{LockState, QueueStatus};
 pub use owner::Owner;
-pub use state::{LockState, QueueStatus};
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
 /// The README's examples, compiled as doc tests so they cannot rot (and the docs' below).

@@ -423,7 +423,7 @@ impl Schedule {
     /// have its time and the job may be another's soon after.
     async fn confirmed(&self, run: Run, sent: tokio::time::Instant, at_most: i64) -> Result<Started> {
         let bound = Duration::from_millis(at_most as u64);
-        let stop_by = sent + bound - crate::margin::margin(bound, Duration::ZERO);
+        let stop_by = sent + bound - crate::lease_margin::margin(bound, Duration::ZERO);
         if tokio::time::Instant::now() + bound / 4 >= stop_by {
             if let Err(e) = self.finish_run(run.token, None).await {
                 tracing::warn!(job = %self.name, error = %e, "giving back a late start failed");

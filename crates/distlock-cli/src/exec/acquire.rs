@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Locks that are held, with the session that holds them.
-pub struct Held {
+pub struct Acquired {
     pub client: Client,
     pub guard: MultiGuard,
     /// The lock paths, comma-separated, for messages.
@@ -28,7 +28,7 @@ pub struct Held {
     pub run: Option<distlock::schedule::Run>,
 }
 
-impl Held {
+impl Acquired {
     /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order;
     /// and the same marks and tokens under the names the backend's own lock tool uses, where it
     /// has one ([`distlock::BackendInfo::tool_env`]: `etcdctl lock`'s `ETCD_LOCK_KEY`, `ETCD_LOCK_REV`).
@@ -65,7 +65,7 @@ impl Held {
     pub async fn release(self) -> Released {
         // The job's store holds a handle of the client: dropped first, or `close` would wait for
         // its bound (ZooKeeper ends the session once every handle is gone).
-        let Held { client, guard, shown, job, .. } = self;
+        let Acquired { client, guard, shown, job, .. } = self;
         drop(job);
         crate::textfile::released();
         let bound = release_bound(client.lease());
@@ -124,7 +124,7 @@ impl Released {
 }
 
 /// Acquires what `plan` names, or says why not: `Err(status)` is the exit status to end with.
-pub async fn acquire(plan: &Plan, signals: &mut Signals) -> anyhow::Result<Result<Held, u8>> {
+pub async fn acquire(plan: &Plan, signals: &mut Signals) -> anyhow::Result<Result<Acquired, u8>> {
     let client = tokio::select! {
         client = plan.backend.connect() => client?,
         sig = signals.ending() => {
@@ -271,7 +271,7 @@ async fn held(
     job: Option<Schedule>,
     shown: String,
     typed: &HashMap<String, String>,
-) -> Held {
+) -> Acquired {
     let tokens = guard.parts().iter().map(|p| {
         let name = p.lock_name();
         (typed.get(&name).cloned().unwrap_or(name), p.fencing_token())
@@ -290,5 +290,5 @@ async fn held(
         Target::Election { value, .. } => Some(value.clone()),
         _ => None,
     };
-    Held { client, guard, shown, value, job, run }
+    Acquired { client, guard, shown, value, job, run }
 }

@@ -3,7 +3,7 @@
 //! every signal, and stopped before the server can hand the lock on (SIGTERM early enough that
 //! SIGKILL lands before the lease ends; SIGKILL at once when the lock is already lost).
 
-use super::acquire::{acquire, Held};
+use super::acquire::{acquire, Acquired};
 use super::plan::Plan;
 use super::signals::{die_of, interrupt_our_group, Signals};
 use super::terminal::Terminal;
@@ -100,7 +100,7 @@ struct Bounds {
 }
 
 impl Bounds {
-    fn of(held: &Held, grace: Duration) -> anyhow::Result<Bounds> {
+    fn of(held: &Acquired, grace: Duration) -> anyhow::Result<Bounds> {
         let session = match &held.job {
             Some(job) => job.at_most()?,
             None => held.client.lease(),
@@ -132,7 +132,7 @@ struct Running {
 impl Running {
     /// Starts the command; `Ok(Err(status))` when it cannot be run (127 not found, 126 not
     /// runnable: as shells say).
-    fn spawn(argv: &[String], held: &Held, bounds: &Bounds) -> anyhow::Result<Result<Running, u8>> {
+    fn spawn(argv: &[String], held: &Acquired, bounds: &Bounds) -> anyhow::Result<Result<Running, u8>> {
         let mut command = tokio::process::Command::new(&argv[0]);
         command.args(&argv[1..]).envs(held.env()).process_group(0);
         if crate::backend_env_has_secret() {
@@ -185,7 +185,7 @@ impl Running {
     /// INT or TERM after the command itself exited go to its leftovers, a second one kills them.
     async fn supervise(
         &mut self,
-        held: &Held,
+        held: &Acquired,
         signals: &mut Signals,
         bounds: &Bounds,
     ) -> anyhow::Result<Option<(String, bool)>> {
@@ -245,7 +245,7 @@ impl Running {
     /// exits as the command did. Killed by Ctrl-C (or Ctrl-\), distlock dies the same way, so that
     /// a calling shell stops its script; when the command had the terminal, the keypress reached
     /// only its group and is passed on to ours, as the terminal would have done.
-    async fn ended(self, held: Held) -> anyhow::Result<u8> {
+    async fn ended(self, held: Acquired) -> anyhow::Result<u8> {
         let Running { watchdog, terminal, had_terminal, status, .. } = self;
         command_ended(watchdog, terminal);
         let status = status.expect("the command ends before its group");
@@ -266,7 +266,7 @@ impl Running {
     /// lost (the server silent, the lease running out) leaves time for SIGTERM to work.
     async fn stop(
         mut self,
-        held: Held,
+        held: Acquired,
         bounds: &Bounds,
         asked: OnLost,
         reason: &str,
@@ -287,7 +287,7 @@ impl Running {
         match on_lost {
             OnLost::Ignore => {
                 eprintln!("distlock: WARNING: {what}; the command keeps running WITHOUT the lock (--on-lost ignore)");
-                let Held { client, guard, .. } = held;
+                let Acquired { client, guard, .. } = held;
                 drop(guard);
                 let status = group_ended(&mut self.child, self.pgid).await?;
                 command_ended(self.watchdog, self.terminal);
@@ -357,7 +357,7 @@ fn cannot_run(program: &str, e: &std::io::Error) -> u8 {
 
 /// Records a scheduled job's end and exit status (nothing for a lock): a run whose bound passed
 /// and whose job another start took by now is not recorded (the record is the other run's).
-async fn record_exit(held: &Held, code: u8) {
+async fn record_exit(held: &Acquired, code: u8) {
     let Some(job) = &held.job else { return };
     let token = held.guard.parts().first().map(|p| p.fencing_token()).unwrap_or_default();
     match job.finish_run(token, Some(i32::from(code))).await {

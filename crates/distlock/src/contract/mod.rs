@@ -267,7 +267,7 @@ pub(crate) use recipe;
 /// Result<Arc<dyn Jobs>>`.
 macro_rules! backend {
     ($client:ty, $name:literal) => {
-        /// Connects to the URL; the scheme table in `any.rs` calls it.
+        /// Connects to the URL; the registry in `facade.rs` calls it.
         pub(crate) fn connect(url: &str) -> $crate::contract::BoxFuture<'_, $crate::Result<$crate::Client>> {
             Box::pin(async move { Ok($crate::contract::client(<$client>::connect(url).await?)) })
         }

@@ -113,7 +113,7 @@ impl LockGuard {
         hold.watcher.abort();
         hold.lease.end();
         let name = hold.name.clone();
-        let held = crate::detach::detach(unlock(hold)).await?;
+        let held = crate::background::detach(unlock(hold)).await?;
         match (before, held) {
             (LockState::Lost(reason), _) => Err(Error::LockLost { lock: name, reason }),
             (_, false) => Err(Error::LockLost { lock: name, reason: LostReason::KeyDeleted }),

@@ -185,7 +185,7 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
             gate: pending.gate.take(),
         };
         let (task_client, task_name) = (client.clone(), spec.name.clone());
-        let (resp, mut cleanup) = crate::detach::detach(async move {
+        let (resp, mut cleanup) = crate::background::detach(async move {
             let etcd = task_client.etcd();
             let resp = task_client
                 .call("acquire", &task_name, |_| {
@@ -451,7 +451,7 @@ impl Pending {
     async fn remove(mut self) -> Option<OwnedMutexGuard<()>> {
         let (key, gate) = (self.key.take(), self.gate.take());
         let (client, name) = (self.client.clone(), self.name.clone());
-        crate::detach::detach(async move {
+        crate::background::detach(async move {
             if let Some((key, nonce)) = key {
                 delete(&client, &name, key, nonce).await;
             }

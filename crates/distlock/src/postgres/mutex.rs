@@ -468,7 +468,7 @@ impl MutexGuard {
         if let LockState::Lost(reason) = before {
             return Err(Error::LockLost { lock: name, reason }); // dropping the connection frees it
         }
-        match crate::detach::detach(unlock(client, conn, target)).await {
+        match crate::background::detach(unlock(client, conn, target)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
             Err(e) => Err(e),

@@ -167,7 +167,7 @@ impl FairLock {
     /// re-enter the hold in progress, or ask for a new one under `fresh`.
     async fn attempt(&self, fresh: &str, enqueue: bool) -> Result<Outcome> {
         let (inner, fresh) = (self.inner.clone(), fresh.to_string());
-        let task = crate::detach::detach(async move {
+        let task = crate::background::detach(async move {
             let inner: &Inner = &inner;
             let client = &inner.client;
             let eval = |plan: Plan| async move {

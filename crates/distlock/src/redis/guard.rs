@@ -144,7 +144,7 @@ impl Hold {
         let (client, key, holder) = (self.client.clone(), self.key.clone(), self.holder.clone());
         let (deadline, server) = (self.shared.lease.deadline(), self.shared.server());
         // A caller that stops waiting does not stop the release: it finishes in the background.
-        let outcome = crate::detach::detach(async move {
+        let outcome = crate::background::detach(async move {
             release_on_server(&client, &key, &holder, deadline, server.as_deref()).await
         })
         .await;

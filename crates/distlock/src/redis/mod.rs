@@ -1108,7 +1108,7 @@ async fn subscribe_until(client: &Client, channel: &str, deadline: Option<Instan
 /// background) whether the master moved.
 ///
 /// Each attempt builds its guard itself and is finished in the background if this future is
-/// dropped while it is in flight ([`detach`](crate::detach::detach)): the guard is then dropped
+/// dropped while it is in flight ([`detach`](crate::background::detach)): the guard is then dropped
 /// with the attempt's result and releases the lock, so a cancelled acquire leaves nothing behind.
 pub(crate) async fn acquire_loop<G, F, Fut>(
     client: &Client,
@@ -1124,7 +1124,7 @@ where
 {
     // In place, finished in the background if this acquire is dropped meanwhile: a grant that
     // comes after that is dropped with the attempt's output, and so released.
-    let try_once = || crate::detach::detach(attempt());
+    let try_once = || crate::background::detach(attempt());
     let give_up_after = match deadline {
         Some(_) => None,
         None => Some(client.inner.url.connect_timeout.max(client.lease())),

@@ -113,7 +113,8 @@ impl Mutex {
             // The upsert runs to its end even if this acquire is dropped meanwhile (SQLite's
             // worker thread commits it anyway): then the guard it makes is dropped, which
             // releases the row, instead of the row staying ours for a whole lease.
-            let attempt = crate::detach::detach(attempt(self.client.clone(), self.name.clone(), holder.clone(), gate));
+            let attempt =
+                crate::background::detach(attempt(self.client.clone(), self.name.clone(), holder.clone(), gate));
             let answer = match wait {
                 // An upsert waiting for another process's file lock may outlast the deadline:
                 // give up then (a grant that comes later is released in the background).

@@ -40,11 +40,11 @@ pub struct ReentrantMutex {
 struct Shared {
     /// Serializes first acquisitions through this handle.
     gate: tokio::sync::Mutex<()>,
-    held: StdMutex<Option<Held>>,
+    held: StdMutex<Option<Holding>>,
 }
 
 #[derive(Debug)]
-struct Held {
+struct Holding {
     guard: MutexGuard,
     count: usize,
     token: u64,
@@ -117,7 +117,7 @@ impl ReentrantMutex {
         };
         let Some(guard) = self.inner.lock_with(remaining, None).await? else { return Ok(None) };
         let token = guard.fencing_token();
-        *self.shared.held.lock().unwrap() = Some(Held { guard, count: 1, token });
+        *self.shared.held.lock().unwrap() = Some(Holding { guard, count: 1, token });
         Ok(Some(ReentrantGuard { shared: self.shared.clone(), token, released: false }))
     }
 

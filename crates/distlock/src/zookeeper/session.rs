@@ -250,7 +250,7 @@ pub(crate) async fn renew_if_short(client: &Client) {
 /// The default margin kept before the session timeout: the one rule ([`crate::margin`]) with a
 /// quarter of the timeout for a follower's reporting delay.
 pub(crate) fn default_margin(timeout: Duration) -> Duration {
-    crate::margin::margin(timeout, timeout / 4)
+    crate::lease_margin::margin(timeout, timeout / 4)
 }
 
 /// Renews the lease of `client` with a `sync` every lease interval while it has live lock nodes.
