@@ -22,8 +22,8 @@
 #                                         then scripts/demo.sh 20 times with the hogs
 #                                         (DISTLOCK_STRESS_DEMOS=N)
 #
-# The first single-server pass runs every Rust test (unit, integration, fault tests, the fault
-# matrix, CLI, Curator interop, doc tests); a second one (the embedded server after Apache's)
+# The first single-server pass runs every Rust test (unit, integration, fault tests, CLI,
+# Curator interop, doc tests), then the fault matrix on that server alone; a second one (the embedded server after Apache's)
 # runs the tests that talk ZooKeeper or run one scenario on every backend. Each runs the seed
 # demos and the compatibility checks of Apache ZooKeeper's zkCli.sh and Python's kazoo. The ensemble pass runs the fault matrix's
 # ensemble cells (leader killed, follower isolated). Matrix tables land in .tmp/fault-matrix/.
@@ -114,8 +114,9 @@ for server in $servers; do
             started+=("$server")
             scripts/zk-ensemble.sh start "$dir" > /dev/null
             echo "test.sh: === 3-node ensemble $(cat "$dir/ensemble.addr") ==="
-            DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")" \
-                cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
+            # (exported: the later TLS matrix names its backend by the ZooKeeper variable too)
+            export DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")"
+            DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
             continue ;;
         *) echo "test.sh: unknown server $server (zookeeper, embedded, ensemble)" >&2; exit 2 ;;
     esac
