@@ -169,6 +169,21 @@ pub enum Error {
         /// Replicas that confirmed.
         acked: u32,
     },
+    /// The name is in use as another kind of lock. One name is one lock on every backend: a
+    /// mutex, the readers and the writers of a read/write lock exclude each other as a mutex
+    /// and a write lock would, but a semaphore's permits and those locks cannot share a name.
+    #[error(
+        "lock {lock} is in use as {in_use}, so {wanted} cannot be taken on it \
+         (a semaphore and a mutex or read/write lock cannot share a name; use another name)"
+    )]
+    KindConflict {
+        /// The lock's name.
+        lock: String,
+        /// What the name is in use as (`a semaphore`, `a mutex`, `a read lock`...).
+        in_use: String,
+        /// What was asked for, worded as `in_use` is.
+        wanted: String,
+    },
     /// The backend cannot do this (a recipe it does not offer, or a scheme compiled out).
     #[error("{backend} does not support {what}")]
     Unsupported {

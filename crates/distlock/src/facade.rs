@@ -251,6 +251,7 @@ impl Client {
     /// key, exactly as given (as Redisson, redis-py and `etcdctl lock` use it), checked against
     /// the backend's limits.
     pub fn lock_name(&self, name: &str) -> Result<String> {
+        crate::contract::check_name(name)?;
         self.inner.lock_name(name)
     }
 
@@ -300,7 +301,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn inspect(&self, name: &str) -> Result<crate::listing::Listing> {
-        let name = self.inner.lock_name(name)?;
+        let name = self.lock_name(name)?;
         self.inner.lock(&name).await
     }
 

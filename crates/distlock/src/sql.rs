@@ -5,10 +5,8 @@ use crate::{Error, Result};
 /// A lock name that is not empty and has at most `max` characters, or the error naming it;
 /// `limit` says whose limit `max` is.
 pub(crate) fn check_lock_name(name: &str, max: usize, limit: &str) -> Result<()> {
+    crate::contract::check_name(name)?;
     let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
-    if name.is_empty() {
-        return Err(bad("the lock name is empty".into()));
-    }
     if name.chars().count() > max {
         return Err(bad(format!("{limit} has at most {max} characters")));
     }

@@ -421,8 +421,12 @@ async fn dropped_waits_leave_no_key() {
     let mut raw = raw().await;
     let name = unique("dropped");
     let g = a.mutex(&name).unwrap().lock().await.unwrap();
+    // A semaphore waits behind a semaphore's permit (beside a mutex it would be refused).
+    let sem = unique("dropped-sem");
+    let permit = a.semaphore(&sem, 1).unwrap().acquire().await.unwrap();
     for kind in 0..3 {
         let lock_b = b.clone();
+        let name = if kind == 2 { sem.clone() } else { name.clone() };
         let n = name.clone();
         let mut wait: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match kind {
             0 => Box::pin(async move { lock_b.mutex(&n).unwrap().lock().await.map(drop) }),
@@ -443,6 +447,8 @@ async fn dropped_waits_leave_no_key() {
         drop(wait);
         wait_keys(&mut raw, &name, 1).await;
     }
+    permit.release().await.unwrap();
+    wait_keys(&mut raw, &sem, 0).await;
     for i in 0..20u64 {
         let _ = tokio::time::timeout(Duration::from_micros(100 * i), b.mutex(&name).unwrap().lock()).await;
     }

@@ -425,12 +425,12 @@ async fn semaphore_on_a_mutex_or_rwlock_path_is_refused() {
     let client = connect().await;
     let m = client.mutex(&path).unwrap().lock().await.unwrap();
     let refused = client.semaphore(&path, 2).unwrap().try_acquire().await;
-    assert!(matches!(refused, Err(Error::InvalidLockPath { .. })), "{:?}", refused.map(|p| p.is_some()));
+    assert!(matches!(refused, Err(Error::KindConflict { .. })), "{:?}", refused.map(|p| p.is_some()));
     m.release().await.unwrap();
     let rpath = unique_path("mixed-rw");
     let r = client.rwlock(&rpath).unwrap().read().await.unwrap();
     let refused = client.semaphore_mutex(&rpath).unwrap().acquire().await;
-    assert!(matches!(refused, Err(Error::InvalidLockPath { .. })), "{:?}", refused.map(|p| p.num_permits()));
+    assert!(matches!(refused, Err(Error::KindConflict { .. })), "{:?}", refused.map(|p| p.num_permits()));
     r.release().await.unwrap();
     wait_empty(&client, &format!("{path}/leases"), BOUND).await;
     wait_empty(&client, &format!("{rpath}/leases"), BOUND).await;

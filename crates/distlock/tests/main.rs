@@ -1,7 +1,7 @@
 //! The library's tests, one binary with a module per part (built once, linked once):
 //!
 //! - on every backend, one named test per backend (`common::backends::on_every_backend!`):
-//!   `conformance` (the lock contract), `election`, `schedule` (once-per-slot jobs, and ShedLock
+//!   `conformance` (the lock contract), `names` (kinds and names: one rule), `election`, `schedule` (once-per-slot jobs, and ShedLock
 //!   beside us), `observe` (metrics and spans);
 //! - `fault_matrix`: every fault × every recipe, on every backend (the long matrices are
 //!   `#[ignore]`d; scripts/test.sh runs them);
@@ -22,6 +22,7 @@ mod etcd;
 mod fault_matrix;
 mod faults;
 mod mysql;
+mod names;
 mod observe;
 mod postgres;
 mod postgres_peer;

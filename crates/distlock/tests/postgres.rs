@@ -631,7 +631,14 @@ async fn transaction_scoped_locks_behind_pgbouncer_transaction_pooling() {
     let sem = unique("pgbouncer-xact-sem");
     let p1 = c.semaphore_permit(&sem, 1).unwrap().lock().await.unwrap();
     assert!(c.semaphore_permit(&sem, 1).unwrap().try_lock().await.unwrap().is_none(), "one permit");
+    // The kind rule holds in transaction scope too: a semaphore and a mutex cannot share a name.
+    let m = c.mutex(&sem).unwrap().lock().await;
+    assert!(matches!(m, Err(Error::KindConflict { .. })), "a mutex beside a permit: {:?}", m.map(|_| ()));
     p1.release().await.unwrap();
+    let m = c.mutex(&sem).unwrap().lock().await.unwrap();
+    let p = c.semaphore_permit(&sem, 1).unwrap().try_lock().await;
+    assert!(matches!(p, Err(Error::KindConflict { .. })), "a permit beside a mutex: {:?}", p.map(|p| p.is_some()));
+    m.release().await.unwrap();
     let Err(e) = c.election("pgbouncer-xact-election") else { panic!("an election with lock_scope=transaction") };
     let e = e.to_string();
     assert!(e.contains("lock_scope=transaction"), "{e}");

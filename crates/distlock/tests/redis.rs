@@ -887,3 +887,35 @@ fn the_blocking_facade_works_on_redis() {
     assert!(b.semaphore_permit(&format!("{key}:pool"), 1).unwrap().try_lock().unwrap().is_none());
     p1.release().unwrap();
 }
+
+/// A key holds one kind of lock: Redisson's hash (a mutex or read/write lock), redis-py's string
+/// (`layout=simple`) and a semaphore's sorted set refuse each other with the contract's
+/// `KindConflict`, naming what the key holds (the server's WRONGTYPE, read with TYPE), for a try
+/// and a waiter alike, and leave the holder's key as it was.
+#[tokio::test]
+async fn layouts_and_kinds_on_one_key_refuse_each_other_by_name() {
+    let (redisson, simple) = (connect("?lease=4s").await, connect("?lease=4s&layout=simple").await);
+    let refused = |r: distlock::Result<bool>, holds: &str, wanted: &str| match r {
+        Err(e @ Error::KindConflict { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&format!("in use as {holds}")) && text.contains(wanted), "{text}");
+        }
+        other => panic!("not refused as another kind: {other:?}"),
+    };
+    let key = unique("layouts");
+    let held = redisson.mutex(&key).unwrap().lock().await.unwrap();
+    let lock = simple.simple_lock(&key).unwrap();
+    refused(lock.try_lock().await.map(|g| g.is_some()), "a Redisson lock", "a redis-py lock (layout=simple)");
+    refused(lock.lock_timeout(Duration::from_secs(3)).await.map(|g| g.is_some()), "a Redisson lock", "redis-py");
+    let sem = redisson.semaphore(&key, 2).unwrap();
+    refused(sem.try_acquire().await.map(|g| g.is_some()), "a Redisson lock", "a semaphore");
+    held.release().await.unwrap();
+
+    let key = unique("layouts");
+    let held = simple.simple_lock(&key).unwrap().lock().await.unwrap();
+    refused(redisson.mutex(&key).unwrap().try_lock().await.map(|g| g.is_some()), "a redis-py lock", "a mutex");
+    refused(redisson.rwlock(&key).unwrap().try_read().await.map(|g| g.is_some()), "a redis-py lock", "a read lock");
+    held.release().await.unwrap();
+    let g = redisson.mutex(&key).unwrap().try_lock().await.unwrap().expect("free once the other kind left");
+    g.release().await.unwrap();
+}

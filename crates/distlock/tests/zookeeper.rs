@@ -393,6 +393,50 @@ async fn a_tls_only_server_with_sasl_logins() {
     }
 }
 
+/// `acl=creator` against a stranger who makes the lock's directory first (open, as a client
+/// without credentials can under the shared `/distlock`): the owner's acquire is refused with the
+/// fix (the directory is someone else's, and would let them queue ahead or delete the holder's
+/// node), its node is not left behind, and a directory of the owner's own, or one the stranger
+/// made and the owner could take over, works. Fails before the check: the owner held the lock in
+/// the stranger's directory, and the stranger deleted the holder's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_creator_refuses_a_directory_a_stranger_made_first() {
+    let addr = zk_addr();
+    let owner = format!("zk://owner:{}@{addr}?acl=creator&lease=4s", uuid::Uuid::new_v4().simple());
+    let a = distlock::connect(&owner).await.unwrap();
+    let stranger = zookeeper_client::Client::connect(&addr).await.unwrap();
+    let open = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    let _ = stranger.create("/distlock", b"", &open).await;
+    let name = common::unique("acl-first");
+    let dir = format!("/distlock/{name}");
+    stranger.create(&dir, b"", &open).await.unwrap();
+    for (what, lock) in [("mutex", a.mutex(&name)), ("read lock", a.read_lock(&name))] {
+        let e = lock.unwrap().try_lock().await.err().unwrap_or_else(|| panic!("a {what} in a stranger's directory"));
+        let text = e.to_string();
+        assert!(matches!(e, Error::InvalidLockPath { .. }), "{what}: {text}");
+        assert!(
+            text.contains("made by someone else") && text.contains("world:anyone") && text.contains("setAcl"),
+            "{text}"
+        );
+    }
+    let wait = a.mutex(&name).unwrap().lock_timeout(Duration::from_secs(3)).await;
+    assert!(wait.is_err(), "a waiting acquire in a stranger's directory: {:?}", wait.map(|g| g.is_some()));
+    common::eventually(Duration::from_secs(5), "the refused acquires' nodes gone", || async {
+        stranger.list_children(&dir).await.unwrap().is_empty()
+    })
+    .await;
+    // Once the directory is gone (its owner, here the stranger, deletes it), the owner's first lock
+    // makes it with the owner's ACL, and the stranger can no longer touch the holder's node.
+    stranger.delete(&dir, None).await.unwrap();
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    let nodes = stranger.list_children(&dir).await.unwrap();
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let e = stranger.delete(&format!("{dir}/{}", nodes[0]), None).await.unwrap_err();
+    assert_eq!(e, zookeeper_client::Error::NoAuth);
+    assert!(!held.state().is_lost());
+    held.release().await.unwrap();
+}
+
 /// `acl=creator`: the nodes of a lock, of an election and of a job are the login's; a neighbour
 /// without credentials can read them (holders stay visible) but can neither delete, write, nor
 /// queue, and the holder is unaffected; another client with the same login takes the lock next.

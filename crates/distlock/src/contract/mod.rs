@@ -124,6 +124,24 @@ impl Kind {
     }
 }
 
+/// The rule every backend's lock names keep, checked before the backend's own limits: a name is
+/// not empty and holds no control character (C0, DEL or C1: a name is shown in listings, errors
+/// and terminals, and a control character there could rewrite what they show). The same error on
+/// every backend.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
+    if name.is_empty() {
+        return Err(bad("the lock name is empty".into()));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(bad(format!(
+            "holds the control character U+{:04X}; a lock name is printable text on every backend",
+            c as u32
+        )));
+    }
+    Ok(())
+}
+
 /// A connected client of one backend.
 pub(crate) trait Backend: Debug + Send + Sync + 'static {
     /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.

@@ -7,12 +7,18 @@
 //! Every key is put under the client's session lease, so a client that stops keeping it alive
 //! loses its keys (and locks) when the lease expires on the server.
 //!
-//! | Recipe | Our key | Waits for (keys created before ours) | Held when |
+//! | Recipe | Our key | Waits for (keys of the name created before ours) | Held when |
 //! |---|---|---|---|
-//! | [`Mutex`] `name` | `name/<lease id hex>` (as `etcdctl lock name` and Go's `NewMutex(s, "name")`) | the last one under `name/` | no key under `name/` is older |
-//! | [`RwLock`] read | `name/read/<16 hex digits>` (Go's `contrib/recipes` `RWMutex`) | the last one under `name/write` | no writer's key is older |
-//! | [`RwLock`] write | `name/write/<16 hex digits>` | the last one under `name/` | no key under `name/` is older |
-//! | [`Semaphore`] `name`, `n` permits | `name/<lease id hex>_<16 hex digits>` | any deletion under `name/` | fewer than `n` older keys under `name/` |
+//! | [`Mutex`] `name` | `name/<lease id hex>` (as `etcdctl lock name` and Go's `NewMutex(s, "name")`) | the last one | no key of the name is older |
+//! | [`RwLock`] read | `name/read/<16 hex digits>` (Go's `contrib/recipes` `RWMutex`) | the last one that is not a reader's (a mutex's or a writer's) | no mutex or writer key is older |
+//! | [`RwLock`] write | `name/write/<16 hex digits>` | the last one | no key of the name is older |
+//! | [`Semaphore`] `name`, `n` permits | `name/<lease id hex>_<16 hex digits>` | any deletion under `name/` | fewer than `n` older permits |
+//!
+//! The keys of a longer name (`name/x/…`, lock `name/x`) are another lock's: nobody waits for
+//! them (`etcdctl lock name` does, as it counts every key under the prefix). A mutex, readers and
+//! writers of one name are one lock; a semaphore's permit older than a lock's key, or a lock's key
+//! older than a permit, refuses the later acquire with [`Error::KindConflict`] (`kinds.rs`). A
+//! name may not end in `/read` or `/write`: its keys would be a reader's or writer's.
 //!
 //! The key is created in one transaction (`If CreateRevision(key) == 0 Then Put(key, lease)`)
 //! that also reads the keys it must wait for (for a mutex, the newest two: ours and the one just
@@ -59,6 +65,7 @@ pub(crate) mod contract;
 mod election;
 mod guard;
 mod jobs;
+mod kinds;
 mod mutex;
 mod queue;
 mod rwlock;
@@ -355,15 +362,19 @@ fn transient(e: &etcd_client::Error) -> bool {
 }
 
 fn check_name(name: &str) -> Result<()> {
+    crate::contract::check_name(name)?;
     let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() };
-    if name.is_empty() {
-        return Err(bad("the lock name is empty"));
-    }
     if name.ends_with('/') {
         return Err(bad("the lock name is a key prefix without a trailing '/' (distlock adds it)"));
     }
     if name.len() > 1024 {
         return Err(bad("a lock name has at most 1024 bytes"));
+    }
+    if name.ends_with("/read") || name.ends_with("/write") {
+        // Its keys `name/<lease hex>` would be a reader's or writer's of the name before it.
+        return Err(bad(
+            "on etcd a name must not end in /read or /write: those keys are the read/write lock of the name before it",
+        ));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! etcd's mutex: the queue of `name/<lease id hex>` keys (`etcdctl lock`'s layout).
 
+use super::kinds::Role;
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
 
@@ -29,7 +30,7 @@ impl Mutex {
     pub(crate) fn new(client: Client, name: String) -> Mutex {
         let prefix = format!("{name}/");
         let spec =
-            Spec { name, key_prefix: prefix.clone(), naming: Naming::Session, blockers: prefix, limit: 1, value: None };
+            Spec { name, key_prefix: prefix, naming: Naming::Session, role: Role::Exclusive, limit: 1, value: None };
         Mutex { client, spec }
     }
 

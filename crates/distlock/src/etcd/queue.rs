@@ -3,6 +3,7 @@
 //! that our key is still there before calling the lock ours.
 
 use super::guard::LockGuard;
+use super::kinds::{self, Page, Role, Verdict};
 use super::session::Session;
 use super::Client;
 use crate::contract::Wait;
@@ -36,22 +37,21 @@ pub(crate) struct Spec {
     /// Our key is this plus the [`Naming`].
     pub(crate) key_prefix: String,
     pub(crate) naming: Naming,
-    /// Keys under this prefix created before ours block us...
-    pub(crate) blockers: String,
-    /// ...while at least this many of them remain.
+    /// Which older keys of the name block us (see `kinds.rs`)...
+    pub(crate) role: Role,
+    /// ...while at least this many of them remain (a semaphore's permits; else 1).
     pub(crate) limit: u32,
     /// Our key's value: an election's announced value (as `concurrency.Election` stores the
     /// proposal), or `None` for a lock (a fresh nonce, which tells our key from others).
     pub(crate) value: Option<Arc<str>>,
 }
 
-/// Our key as created, and whether older keys block it.
+/// Our key as created, and what the create's read says of the keys older than it.
 struct Created {
     key: String,
     rev: i64,
-    blocked: bool,
-    /// The key just before ours, if the create's read found it (a mutex's waiter watches it).
-    before: Option<Vec<u8>>,
+    /// `Unsure` when the read stopped before a key that decides (the queue is read again).
+    verdict: Verdict,
 }
 
 /// How a wait ended.
@@ -61,6 +61,8 @@ enum Turn {
     /// The session was lost, or our key went (checked with the read that found no older key):
     /// queue again on a live session.
     Again(&'static str),
+    /// An older key of the name is of another kind (refused: `Error::KindConflict`).
+    Conflict(&'static str),
 }
 
 /// Acquires `spec` within `wait`.
@@ -86,26 +88,37 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
     loop {
         let session = client.session().await?;
         let mut pending = Pending { client: client.clone(), name: spec.name.clone(), key: None, gate: gate.take() };
-        let Created { key, rev, blocked, before } = create(client, spec, &session, &mut pending).await?;
-        if blocked {
-            if try_only {
+        let Created { key, rev, verdict } = create(client, spec, &session, &mut pending).await?;
+        let first = match verdict {
+            Verdict::Free => Look::Ours,
+            Verdict::Wait(k) => Look::Wait(k),
+            Verdict::Conflict(what) => Look::Conflict(what),
+            Verdict::Unsure(_) => look(client, spec, &key, rev).await?,
+        };
+        let turn = match first {
+            Look::Ours => Turn::Ours,
+            Look::Gone(why) => Turn::Again(why),
+            Look::Conflict(what) => Turn::Conflict(what),
+            Look::Wait(_) if try_only => Turn::TimedOut,
+            Look::Wait(before) => {
+                let turn = wait_turn(client, spec, &session, &key, rev, Some(before));
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, turn).await.unwrap_or(Ok(Turn::TimedOut))?,
+                    None => turn.await?,
+                }
+            }
+        };
+        match turn {
+            Turn::Ours => {}
+            Turn::TimedOut => {
                 pending.remove().await;
                 return Ok(None);
             }
-            let turn = wait_turn(client, spec, &session, &key, rev, before);
-            let turn = match deadline {
-                Some(d) => tokio::time::timeout_at(d, turn).await.unwrap_or(Ok(Turn::TimedOut))?,
-                None => turn.await?,
-            };
-            let again = match turn {
-                Turn::Ours => None,
-                Turn::TimedOut => {
-                    pending.remove().await;
-                    return Ok(None);
-                }
-                Turn::Again(why) => Some(why),
-            };
-            if let Some(why) = again {
+            Turn::Conflict(in_use) => {
+                pending.remove().await;
+                return Err(conflict(spec, in_use));
+            }
+            Turn::Again(why) => {
                 tracing::warn!(lock = spec.name, key, why, "not taking the lock; queueing again on a live session");
                 gate = pending.remove().await;
                 if deadline.is_some_and(|d| Instant::now() + backoff >= d) {
@@ -151,26 +164,15 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
             Naming::Unique => format!("{}{:016x}", spec.key_prefix, unique),
             Naming::SessionUnique => format!("{}{:x}_{:016x}", spec.key_prefix, session.id, unique),
         };
-        let oldest = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(spec.limit as i64);
-        // When the put succeeds our key is the newest: for a mutex, the newest two keys are ours
-        // and the one to wait for, so a waiter needs no read of its own before it watches.
-        let newest = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2);
-        let read = if spec.limit == 1 { newest } else { oldest.clone() };
+        // The put and, in the same transaction, the keys it may have to wait for (newest first:
+        // for a mutex, ours and the one to wait for; a semaphore's oldest first), whether the
+        // put was made now or by an earlier try whose answer was lost.
+        let (reads, read_limit) = first_reads(spec);
+        let put = TxnOp::put(key.clone(), nonce.as_str(), Some(PutOptions::new().with_lease(session.id)));
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key.clone(), nonce.as_str(), Some(PutOptions::new().with_lease(session.id))),
-                TxnOp::get(spec.blockers.clone(), Some(read)),
-            ])
-            .or_else([TxnOp::get(key.clone(), None), TxnOp::get(spec.blockers.clone(), Some(oldest))]);
+            .and_then([vec![put], reads.clone()].concat())
+            .or_else([vec![TxnOp::get(key.clone(), None)], reads.clone()].concat());
         let etcd = client.etcd();
         // An acquire dropped while the create is in flight must not leave the key behind, nor
         // send a delete that could reach the server before the create (another HTTP/2 stream):
@@ -238,17 +240,58 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
             unique += 1;
             continue;
         };
-        let Some(TxnOpResponse::Get(read)) = ops.get(1) else {
-            return Err(protocol(&spec.name, "the transaction's read is missing"));
-        };
-        let older: Vec<_> = read.kvs().iter().filter(|kv| kv.create_revision() < rev).collect();
-        // The key just before ours, when the read is the newest keys (ours among them).
-        let before = match (spec.limit, resp.succeeded(), older.first()) {
-            (1, true, Some(kv)) => Some(kv.key().to_vec()),
-            _ => None,
-        };
-        return Ok(Created { key, rev, blocked: older.len() as u32 >= spec.limit, before });
+        let pages: Vec<Page<'_>> = ops[1..]
+            .iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(Page::of(g.kvs(), read_limit)),
+                _ => None,
+            })
+            .collect();
+        if pages.len() != reads.len() {
+            return Err(protocol(&spec.name, "the transaction's reads are missing"));
+        }
+        let verdict = kinds::decide(spec.role, &spec.name, spec.limit, &pages, rev);
+        return Ok(Created { key, rev, verdict });
     }
+}
+
+/// The reads a create sends with its put, and the most keys each may answer: a mutex's,
+/// writer's or reader's newest two keys of each range (ours, or the newest readers', and the
+/// one to wait for), a semaphore's oldest keys.
+fn first_reads(spec: &Spec) -> (Vec<TxnOp>, usize) {
+    let (order, limit) = match spec.role {
+        Role::Permit => (SortOrder::Ascend, spec.limit as usize + 16),
+        _ => (SortOrder::Descend, 2),
+    };
+    (range_reads(spec, order, limit, None), limit)
+}
+
+/// A read of each of the ranges `spec` waits on (`kinds::ranges`), keys only, in create order,
+/// at most `limit` keys each (`0`: all), only keys created before `below` if given.
+fn range_reads(spec: &Spec, order: SortOrder, limit: usize, below: Option<i64>) -> Vec<TxnOp> {
+    let read = |(start, end): (String, String)| {
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_keys_only()
+            .with_sort(SortTarget::Create, order)
+            .with_limit(limit as i64);
+        let options = match below {
+            Some(rev) => options.with_max_create_revision(rev - 1),
+            None => options,
+        };
+        TxnOp::get(start, Some(options))
+    };
+    kinds::ranges(spec.role, &spec.name).into_iter().map(read).collect()
+}
+
+fn conflict(spec: &Spec, in_use: &'static str) -> Error {
+    let wanted = match spec.role {
+        Role::Exclusive if spec.key_prefix.ends_with("/write/") => "a write lock".to_string(),
+        Role::Exclusive => "a mutex".to_string(),
+        Role::Shared => "a read lock".to_string(),
+        Role::Permit => format!("a semaphore of {} permits", spec.limit),
+    };
+    Error::KindConflict { lock: spec.name.clone(), in_use: in_use.to_string(), wanted }
 }
 
 /// etcd (3.4 at least) registers a watch that starts "now" at the revision it read just before;
@@ -260,7 +303,7 @@ async fn create(client: &Client, spec: &Spec, session: &Session, pending: &mut P
 const CATCH_UP: Duration = Duration::from_millis(100);
 const FIRST_POLL: Duration = Duration::from_millis(4);
 
-/// Waits until fewer than `limit` keys older than ours remain under the blocking prefix, and
+/// Waits until fewer than `limit` keys older than ours block us (see `kinds.rs`), and
 /// our key is still there as we created it; ends early when the session is lost. `before` is the
 /// key to watch first, if the create found it.
 async fn wait_turn(
@@ -282,6 +325,7 @@ async fn wait_turn(
             None => match look(client, spec, key, rev).await? {
                 Look::Ours => return Ok(Turn::Ours),
                 Look::Gone(why) => return Ok(Turn::Again(why)),
+                Look::Conflict(what) => return Ok(Turn::Conflict(what)),
                 Look::Wait(k) => k,
             },
         };
@@ -297,6 +341,11 @@ async fn wait_turn(
         } else {
             GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1)
         };
+        // How many of the keys read still block us: the watched key, or a semaphore's permits.
+        let still = |kvs: &[etcd_client::KeyValue]| match spec.role {
+            Role::Permit => kinds::permits(&spec.name, kvs),
+            _ => kvs.len(),
+        };
         let deleted = async {
             let mut stream = etcd.clone().watch(watch_key.clone(), Some(options)).await?;
             // When the watch may have been registered behind a write (see `CATCH_UP`): when it
@@ -310,7 +359,7 @@ async fn wait_turn(
                         msg = stream.message() => msg?,
                         _ = tokio::time::sleep_until(created + after) => {
                             let now = etcd.clone().get(watch_key.clone(), Some(recheck.clone())).await?;
-                            if now.kvs().len() < spec.limit as usize {
+                            if still(now.kvs()) < spec.limit as usize {
                                 return Ok(()); // deleted; the watch had not told us yet
                             }
                             poll = (after < CATCH_UP).then(|| (created, after * 2));
@@ -326,7 +375,7 @@ async fn wait_turn(
                     checked = true;
                     let created = Instant::now();
                     let now = etcd.clone().get(watch_key.clone(), Some(recheck.clone())).await?;
-                    if now.kvs().len() < spec.limit as usize {
+                    if still(now.kvs()) < spec.limit as usize {
                         return Ok(()); // gone before the watch began
                     }
                     // The watch answered as of revision `msg.header`; a write since may have
@@ -362,7 +411,13 @@ enum Look {
     Gone(&'static str),
     /// Still blocked: watch this key (mutex) or prefix (semaphore) for deletions.
     Wait(Vec<u8>),
+    /// An older key of the name is of another kind.
+    Conflict(&'static str),
 }
+
+/// How many keys a mutex's, writer's or reader's look reads per range at a time (more only when
+/// those are all a longer name's, or readers' for a reader).
+const LOOK_PAGE: usize = 8;
 
 /// Reads, in one request, the keys older than ours that still block us and our own key: the
 /// check after the wait (our key must still be there as we created it) costs no round trip of
@@ -371,40 +426,51 @@ enum Look {
 /// cluster had deleted it, and grant the lock on a key that is gone (the very case the check is
 /// for).
 async fn look(client: &Client, spec: &Spec, key: &str, rev: i64) -> Result<Look> {
-    let older = if spec.limit == 1 {
-        // The one key just before ours.
-        GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_max_create_revision(rev - 1)
-    } else {
-        // The keys themselves: etcd's `count` ignores the revision filters.
-        GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1)
+    // A semaphore counts every older key (etcd's `count` ignores the revision filters); the
+    // others read the newest older keys, a page at a time.
+    let (order, limit) = match spec.role {
+        Role::Permit => (SortOrder::Ascend, 0),
+        _ => (SortOrder::Descend, LOOK_PAGE),
     };
-    let txn = Txn::new().and_then([
-        TxnOp::get(spec.blockers.clone(), Some(older)),
-        TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
-    ]);
-    let etcd = client.etcd();
-    let resp = client
-        .call("wait", &spec.name, |_| {
-            let (mut etcd, txn) = (etcd.clone(), txn.clone());
-            async move { etcd.txn(txn).await }
-        })
-        .await?;
-    let ops = resp.op_responses();
-    let (Some(TxnOpResponse::Get(older)), Some(TxnOpResponse::Get(own))) = (ops.first(), ops.get(1)) else {
-        return Err(protocol(&spec.name, "the wait's reads are missing"));
-    };
-    Ok(match own.kvs().first() {
-        None => Look::Gone("our key is gone (the session expired or someone deleted it)"),
-        Some(kv) if kv.create_revision() != rev => Look::Gone("our key was deleted and created again"),
-        Some(_) if older.kvs().len() < spec.limit as usize => Look::Ours,
-        Some(_) if spec.limit == 1 => Look::Wait(older.kvs()[0].key().to_vec()),
-        Some(_) => Look::Wait(spec.blockers.clone().into_bytes()),
-    })
+    let mut below = rev;
+    loop {
+        let mut reads = range_reads(spec, order, limit, Some(below));
+        let ranges = reads.len();
+        reads.push(TxnOp::get(key, Some(GetOptions::new().with_keys_only())));
+        let txn = Txn::new().and_then(reads);
+        let etcd = client.etcd();
+        let resp = client
+            .call("wait", &spec.name, |_| {
+                let (mut etcd, txn) = (etcd.clone(), txn.clone());
+                async move { etcd.txn(txn).await }
+            })
+            .await?;
+        let ops = resp.op_responses();
+        let Some(TxnOpResponse::Get(own)) = ops.get(ranges) else {
+            return Err(protocol(&spec.name, "the wait's reads are missing"));
+        };
+        match own.kvs().first() {
+            None => return Ok(Look::Gone("our key is gone (the session expired or someone deleted it)")),
+            Some(kv) if kv.create_revision() != rev => return Ok(Look::Gone("our key was deleted and created again")),
+            Some(_) => {}
+        }
+        let pages: Vec<Page<'_>> = ops[..ranges]
+            .iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(Page::of(g.kvs(), limit)),
+                _ => None,
+            })
+            .collect();
+        return Ok(match kinds::decide(spec.role, &spec.name, spec.limit, &pages, rev) {
+            Verdict::Free => Look::Ours,
+            Verdict::Wait(k) => Look::Wait(k),
+            Verdict::Conflict(what) => Look::Conflict(what),
+            Verdict::Unsure(end) => {
+                below = end;
+                continue;
+            }
+        });
+    }
 }
 
 fn protocol(name: &str, what: &str) -> Error {

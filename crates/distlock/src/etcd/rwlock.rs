@@ -1,6 +1,7 @@
 //! A read/write lock: `name/read/…` and `name/write/…` keys in one queue (the layout of Go's
 //! `contrib/recipes` `RWMutex`).
 
+use super::kinds::Role;
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
 
@@ -30,16 +31,17 @@ pub struct RwLock {
 
 impl RwLock {
     pub(crate) fn new(client: Client, name: String) -> RwLock {
-        // One side's keys under `name/<side>/`, each waiting for the last older key under `blockers`.
-        let side = |side: &str, blockers: String| Spec {
+        // One side's keys under `name/<side>/`; a reader waits for the older keys that are not
+        // readers', a writer for every older key (`kinds.rs`).
+        let side = |side: &str, role: Role| Spec {
             name: name.clone(),
             key_prefix: format!("{name}/{side}/"),
             naming: Naming::Unique,
-            blockers,
+            role,
             limit: 1,
             value: None,
         };
-        RwLock { client, read: side("read", format!("{name}/write")), write: side("write", format!("{name}/")) }
+        RwLock { client, read: side("read", Role::Shared), write: side("write", Role::Exclusive) }
     }
 
     /// The lock's name (its key prefix without the `/`).

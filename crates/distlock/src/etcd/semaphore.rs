@@ -1,5 +1,6 @@
 //! A counting semaphore: `n` permits, each a key under `name/`; the oldest `n` keys hold.
 
+use super::kinds::Role;
 use super::queue::{acquire, Naming, Spec};
 use super::{Client, LockGuard};
 
@@ -33,9 +34,9 @@ impl Semaphore {
         let prefix = format!("{name}/");
         let spec = Spec {
             name,
-            key_prefix: prefix.clone(),
+            key_prefix: prefix,
             naming: Naming::SessionUnique,
-            blockers: prefix,
+            role: Role::Permit,
             limit: permits,
             value: None,
         };

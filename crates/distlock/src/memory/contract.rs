@@ -16,10 +16,8 @@ crate::contract::backend!(Client, "memory");
 
 impl Client {
     fn checked_name(&self, name: &str) -> Result<String> {
+        crate::contract::check_name(name)?;
         let bad = |reason: &str| Error::InvalidLockPath { path: name.to_string(), reason: reason.into() };
-        if name.is_empty() {
-            return Err(bad("the lock name is empty"));
-        }
         if name.len() > 1024 {
             return Err(bad("an in-process store's lock name has at most 1024 bytes"));
         }

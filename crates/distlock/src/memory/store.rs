@@ -116,11 +116,21 @@ impl LockRow {
         }
     }
 
-    /// `Ok` unless `kind` is a semaphore's permit with a count other than the one its holders
-    /// and waiters use.
+    /// `Ok` unless the name is in use as the other kind (a semaphore, or a mutex or read/write
+    /// lock), or `kind` is a semaphore's permit with a count other than the one in use.
     pub(crate) fn check_permits(&self, name: &str, kind: Kind) -> crate::Result<()> {
+        // The contract's rule: a semaphore and a mutex or read/write lock cannot share a name.
+        let permits = |k: Kind| matches!(k, Kind::Permits(_));
+        let entries = || self.holders.iter().chain(&self.queue);
+        if let Some(other) = entries().find(|e| permits(e.kind) != permits(kind)) {
+            return Err(crate::Error::KindConflict {
+                lock: name.to_string(),
+                in_use: if permits(other.kind) { "a semaphore".into() } else { other.kind.to_string() },
+                wanted: kind.to_string(),
+            });
+        }
         let Kind::Permits(n) = kind else { return Ok(()) };
-        let other = self.holders.iter().chain(&self.queue).find_map(|e| match e.kind {
+        let other = entries().find_map(|e| match e.kind {
             Kind::Permits(m) if m != n => Some(m),
             _ => None,
         });

@@ -177,8 +177,8 @@ impl Client {
         };
         for r in rows {
             let ids = (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i32>(2) as i64);
-            if ids == guard {
-                continue;
+            if ids == guard || (ids.0 == super::KIND_MARKER_CLASS as u32 as i64 && ids.2 == 2) {
+                continue; // the fencing guard and the kind markers are no locks of their own
             }
             let key = match ids.2 {
                 1 => AdvisoryKey::Single((ids.0 << 32) | ids.1),

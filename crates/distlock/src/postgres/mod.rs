@@ -123,6 +123,11 @@ pub const FENCING_SEQUENCE: &str = "distlock_fencing_seq";
 /// against `nextval`s. Not for other use.
 pub const FENCING_GUARD: (i32, i32) = (0x646c_6f63, 0x6b73_6571);
 
+/// The first integer ("dlkn") of the advisory keys that mark a name's kind (a lock's or a
+/// semaphore's; the second is a hash of the name and kind): held beside each lock so that a
+/// semaphore and a mutex of one name refuse each other. Listings leave them out.
+pub(crate) const KIND_MARKER_CLASS: i32 = 0x646c_6b6e;
+
 /// Raises the fencing sequence to the clock (µs) if it is behind, holding the guard exclusively
 /// (to the end of this implicit transaction).
 fn fencing_floor_sql() -> String {

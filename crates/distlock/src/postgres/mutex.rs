@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
+use tokio_postgres::SimpleQueryMessage;
 
 /// An exclusive lock on an advisory key, held by a connection of its own.
 ///
@@ -52,6 +53,82 @@ struct Target {
     unlock_sql: String,
     /// `lock_scope=transaction`: the statements of a transaction-scoped lock instead.
     xact: Option<Xact>,
+    /// The name's kind marker (see [`Marker`]).
+    marker: Marker,
+}
+
+/// The contract's rule that a semaphore and a mutex or read/write lock cannot share a name
+/// ([`Error::KindConflict`]), on advisory keys: each acquire first takes its kind's marker key
+/// of the name (shared, so acquires of one kind never refuse each other), then looks in
+/// `pg_locks` for another session holding the other kind's marker, and is refused if one does.
+/// Marking before looking means two acquires of different kinds can never both miss each other
+/// (whichever looks second has been marked after the first one's mark). The marker is held as long as the
+/// lock is held or awaited, and let go with it.
+#[derive(Debug, Clone)]
+struct Marker {
+    /// Our kind's marker key, as SQL literals.
+    ours: String,
+    /// The other kind's marker key, as `pg_locks` shows it.
+    other: (i64, i64, i64),
+    /// What the other kind is and what we are, in an error's words.
+    in_use: &'static str,
+    wanted: &'static str,
+}
+
+impl Marker {
+    fn new(name: &str, semaphore: bool, shared: bool) -> Marker {
+        let key = |kind: &str| match super::url::hashed_key(&format!("{name}\0kind:{kind}")) {
+            AdvisoryKey::Single(h) => AdvisoryKey::Pair(super::KIND_MARKER_CLASS, h as i32),
+            pair => pair,
+        };
+        let (ours, other) = if semaphore { (key("semaphore"), key("lock")) } else { (key("lock"), key("semaphore")) };
+        let (in_use, wanted) = match (semaphore, shared) {
+            (true, _) => ("a mutex or read/write lock", "a semaphore"),
+            (false, true) => ("a semaphore", "a read lock"),
+            (false, false) => ("a semaphore", "a mutex or write lock"),
+        };
+        Marker { ours: ours.sql_literals(), other: other.pg_locks_ids(), in_use, wanted }
+    }
+
+    /// Takes our marker (after `after`, a CTE it reads from, if any), as CTE `m`; then CTE `c`'s
+    /// `other`: whether another session holds the other kind's.
+    fn ctes(&self, after: Option<&str>) -> String {
+        let (a, b, c) = self.other;
+        let from = after.map_or(String::new(), |cte| format!(" FROM {cte}"));
+        format!(
+            "m AS (SELECT pg_advisory_lock_shared({})::text AS x{from}), \
+             c AS (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks k WHERE k.locktype = 'advisory' AND k.granted \
+             AND k.pid <> pg_backend_pid() AND k.classid::bigint = {a} AND k.objid::bigint = {b} \
+             AND k.objsubid::bigint = {c} AND m.x IS NOT NULL) AS other FROM m)",
+            self.ours
+        )
+    }
+
+    /// The same in a transaction (`lock_scope=transaction`): our marker for the transaction,
+    /// then a row `other, true` if another session holds the other kind's (kept in a setting
+    /// for the transaction, which [`Marker::UNLESS_OTHER`] reads: the lock is not even tried).
+    fn in_transaction(&self) -> String {
+        let (a, b, c) = self.other;
+        format!(
+            "SELECT pg_advisory_xact_lock_shared({}); SELECT 'other', set_config('distlock.kind_conflict', \
+             EXISTS (SELECT 1 FROM pg_catalog.pg_locks k WHERE k.locktype = 'advisory' AND k.granted \
+             AND k.pid <> pg_backend_pid() AND k.classid::bigint = {a} AND k.objid::bigint = {b} \
+             AND k.objsubid::bigint = {c})::text, true)",
+            self.ours
+        )
+    }
+
+    /// The condition a transaction's lock statement runs under.
+    const UNLESS_OTHER: &'static str = " WHERE current_setting('distlock.kind_conflict') = 'false'";
+
+    /// Lets go of our marker.
+    fn unlock(&self) -> String {
+        format!("pg_advisory_unlock_shared({})", self.ours)
+    }
+
+    fn conflict(&self, lock: &str) -> Error {
+        Error::KindConflict { lock: lock.to_string(), in_use: self.in_use.into(), wanted: self.wanted.into() }
+    }
 }
 
 /// A transaction-scoped lock's statements (simple protocol: nothing is prepared, since behind a
@@ -78,14 +155,16 @@ impl Mutex {
     /// One permit slot of a [`Semaphore`](super::Semaphore): the mutex's statements on the slot's
     /// key, whose release also announces itself (`NOTIFY`) to the semaphore's waiters.
     pub(crate) fn new_slot(client: Client, name: String, key: AdvisoryKey) -> Mutex {
-        let mut m = Mutex::new(client, name, key, false);
+        let mut m = Mutex::with_marker(client, name.clone(), key, false, Marker::new(&name, true, false));
         let t = Arc::get_mut(&mut m.target).expect("just made");
         // An escape-string literal (E'...'): its backslashes and quotes doubled, it means the
         // same whatever `standard_conforming_strings` says.
         let payload = t.name.replace('\\', "\\\\").replace('\'', "''");
         t.unlock_sql = format!(
-            "SELECT pg_advisory_unlock({}) FROM (SELECT pg_notify('{RELEASED_CHANNEL}', E'{payload}')) n",
-            key.sql_args(1)
+            "WITH u AS (SELECT pg_advisory_unlock({}) AS held FROM (SELECT pg_notify('{RELEASED_CHANNEL}', E'{payload}')) n) \
+             SELECT held, {} FROM u",
+            key.sql_args(1),
+            t.marker.unlock()
         );
         if let Some(x) = t.xact.as_mut() {
             x.release_sql = format!("SELECT pg_notify('{RELEASED_CHANNEL}', E'{payload}'); COMMIT");
@@ -95,20 +174,40 @@ impl Mutex {
 
     /// `shared`: a read side of a [`RwLock`](super::RwLock), the shared advisory lock on the key.
     pub(crate) fn new(client: Client, name: String, key: AdvisoryKey, shared: bool) -> Mutex {
+        let marker = Marker::new(&name, false, shared);
+        Mutex::with_marker(client, name, key, shared, marker)
+    }
+
+    fn with_marker(client: Client, name: String, key: AdvisoryKey, shared: bool, marker: Marker) -> Mutex {
         let (args, suffix) = (key.sql_args(1), if shared { "_shared" } else { "" });
         // The token is taken after the grant (`nextval` runs on `l`'s row, or in the THEN arm),
         // under the fencing guard's shared lock (see FENCING_SEQUENCE), held to the statement's end.
         let (g1, g2) = FENCING_GUARD;
         let token =
             format!("SELECT nextval('{FENCING_SEQUENCE}') FROM (SELECT pg_advisory_xact_lock_shared({g1}, {g2})::text");
+        // Each answers `other` (the name is in use as the other kind: nothing was tried) and the
+        // token if granted; not granted, the marker is let go in the same statement.
+        let answer = format!(
+            "SELECT c.other, t.token, CASE WHEN t.token IS NULL THEN {} END FROM c LEFT JOIN t ON true",
+            marker.unlock()
+        );
         let target = Target {
-            try_sql: format!("SELECT CASE WHEN pg_try_advisory_lock{suffix}({args}) THEN ({token}) f) END"),
-            wait_sql: format!(
-                "WITH s AS (SELECT set_config('lock_timeout', ${}, true)), \
-                 l AS (SELECT pg_advisory_lock{suffix}({args})::text FROM s) {token} FROM l) f",
-                key.arity() + 1
+            try_sql: format!(
+                "WITH {}, t(token) AS (SELECT CASE WHEN pg_try_advisory_lock{suffix}({args}) THEN ({token}) f) END \
+                 FROM c WHERE NOT c.other) {answer}",
+                marker.ctes(None)
             ),
-            unlock_sql: format!("SELECT pg_advisory_unlock{suffix}({args})"),
+            wait_sql: format!(
+                "WITH s AS (SELECT set_config('lock_timeout', ${}, true)), {}, \
+                 l AS (SELECT pg_advisory_lock{suffix}({args})::text FROM c WHERE NOT c.other), \
+                 t(token) AS ({token} FROM l) f) {answer}",
+                key.arity() + 1,
+                marker.ctes(Some("s"))
+            ),
+            unlock_sql: format!(
+                "WITH u AS (SELECT pg_advisory_unlock{suffix}({args}) AS held) SELECT held, {} FROM u",
+                marker.unlock()
+            ),
             xact: (client.url().scope == super::LockScope::Transaction).then(|| Xact {
                 begin: format!(
                     "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {}; SET LOCAL statement_timeout = 0",
@@ -132,6 +231,7 @@ impl Mutex {
             }),
             name,
             key,
+            marker,
         };
         Mutex { client, target: Arc::new(target) }
     }
@@ -172,8 +272,13 @@ impl Mutex {
                     conn.query(&target.wait_sql, &params).await
                 }
             };
-            let token: Option<i64> = match row.map(|rows| rows.first().and_then(|r| r.get(0))) {
-                Ok(token) => token,
+            let answer = row.map(|rows| rows.first().map(|r| (r.get::<_, bool>(0), r.get::<_, Option<i64>>(1))));
+            let token: Option<i64> = match answer {
+                Ok(Some((true, _))) => {
+                    client.put_back(conn);
+                    return Err(target.marker.conflict(name));
+                }
+                Ok(answer) => answer.and_then(|(_, token)| token),
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     // lock_timeout ran out. The lock may have been granted just as the timeout
                     // fired; an unlock makes sure the connection holds nothing before reuse.
@@ -207,15 +312,17 @@ async fn acquire_in_transaction(
 ) -> Result<Option<MutexGuard>> {
     let name = &target.name;
     let (lock_fn, args, begin) = (&xact.lock_fn, &xact.args, &xact.begin);
+    let marker = target.marker.in_transaction();
     let sql = match wait.timeout() {
-        Some(w) if w.is_zero() => format!("{begin}; SELECT {}({args})", xact.try_fn),
+        Some(w) if w.is_zero() => format!("{begin}; {marker}; SELECT {}({args}){}", xact.try_fn, Marker::UNLESS_OTHER),
         w => {
             // `0` waits forever; so does anything past what lock_timeout can hold (~24 days).
             let ms = match w.map(|w| w.as_millis()) {
                 Some(ms) if ms <= i32::MAX as u128 => ms.max(1),
                 _ => 0,
             };
-            format!("{begin}; SET LOCAL lock_timeout = {ms}; SELECT {lock_fn}({args})::text")
+            let unless = Marker::UNLESS_OTHER;
+            format!("{begin}; {marker}; SET LOCAL lock_timeout = {ms}; SELECT {lock_fn}({args})::text{unless}")
         }
     };
     let sent = Instant::now();
@@ -229,6 +336,14 @@ async fn acquire_in_transaction(
         }
     };
     let got = match conn.client.simple_query(&sql).await {
+        Ok(messages)
+            if messages.iter().any(
+                |m| matches!(m, SimpleQueryMessage::Row(r) if r.get(0) == Some("other") && r.get(1) == Some("true")),
+            ) =>
+        {
+            rollback(conn).await;
+            return Err(target.marker.conflict(name));
+        }
         // The lock statement's row: `t`/`f` for a try, any value once a wait is granted.
         Ok(messages) => messages
             .iter()

@@ -121,10 +121,8 @@ pub enum KeyScheme {
 impl KeyScheme {
     /// The advisory key of lock `name`.
     pub fn key(self, name: &str) -> Result<AdvisoryKey> {
+        crate::contract::check_name(name)?;
         let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
-        if name.is_empty() {
-            return Err(bad("the lock name is empty".into()));
-        }
         let key = match self {
             KeyScheme::DistributedLock => {
                 Ok(ascii_key(name).or_else(|| hex_key(name)).unwrap_or_else(|| hashed_key(name)))
@@ -137,6 +135,12 @@ impl KeyScheme {
         let (g1, g2) = super::FENCING_GUARD;
         if key == AdvisoryKey::Pair(g1, g2) {
             return Err(bad(format!("the key {key} is reserved for distlock's fencing sequence")));
+        }
+        if matches!(key, AdvisoryKey::Pair(class, _) if class == super::KIND_MARKER_CLASS) {
+            return Err(bad(format!(
+                "the keys {:08x},… are reserved for distlock's kind markers",
+                super::KIND_MARKER_CLASS
+            )));
         }
         Ok(key)
     }

@@ -767,6 +767,37 @@ impl Client {
         args: &[String],
         key: &str,
     ) -> Result<(T, Replication)> {
+        match self.eval_acquire_as_is(script, keys, args, key).await {
+            Err(e) if is_wrong_type(&e) && scripts::kind_of(script).is_some() => {
+                Err(self.kind_conflict(script, key).await)
+            }
+            r => r,
+        }
+    }
+
+    /// The contract's refusal of a key that holds another kind of lock (the server said
+    /// WRONGTYPE): what the key is in use as, by its type.
+    async fn kind_conflict(&self, script: &redis::Script, key: &str) -> Error {
+        let mut conn = self.conn();
+        let held: redis::RedisResult<String> = redis::cmd("TYPE").arg(key).query_async(&mut conn).await;
+        let in_use = match held.as_deref() {
+            Ok("hash") => "a Redisson lock (a mutex, read/write lock or fair lock)".to_string(),
+            Ok("string") => "a redis-py lock (layout=simple) or another string".to_string(),
+            Ok("zset") => "a semaphore".to_string(),
+            Ok(other) => format!("a Redis {other}"),
+            Err(_) => "a key of another kind".to_string(),
+        };
+        let wanted = scripts::kind_of(script).unwrap_or("a lock").to_string();
+        Error::KindConflict { lock: key.to_string(), in_use, wanted }
+    }
+
+    async fn eval_acquire_as_is<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[String],
+        key: &str,
+    ) -> Result<(T, Replication)> {
         let wanted = self.inner.url.replicas;
         if wanted == 0 {
             return Ok((self.eval(script, keys, args, "acquire", key).await?, Replication { wanted, acked: 0 }));
@@ -967,15 +998,9 @@ pub(crate) fn latch_key(key: &str, request_id: &str) -> String {
 }
 
 pub(crate) fn validate_key(name: &str) -> Result<()> {
-    let bad = |reason: &str| Err(Error::InvalidLockPath { path: name.to_string(), reason: reason.to_string() });
-    if name.is_empty() {
-        return bad("the lock name is empty");
-    }
+    crate::contract::check_name(name)?;
     if name.len() > 4096 {
-        return bad("longer than 4096 bytes");
-    }
-    if name.chars().any(|c| c.is_control()) {
-        return bad("contains a control character");
+        return Err(Error::InvalidLockPath { path: name.to_string(), reason: "longer than 4096 bytes".into() });
     }
     Ok(())
 }
@@ -993,6 +1018,16 @@ fn backend(op: &'static str, key: &str, e: redis::RedisError) -> Error {
         return Error::Backend { op, path: key.to_string(), source: why.into() };
     }
     Error::Backend { op, path: key.to_string(), source: Box::new(e) }
+}
+
+/// True for the server's WRONGTYPE: the key holds a structure of another kind of lock.
+fn is_wrong_type(e: &Error) -> bool {
+    match e {
+        Error::Backend { source, .. } => source
+            .downcast_ref::<redis::RedisError>()
+            .is_some_and(|r| r.code() == Some("WRONGTYPE") || r.to_string().contains("WRONGTYPE")),
+        _ => false,
+    }
 }
 
 /// True for errors worth retrying: the connection failed, the server did not answer in time, or

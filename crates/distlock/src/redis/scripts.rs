@@ -195,6 +195,21 @@ return 0
 "#
 );
 
+/// The kind of lock an acquire script takes, as a user names it (in errors); `None` for a
+/// script that is no lock's (a job's write words its own WRONGTYPE).
+pub(crate) fn kind_of(script: &redis::Script) -> Option<&'static str> {
+    let is = |other: &LazyLock<redis::Script>| other.get_hash() == script.get_hash();
+    let kinds: [(&LazyLock<redis::Script>, &str); 6] = [
+        (&REDISSON_LOCK, "a mutex"),
+        (&SIMPLE_LOCK, "a redis-py lock (layout=simple)"),
+        (&READ_LOCK, "a read lock"),
+        (&WRITE_LOCK, "a write lock"),
+        (&SEMAPHORE_ACQUIRE, "a semaphore"),
+        (&FAIR_LOCK, "a fair lock"),
+    ];
+    kinds.into_iter().find(|(k, _)| is(k)).map(|(_, name)| name)
+}
+
 /// Redisson RReadWriteLock read acquire plus a fencing token. KEYS: lock, the read field's
 /// timeout key prefix (`{K}:F:rwlock_timeout`), token counter. ARGV: lease ms, F (the read
 /// field), the handle's write field in progress (or `-`), mode as [`REDISSON_LOCK`].

@@ -461,6 +461,25 @@ impl Client {
         self.zk().create(dir, b"", &own).await.map(|_| ())
     }
 
+    /// With `acl=creator`, the first entry of a lock directory's ACL that lets someone other
+    /// than this login change it (write, create, delete or set the ACL), as `scheme:id:perms`:
+    /// a directory someone else made first, open, would let them queue ahead or delete the
+    /// holder's node. `None` when only this login may (or with `acl=open`, which lets anyone).
+    pub(crate) fn foreign_entry(&self, acls: &[zk::Acl]) -> Option<String> {
+        if self.inner.url.acl != AclMode::Creator {
+            return None;
+        }
+        let ours = |scheme: &str, id: &str| match self.inner.url.auth.as_ref() {
+            Some(ZkAuth::Digest { user, password }) => scheme == "digest" && id == digest_id(user, password),
+            Some(ZkAuth::Sasl { user, .. }) => scheme == "sasl" && id == user,
+            None => false,
+        };
+        let changes = [zk::Permission::WRITE, zk::Permission::CREATE, zk::Permission::DELETE, zk::Permission::ADMIN];
+        acls.iter()
+            .find(|a| changes.iter().any(|p| a.permission().has(*p)) && !ours(a.scheme(), a.id()))
+            .map(|a| format!("{}:{}:{}", a.scheme(), a.id(), a.permission()))
+    }
+
     /// The ACL of the nodes this client creates (the URL's `acl=`).
     pub(crate) fn acls(&self) -> zk::Acls<'static> {
         /// The session's identities may do anything; anyone may read.
@@ -579,4 +598,12 @@ pub(crate) fn backend(op: &'static str, path: &str, e: zk::Error) -> Error {
         zk::Error::ClientClosed => Error::Closed,
         e => Error::Backend { op, path: path.to_string(), source: Box::new(e) },
     }
+}
+
+/// ZooKeeper's id of a `digest` login: `user:` and the base64 of SHA-1 of `user:password`.
+fn digest_id(user: &str, password: &str) -> String {
+    use base64::Engine;
+    use sha1::Digest;
+    let hash = sha1::Sha1::digest(format!("{user}:{password}").as_bytes());
+    format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
 }

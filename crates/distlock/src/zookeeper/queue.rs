@@ -14,7 +14,7 @@
 //! hand-off needs no further read.
 
 use super::session::{await_connected, delete_own, is_connection_loss, session_error, Failure};
-use super::{backend, Client};
+use super::{backend, AclMode, Client};
 use crate::{Error, Result};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -87,6 +87,17 @@ pub(crate) struct Queue {
 impl Queue {
     /// Every marker that may take part in this directory's queue: the lock family's, or (for a
     /// semaphore's leases) the marker alone.
+    /// What this queue's nodes are, as a user names the kind (in errors).
+    pub(crate) fn wanted(&self) -> &'static str {
+        match self.marker {
+            READ => "a read lock",
+            WRITE => "a write lock",
+            LATCH => "a leader latch",
+            LOCK => "a mutex",
+            _ => "a semaphore",
+        }
+    }
+
     pub(crate) fn markers(&self) -> &'static [&'static str] {
         if FAMILY.contains(&self.marker) {
             FAMILY
@@ -225,6 +236,23 @@ pub(crate) fn other_recipe(name: &str, markers: &[&str]) -> Option<&'static str>
         }
     }
     None
+}
+
+/// The refusal of a lock directory (with `acl=creator`) that someone else may change.
+fn foreign_dir(dir: &str, entry: &str) -> Error {
+    Error::InvalidLockPath {
+        path: dir.to_string(),
+        reason: format!(
+            "acl=creator, but this lock's directory was made by someone else and lets {entry} change it \
+             (they could queue ahead or delete the holder's node); have its owner delete it \
+             (`deleteall {dir}`) or give it this login's ACL (`setAcl {dir} auth::cdrwa,world:anyone:r`), then try again"
+        ),
+    }
+}
+
+/// The contract's refusal of a path in use as another kind of lock.
+pub(crate) fn kind_conflict(path: &str, in_use: &str, wanted: &str) -> Error {
+    Error::KindConflict { lock: path.to_string(), in_use: in_use.to_string(), wanted: wanted.to_string() }
 }
 
 /// Sorts children into queue order.
@@ -500,10 +528,7 @@ impl Queue {
                 let in_use = !other.starts_with("a semaphore")
                     || (!semaphore_checked && !Box::pin(self.semaphore_idle()).await?);
                 if in_use {
-                    return Err(Error::InvalidLockPath {
-                        path: self.dir.clone(),
-                        reason: format!("already in use as {other}; one path holds one kind of lock"),
-                    });
+                    return Err(kind_conflict(&self.dir, other, self.wanted()));
                 }
                 semaphore_checked = true;
             }
@@ -775,19 +800,28 @@ impl Queue {
             let data = self.data.as_deref().unwrap_or(self.client.owner_data());
             // Handed to the session as one, so both leave in one write: requests made one by one
             // can be written apart when the session task runs on another thread in between.
-            let (created, listed) = {
+            // With acl=creator, the directory's ACL in the same write: one made by someone else
+            // (before our first lock here, or after it was reaped) may let them in.
+            let creator = self.client.url().acl == AclMode::Creator;
+            let (created, listed, acl) = {
                 let _permit = self.client.listing_permit().await;
                 let batch = zk.batch();
                 let create = batch.create(&node_prefix, data, &options);
                 let list = batch.list_children(&self.dir);
+                let acl: futures::future::OptionFuture<_> = creator.then(|| batch.get_acl(&self.dir)).into();
                 batch.send();
-                futures::join!(create, list)
+                futures::join!(create, list, acl)
             };
             self.client.lease().observe(sent, &created);
             match created {
                 Ok((stat, seq)) => {
                     let path = format!("{node_prefix}{seq}");
                     pending.created(&path[node_prefix.len() - self.marker.len()..]);
+                    if let Some(Ok((acls, _))) = &acl {
+                        if let Some(entry) = self.client.foreign_entry(acls) {
+                            return Err(foreign_dir(&self.dir, &entry));
+                        }
+                    }
                     let acquired = Acquired { path, czxid: stat.czxid };
                     let children = match listed {
                         Ok(children) => children,

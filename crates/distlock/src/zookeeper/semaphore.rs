@@ -188,10 +188,8 @@ impl Semaphore {
                     Err(e) => return Err(backend("getChildren", &self.path, e)),
                 };
                 if let Some(other) = siblings.iter().find_map(|c| other_recipe(c, MARKERS)) {
-                    return Err(Error::InvalidLockPath {
-                        path: self.path.clone(),
-                        reason: format!("already in use as {other}; one path holds one kind of lock"),
-                    });
+                    let wanted = format!("a semaphore of {} permits", self.permits);
+                    return Err(super::queue::kind_conflict(&self.path, other, &wanted));
                 }
             }
             let name = acquired.path[self.leases.len() + 1..].to_string();

@@ -373,6 +373,7 @@ pub(crate) fn validate_path(path: &str) -> std::result::Result<(), String> {
 
 /// Validates a lock path given by a user and returns it, or an [`Error::InvalidLockPath`].
 pub(crate) fn lock_path(path: &str) -> Result<String> {
+    crate::contract::check_name(path)?;
     validate_path(path).map_err(|reason| Error::InvalidLockPath { path: path.to_string(), reason })?;
     Ok(path.to_string())
 }
