@@ -107,21 +107,28 @@ async fn timers(state: Shared, tick: Duration) {
     let mut last_run = tokio::time::Instant::now();
     loop {
         every.tick().await;
-        let mut s = state.lock().unwrap();
-        // Measured from the start of the previous round, so a slow round of our own counts too.
-        let started = tokio::time::Instant::now();
-        let late = started.duration_since(last_run).saturating_sub(period);
-        last_run = started;
-        if late > period / 2 {
-            tracing::warn!(late = ?late, "the server was slow; sessions get the time back before expiry");
-            s.credit_sessions(late);
+        let mut more = {
+            let mut s = state.lock().unwrap();
+            // Measured from the start of the previous round, so a slow round of our own counts too.
+            let started = tokio::time::Instant::now();
+            let late = started.duration_since(last_run).saturating_sub(period);
+            last_run = started;
+            if late > period / 2 {
+                tracing::warn!(late = ?late, "the server was slow; sessions get the time back before expiry");
+                s.credit_sessions(late);
+            }
+            s.expire_sessions()
+        };
+        while more {
+            // More are due: let the requests waiting for the state in first.
+            tokio::task::yield_now().await;
+            more = state.lock().unwrap().expire_sessions();
         }
-        s.expire_sessions();
         if tokio::time::Instant::now() >= reap_at {
+            let mut s = state.lock().unwrap();
             s.reap();
             reap_at = tokio::time::Instant::now() + s.config.container_check;
         }
-        drop(s);
         // Expiries and reaping wrote transactions; and nothing waits for the disk longer than a
         // round of this loop, whatever path wrote last.
         State::sync(&state);
@@ -363,7 +370,7 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             out
         }
         b"mntr" => format!(
-            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\nzk_open_file_descriptor_count\t{}\nzk_max_file_descriptor_count\t{}\n",
+            "zk_version\t{version}\nzk_avg_latency\t{lat_avg:.4}\nzk_max_latency\t{lat_max}\nzk_min_latency\t{lat_min}\nzk_server_state\tstandalone\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_outstanding_requests\t{}\nzk_znode_count\t{nodes}\nzk_watch_count\t{}\nzk_ephemerals_count\t{}\nzk_approximate_data_size\t{}\nzk_cnt_fsynctime\t{}\nzk_sum_fsynctime\t{}\nzk_max_fsynctime\t{}\nzk_open_file_descriptor_count\t{}\nzk_max_file_descriptor_count\t{}\nzk_global_sessions\t{}\n",
             s.counters.received,
             s.counters.sent,
             f.outstanding,
@@ -375,6 +382,7 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             s.counters.fsync_max_us / 1000,
             open_files(),
             max_open_files(),
+            s.session_count(),
         ),
         b"conf" => format!(
             "clientPort=?\ntickTime={}\nminSessionTimeout={}\nmaxSessionTimeout={}\nmaxClientCnxns={}\n",

@@ -161,7 +161,6 @@ impl State {
             })
             .collect();
         State {
-            tree,
             zxid,
             sessions,
             watches: Watches::default(),
@@ -171,7 +170,8 @@ impl State {
             counters: Counters::default(),
             gate: Gate::default(),
             syncing: false,
-            quotas: quota::Quotas::default(),
+            quotas: quota::Quotas::with_ephemerals_of(&tree),
+            tree,
         }
     }
 

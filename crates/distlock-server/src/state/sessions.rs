@@ -7,6 +7,9 @@ use crate::tree::{parent_of, Mutation};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+/// The most sessions one round of expiry ends while holding the state.
+pub const EXPIRE_PER_ROUND: usize = 256;
+
 pub struct Session {
     pub id: i64,
     pub password: Vec<u8>,
@@ -141,30 +144,34 @@ impl State {
         if self.sessions.remove(&sid).is_none() {
             return;
         }
-        let mut owned: Vec<String> = self
-            .tree
-            .nodes
-            .iter()
-            .filter(|(_, n)| n.ephemeral_session() == Some(sid))
-            .map(|(p, _)| p.clone())
-            .collect();
+        let mut owned = self.quotas.ephemerals_of(sid);
         owned.sort_by_key(|p| std::cmp::Reverse(p.len()));
         self.watches.remove_session(sid);
         self.delete_in_one_txn(owned, vec![Mutation::CloseSession { id: sid }], now_ms());
         tracing::debug!(session = format!("{sid:#x}"), why, "session closed");
     }
 
-    /// Expires sessions whose clients have been silent longer than their timeout; returns the
-    /// connections to close.
-    pub fn expire_sessions(&mut self) {
+    /// Sessions open now (`mntr`'s `zk_global_sessions`, as Apache ZooKeeper names it).
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Expires sessions whose clients have been silent longer than their timeout, at most
+    /// `EXPIRE_PER_ROUND` of them; true if more are due.
+    pub fn expire_sessions(&mut self) -> bool {
         let now = Instant::now();
-        let expired: Vec<i64> = self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect();
+        let mut expired: Vec<i64> = self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect();
+        // A bounded round: the caller lets go of the state between rounds, so that a flood of
+        // sessions expiring at once does not keep everyone else's requests waiting.
+        let more = expired.len() > EXPIRE_PER_ROUND;
+        expired.truncate(EXPIRE_PER_ROUND);
         for sid in expired {
             if let Some((_, conn)) = self.sessions.get_mut(&sid).and_then(|s| s.conn.take()) {
                 self.gate.send(&conn, Outgoing::Close("session expired".into()));
             }
             self.close_session(sid, "expired");
         }
+        more
     }
 
     /// Deletes empty containers (once used) and expired TTL nodes.
