@@ -13,6 +13,7 @@ mod cli_mysql;
 mod cli_postgres;
 mod cli_redis;
 mod cli_sqlite;
+mod hostile;
 mod options;
 mod prometheus;
 mod top;
