@@ -232,3 +232,22 @@ fn serve_metrics_answers_only_loopback_names_and_only_get() {
     check_endpoint(&addr, "/metrics");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// On ZooKeeper a listing without a prefix is of `/distlock/` (bare names' home): it says so,
+/// and `/` lists every path (a lock held outside `/distlock` is then seen).
+#[test]
+fn a_zookeeper_listing_says_the_path_it_listed() {
+    let server = common::ScriptServer::start("embedded", "start");
+    let url = format!("zk://{}", server.printed);
+    let (mut holder, _lines) = common::holding(&url, &["hold", "/elsewhere/job"]);
+    let out = distlock(&url, &["inspect", "--all"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("0 locks in use on zookeeper under \"/distlock/\""), "{text}");
+    let top = distlock(&url, &["top", "-b", "-n", "1"]).stdin(Stdio::null()).output().unwrap();
+    assert!(String::from_utf8_lossy(&top.stdout).contains("under \"/distlock/\""), "{top:?}");
+    let every = distlock(&url, &["inspect", "--all", "/"]).output().unwrap();
+    let text = String::from_utf8_lossy(&every.stdout).to_string();
+    assert!(text.contains("/elsewhere/job") && text.contains("1 lock in use on zookeeper under \"/\""), "{text}");
+    drop(holder.stdin.take());
+    assert!(common::wait_exit(&mut holder, Duration::from_secs(20)).success());
+}
