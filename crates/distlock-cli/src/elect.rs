@@ -137,7 +137,7 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
 /// A value on one line, escaped (`crate::shown::text`): a newline in it would read as two
 /// changes, an escape sequence would act on the terminal.
 fn printable(change: &Change) -> String {
-    crate::shown::text(&change.value()).into_owned()
+    crate::shown::text(change.value()).into_owned()
 }
 
 pub async fn leader(args: LeaderArgs) -> anyhow::Result<u8> {

@@ -50,8 +50,9 @@ ENVIRONMENT:
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
-  lock order (a \\ or , inside a name is written \\\\ or \\,); on etcd also ETCD_LOCK_KEY (our key) and ETCD_LOCK_REV (its create revision, the
-  fencing token), as etcdctl lock names them; hold prints the same as KEY=value lines.
+  lock order (a \\ or , inside a name is written \\\\ or \\,); on etcd also ETCD_LOCK_KEY (our
+  key) and ETCD_LOCK_REV (its create revision, the fencing token), as etcdctl lock names them;
+  hold prints the same as KEY=value lines.
   A scheduled job's command also gets DISTLOCK_JOB_SLOT (with --once-per: the server's time
   divided by the period) and DISTLOCK_JOB_STARTED_MS (its start, the server's time in ms)."
     };
