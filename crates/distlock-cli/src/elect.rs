@@ -101,7 +101,7 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
             change = changes.next() => match change {
                 Ok(change) => {
                     if failing {
-                        eprintln!("distlock: observing {}: the server answers again", election.name());
+                        crate::shown::say!("distlock: observing {}: the server answers again", election.name());
                         failing = false;
                     }
                     let mut out = std::io::stdout().lock();
@@ -115,7 +115,7 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
                 Err(e) => {
                     // Unknown is not "no leader": say so on stderr and keep trying.
                     if !failing {
-                        eprintln!("distlock: observing {}: {e}; trying again", election.name());
+                        crate::shown::say!("distlock: observing {}: {e}; trying again", election.name());
                         failing = true;
                     }
                     tokio::select! {
@@ -134,9 +134,10 @@ async fn observe(args: ElectArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// A value on one line: a newline in it would read as two changes.
+/// A value on one line, escaped (`crate::shown::text`): a newline in it would read as two
+/// changes, an escape sequence would act on the terminal.
 fn printable(change: &Change) -> String {
-    change.value().replace('\n', "\\n")
+    crate::shown::text(change.value()).into_owned()
 }
 
 pub async fn leader(args: LeaderArgs) -> anyhow::Result<u8> {
@@ -151,11 +152,13 @@ pub async fn leader(args: LeaderArgs) -> anyhow::Result<u8> {
     match (&leader, args.json) {
         (Some(l), false) => writeln!(out, "{}", printable(&Change::Leader(l.clone())))?,
         (Some(l), true) => {
-            writeln!(out, "{}", serde_json::json!({"name": name, "value": l.value, "epoch": l.epoch, "key": l.key}))?
+            let json = serde_json::json!({"name": name, "value": l.value, "epoch": l.epoch, "key": l.key});
+            writeln!(out, "{}", crate::shown::json(json.to_string()))?
         }
-        (None, false) => eprintln!("distlock: {name} has no leader"),
+        (None, false) => crate::shown::say!("distlock: {name} has no leader"),
         (None, true) => {
-            writeln!(out, "{}", serde_json::json!({"name": name, "value": null, "epoch": null, "key": null}))?
+            let json = serde_json::json!({"name": name, "value": null, "epoch": null, "key": null});
+            writeln!(out, "{}", crate::shown::json(json.to_string()))?
         }
     }
     Ok(if leader.is_some() { 0 } else { 1 })

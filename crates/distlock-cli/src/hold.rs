@@ -38,7 +38,7 @@ pub async fn hold(plan: Plan) -> anyhow::Result<u8> {
     {
         let mut out = std::io::stdout().lock();
         for (key, value) in held.env() {
-            writeln!(out, "{key}={value}")?;
+            writeln!(out, "{key}={}", crate::shown::text(&value))?;
         }
         out.flush()?;
     }
@@ -77,7 +77,7 @@ pub async fn hold(plan: Plan) -> anyhow::Result<u8> {
         _ = closed_rx => tracing::info!("standard input closed; releasing"),
         sig = signals.ending() => tracing::info!(signal = sig, "signal; releasing"),
         reason = lost => {
-            eprintln!("distlock: lock {} lost ({reason}); no longer held", held.shown);
+            crate::shown::say!("distlock: lock {} lost ({reason}); no longer held", held.shown);
             crate::textfile::lost(&reason.to_string());
             held.release().await;
             return Ok(EXIT_LOST);

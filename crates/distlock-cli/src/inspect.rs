@@ -1,5 +1,6 @@
 //! `distlock inspect`.
 
+use crate::shown::text;
 use crate::BackendArg;
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
     if args.all {
         let listing = client.locks(args.lock.as_deref().unwrap_or("")).await?;
         if args.json {
-            println!("{}", serde_json::to_string(&listing)?);
+            println!("{}", crate::shown::json(serde_json::to_string(&listing)?));
         } else {
             print!("{}", table(&listing, usize::MAX, None));
         }
@@ -58,15 +59,18 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
                     "now_ms": t.now_ms,
                 })
             });
-            println!("{}", serde_json::json!({ "job": lock, "last_run": last, "taken": taken }));
+            println!(
+                "{}",
+                crate::shown::json(serde_json::json!({ "job": lock, "last_run": last, "taken": taken }).to_string())
+            );
         } else {
             match &last {
-                Some(run) => println!("{run}"),
-                None => println!("{lock}: no run recorded"),
+                Some(run) => println!("{}", text(&run.to_string())),
+                None => println!("{}: no run recorded", text(&lock)),
             }
             match &taken {
-                Some(t) => println!("{t}"),
-                None => println!("{lock}: free to run now"),
+                Some(t) => println!("{}", text(&t.to_string())),
+                None => println!("{}: free to run now", text(&lock)),
             }
         }
         return Ok(());
@@ -75,11 +79,11 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
     let listing = client.inspect(&lock).await?;
     let one = &listing.locks[0];
     if args.json {
-        println!("{}", serde_json::to_string(&listing)?);
+        println!("{}", crate::shown::json(serde_json::to_string(&listing)?));
     } else if one.entries.is_empty() {
         let token =
             one.last_token.map(|t| format!("last fencing token {t}")).unwrap_or("no fencing token recorded".into());
-        println!("{}: free (no holder, no waiter); {token}", one.name);
+        println!("{}: free (no holder, no waiter); {token}", text(&one.name));
         if listing.truncated {
             println!(
                 "(more than {} locks share this name as a prefix: it may be among those left out)",
@@ -87,7 +91,7 @@ async fn show(client: &distlock::Client, args: &InspectArgs) -> anyhow::Result<(
             );
         }
         for what in &listing.unseen {
-            println!("not recorded by {}: {what}", listing.backend);
+            println!("not recorded by {}: {}", listing.backend, text(what));
         }
     } else {
         print!("{}", table(&listing, usize::MAX, None));
@@ -104,7 +108,7 @@ pub type Column<'a> = (&'a str, &'a dyn Fn(&distlock::listing::LockInfo) -> Stri
 pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Column<'_>>) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let width = listing.locks.iter().map(|l| l.name.len()).max().unwrap_or(4).clamp(4, 48);
+    let width = listing.locks.iter().map(|l| text(&l.name).chars().count()).max().unwrap_or(4).clamp(4, 48);
     let _ = writeln!(
         out,
         "{:<width$}  {:<9} {:<6} {:>3} {:<9} {:<24} {:>8} {:>12} {:>8}  {}ID",
@@ -126,7 +130,7 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Co
                 break 'locks;
             }
             shown += 1;
-            let (name, recipe) = if i == 0 { (lock.name.as_str(), lock.recipe.as_str()) } else { ("", "") };
+            let (name, recipe) = if i == 0 { (text(&lock.name), text(&lock.recipe)) } else { ("".into(), "".into()) };
             let column = match extra {
                 Some((h, f)) => {
                     let text = if i == 0 { f(lock) } else { String::new() };
@@ -141,12 +145,12 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Co
                 recipe,
                 if e.holds { "holder" } else { "waiter" },
                 i,
-                e.mode,
-                clip_owner(&e.owner, 24),
+                text(&e.mode),
+                clip_owner(&text(&e.owner), 24),
                 e.since_ms.map(ms_text).unwrap_or_else(|| "-".into()),
                 e.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
                 e.lease_left_ms.map(ms_text).unwrap_or_else(|| "-".into()),
-                e.id
+                text(&e.id)
             );
         }
     }
@@ -157,7 +161,7 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Co
         listing.locks.len(),
         if listing.locks.len() == 1 { "" } else { "s" },
         listing.backend,
-        if listing.prefix.is_empty() { String::new() } else { format!(" under {:?}", listing.prefix) },
+        if listing.prefix.is_empty() { String::new() } else { format!(" under \"{}\"", text(&listing.prefix)) },
         listing.locks.iter().map(|l| l.holders().count()).sum::<usize>(),
         plural(listing.locks.iter().map(|l| l.holders().count()).sum::<usize>()),
         listing.locks.iter().map(|l| l.waiters().count()).sum::<usize>(),
@@ -170,7 +174,7 @@ pub fn table(listing: &distlock::listing::Listing, rows: usize, extra: Option<Co
         let _ = writeln!(out, "(more than {} locks: the rest are left out)", distlock::listing::MAX_LOCKS);
     }
     for what in &listing.unseen {
-        let _ = writeln!(out, "not recorded by {}: {what}", listing.backend);
+        let _ = writeln!(out, "not recorded by {}: {}", listing.backend, text(what));
     }
     out
 }

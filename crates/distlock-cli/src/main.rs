@@ -7,6 +7,7 @@ mod exec;
 mod hold;
 mod inspect;
 mod serve;
+mod shown;
 mod supervise;
 mod textfile;
 mod top;
@@ -49,8 +50,9 @@ ENVIRONMENT:
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
   The command gets DISTLOCK_KEY (lock paths or keys), DISTLOCK_TOKEN (fencing tokens) and
   DISTLOCK_NODE (our lock nodes; on Redis our hash field or key value), each comma-separated in
-  lock order; on etcd also ETCD_LOCK_KEY (our key) and ETCD_LOCK_REV (its create revision, the
-  fencing token), as etcdctl lock names them; hold prints the same as KEY=value lines.
+  lock order (a \\ or , inside a name is written \\\\ or \\,); on etcd also ETCD_LOCK_KEY (our
+  key) and ETCD_LOCK_REV (its create revision, the fencing token), as etcdctl lock names them;
+  hold prints the same as KEY=value lines.
   A scheduled job's command also gets DISTLOCK_JOB_SLOT (with --once-per: the server's time
   divided by the period) and DISTLOCK_JOB_STARTED_MS (its start, the server's time in ms)."
     };
@@ -201,7 +203,7 @@ pub(crate) fn only_loopback_unless_allowed(what: &str, addr: std::net::SocketAdd
              (or [::1]), or give --allow-remote to serve it beyond this host"
         );
     }
-    eprintln!("distlock {what}: warning: {addr} is reachable from other hosts and has no authentication");
+    crate::shown::say!("distlock {what}: warning: {addr} is reachable from other hosts and has no authentication");
     Ok(())
 }
 
@@ -347,13 +349,13 @@ fn run_bench(args: Vec<std::ffi::OsString>) -> u8 {
     let program = beside.filter(|p| p.is_file()).unwrap_or_else(|| "distlock-bench".into());
     let e = std::process::Command::new(&program).args(args).exec();
     if e.kind() == std::io::ErrorKind::NotFound {
-        eprintln!(
+        crate::shown::say!(
             "distlock: the benchmark is a program of its own, distlock-bench, found neither beside this \
              distlock nor on PATH: cargo install --path crates/distlock-bench (from a clone of distlock), or \
              cargo run --release -p distlock-bench -- ARGS"
         );
     } else {
-        eprintln!("distlock: cannot run {}: {e}", program.display());
+        crate::shown::say!("distlock: cannot run {}: {e}", program.display());
     }
     EXIT_ERROR
 }
@@ -409,7 +411,7 @@ fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("distlock: cannot start runtime: {e}");
+            crate::shown::say!("distlock: cannot start runtime: {e}");
             return ExitCode::from(EXIT_ERROR);
         }
     };
@@ -436,7 +438,7 @@ fn main() -> ExitCode {
     match code {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("distlock: {}", error_text(&e));
+            crate::shown::say!("distlock: {}", error_text(&e));
             ExitCode::from(EXIT_ERROR)
         }
     }
@@ -455,7 +457,7 @@ fn without_runtime(command: Command) -> Result<ExitCode, Box<Command>> {
             match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut std::io::stdout()) {
                 Ok(()) => Ok(ExitCode::SUCCESS),
                 Err(e) => {
-                    eprintln!("distlock: cannot write the manual page: {e}");
+                    crate::shown::say!("distlock: cannot write the manual page: {e}");
                     Ok(ExitCode::from(EXIT_ERROR))
                 }
             }
@@ -472,7 +474,7 @@ async fn setup(backend: BackendArg) -> anyhow::Result<u8> {
     let client = backend.connect().await?;
     client.setup().await?;
     client.close(std::time::Duration::from_secs(2)).await;
-    eprintln!(
+    crate::shown::say!(
         "distlock setup: {}: the fencing sequence and the election and job tables are in place",
         distlock::redact_url(&backend.url()?)
     );
@@ -507,10 +509,12 @@ fn usage_error(e: clap::Error, subcommand: &str) -> ExitCode {
     if matches!(e.kind(), ErrorKind::UnknownArgument) {
         match subcommand {
             "exec" => {
-                eprintln!("distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')")
+                crate::shown::say!(
+                    "distlock: put -- before the command: distlock exec LOCK -- COMMAND ARGS (or -c 'STRING')"
+                )
             }
             "elect" => {
-                eprintln!("distlock: put -- before the command: distlock elect NAME --value V -- COMMAND ARGS (or -c 'STRING')")
+                crate::shown::say!("distlock: put -- before the command: distlock elect NAME --value V -- COMMAND ARGS (or -c 'STRING')")
             }
             _ => {}
         }
@@ -539,10 +543,11 @@ mod log {
             mut writer: Writer<'_>,
             event: &Event<'_>,
         ) -> std::fmt::Result {
+            // The fields may quote a server's words or a lock's name: escaped as every message is.
             let level = event.metadata().level().as_str().to_ascii_lowercase();
-            write!(writer, "distlock: {level}: ")?;
-            ctx.field_format().format_fields(writer.by_ref(), event)?;
-            writeln!(writer)
+            let mut fields = String::new();
+            ctx.field_format().format_fields(Writer::new(&mut fields), event)?;
+            writeln!(writer, "distlock: {level}: {}", crate::shown::text(&fields))
         }
     }
 }

@@ -77,7 +77,9 @@ pub struct ServeArgs {
     /// Most bytes of data the nodes one session made may hold together (QuotaExceeded past it).
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     max_data_per_session: u64,
-    /// Let --metrics listen on an address other hosts can reach (it has no authentication).
+    /// Let --metrics listen on an address other hosts can reach (it has no authentication), and
+    /// answer requests for any Host name (without it: only localhost, 127.0.0.1, [::1] and the
+    /// address it listens on, against DNS rebinding).
     #[arg(long)]
     allow_remote: bool,
 }
@@ -111,7 +113,7 @@ fn read_flag_file(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
 
 /// A `--listen` value, checked for form; host names are resolved when binding.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Listen {
+pub(crate) enum Listen {
     Addr(SocketAddr),
     /// A bare port: loopback.
     Port(u16),
@@ -130,7 +132,7 @@ impl std::fmt::Display for Listen {
 }
 
 /// Parses `--listen`: `PORT` (loopback), `IP:PORT`, `[IPv6]:PORT` or `HOST:PORT`.
-fn listen_arg(s: &str) -> Result<Listen, String> {
+pub(crate) fn listen_arg(s: &str) -> Result<Listen, String> {
     const FORMS: &str = "expected PORT, IP:PORT, [IPv6]:PORT or HOST:PORT";
     let port = |p: &str| -> Result<u16, String> {
         if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
@@ -163,7 +165,7 @@ fn listen_arg(s: &str) -> Result<Listen, String> {
 }
 
 /// Binds `listen`: the address itself, or the first address the host resolves to that binds.
-async fn bind(listen: &Listen) -> anyhow::Result<tokio::net::TcpListener> {
+pub(crate) async fn bind(listen: &Listen) -> anyhow::Result<tokio::net::TcpListener> {
     let candidates: Vec<SocketAddr> = match listen {
         Listen::Addr(a) => vec![*a],
         Listen::Port(p) => vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), *p)],
@@ -279,15 +281,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<u8> {
         if let Some(f) = &args.metrics_addr_file {
             write_addr_file(f, maddr)?;
         }
-        eprintln!("distlock serve: metrics on http://{maddr}/metrics");
-        tokio::spawn(server.metrics().serve(metrics, async {
+        crate::shown::say!("distlock serve: metrics on http://{maddr}/metrics");
+        tokio::spawn(server.metrics().serve_with(metrics, args.allow_remote, async {
             let _ = metrics_stopped.await;
         }));
     }
     if let Some(f) = &args.addr_file {
         write_addr_file(f, addr)?;
     }
-    eprintln!(
+    crate::shown::say!(
         "distlock serve: ZooKeeper protocol on {addr}{}{} ({})",
         if tls { " over TLS only" } else { "" },
         if args.auth_required { ", login required" } else { "" },

@@ -193,7 +193,7 @@ pub fn run(kill_after: Duration, kill_at: Option<u64>) -> u8 {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     // exec should have ended the command by now: the bound is kept here.
                     if pgid > 1 && group_alive(pgid) {
-                        eprintln!("distlock: the job's bound came with its command still running; killing process group {pgid}");
+                        crate::shown::say!("distlock: the job's bound came with its command still running; killing process group {pgid}");
                         signal_group(pgid, libc::SIGKILL);
                     }
                     while let Ok(heard) = rx.recv() {
@@ -213,7 +213,9 @@ pub fn run(kill_after: Duration, kill_at: Option<u64>) -> u8 {
     if done || pgid <= 1 {
         return 0;
     }
-    eprintln!("distlock: distlock exec ended without releasing; terminating its command (process group {pgid})");
+    crate::shown::say!(
+        "distlock: distlock exec ended without releasing; terminating its command (process group {pgid})"
+    );
     signal_group(pgid, libc::SIGTERM);
     let deadline = bound.map_or(Instant::now() + kill_after, |b| b.min(Instant::now() + kill_after));
     while group_alive(pgid) && Instant::now() < deadline {

@@ -51,7 +51,7 @@ pub fn start(path: Option<PathBuf>, command: &'static str, locks: &[String]) -> 
     *RUN.lock().unwrap_or_else(|e| e.into_inner()) = Some(Invocation {
         path,
         command,
-        locks: locks.join(","),
+        locks: crate::shown::list(locks.iter().map(String::as_str)),
         started: Instant::now(),
         outcome: "error",
         waited: None,
@@ -112,7 +112,7 @@ pub fn finish(exit: u8) {
         run.waited = Some(run.started.elapsed().as_secs_f64());
     }
     if let Err(e) = write(run, exit) {
-        eprintln!("distlock: cannot write --metrics-textfile {}: {e}", run.path.display());
+        crate::shown::say!("distlock: cannot write --metrics-textfile {}: {e}", run.path.display());
     }
 }
 

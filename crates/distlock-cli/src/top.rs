@@ -4,7 +4,6 @@
 use crate::{duration_arg, inspect, BackendArg};
 use distlock::listing::{Listing, LockInfo};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,14 +32,17 @@ pub struct TopArgs {
     /// With --batch: stop after N views (as top(1)'s -n).
     #[arg(short = 'n', long, value_name = "N", requires = "batch", value_parser = clap::value_parser!(u64).range(1..))]
     iterations: Option<u64>,
-    /// Serve the live view as a web page at ADDR (e.g. 127.0.0.1:9500) instead of the terminal.
-    #[arg(long, value_name = "ADDR")]
-    http: Option<SocketAddr>,
+    /// Serve the live view as a web page at ADDR instead of the terminal: IP:PORT, HOST:PORT or a
+    /// bare PORT (loopback), as `serve --metrics` takes it (e.g. 9500 or 127.0.0.1:9500). It
+    /// answers GET and HEAD only, to loopback Host names only (see --allow-remote).
+    #[arg(long, value_name = "ADDR", value_parser = crate::serve::listen_arg)]
+    http: Option<crate::serve::Listen>,
     /// With --http: write the address it listens on (port 0 picks a free one) to FILE.
     #[arg(long, value_name = "FILE", requires = "http")]
     http_addr_file: Option<std::path::PathBuf>,
     /// Let --http listen on an address other hosts can reach (the page has no authentication and
-    /// shows every lock's holders).
+    /// shows every lock's holders), and answer requests for any Host name (without it: only
+    /// localhost, 127.0.0.1, [::1] and the address it listens on, against DNS rebinding).
     #[arg(long, requires = "http")]
     allow_remote: bool,
     /// Also show scheduled job NAME (`exec --once-per`): its state now and its last run
@@ -65,7 +67,7 @@ async fn job_lines(schedules: &[distlock::schedule::Schedule]) -> Vec<String> {
             Err(_) => format!("{}: no answer within 5 s", job.name()),
         });
     }
-    lines
+    lines.into_iter().map(|l| crate::shown::text(&l).into_owned()).collect()
 }
 
 fn refresh_arg(s: &str) -> Result<Duration, String> {
@@ -190,17 +192,23 @@ fn render(listing: &Listing, history: &History, title: &str, rows: usize, jobs: 
 }
 
 pub async fn run(args: TopArgs) -> anyhow::Result<u8> {
-    if let Some(addr) = args.http {
-        crate::only_loopback_unless_allowed("top --http", addr, args.allow_remote)?;
-    }
+    // Bound first: an address in use or not allowed is said before connecting.
+    let listener = match &args.http {
+        Some(listen) => {
+            let listener = crate::serve::bind(listen).await.map_err(|e| anyhow::anyhow!("--http: {e}"))?;
+            crate::only_loopback_unless_allowed("top --http", listener.local_addr()?, args.allow_remote)?;
+            Some(listener)
+        }
+        None => None,
+    };
     let client = args.backend.connect_to_look().await?;
     let prefix = args.prefix.clone().unwrap_or_default();
     // A backend that cannot list says so now, before the screen is taken.
     let first = client.locks(&prefix).await?;
     let schedules = args.jobs.iter().map(|j| client.schedule(j)).collect::<distlock::Result<Vec<_>>>()?;
     let url = distlock::redact_url(&args.backend.url()?);
-    let code = match args.http {
-        Some(addr) => http(client.clone(), prefix, first, &schedules, &args, &url, addr).await,
+    let code = match listener {
+        Some(listener) => http(client.clone(), prefix, first, &schedules, &args, &url, listener).await,
         None if args.batch => batch(&client, prefix, first, &schedules, &args, &url).await,
         None => terminal(client.clone(), prefix, first, &schedules, &args, &url).await,
     };
@@ -232,14 +240,15 @@ async fn refresh(
 fn title(backend: &str, prefix: &str, key: SortKey, reverse: bool, keys: bool, error: Option<&str>) -> String {
     let time = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     let mut t = format!(
-        "distlock top: {backend}{} at {time}; sort {}{}{}",
-        if prefix.is_empty() { String::new() } else { format!(" under {prefix:?}") },
+        "distlock top: {}{} at {time}; sort {}{}{}",
+        crate::shown::text(backend),
+        if prefix.is_empty() { String::new() } else { format!(" under \"{}\"", crate::shown::text(prefix)) },
         key.label(),
         if reverse { ", reversed" } else { "" },
         if keys { " (s next, r reverse, q quit)" } else { "" }
     );
     if let Some(e) = error {
-        t.push_str(&format!("\nlast refresh failed: {e}"));
+        t.push_str(&format!("\nlast refresh failed: {}", crate::shown::text(e)));
     }
     t
 }
@@ -396,14 +405,14 @@ async fn http(
     schedules: &[distlock::schedule::Schedule],
     args: &TopArgs,
     url: &str,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
 ) -> anyhow::Result<u8> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("--http {addr}: {e}"))?;
     let bound = listener.local_addr()?;
+    let gate = distlock_server::http::Gate { bound, allow_remote: args.allow_remote };
     if let Some(file) = &args.http_addr_file {
         std::fs::write(file, format!("{bound}\n")).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     }
-    eprintln!("distlock top: serving http://{bound}/");
+    crate::shown::say!("distlock top: serving http://{bound}/");
     let mut history = History::default();
     history.record(&first);
     let key = args.sort;
@@ -426,7 +435,7 @@ async fn http(
             let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
             let (served, page) = (served.clone(), page.clone());
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), answer(socket, &served, &page)).await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), answer(socket, &gate, &served, &page)).await;
                 drop(permit);
             });
         }
@@ -456,8 +465,14 @@ async fn http(
     Ok(0)
 }
 
-/// Answers one request: `/` the page, `/view` the text now, anything else 404.
-async fn answer(mut socket: tokio::net::TcpStream, text: &Mutex<String>, page: &str) -> std::io::Result<()> {
+/// Answers one request the gate lets through: `/` the page, `/view` the text now, anything else
+/// 404.
+async fn answer(
+    mut socket: tokio::net::TcpStream,
+    gate: &distlock_server::http::Gate,
+    text: &Mutex<String>,
+    page: &str,
+) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 8192];
     let mut len = 0;
@@ -471,20 +486,22 @@ async fn answer(mut socket: tokio::net::TcpStream, text: &Mutex<String>, page: &
         }
         len += n;
     }
-    let request = String::from_utf8_lossy(&buf[..len]);
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let (status, kind, body) = match path {
+    let reply = match gate.judge(&String::from_utf8_lossy(&buf[..len])) {
+        Ok(request) => page_reply(&request, text, page),
+        Err(refused) => refused,
+    };
+    socket.write_all(reply.as_bytes()).await?;
+    socket.shutdown().await
+}
+
+/// The reply to an allowed request.
+fn page_reply(request: &distlock_server::http::Request, text: &Mutex<String>, page: &str) -> String {
+    let (status, kind, body) = match request.path.as_str() {
         "/" | "/index.html" => ("200 OK", "text/html; charset=utf-8", page.to_string()),
         "/view" => ("200 OK", "text/plain; charset=utf-8", text.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         _ => ("404 Not Found", "text/plain; charset=utf-8", "not found\n".to_string()),
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    socket.write_all(head.as_bytes()).await?;
-    socket.write_all(body.as_bytes()).await?;
-    socket.shutdown().await
+    distlock_server::http::reply(status, kind, &body, request.head_only, "")
 }
 
 #[cfg(test)]

@@ -1170,7 +1170,7 @@ fn serve_over_tls_closes_stalled_handshakes() {
 fn unauthenticated_endpoints_stay_on_loopback_unless_allowed() {
     let refused = [
         (vec!["serve", "--listen", "127.0.0.1:0", "--metrics", "0.0.0.0:0"], "serve --metrics 0.0.0.0:"),
-        (vec!["top", "--backend", "zk://127.0.0.1:1", "--http", "0.0.0.0:0"], "top --http 0.0.0.0:0"),
+        (vec!["top", "--backend", "zk://127.0.0.1:1", "--http", "0.0.0.0:0"], "top --http 0.0.0.0:"),
         (
             vec!["serve", "--listen", "127.0.0.1:0", "--four-letter-words", "srvr,xyzw"],
             "unknown four-letter word \"xyzw\"",

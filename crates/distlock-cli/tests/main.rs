@@ -14,6 +14,7 @@ mod cli_postgres;
 mod cli_redis;
 mod cli_sqlite;
 mod flood;
+mod hostile;
 mod options;
 mod prometheus;
 mod top;

@@ -290,7 +290,7 @@ fn top_shows_scheduled_jobs_state_and_last_run() {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(b"GET /view HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        s.write_all(b"GET /view HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
         text

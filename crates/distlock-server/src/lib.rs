@@ -24,6 +24,7 @@
 //! - `persist`: the transaction log and snapshots for `--data-dir`;
 //! - `server`: connections, framing, four-letter words, session and container timers.
 
+pub mod http;
 mod metrics;
 mod outbox;
 pub mod persist;

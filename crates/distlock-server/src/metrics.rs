@@ -208,13 +208,27 @@ impl Metrics {
         o.0
     }
 
-    /// Serves `GET /metrics` on `listener` until `shutdown` resolves. Any other path is 404; a
-    /// request that does not arrive whole within 5 s, or is larger than 8 KiB, is dropped, as is
-    /// a reply not taken within 5 s; at most [`METRICS_CONNECTIONS`] are served at once (more
-    /// wait to be accepted), so scrapers cannot use up the server's file descriptors.
+    /// Serves `GET /metrics` on `listener` until `shutdown` resolves, to loopback `Host` names
+    /// only ([`Metrics::serve_with`] with `allow_remote` false).
     pub async fn serve(self, listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+        self.serve_with(listener, false, shutdown).await
+    }
+
+    /// Serves `GET /metrics` on `listener` until `shutdown` resolves, as [`crate::http::Gate`]
+    /// allows (any `Host` with `allow_remote`). Any other path is 404; a request that does not
+    /// arrive whole within 5 s, or is larger than 8 KiB, is dropped, as is a reply not taken
+    /// within 5 s; at most [`METRICS_CONNECTIONS`] are served at once (more wait to be
+    /// accepted), so scrapers cannot use up the server's file descriptors.
+    pub async fn serve_with(
+        self,
+        listener: TcpListener,
+        allow_remote: bool,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
         tokio::pin!(shutdown);
         let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
+        let Ok(bound) = listener.local_addr() else { return };
+        let gate = crate::http::Gate { bound, allow_remote };
         loop {
             let slot = tokio::select! {
                 _ = &mut shutdown => return,
@@ -238,27 +252,30 @@ impl Metrics {
                 let Ok(Ok(head)) = tokio::time::timeout(Duration::from_secs(5), read_head(&mut socket)).await else {
                     return;
                 };
-                let line = head.lines().next().unwrap_or("");
-                let mut parts = line.split(' ');
-                let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-                let path = path.split('?').next().unwrap_or("");
-                let (status, kind, body) = match (method, path) {
-                    ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics.render()),
-                    ("GET", _) => {
-                        ("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n".to_string())
-                    }
-                    _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
-                };
-                let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
+                let reply = metrics.answer(&gate, &head);
                 let _ = tokio::time::timeout(Duration::from_secs(5), async {
                     let _ = socket.write_all(reply.as_bytes()).await;
                     let _ = socket.shutdown().await;
                 })
                 .await;
             });
+        }
+    }
+
+    /// The reply to the request in `head`.
+    fn answer(&self, gate: &crate::http::Gate, head: &str) -> String {
+        use crate::http::reply;
+        let request = match gate.judge(head) {
+            Ok(r) => r,
+            Err(refused) => return refused,
+        };
+        match request.path.as_str() {
+            "/metrics" => {
+                reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", &self.render(), request.head_only, "")
+            }
+            _ => {
+                reply("404 Not Found", "text/plain; charset=utf-8", "not found: try /metrics\n", request.head_only, "")
+            }
         }
     }
 }

@@ -142,9 +142,9 @@ pub fn schemes() -> impl Iterator<Item = (&'static str, &'static str)> {
 /// ```
 pub async fn connect(url: &str) -> Result<Client> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
+    let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason: crate::redact::scrub(&reason, url) };
     match BACKENDS.iter().find(|b| b.schemes.contains(&scheme)) {
-        Some(BackendInfo { connect: Some(connect), .. }) => connect(url).await,
+        Some(BackendInfo { connect: Some(connect), .. }) => connect(url).await.map_err(|e| crate::redact::scrub_error(e, url)),
         Some(b) => Err(bad(format!(
             "the {scheme}:// backend is not compiled in (enable distlock's {:?} feature)",
             b.name

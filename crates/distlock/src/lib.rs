@@ -96,9 +96,11 @@ with_a_backend! {
     mod lease_margin;
     mod multi;
     mod options;
+    mod redact;
     pub use facade::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
-    pub use options::{connect_with, redact_url, ConnectOptions};
+    pub use options::{connect_with, ConnectOptions};
+    pub use redact::redact_url;
 }
 
 #[cfg_attr(

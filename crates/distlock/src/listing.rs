@@ -29,7 +29,8 @@ pub const MAX_LOCKS: usize = 1000;
 pub struct Listing {
     /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.
     pub backend: &'static str,
-    /// The prefix asked for, as given.
+    /// The prefix asked for, as given; on ZooKeeper the path it means (a bare name prefix,
+    /// or none, is under `/distlock/`), so that a listing says where it looked.
     pub prefix: String,
     /// Locks with at least one holder or waiter, by name.
     pub locks: Vec<LockInfo>,

@@ -210,48 +210,6 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client>
     })
 }
 
-/// `url` with the password of its user part replaced by `***` (`postgres://app:***@db/x`), for
-/// messages and displays; a URL with no password comes back as given. The user part ends at the
-/// last `@` before the query, so a password with `/` in it is hidden and an `@` in the query is
-/// left alone.
-///
-/// # Examples
-///
-/// ```
-/// assert_eq!(distlock::redact_url("redis://:pw@h:6379"), "redis://:***@h:6379");
-/// assert_eq!(distlock::redact_url("postgres://u:pw@db/x?lease=5s"), "postgres://u:***@db/x?lease=5s");
-/// assert_eq!(distlock::redact_url("mysql://u@h/db?x=a@b"), "mysql://u@h/db?x=a@b");
-/// assert_eq!(distlock::redact_url("redis://:pa/ss@h"), "redis://:***@h");
-/// assert_eq!(distlock::redact_url("sqlite:///tmp/a@b/l.db"), "sqlite:///tmp/a@b/l.db");
-/// // A query key that names a password (the Sentinels' own) is hidden too.
-/// assert_eq!(
-///     distlock::redact_url("redis+sentinel://s:26379/m?sentinel_password=pw&lease=5s"),
-///     "redis+sentinel://s:26379/m?sentinel_password=***&lease=5s"
-/// );
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else { return url.to_string() };
-    let end = url[start..].find('?').map_or(url.len(), |i| start + i);
-    let (base, query) = url.split_at(end);
-    let query = if query.contains("password") {
-        let pairs: Vec<String> = query[1..]
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if k.contains("password") => format!("{k}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        format!("?{}", pairs.join("&"))
-    } else {
-        query.to_string()
-    };
-    let Some(at) = base[start..].rfind('@').map(|i| start + i) else { return format!("{base}{query}") };
-    match base[start..at].split_once(':') {
-        Some((user, _)) => format!("{}{user}:***{}{query}", &base[..start], &base[at..]),
-        None => format!("{base}{query}"),
-    }
-}
-
 /// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).
 #[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
 pub(crate) fn percent_decode(text: &str) -> std::result::Result<String, String> {

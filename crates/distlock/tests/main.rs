@@ -30,6 +30,7 @@ mod recipes;
 mod redis;
 mod redis_own_servers;
 mod schedule;
+mod secrets;
 mod sqlite;
 mod wire;
 mod zookeeper;

@@ -29,12 +29,15 @@ pub struct Acquired {
 }
 
 impl Acquired {
-    /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order;
+    /// `DISTLOCK_KEY`, `DISTLOCK_TOKEN` and `DISTLOCK_NODE`, each comma-separated in lock order
+    /// (in each name `\` is written `\\` and `,` is `\,`: [`crate::shown::list`]);
     /// and the same marks and tokens under the names the backend's own lock tool uses, where it
     /// has one ([`distlock::BackendInfo::tool_env`]: `etcdctl lock`'s `ETCD_LOCK_KEY`, `ETCD_LOCK_REV`).
     pub fn env(&self) -> Vec<(&'static str, String)> {
         let parts = self.guard.parts();
-        let join = |f: &dyn Fn(&distlock::Guard) -> String| parts.iter().map(f).collect::<Vec<_>>().join(",");
+        let join = |f: &dyn Fn(&distlock::Guard) -> String| {
+            crate::shown::list(parts.iter().map(f).collect::<Vec<_>>().iter().map(String::as_str))
+        };
         let mut env = vec![
             ("DISTLOCK_KEY", join(&|p| p.lock_name())),
             ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
@@ -72,18 +75,18 @@ impl Acquired {
         let outcome = match tokio::time::timeout(bound, guard.release()).await {
             Ok(Ok(())) => Released::Clean,
             Ok(Err(e @ distlock::Error::LockLost { .. })) => {
-                eprintln!("distlock: releasing {shown}: {e}");
+                crate::shown::say!("distlock: releasing {shown}: {e}");
                 if let distlock::Error::LockLost { reason, .. } = &e {
                     crate::textfile::lost(&reason.to_string());
                 }
                 Released::Lost
             }
             Ok(Err(e)) => {
-                eprintln!("distlock: releasing {shown}: {e}");
+                crate::shown::say!("distlock: releasing {shown}: {e}");
                 Released::Unconfirmed
             }
             Err(_) => {
-                eprintln!(
+                crate::shown::say!(
                     "distlock: releasing {shown}: no answer from the server within {}; it frees the lock when our \
                      connection closes or the lease ends",
                     humantime::format_duration(bound)
@@ -128,7 +131,7 @@ pub async fn acquire(plan: &Plan, signals: &mut Signals) -> anyhow::Result<Resul
     let client = tokio::select! {
         client = plan.backend.connect() => client?,
         sig = signals.ending() => {
-            eprintln!("distlock: {} while connecting; gave up", signal_name(sig));
+            crate::shown::say!("distlock: {} while connecting; gave up", signal_name(sig));
             crate::textfile::not_acquired("interrupted");
             return Ok(Err(interrupted(sig)));
         }
@@ -155,7 +158,7 @@ pub async fn acquire(plan: &Plan, signals: &mut Signals) -> anyhow::Result<Resul
             drop(job);
             client.close(Duration::from_secs(2)).await;
             crate::textfile::not_acquired("interrupted");
-            eprintln!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
+            crate::shown::say!("distlock: {} while waiting for {shown}; gave up", signal_name(sig));
             Ok(Err(interrupted(sig)))
         }
         Ok(Err(e)) => {
@@ -248,17 +251,17 @@ async fn say_not_acquired(plan: &Plan, job: Option<Schedule>, shown: &str) {
     let quiet = plan.acquire.quiet;
     if let Some(job) = job {
         match job.check().await {
-            Ok(Some(skipped)) if !quiet => eprintln!("distlock: {skipped}; not run"),
-            Ok(None) if !quiet => eprintln!("distlock: {shown}: taken by another start; not run"),
+            Ok(Some(skipped)) if !quiet => crate::shown::say!("distlock: {skipped}; not run"),
+            Ok(None) if !quiet => crate::shown::say!("distlock: {shown}: taken by another start; not run"),
             Ok(_) => {}
-            Err(e) => eprintln!("distlock: {shown}: not run; reading its record failed: {e}"),
+            Err(e) => crate::shown::say!("distlock: {shown}: not run; reading its record failed: {e}"),
         }
         // Dropped here, so that the job's store (a handle of the client) is gone before `close`.
     } else if !quiet {
         if matches!(plan.target, Target::Election { .. }) {
-            eprintln!("distlock: another candidate leads {shown}; not elected");
+            crate::shown::say!("distlock: another candidate leads {shown}; not elected");
         } else {
-            eprintln!("distlock: {shown} is held by someone else; not acquired");
+            crate::shown::say!("distlock: {shown} is held by someone else; not acquired");
         }
     }
 }

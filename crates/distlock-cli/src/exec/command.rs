@@ -206,7 +206,7 @@ impl Running {
                         return Ok(None);
                     }
                     let left: Vec<String> = members(self.pgid).iter().map(|p| p.to_string()).collect();
-                    eprintln!(
+                    crate::shown::say!(
                         "distlock: the command exited; {} stays held until the processes it left behind end \
                          (process group {}: {}); INT or TERM passes on to them, a second one kills them",
                         held.shown, self.pgid, left.join(" ")
@@ -286,7 +286,9 @@ impl Running {
         };
         match on_lost {
             OnLost::Ignore => {
-                eprintln!("distlock: WARNING: {what}; the command keeps running WITHOUT the lock (--on-lost ignore)");
+                crate::shown::say!(
+                    "distlock: WARNING: {what}; the command keeps running WITHOUT the lock (--on-lost ignore)"
+                );
                 let Acquired { client, guard, .. } = held;
                 drop(guard);
                 let status = group_ended(&mut self.child, self.pgid).await?;
@@ -297,19 +299,19 @@ impl Running {
             OnLost::Kill => {
                 let why =
                     if asked == OnLost::Term { " at once (it may be held by another already: no grace)" } else { "" };
-                eprintln!("distlock: {what}; killing the command{why}");
+                crate::shown::say!("distlock: {what}; killing the command{why}");
                 self.to_group(libc::SIGKILL);
             }
             OnLost::Term => {
                 let kill_at = kill_at.min(Instant::now() + bounds.grace);
                 let grace = Duration::from_millis(kill_at.saturating_duration_since(Instant::now()).as_millis() as u64);
-                eprintln!(
+                crate::shown::say!(
                     "distlock: {what}; terminating the command (SIGTERM, SIGKILL after {})",
                     humantime::format_duration(grace)
                 );
                 self.to_group(libc::SIGTERM);
                 if tokio::time::timeout_at(kill_at.into(), group_ended(&mut self.child, self.pgid)).await.is_err() {
-                    eprintln!("distlock: the command outlived the grace period; SIGKILL");
+                    crate::shown::say!("distlock: the command outlived the grace period; SIGKILL");
                 }
             }
         }
@@ -351,7 +353,7 @@ fn cannot_run(program: &str, e: &std::io::Error) -> u8 {
         std::io::ErrorKind::PermissionDenied => (EXIT_CANNOT_RUN, "permission denied (not executable?)".into()),
         _ => (EXIT_CANNOT_RUN, e.to_string()),
     };
-    eprintln!("distlock: cannot run {program:?}: {why}");
+    crate::shown::say!("distlock: cannot run {program:?}: {why}");
     code
 }
 
@@ -363,9 +365,12 @@ async fn record_exit(held: &Acquired, code: u8) {
     match job.finish_run(token, Some(i32::from(code))).await {
         Ok(true) => {}
         Ok(false) => {
-            eprintln!("distlock: {}: the record is another run's by now; this run's end is not recorded", job.name())
+            crate::shown::say!(
+                "distlock: {}: the record is another run's by now; this run's end is not recorded",
+                job.name()
+            )
         }
-        Err(e) => eprintln!("distlock: {}: recording the run's end failed: {e}", job.name()),
+        Err(e) => crate::shown::say!("distlock: {}: recording the run's end failed: {e}", job.name()),
     }
 }
 

@@ -214,7 +214,7 @@ impl Client {
         };
         let mut listing = Listing {
             backend: "zookeeper",
-            prefix: prefix.to_string(),
+            prefix: full.clone(), // the path listed: a bare prefix is under /distlock/
             locks: vec![],
             truncated: false,
             unseen: vec![],
