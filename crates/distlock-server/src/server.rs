@@ -107,7 +107,7 @@ async fn timers(state: Shared, tick: Duration) {
     let mut last_run = tokio::time::Instant::now();
     loop {
         every.tick().await;
-        let mut more = {
+        let due = {
             let mut s = state.lock().unwrap();
             // Measured from the start of the previous round, so a slow round of our own counts too.
             let started = tokio::time::Instant::now();
@@ -117,12 +117,14 @@ async fn timers(state: Shared, tick: Duration) {
                 tracing::warn!(late = ?late, "the server was slow; sessions get the time back before expiry");
                 s.credit_sessions(late);
             }
-            s.expire_sessions()
+            s.due_sessions()
         };
-        while more {
-            // More are due: let the requests waiting for the state in first.
-            tokio::task::yield_now().await;
-            more = state.lock().unwrap().expire_sessions();
+        for (round, sids) in due.chunks(crate::state::EXPIRE_PER_ROUND).enumerate() {
+            if round > 0 {
+                // The state's lock is not fair: a pause lets the requests waiting for it in.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            state.lock().unwrap().expire(sids);
         }
         if tokio::time::Instant::now() >= reap_at {
             let mut s = state.lock().unwrap();

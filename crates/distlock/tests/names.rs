@@ -126,9 +126,17 @@ on_every_backend!(
 );
 async fn control_characters_in_a_name_are_refused_alike(url: String) {
     let client = connect(&url).await;
-    for (name, code) in [("a\u{1b}[2Jb", "001B"), ("a\nb", "000A"), ("a\u{7f}", "007F"), ("a\u{9b}b", "009B")] {
+    let control = "a control character";
+    let cases = [
+        ("a\u{1b}[2Jb", "001B", control),
+        ("a\nb", "000A", control),
+        ("a\u{7f}", "007F", control),
+        ("a\u{9b}b", "009B", control),
+        ("a\u{202e}b", "202E", "a text-direction or separator character"),
+    ];
+    for (name, code, what) in cases {
         let want = format!(
-            "invalid lock path {name:?}: holds the control character U+{code}; a lock name is printable text on every backend"
+            "invalid lock path {name:?}: holds the character U+{code} ({what}); a lock name is printable text on every backend"
         );
         let seen = [
             ("mutex", client.mutex(name).err()),

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use sessions::Session;
+pub use sessions::{Session, EXPIRE_PER_ROUND};
 use watches::Watches;
 use write::WriteOp;
 

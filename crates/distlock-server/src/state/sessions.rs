@@ -156,22 +156,27 @@ impl State {
         self.sessions.len()
     }
 
-    /// Expires sessions whose clients have been silent longer than their timeout, at most
-    /// `EXPIRE_PER_ROUND` of them; true if more are due.
-    pub fn expire_sessions(&mut self) -> bool {
+    /// The sessions whose clients have been silent longer than their timeout.
+    pub fn due_sessions(&self) -> Vec<i64> {
         let now = Instant::now();
-        let mut expired: Vec<i64> = self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect();
-        // A bounded round: the caller lets go of the state between rounds, so that a flood of
-        // sessions expiring at once does not keep everyone else's requests waiting.
-        let more = expired.len() > EXPIRE_PER_ROUND;
-        expired.truncate(EXPIRE_PER_ROUND);
-        for sid in expired {
+        self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect()
+    }
+
+    /// Expires those of `sids` still due (one may have been heard from since it was found due).
+    /// The caller passes at most `EXPIRE_PER_ROUND` at a time and lets go of the state between
+    /// rounds, so that a flood of sessions expiring at once does not keep everyone else's
+    /// requests waiting.
+    pub fn expire(&mut self, sids: &[i64]) {
+        let now = Instant::now();
+        for &sid in sids {
+            if !self.sessions.get(&sid).is_some_and(|s| s.deadline <= now) {
+                continue;
+            }
             if let Some((_, conn)) = self.sessions.get_mut(&sid).and_then(|s| s.conn.take()) {
                 self.gate.send(&conn, Outgoing::Close("session expired".into()));
             }
             self.close_session(sid, "expired");
         }
-        more
     }
 
     /// Deletes empty containers (once used) and expired TTL nodes.

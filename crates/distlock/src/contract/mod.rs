@@ -125,17 +125,20 @@ impl Kind {
 }
 
 /// The rule every backend's lock names keep, checked before the backend's own limits: a name is
-/// not empty and holds no control character (C0, DEL or C1: a name is shown in listings, errors
-/// and terminals, and a control character there could rewrite what they show). The same error on
+/// not empty and holds no control character (C0, DEL or C1) and no text-direction override or
+/// line separator (U+202A–202E, U+2066–2069, U+2028, U+2029): a name is shown in listings,
+/// errors and terminals, and such a character there could rewrite or reorder what they show. The same error on
 /// every backend.
 pub(crate) fn check_name(name: &str) -> Result<()> {
     let bad = |reason: String| Error::InvalidLockPath { path: name.to_string(), reason };
     if name.is_empty() {
         return Err(bad("the lock name is empty".into()));
     }
-    if let Some(c) = name.chars().find(|c| c.is_control()) {
+    let reorders = |c: char| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}');
+    if let Some(c) = name.chars().find(|&c| c.is_control() || reorders(c)) {
+        let what = if c.is_control() { "a control character" } else { "a text-direction or separator character" };
         return Err(bad(format!(
-            "holds the control character U+{:04X}; a lock name is printable text on every backend",
+            "holds the character U+{:04X} ({what}); a lock name is printable text on every backend",
             c as u32
         )));
     }

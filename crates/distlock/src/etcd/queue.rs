@@ -329,14 +329,14 @@ async fn wait_turn(
                 Look::Wait(k) => k,
             },
         };
-        let options = if spec.limit == 1 { WatchOptions::new() } else { WatchOptions::new().with_prefix() };
+        let options = if spec.role != Role::Permit { WatchOptions::new() } else { WatchOptions::new().with_prefix() };
         // The watch starts at the current revision (a watch from an older one is served by
         // etcd's catch-up loop, every 100 ms); what happened between the read and the watch is
         // read again once the watch is in place.
         let options = options.with_filters([WatchFilterType::NoPut]);
         // Only keys created before ours count: a mutex key is named after its session, so the one
         // we watch may have been deleted and created again (behind us) before the watch began.
-        let recheck = if spec.limit == 1 {
+        let recheck = if spec.role != Role::Permit {
             GetOptions::new().with_keys_only().with_max_create_revision(rev - 1)
         } else {
             GetOptions::new().with_prefix().with_keys_only().with_max_create_revision(rev - 1)

@@ -769,26 +769,26 @@ impl Client {
     ) -> Result<(T, Replication)> {
         match self.eval_acquire_as_is(script, keys, args, key).await {
             Err(e) if is_wrong_type(&e) && scripts::kind_of(script).is_some() => {
-                Err(self.kind_conflict(script, key).await)
+                Err(self.kind_conflict(script, key).await.unwrap_or(e))
             }
             r => r,
         }
     }
 
     /// The contract's refusal of a key that holds another kind of lock (the server said
-    /// WRONGTYPE): what the key is in use as, by its type.
-    async fn kind_conflict(&self, script: &redis::Script, key: &str) -> Error {
+    /// WRONGTYPE): what the key is in use as, by its type; `None` when the key itself holds no
+    /// lock's structure (the WRONGTYPE came from a side key: the server's error stands).
+    async fn kind_conflict(&self, script: &redis::Script, key: &str) -> Option<Error> {
         let mut conn = self.conn();
         let held: redis::RedisResult<String> = redis::cmd("TYPE").arg(key).query_async(&mut conn).await;
         let in_use = match held.as_deref() {
-            Ok("hash") => "a Redisson lock (a mutex, read/write lock or fair lock)".to_string(),
-            Ok("string") => "a redis-py lock (layout=simple) or another string".to_string(),
-            Ok("zset") => "a semaphore".to_string(),
-            Ok(other) => format!("a Redis {other}"),
-            Err(_) => "a key of another kind".to_string(),
+            Ok("hash") => "a Redisson lock (a mutex, read/write lock or fair lock)",
+            Ok("string") => "a redis-py lock (layout=simple) or another string",
+            Ok("zset") => "a semaphore",
+            _ => return None,
         };
         let wanted = scripts::kind_of(script).unwrap_or("a lock").to_string();
-        Error::KindConflict { lock: key.to_string(), in_use, wanted }
+        Some(Error::KindConflict { lock: key.to_string(), in_use: in_use.to_string(), wanted })
     }
 
     async fn eval_acquire_as_is<T: redis::FromRedisValue>(

@@ -469,7 +469,11 @@ impl Client {
         if self.inner.url.acl != AclMode::Creator {
             return None;
         }
+        // A session with a client certificate is also its certificate's `x509` identity (Apache
+        // ZooKeeper's default TLS auth provider), which the `auth` ACL of our own nodes names too.
+        let certified = self.inner.url.tls_files.cert.is_some();
         let ours = |scheme: &str, id: &str| match self.inner.url.auth.as_ref() {
+            _ if scheme == "x509" && certified => true,
             Some(ZkAuth::Digest { user, password }) => scheme == "digest" && id == digest_id(user, password),
             Some(ZkAuth::Sasl { user, .. }) => scheme == "sasl" && id == user,
             None => false,
@@ -601,9 +605,12 @@ pub(crate) fn backend(op: &'static str, path: &str, e: zk::Error) -> Error {
 }
 
 /// ZooKeeper's id of a `digest` login: `user:` and the base64 of SHA-1 of `user:password`.
+/// (The server takes the user as what comes before the first `:` of `user:password`.)
 fn digest_id(user: &str, password: &str) -> String {
     use base64::Engine;
     use sha1::Digest;
-    let hash = sha1::Sha1::digest(format!("{user}:{password}").as_bytes());
+    let auth = format!("{user}:{password}");
+    let hash = sha1::Sha1::digest(auth.as_bytes());
+    let user = auth.split(':').next().unwrap_or_default();
     format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
 }

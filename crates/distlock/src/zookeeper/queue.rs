@@ -85,8 +85,6 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Every marker that may take part in this directory's queue: the lock family's, or (for a
-    /// semaphore's leases) the marker alone.
     /// What this queue's nodes are, as a user names the kind (in errors).
     pub(crate) fn wanted(&self) -> &'static str {
         match self.marker {
@@ -98,6 +96,8 @@ impl Queue {
         }
     }
 
+    /// Every marker that may take part in this directory's queue: the lock family's, or (for a
+    /// semaphore's leases) the marker alone.
     pub(crate) fn markers(&self) -> &'static [&'static str] {
         if FAMILY.contains(&self.marker) {
             FAMILY
@@ -817,10 +817,8 @@ impl Queue {
                 Ok((stat, seq)) => {
                     let path = format!("{node_prefix}{seq}");
                     pending.created(&path[node_prefix.len() - self.marker.len()..]);
-                    if let Some(Ok((acls, _))) = &acl {
-                        if let Some(entry) = self.client.foreign_entry(acls) {
-                            return Err(foreign_dir(&self.dir, &entry));
-                        }
+                    if let Some(acl) = acl {
+                        self.check_dir_acl(Some(acl)).await?;
                     }
                     let acquired = Acquired { path, czxid: stat.czxid };
                     let children = match listed {
@@ -845,6 +843,9 @@ impl Queue {
                         if let Some(found) = self.find_own(pending.prefix()).await? {
                             tracing::debug!(node = %found.path, "found our node after a connection loss");
                             pending.created(&found.path[self.dir.len() + 1 + PREFIX_LEN..]);
+                            if creator {
+                                self.check_dir_acl(None).await?;
+                            }
                             let children = Box::pin(self.list()).await?;
                             return Ok((found, children));
                         }
@@ -853,6 +854,30 @@ impl Queue {
                     Failure::Server | Failure::Local => return Err(backend("create", &node_prefix, e)),
                 },
             }
+        }
+    }
+
+    /// With `acl=creator`: refuses a directory whose ACL (read with the create, or now if that
+    /// read is missing or failed) lets someone else change it. An ACL that cannot be read is a
+    /// failure, not a pass.
+    async fn check_dir_acl(
+        &self,
+        read: Option<std::result::Result<(Vec<zk::Acl>, zk::Stat), zk::Error>>,
+    ) -> Result<()> {
+        let acls = match read {
+            Some(Ok((acls, _))) => acls,
+            _ => loop {
+                self.client.inner.metrics.sent(1);
+                match self.client.zk().get_acl(&self.dir).await {
+                    Ok((acls, _)) => break acls,
+                    Err(e) if is_connection_loss(&e) => await_connected(self.client.zk()).await?,
+                    Err(e) => return Err(backend("getACL", &self.dir, e)),
+                }
+            },
+        };
+        match self.client.foreign_entry(&acls) {
+            Some(entry) => Err(foreign_dir(&self.dir, &entry)),
+            None => Ok(()),
         }
     }
 

@@ -417,7 +417,8 @@ mod tests {
             &[("zk://u:p@a:1?auth=kerberos", "unknown login"), ("zk://u:%zz@a:1", "hex digits")],
         );
         let e = ZkUrl::parse("zk://u:%zz@a:1").unwrap_err().to_string();
-        assert!(e.contains("zk://u:***@a:1") && !e.contains("%zz"), "{e}");
+        // (a user part with a malformed escape is hidden whole: where it ends is not known)
+        assert!(e.contains("zk://***@a:1") && !e.contains("%zz"), "{e}");
     }
 
     #[test]
