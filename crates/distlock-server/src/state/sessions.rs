@@ -169,7 +169,7 @@ impl State {
     pub fn expire(&mut self, sids: &[i64]) {
         let now = Instant::now();
         for &sid in sids {
-            if !self.sessions.get(&sid).is_some_and(|s| s.deadline <= now) {
+            if self.sessions.get(&sid).is_none_or(|s| s.deadline > now) {
                 continue;
             }
             if let Some((_, conn)) = self.sessions.get_mut(&sid).and_then(|s| s.conn.take()) {
