@@ -38,7 +38,8 @@ async fn a_mutex_and_a_read_write_lock_of_one_name_are_one_lock(url: String) {
     let mutex = a.mutex(&name).unwrap().lock().await.unwrap();
     assert!(!free(b.read_lock(&name).unwrap(), &url).await, "{url}: a reader ran beside a held mutex");
     assert!(!free(b.write_lock(&name).unwrap(), &url).await, "{url}: a writer ran beside a held mutex");
-    // A reader that waits is let in once the mutex goes, not before.
+    // A reader that waits is let in once the mutex goes (the backend must wake it; that it
+    // stays out while the mutex is held is the try above).
     let reader = b.read_lock(&name).unwrap();
     let waiting = tokio::spawn(async move { reader.lock_timeout(Duration::from_secs(20)).await });
     mutex.release().await.unwrap();

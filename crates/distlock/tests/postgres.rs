@@ -705,3 +705,29 @@ async fn setup_no_makes_nothing_and_names_what_is_missing() {
     drop(own);
     drop_database(&db).await;
 }
+
+/// The kind markers (advisory keys `646c6b6e,…`) go with their locks: after a hold, a busy try,
+/// a wait that timed out, a refused semaphore, a permit and their releases, none is left in the
+/// test's own database (a marker left behind would refuse the other kind on that name forever).
+#[tokio::test]
+async fn kind_markers_go_with_their_locks() {
+    let (db, url) = own_database("markers").await;
+    let (a, b) = (
+        Client::connect(&format!("{url}?lease=4s")).await.unwrap(),
+        Client::connect(&format!("{url}?lease=4s")).await.unwrap(),
+    );
+    let name = unique("markers");
+    let held = a.mutex(&name).unwrap().lock().await.unwrap();
+    assert!(b.mutex(&name).unwrap().try_lock().await.unwrap().is_none(), "busy");
+    assert!(b.mutex(&name).unwrap().lock_timeout(Duration::from_millis(200)).await.unwrap().is_none(), "timed out");
+    let refused = b.semaphore(&name, 2).unwrap().try_acquire().await;
+    assert!(matches!(refused, Err(Error::KindConflict { .. })), "{:?}", refused.map(|p| p.is_some()));
+    held.release().await.unwrap();
+    b.semaphore(&name, 2).unwrap().acquire().await.unwrap().release().await.unwrap();
+    let sql = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 \
+               AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = $2)";
+    let left: i64 = raw().await.query_one(sql, &[&0x646c_6b6e_i64, &db]).await.unwrap().get(0);
+    assert_eq!(left, 0, "kind markers left in pg_locks");
+    drop((a, b));
+    drop_database(&db).await;
+}
