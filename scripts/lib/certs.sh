@@ -5,7 +5,9 @@
 # make_certs DIR [CLIENT_CN]: writes DIR/{ca,server,client,other-ca}.{pem,key} (keys mode 600),
 # and two server certificates of the same CA that must be refused: misnamed.pem (for
 # elsewhere.invalid only) and expired.pem (valid for a month that ended a year ago: signed with
-# libfaketime preloaded into openssl, when the machine has it). openssl's messages go to
+# libfaketime preloaded into openssl, when the machine has it); and selfsigned.pem, a certificate
+# for 127.0.0.1 and localhost that is its own CA (CA:TRUE, as `openssl req -x509` makes), which
+# distlock refuses as a server's certificate even when given as cacert. openssl's messages go to
 # DIR/openssl.log; when a step fails, the step and that log are printed and the script exits.
 #
 # Not the `faketime` wrapper: it names a shared-memory segment and a semaphore after its own pid,
@@ -42,6 +44,8 @@ make_certs() {
         step openssl req -newkey rsa:2048 -nodes -keyout misnamed.key -out misnamed.csr -subj "/CN=elsewhere.invalid"
         step openssl x509 -req -in misnamed.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out misnamed.pem \
             -days $days -extfile misnamed.ext
+        step openssl req -x509 -newkey rsa:2048 -nodes -keyout selfsigned.key -out selfsigned.pem -days $days \
+            -subj "/CN=localhost" -addext "subjectAltName=IP:127.0.0.1,DNS:localhost"
         if [[ -n "$faketime_lib" && -f "$faketime_lib" ]]; then
             step openssl req -newkey rsa:2048 -nodes -keyout expired.key -out expired.csr -subj "/CN=localhost"
             step env LD_PRELOAD="$faketime_lib" FAKETIME=-400d openssl x509 -req -in expired.csr -CA ca.pem \

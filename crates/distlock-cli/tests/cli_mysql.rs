@@ -192,3 +192,15 @@ fn the_mariadb_client_over_tls_shares_our_locks() {
     let ours = distlock(&url, &["exec", "--cacert", &ca, "-w", "20s", &theirs, "--", "true"]).output().unwrap();
     assert_eq!(ours.status.code(), Some(0), "{}", String::from_utf8_lossy(&ours.stderr));
 }
+
+/// `ssl-mode=PREFERRED` with a password for another machine insists on TLS; the test server has
+/// none, so it is refused before the password is sent; the default, `DISABLED`, warns (see the
+/// common check).
+#[test]
+fn a_password_for_another_machine_is_not_sent_in_plaintext_unasked() {
+    common::a_password_for_another_machine_is_not_sent_in_plaintext_unasked(
+        &backend(""),
+        "?connect_timeout=5s&ssl-mode=PREFERRED",
+        "?connect_timeout=5s",
+    );
+}

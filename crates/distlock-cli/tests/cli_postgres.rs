@@ -223,3 +223,21 @@ fn looking_at_a_database_nobody_used_yet_finds_nothing() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no_such_db_"), "{stderr}");
 }
+
+/// `sslmode=prefer` (the default) with a password for another machine insists on TLS; the test
+/// server has none, so it is refused without the password sent; `sslmode=disable` connects and
+/// warns (see the common check).
+#[test]
+fn a_password_for_another_machine_is_not_sent_in_plaintext_unasked() {
+    let url = std::env::var("DISTLOCK_TEST_POSTGRES").unwrap();
+    common::a_password_for_another_machine_is_not_sent_in_plaintext_unasked(
+        &url,
+        "?connect_timeout=5s",
+        "?connect_timeout=5s&sslmode=disable",
+    );
+    // On this machine, prefer still falls back to plaintext, without a warning.
+    let here = url.replacen("@127.0.0.1:", ":marker-pw-4b1d@127.0.0.1:", 1);
+    let out =
+        common::distlock(&here, &["exec", "-n", &name(), "--", "true"]).env("DISTLOCK_LOG", "warn").output().unwrap();
+    assert!(out.status.success() && out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}

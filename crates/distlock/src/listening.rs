@@ -32,3 +32,81 @@ pub(crate) async fn nobody_listens(hosts: &[String]) -> String {
         None => std::future::pending().await,
     }
 }
+
+/// What a client that retries a failed TLS handshake until its connect timeout (ZooKeeper's and
+/// etcd's both do, and only log why) cannot say. After `after` (a connect that succeeds by then
+/// wins), tries one handshake of its own to each of `hosts` (`host:port`), and resolves when every
+/// one fails for a definite cause: an untrusted, misnamed, expired or CA certificate, a client
+/// certificate the server requires, a plaintext port asked for TLS or (`tls` is `None`: the URL
+/// asked in plaintext) a port that answers in TLS. Never resolves otherwise (a host that accepts
+/// the handshake, or is down or silent, leaves the client's own outcome to stand).
+///
+/// `secure` is how this backend's URL asks for TLS (`zks://`), for the hint.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) async fn tls_trouble(
+    hosts: &[String],
+    tls: Option<&crate::tls::TlsFiles>,
+    secure: &str,
+    after: Duration,
+) -> String {
+    tokio::time::sleep(after).await;
+    let pem = match tls.map(|f| f.read()) {
+        Some(Ok(pem)) => Some(pem),
+        Some(Err(e)) => return e.to_string(),
+        None => None,
+    };
+    let probes = hosts.iter().map(|host| tls_trouble_at(host, pem.as_ref(), secure));
+    let reasons: Option<Vec<String>> = futures::future::join_all(probes).await.into_iter().collect();
+    match reasons {
+        Some(reasons) if !reasons.is_empty() => reasons.join("; "),
+        _ => std::future::pending().await,
+    }
+}
+
+/// [`tls_trouble`] at one host: the definite cause, or `None`.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+async fn tls_trouble_at(host: &str, pem: Option<&crate::tls::TlsPem>, secure: &str) -> Option<String> {
+    use crate::tls::Verify;
+    use tokio::io::AsyncReadExt;
+    let bound = Duration::from_secs(5);
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_matches(['[', ']']);
+    let none = crate::tls::TlsPem { ca: None, identity: None };
+    let config =
+        crate::tls::client_config(pem.unwrap_or(&none), if pem.is_some() { Verify::Full } else { Verify::Nothing })
+            .ok()?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_string()).ok()?;
+    let stream = tokio::time::timeout(bound, tokio::net::TcpStream::connect(host)).await.ok()?.ok()?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let handshake = tokio::time::timeout(bound, connector.connect(server_name, stream)).await.ok()?;
+    let definite = |text: String| {
+        let explained = crate::tls::explain(text.clone(), true, secure);
+        (explained != text).then_some(explained)
+    };
+    if pem.is_none() {
+        // A server that finishes a handshake, or sends a TLS alert, speaks TLS there.
+        return match handshake {
+            Ok(_) => {
+                Some(format!("{host} answered in TLS: it is a TLS port (write {secure}, with cacert, cert and key)"))
+            }
+            Err(e) if e.to_string().contains("alert") => Some(format!(
+                "{host} answered in TLS ({e}): it is a TLS port (write {secure}, with cacert, cert and key)"
+            )),
+            Err(_) => None,
+        };
+    }
+    match handshake {
+        Ok(mut tls) => {
+            // With TLS 1.3 the server refuses a missing client certificate after the handshake.
+            let mut byte = [0u8; 1];
+            match tokio::time::timeout(Duration::from_millis(500), tls.read(&mut byte)).await {
+                Ok(Err(e)) => definite(format!("TLS with {host}: {e}")),
+                _ => None,
+            }
+        }
+        // A listening server that closes the handshake without a word of TLS.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Some(format!(
+            "{host} closed the connection in the TLS handshake (the server did not answer in TLS: is this its TLS port? a plaintext port does that)"
+        )),
+        Err(e) => definite(format!("TLS handshake with {host}: {e}")),
+    }
+}

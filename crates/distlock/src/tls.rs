@@ -342,6 +342,26 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
     }
 }
 
+/// Whether `host` names this machine: `localhost`, an address of 127.0.0.0/8 or `::1`. Any other
+/// name or address counts as another machine (a name is not resolved: what it resolves to can
+/// change, and someone on the path can answer for it).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn is_this_machine(host: &str) -> bool {
+    let host = host.trim_matches(['[', ']']);
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The warning for a password sent to another machine over a connection that does not verify
+/// the server (`how` names the mode, e.g. `sslmode=prefer`; `verify` the setting that would).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn warn_unverified_password(url: &str, host: &str, how: &str, verify: &str) {
+    tracing::warn!(
+        url,
+        "the password goes to {host} over a connection that does not verify the server ({how}): \
+         someone on the path could answer in its place and take it; ask for {verify} with the server's CA"
+    );
+}
+
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
@@ -361,6 +381,13 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
         "the server's certificate does not name the host connected to: connect by a name (or address) it lists"
     } else if r.contains("expired") && r.contains("cert") {
         "the server's certificate has expired (or is not valid yet)"
+    } else if r.contains("causedasendentity")
+        || ((r.contains("self-signed certificate") || r.contains("self signed certificate"))
+            && !r.contains("in certificate chain"))
+    {
+        "the server's certificate is its own CA (self-signed with CA:TRUE, as `openssl req -x509` makes): \
+         distlock does not pin a certificate, even one given as cacert; give the server a certificate \
+         (CA:FALSE) signed by a CA, and that CA with cacert"
     } else if r.contains("unknownissuer") || r.contains("unknown issuer") || r.contains("verify failed") {
         "the server's certificate is not signed by a CA trusted here: give the CA that signed it with cacert"
     } else if r.contains("certificaterequired")
@@ -380,7 +407,9 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
             || r.contains("broken pipe")
             || r.contains("no encryption")
             || r.contains("ssl required")
-            || r.contains("secure transport"))
+            || r.contains("secure transport")
+            // MariaDB refuses a plaintext login of a user made REQUIRE SSL as any bad login.
+            || r.contains("access denied"))
     {
         return format!("{reason} (if the server takes TLS only, ask for TLS: {ask_tls})");
     } else {
@@ -392,6 +421,16 @@ pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_localhost_and_loopback_addresses_are_this_machine() {
+        for host in ["localhost", "LOCALHOST", "127.0.0.1", "127.1.2.3", "::1", "[::1]"] {
+            assert!(is_this_machine(host), "{host}");
+        }
+        for host in ["0.0.0.0", "10.0.0.1", "db.example.com", "localhost.example.com", "::", "::ffff:10.0.0.1"] {
+            assert!(!is_this_machine(host), "{host}");
+        }
+    }
 
     #[test]
     fn aliases_map_to_the_three_files_and_unreadable_files_are_named() {

@@ -270,10 +270,13 @@ impl Drop for TlsEnd {
     }
 }
 
-/// Hostile ends, the same on every network backend: a server whose certificate names another
-/// host, one whose certificate has expired (both signed by the CA the client trusts), and one
-/// that accepts the connection and never says a word. Each is refused within the connect
-/// timeout, with an error that names the cause.
+/// Hostile ends, the same on every network backend whose connection starts with TLS: a server
+/// whose certificate names another host, one whose certificate has expired (both signed by the
+/// CA the client trusts), one whose certificate another CA signed, one whose certificate is its
+/// own CA (self-signed, CA:TRUE: refused even when given as cacert, since distlock does not pin),
+/// a plaintext server asked for TLS and a TLS server asked in plaintext. Each is refused at
+/// once (well inside a 5 s connect timeout), with an error that names the cause; and one that
+/// accepts the connection and never says a word, at the connect timeout.
 #[tokio::test]
 async fn hostile_tls_ends_are_refused_naming_the_cause() {
     let dir = std::env::temp_dir().join(format!("distlock-hostile-{}", uuid::Uuid::new_v4().simple()));
@@ -288,26 +291,73 @@ async fn hostile_tls_ends_are_refused_naming_the_cause() {
         .status()
         .unwrap();
     assert!(made.success());
-    let ca = certs.join("ca.pem").display().to_string();
+    let file = |name: &str| certs.join(format!("{name}.pem")).display().to_string();
     // The backends whose connection starts with the TLS handshake (PostgreSQL and MySQL first
     // speak their own protocol; their servers' tests check the certificate).
-    let tls_first = |port: u16| {
+    let tls_first = |port: u16, ca: &str| {
         [
-            format!("rediss://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
-            format!("etcds://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
-            format!("zks://127.0.0.1:{port}?cacert={ca}&connect_timeout=3s"),
+            format!("rediss://127.0.0.1:{port}?cacert={ca}&connect_timeout=5s"),
+            format!("etcds://127.0.0.1:{port}?cacert={ca}&connect_timeout=5s"),
+            format!("zks://127.0.0.1:{port}?cacert={ca}&connect_timeout=5s"),
         ]
     };
-    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+    // Every case runs; the failures are listed together at the end.
+    let mut failed = Vec::new();
+    let mut at_once = |url: &str, e: &Error, took: Duration, says: &str| {
+        println!("{url}: {e} ({took:?})");
+        if !e.to_string().contains(says) || took >= Duration::from_millis(1500) {
+            failed.push(format!("{url}: after {took:?}, wanted {says:?}: {e}"));
+        }
+    };
+    let cases = [
+        ("misnamed", "ca", "does not name the host"),
+        ("expired", "ca", "has expired"),
+        ("server", "other-ca", "not signed by a CA trusted here"),
+        ("selfsigned", "ca", "its own CA"),
+        ("selfsigned", "selfsigned", "its own CA"),
+    ];
+    for (cert, ca, says) in cases {
         let end = TlsEnd::start(&certs, cert);
-        for url in tls_first(end.1) {
+        for url in tls_first(end.1, &file(ca)) {
             let started = Instant::now();
             let e = distlock::connect(&url).await.map(|_| ()).expect_err(&url);
-            println!("{url}: {e} ({:?})", started.elapsed());
-            assert!(e.to_string().contains(says), "{url}: {e}");
-            assert!(started.elapsed() < Duration::from_secs(4), "{url}: {:?}", started.elapsed());
+            at_once(&url, &e, started.elapsed(), says);
         }
     }
+    // A TLS port asked in plaintext.
+    let end = TlsEnd::start(&certs, "server");
+    for (url, says) in [
+        (format!("redis://127.0.0.1:{}?connect_timeout=5s", end.1), "rediss://"),
+        (format!("etcd://127.0.0.1:{}?connect_timeout=5s", end.1), "etcds://"),
+        (format!("zk://127.0.0.1:{}?connect_timeout=5s", end.1), "zks://"),
+    ] {
+        let started = Instant::now();
+        let e = distlock::connect(&url).await.map(|_| ()).expect_err(&url);
+        at_once(&url, &e, started.elapsed(), says);
+    }
+    drop(end);
+    // A plaintext port asked for TLS: it reads the handshake as a request, answers in its own
+    // words and closes (as a plaintext Redis or ZooKeeper port does).
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = plain.local_addr().unwrap().port();
+    let answering = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = plain.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(b"-ERR unknown command\r\n").await;
+            });
+        }
+    });
+    for url in tls_first(port, &file("ca")) {
+        let started = Instant::now();
+        let e = distlock::connect(&url).await.map(|_| ()).expect_err(&url);
+        // "did not answer in TLS: is this its TLS port?", or Redis's probe: "not a TLS port".
+        at_once(&url, &e, started.elapsed(), "TLS port");
+    }
+    answering.abort();
+    assert!(failed.is_empty(), "not named at once:\n{}", failed.join("\n"));
     // Accepts, and never answers (not even the TLS handshake).
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = silent.local_addr().unwrap().port();
@@ -317,6 +367,7 @@ async fn hostile_tls_ends_are_refused_naming_the_cause() {
             held.push(socket);
         }
     });
+    let ca = file("ca");
     let urls = [
         format!("rediss://127.0.0.1:{port}?cacert={ca}&connect_timeout=2s"),
         format!("postgres://u@127.0.0.1:{port}/db?sslmode=verify-full&sslrootcert={ca}&connect_timeout=2s"),

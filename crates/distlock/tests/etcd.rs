@@ -664,7 +664,7 @@ async fn a_tls_only_cluster_with_auth_and_client_certificates() {
         (by_cert.replace("etcds://", "etcd://"), "write etcds://"),
     ];
     for (bad, says) in refused {
-        common::secure::refused(&bad, says, &password).await;
+        common::secure::refused_at_once(&bad, says, &password).await;
     }
 }
 

@@ -469,21 +469,29 @@ async fn a_tls_only_server_with_password_and_x509_users() {
     }
     let refused: Vec<(String, &str)> = vec![
         (by_password.replace(&ca, &other_ca), "not signed by a CA trusted here"),
-        // Plaintext: the user REQUIRE SSL is refused as any login would be.
-        (by_password.replace(&format!("?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"), "?"), "Access denied"),
+        // Plaintext: the user REQUIRE SSL is refused as any login would be, with the hint.
+        (
+            by_password.replace(&format!("?ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"), "?"),
+            "(if the server takes TLS only, ask for TLS: ssl-mode=VERIFY_IDENTITY)",
+        ),
         (by_password.replace(&password, "not-the-password"), "Access denied"),
         (by_cert.replace(&format!("&cert={cert}&key={key}"), ""), "Access denied"),
         (by_password.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
         (by_password.replace("VERIFY_IDENTITY", "SOMETIMES"), "ssl-mode=SOMETIMES"),
     ];
     for (bad, says) in refused {
-        common::secure::refused(&bad, says, &password).await;
+        common::secure::refused_at_once(&bad, says, &password).await;
     }
-    // The server presents a certificate of the trusted CA for another host, then an expired one.
-    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+    // The server presents a certificate of the trusted CA for another host, then an expired one,
+    // then a self-signed one (its own CA), which is refused even when given as the CA (pinned).
+    for (cert, says) in
+        [("misnamed", "does not name the host"), ("expired", "has expired"), ("selfsigned", "its own CA")]
+    {
         server.run("use-cert", &[cert]);
-        common::secure::refused(&by_password, says, &password).await;
+        common::secure::refused_at_once(&by_password, says, &password).await;
     }
+    let pinned = by_password.replace(&ca, &server.file("certs/selfsigned.pem"));
+    common::secure::refused_at_once(&pinned, "its own CA", &password).await;
 }
 
 /// Least privilege: user `team_a` (`scripts/mariadb.sh start-tls`) starts with no grants; after an

@@ -469,13 +469,18 @@ async fn a_tls_only_server_with_scram_and_certificate_users() {
         (scram.replace("sslmode=verify-full", "sslmode=sometimes"), "sslmode=sometimes"),
     ];
     for (bad, says) in refused {
-        common::secure::refused(&bad, says, &password).await;
+        common::secure::refused_at_once(&bad, says, &password).await;
     }
-    // The server presents a certificate of the trusted CA for another host, then an expired one.
-    for (cert, says) in [("misnamed", "does not name the host"), ("expired", "has expired")] {
+    // The server presents a certificate of the trusted CA for another host, then an expired one,
+    // then a self-signed one (its own CA), which is refused even when given as the CA (pinned).
+    for (cert, says) in
+        [("misnamed", "does not name the host"), ("expired", "has expired"), ("selfsigned", "its own CA")]
+    {
         server.run("use-cert", &[cert]);
-        common::secure::refused(&scram, says, &password).await;
+        common::secure::refused_at_once(&scram, says, &password).await;
     }
+    let pinned = scram.replace(&ca, &server.file("certs/selfsigned.pem"));
+    common::secure::refused_at_once(&pinned, "its own CA", &password).await;
 }
 
 /// Least privilege: role `team_a` (`scripts/postgres.sh start-tls`) has no CREATE on the schema

@@ -811,8 +811,13 @@ async fn a_tls_only_server_with_an_acl_user() {
         (url.replace(&file("ca.pem"), "/no/such/ca.pem"), "/no/such/ca.pem"),
     ];
     for (bad, says) in refused {
-        common::secure::refused(&bad, says, &password).await;
+        common::secure::refused_at_once(&bad, says, &password).await;
     }
+    // TLS asked of a plaintext server (which says nothing to a TLS handshake): named at once, not
+    // at the connect timeout.
+    let plain = Server::launch(&["start"]);
+    let to_plain = format!("rediss://distlock:{password}@{}?connect_timeout=3s&{files}", plain.addr);
+    common::secure::refused_at_once(&to_plain, "not a TLS port", &password).await;
 }
 
 /// Least privilege: ACL user `team-a` (`scripts/redis.sh`'s `lock_user_rule team-a/`: the keys

@@ -389,7 +389,7 @@ async fn a_tls_only_server_with_sasl_logins() {
         (url.replace(&ca, "/no/such/ca.pem"), "/no/such/ca.pem"),
     ];
     for (bad, says) in refused {
-        common::secure::refused(&bad, says, &password).await;
+        common::secure::refused_at_once(&bad, says, &password).await;
     }
 }
 

@@ -727,3 +727,30 @@ pub fn a_marker_password_is_never_shown(url: &str, marker: &str, tls: &[&str], p
     }
     assert!(said.iter().any(|(_, t)| t.contains("DEBUG") || t.contains("debug")), "no debug log was written");
 }
+
+/// A password for another machine, on a backend whose test server has no TLS. The test server's
+/// `url` (`…user@127.0.0.1:PORT…`) is given a marker password and host 0.0.0.0 (which reaches this
+/// machine, but is not `localhost` or a loopback address, so it counts as another machine);
+/// `prefer` and `plain` are the queries of the mode that would fall back to plaintext and of
+/// plaintext said outright. With `prefer` the password is not sent: refused, naming why and the
+/// way out. With `plain` a warning says it goes unverified. Neither shows the password.
+pub fn a_password_for_another_machine_is_not_sent_in_plaintext_unasked(url: &str, prefer: &str, plain: &str) {
+    let marker = "marker-pw-4b1d";
+    let abroad = url.replacen("@127.0.0.1:", &format!(":{marker}@0.0.0.0:"), 1);
+    assert_ne!(abroad, url, "the test server's URL names user@127.0.0.1: {url}");
+    let run = |query: &str| {
+        let out = distlock(&format!("{abroad}{query}"), &["exec", "-n", &unique("abroad-"), "--", "true"])
+            .env("DISTLOCK_LOG", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!stderr.contains(marker), "the password is shown: {stderr}");
+        (out.status.code(), stderr)
+    };
+    let (code, stderr) = run(prefer);
+    assert_ne!(code, Some(0), "{prefer}: connected in plaintext with a password for another machine: {stderr}");
+    assert!(stderr.contains("does not send a password in plaintext to another machine"), "{prefer}: {stderr}");
+    let (_, stderr) = run(plain);
+    assert!(stderr.contains("does not verify the server"), "{plain}: no warning: {stderr}");
+    assert!(stderr.contains("0.0.0.0"), "{plain}: the warning names the host: {stderr}");
+}

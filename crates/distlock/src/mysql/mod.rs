@@ -142,6 +142,7 @@ impl Client {
         // The TLS files are read by the driver at each connection: checked here first, so that a
         // missing or malformed one is named at once.
         url.tls_files.read()?;
+        url.warn_if_unverified();
         let client = Client {
             inner: Arc::new(Inner {
                 watchdog: Arc::new(crate::watchdog::Watchdog::new(url.lease / 6)),
@@ -304,7 +305,9 @@ impl Client {
         tokio::time::timeout(url.connect_timeout, setup)
             .await
             .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
-            .map_err(|e| failed(crate::tls::explain(e.to_string(), url.tls, "ssl-mode=VERIFY_IDENTITY")))
+            .map_err(|e| {
+                failed(crate::tls::explain(url.explain_refused_tls(e.to_string()), url.tls, "ssl-mode=VERIFY_IDENTITY"))
+            })
     }
 }
 

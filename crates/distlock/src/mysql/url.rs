@@ -53,6 +53,11 @@ pub struct MysqlUrl {
     /// Whether connecting may make the fencing sequence or table where missing (`setup=auto`,
     /// the default) or not (`setup=no`: a missing one is an error).
     pub setup: bool,
+    /// When a password goes to another machine over a connection that does not verify the
+    /// server: the mode, for the warning.
+    unverified_password: Option<&'static str>,
+    /// Whether PREFERRED was kept to TLS for a password going to another machine.
+    tls_preferred: bool,
     shown: String,
 }
 
@@ -87,6 +92,28 @@ impl std::fmt::Display for MysqlUrl {
 }
 
 impl MysqlUrl {
+    /// Warns when a password goes to another machine over a connection that does not verify
+    /// the server (`ssl-mode` `DISABLED`, `PREFERRED` or `REQUIRED`).
+    pub(crate) fn warn_if_unverified(&self) {
+        if let Some(how) = self.unverified_password {
+            let host = self.options.get_host();
+            crate::tls::warn_unverified_password(&self.shown, host, how, "ssl-mode=VERIFY_IDENTITY");
+        }
+    }
+
+    /// The reason of a failed connect, `reason`, told why when PREFERRED was kept to TLS for a
+    /// password and the server did not offer it.
+    pub(crate) fn explain_refused_tls(&self, reason: String) -> String {
+        if self.tls_preferred && reason.to_lowercase().contains("not support tls") {
+            return format!(
+                "{reason}: the server did not offer TLS (or someone on the path removed it), and with \
+                 ssl-mode=PREFERRED distlock does not send a password in plaintext to another machine; turn TLS \
+                 on at the server (and ask for ssl-mode=VERIFY_IDENTITY), or say ssl-mode=DISABLED to send it anyway"
+            );
+        }
+        reason
+    }
+
     /// Parses a `mysql://` or `mariadb://` URL.
     pub fn parse(url: &str) -> Result<MysqlUrl> {
         let shown = crate::redact_url(url);
@@ -166,6 +193,7 @@ impl MysqlUrl {
         // then take any certificate a public CA signed, for any host, and PREFERRED or REQUIRED
         // would not look at the CA at all. A CA is used with VERIFY_IDENTITY only.
         let ssl_mode = ssl_mode.unwrap_or(if tls_files.is_empty() { M::Disabled } else { M::VerifyIdentity });
+        let tls_preferred = matches!(ssl_mode, M::Preferred);
         match ssl_mode {
             M::Disabled if !tls_files.is_empty() => {
                 return Err(bad(
@@ -187,6 +215,20 @@ impl MysqlUrl {
             }
             _ => {}
         }
+        // A password for another machine is not sent in plaintext because the server (or someone
+        // on the path, who can then ask for it in cleartext) declined TLS: PREFERRED asks for TLS
+        // there; DISABLED says plaintext is meant.
+        let password =
+            base.rsplit_once('@').is_some_and(|(user, _)| user.split_once(':').is_some_and(|(_, p)| !p.is_empty()));
+        let password_abroad = password && !crate::tls::is_this_machine(options.get_host());
+        let ssl_mode = if matches!(ssl_mode, M::Preferred) && password_abroad { M::Required } else { ssl_mode };
+        let unverified_password = match ssl_mode {
+            _ if !password_abroad => None,
+            M::Disabled => Some("ssl-mode=DISABLED: plaintext"),
+            M::Required if tls_preferred => Some("ssl-mode=PREFERRED (kept to TLS)"),
+            M::Preferred | M::Required => Some("ssl-mode=REQUIRED"),
+            _ => None,
+        };
         options = options.ssl_mode(ssl_mode);
         if let Some(ca) = &tls_files.cacert {
             options = options.ssl_ca(ca);
@@ -197,7 +239,18 @@ impl MysqlUrl {
         // A lock wait is a "slow statement" by design: no warnings for it.
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
         let tls = !matches!(ssl_mode, M::Disabled);
-        Ok(MysqlUrl { options, lease, connect_timeout, fencing, tls_files, tls, setup, shown })
+        Ok(MysqlUrl {
+            options,
+            lease,
+            connect_timeout,
+            fencing,
+            tls_files,
+            tls,
+            setup,
+            unverified_password,
+            tls_preferred: tls_preferred && password_abroad,
+            shown,
+        })
     }
 }
 

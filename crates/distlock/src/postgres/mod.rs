@@ -211,6 +211,7 @@ impl Client {
     /// Connects with a parsed URL.
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
         let tls = url.tls()?;
+        url.warn_if_unverified();
         let client = Client {
             inner: Arc::new(Inner {
                 watchdog: Arc::new(crate::watchdog::Watchdog::new(url.server_bound() / 6)),
@@ -406,7 +407,8 @@ impl Client {
                 .await
                 .map_err(|_| failed(format!("no answer within {:?}", url.connect_timeout)))?
                 .map_err(|e| {
-                    failed(crate::tls::explain(cause(&e), url.ssl_mode != SslMode::Disable, "sslmode=verify-full"))
+                    let reason = url.explain_refused_tls(cause(&e));
+                    failed(crate::tls::explain(reason, url.ssl_mode != SslMode::Disable, "sslmode=verify-full"))
                 })?;
         let (tx, closed) = watch::channel(false);
         let holder: Arc<crate::lease::HolderSlot> = Arc::default();

@@ -2,6 +2,7 @@
 
 use crate::{Error, Result};
 use std::time::Duration;
+use tokio_postgres::config::Host;
 
 /// Default lease: how long after it last heard from a silent holder the server ends its session.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -240,6 +241,11 @@ pub struct PgUrl {
     /// Whether connecting may make the fencing sequence where missing (`setup=auto`, the
     /// default) or not (`setup=no`: a missing one is an error).
     pub setup: bool,
+    /// Whether a password goes to another machine (a host not [`is_this_machine`]): then
+    /// `prefer` insists on TLS, and an unverified server is warned of.
+    ///
+    /// [`is_this_machine`]: crate::tls
+    password_abroad: bool,
     /// The URL without its password, for messages.
     shown: String,
 }
@@ -448,9 +454,15 @@ impl PgUrl {
         if ssl_mode == SslMode::Disable && !tls_files.is_empty() {
             return Err(bad("TLS files with sslmode=disable: drop them or ask for TLS (sslmode=verify-full)".into()));
         }
+        // A password for another machine is not sent in plaintext because the server (or
+        // someone on the path, who can then ask for it in cleartext) declined TLS: `prefer`
+        // asks for TLS there; `sslmode=disable` says plaintext is meant.
+        let password_abroad = config.get_password().is_some()
+            && config.get_hosts().iter().any(|h| matches!(h, Host::Tcp(name) if !crate::tls::is_this_machine(name)));
+        let tls_for_password = ssl_mode == SslMode::Prefer && password_abroad;
         config.ssl_mode(match ssl_mode {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Prefer if !tls_for_password => tokio_postgres::config::SslMode::Prefer,
             _ => tokio_postgres::config::SslMode::Require,
         });
         Ok(PgUrl {
@@ -463,8 +475,42 @@ impl PgUrl {
             tls_files,
             scope,
             setup,
+            password_abroad,
             shown: crate::redact_url(url),
         })
+    }
+
+    /// Warns (once per call) when a password goes to another machine over a connection that
+    /// does not verify the server (`sslmode` `disable`, `prefer` or `require` without a CA).
+    pub(crate) fn warn_if_unverified(&self) {
+        let verified = self.ssl_mode == SslMode::VerifyFull
+            || self.ssl_mode == SslMode::VerifyCa
+            || (self.ssl_mode == SslMode::Require && self.tls_files.cacert.is_some());
+        if self.password_abroad && !verified {
+            let host = self.config.get_hosts().iter().find_map(|h| match h {
+                Host::Tcp(name) if !crate::tls::is_this_machine(name) => Some(name.clone()),
+                _ => None,
+            });
+            let how = match self.ssl_mode {
+                SslMode::Disable => "sslmode=disable: plaintext",
+                SslMode::Prefer => "sslmode=prefer (kept to TLS)",
+                _ => "sslmode=require without a CA",
+            };
+            crate::tls::warn_unverified_password(&self.shown, &host.unwrap_or_default(), how, "sslmode=verify-full");
+        }
+    }
+
+    /// The reason of a failed connect, `reason`, told why when `prefer` insisted on TLS for a
+    /// password and the server did not offer it.
+    pub(crate) fn explain_refused_tls(&self, reason: String) -> String {
+        if self.ssl_mode == SslMode::Prefer && self.password_abroad && reason.contains("does not support TLS") {
+            return format!(
+                "{reason}: the server did not offer TLS (or someone on the path removed it), and with \
+                 sslmode=prefer distlock does not send a password in plaintext to another machine; turn TLS \
+                 on at the server (and ask for sslmode=verify-full), or say sslmode=disable to send it anyway"
+            );
+        }
+        reason
     }
 
     /// The TLS connector of this URL: its files read, the server checked as `sslmode` says. With

@@ -252,6 +252,29 @@ fn tls_certificates(url: &RedisUrl) -> Result<Option<redis::TlsCertificates>> {
     }))
 }
 
+/// A plaintext Redis port says nothing to a TLS handshake (it waits for the end of a command
+/// line), so a `rediss://` URL at one would wait out its connect timeout. Unless the connection is
+/// up after a moment, this asks `host:port` `PING` in plaintext, and resolves when it answers in
+/// RESP: that port is not a TLS port. Never resolves otherwise.
+async fn plaintext_answers(host: &str, port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = async {
+        let mut socket = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        socket.write_all(b"PING\r\n").await.ok()?;
+        let mut answer = [0u8; 64];
+        let n = socket.read(&mut answer).await.ok()?;
+        let line = String::from_utf8_lossy(&answer[..n]).lines().next().unwrap_or_default().to_string();
+        (line.starts_with('+') || line.starts_with('-')).then_some(line)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), asked).await {
+        Ok(Some(line)) => format!(
+            "{host}:{port} answers in plaintext ({line:?}), not in TLS: it is not a TLS port (for a plaintext port write redis://)"
+        ),
+        _ => std::future::pending().await,
+    }
+}
+
 /// The master a client talks to: its `host:port`, the redis crate's client and connection for
 /// it, and its run id (if the server told it).
 struct Master {
@@ -271,10 +294,14 @@ async fn open_master(url: &RedisUrl, host: &str, port: u16, bound: Duration) -> 
         .set_response_timeout(Some(response_timeout(url)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(500));
-    let conn = tokio::time::timeout(bound, client.get_connection_manager_with_config(config))
-        .await
-        .map_err(|_| failed(format!("no answer from {host}:{port} within {bound:?}")))?
-        .map_err(|e| failed(crate::tls::explain(format!("{host}:{port}: {e}"), url.tls, "rediss://")))?;
+    let connecting = tokio::time::timeout(bound, client.get_connection_manager_with_config(config));
+    let conn = tokio::select! {
+        biased; // a connection made is never dropped for the probe
+        conn = connecting => conn
+            .map_err(|_| failed(format!("no answer from {host}:{port} within {bound:?}")))?
+            .map_err(|e| failed(crate::tls::explain(format!("{host}:{port}: {e}"), url.tls, "rediss://")))?,
+        why = plaintext_answers(host, port), if url.tls => return Err(failed(why)),
+    };
     let mut probe = conn.clone();
     let role: redis::Value = tokio::time::timeout(bound, redis::cmd("ROLE").query_async(&mut probe))
         .await

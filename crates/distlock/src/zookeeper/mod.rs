@@ -159,78 +159,6 @@ fn no_session(url: &ZkUrl) -> String {
     format!("no session established within {}{hint}", humantime::format_duration(url.connect_timeout))
 }
 
-/// What the ZooKeeper client cannot say: it retries a failed TLS handshake (or a plaintext
-/// session at a TLS port) until the connect timeout, and only logs why. Unless the session is up
-/// by then, this tries one handshake of its own to the first host after a moment, and returns
-/// the cause when it is a definite one (an untrusted or misnamed certificate, a client
-/// certificate the server requires, a TLS port asked for in plaintext); otherwise it never
-/// returns, and the client's own outcome stands.
-async fn tls_trouble(url: &ZkUrl) -> String {
-    use crate::tls::Verify;
-    use tokio::io::AsyncReadExt;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let never = std::future::pending::<String>();
-    let host = &url.hosts[0];
-    let name = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h).trim_matches(['[', ']']);
-    let (pem, verify) = if url.tls {
-        match url.tls_files.read() {
-            Ok(pem) => (pem, Verify::Full),
-            Err(e) => return e.to_string(),
-        }
-    } else {
-        (crate::tls::TlsPem { ca: None, identity: None }, Verify::Nothing)
-    };
-    let Ok(config) = crate::tls::client_config(&pem, verify) else { return never.await };
-    let Ok(server_name) = rustls::pki_types::ServerName::try_from(name.to_string()) else { return never.await };
-    let Ok(Ok(stream)) = tokio::time::timeout(url.connect_timeout, tokio::net::TcpStream::connect(host.as_str())).await
-    else {
-        return never.await;
-    };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let handshake = tokio::time::timeout(url.connect_timeout, connector.connect(server_name, stream)).await;
-    if !url.tls {
-        // A server that finishes a handshake, or sends a TLS alert, speaks TLS there.
-        return match handshake {
-            Ok(Ok(_)) => {
-                format!("{host} answered in TLS: it is a secure client port (write zks://, with cacert, cert and key)")
-            }
-            Ok(Err(e)) if e.to_string().contains("alert") => {
-                format!("{host} answered in TLS ({e}): it is a secure client port (write zks://, with cacert, cert and key)")
-            }
-            _ => never.await,
-        };
-    }
-    match handshake {
-        Ok(Ok(mut tls)) => {
-            // With TLS 1.3 the server refuses a missing client certificate after the handshake.
-            let mut byte = [0u8; 1];
-            match tokio::time::timeout(Duration::from_millis(500), tls.read(&mut byte)).await {
-                Ok(Err(e)) => match definite(format!("TLS with {host}: {e}")) {
-                    Some(why) => why,
-                    None => never.await,
-                },
-                _ => never.await,
-            }
-        }
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            // A listening server that closes the handshake without a word of TLS.
-            format!("{host} closed the connection in the TLS handshake: is this the secure client port? (a plaintext port does that)")
-        }
-        Ok(Err(e)) => match definite(format!("TLS handshake with {host}: {e}")) {
-            Some(why) => why,
-            None => never.await,
-        },
-        _ => never.await,
-    }
-}
-
-/// `text` with its cause, if it is a TLS failure whose cause is known (not a passing one, such
-/// as a reset while the server restarts).
-fn definite(text: String) -> Option<String> {
-    let explained = crate::tls::explain(text.clone(), true, "zks://");
-    (explained != text).then_some(explained)
-}
-
 impl Client {
     /// Connects to the ensemble named by a `zk://` URL and establishes a session.
     ///
@@ -271,7 +199,12 @@ impl Client {
         let attempt = async {
             tokio::select! {
                 r = connect => r.map_err(|e| explain(&url, &e)),
-                why = tls_trouble(&url) => Err(why),
+                why = crate::listening::tls_trouble(
+                    &url.hosts,
+                    url.tls.then_some(&url.tls_files),
+                    "zks://",
+                    Duration::from_millis(300),
+                ) => Err(why),
             }
         };
         let zk = match tokio::time::timeout(bound, attempt).await {
