@@ -159,16 +159,71 @@ fn no_session(url: &ZkUrl) -> String {
     format!("no session established within {}{hint}", humantime::format_duration(url.connect_timeout))
 }
 
+/// What the ZooKeeper client cannot say, tried when its session is not up after a moment: a
+/// server refusing us for too many connections ([`refused`]), or a TLS trouble ([`tls_trouble`]).
+/// Returns the cause when it is a definite one; otherwise never returns, and the client's own
+/// outcome stands.
+async fn trouble(url: &ZkUrl) -> String {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = refused(url);
+    let tls = tls_trouble(url);
+    tokio::pin!(refused, tls);
+    // A refusal comes in plaintext, before any TLS, so a TLS handshake with a refusing server
+    // fails too: the refusal, the first cause, is the one told.
+    tokio::select! {
+        r = &mut refused => match r {
+            Some(why) => why,
+            None => tls.await,
+        },
+        why = &mut tls => refused.await.unwrap_or(why),
+    }
+}
+
+/// The line distlock's embedded server writes to a connection it refuses for want of slots.
+const TOO_MANY_CONNECTIONS: &str = "distlock-server: too many connections";
+
+/// How long [`refused`] waits for a host's first words.
+const REFUSAL_PROBE: Duration = Duration::from_millis(500);
+
+/// Whether every host of `url` refuses connections for want of slots: distlock's embedded
+/// server says so in a line of plaintext (before any TLS) and closes, where the ZooKeeper client
+/// sees only a closed connection and retries until its timeout. One raw connection per host,
+/// which reads what the server writes first; each bounded (at most about a second in all).
+async fn refused(url: &ZkUrl) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let probe = |host: String| async move {
+        let connect = tokio::net::TcpStream::connect(host.as_str());
+        let mut stream = tokio::time::timeout(REFUSAL_PROBE, connect).await.ok()?.ok()?;
+        let mut first = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 256];
+            while first.len() < 256 && !first.contains(&b'\n') {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => first.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REFUSAL_PROBE, read).await;
+        let text = String::from_utf8_lossy(&first);
+        let line = text.lines().next().unwrap_or("");
+        // The server's words, printable ASCII only: they end up in terminals and logs.
+        let line: String = line.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').collect();
+        line.starts_with(TOO_MANY_CONNECTIONS).then(|| format!("{host}: {line}"))
+    };
+    let all = futures::future::join_all(url.hosts.iter().cloned().map(probe)).await;
+    let lines: Option<Vec<String>> = all.into_iter().collect();
+    lines.filter(|l| !l.is_empty()).map(|l| format!("the server refused the connection: {}", l.join("; ")))
+}
+
 /// What the ZooKeeper client cannot say: it retries a failed TLS handshake (or a plaintext
-/// session at a TLS port) until the connect timeout, and only logs why. Unless the session is up
-/// by then, this tries one handshake of its own to the first host after a moment, and returns
-/// the cause when it is a definite one (an untrusted or misnamed certificate, a client
-/// certificate the server requires, a TLS port asked for in plaintext); otherwise it never
-/// returns, and the client's own outcome stands.
+/// session at a TLS port) until the connect timeout, and only logs why. This tries one handshake
+/// of its own to the first host, and returns the cause when it is a definite one (an untrusted
+/// or misnamed certificate, a client certificate the server requires, a TLS port asked for in
+/// plaintext); otherwise it never returns.
 async fn tls_trouble(url: &ZkUrl) -> String {
     use crate::tls::Verify;
     use tokio::io::AsyncReadExt;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let never = std::future::pending::<String>();
     let host = &url.hosts[0];
     let name = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h).trim_matches(['[', ']']);
@@ -271,13 +326,21 @@ impl Client {
         let attempt = async {
             tokio::select! {
                 r = connect => r.map_err(|e| explain(&url, &e)),
-                why = tls_trouble(&url) => Err(why),
+                why = trouble(&url) => Err(why),
             }
         };
         let zk = match tokio::time::timeout(bound, attempt).await {
             Ok(Ok(zk)) => zk,
             Ok(Err(reason)) => return Err(Error::Connect { url: url.to_string(), reason }),
-            Err(_) => return Err(Error::Connect { url: url.to_string(), reason: no_session(&url) }),
+            Err(_) => {
+                // Too soon for `trouble` to have asked (a connect timeout under a second, say):
+                // a server refusing us for too many connections is still worth naming.
+                let reason = match refused(&url).await {
+                    Some(why) => format!("{}: {why}", no_session(&url)),
+                    None => no_session(&url),
+                };
+                return Err(Error::Connect { url: url.to_string(), reason });
+            }
         };
         if url.auth.is_none() {
             // A server that requires a login ends a session without one at its first request:
