@@ -705,8 +705,9 @@ async fn silent_and_half_sent_connections_are_closed_at_the_deadline() {
         sock.write_all(bytes).await.unwrap();
         held.push(sock);
     }
-    // Every slot is taken: a fifth connection is closed unanswered.
-    assert_eq!(raw(s.addr(), b"ruok").await, b"", "a fifth connection was served past the limit");
+    // Every slot is taken: a fifth connection is told so, and closed.
+    let refusal = b"distlock-server: too many connections (at most 4 in all)\n";
+    assert_eq!(raw(s.addr(), b"ruok").await, refusal, "a fifth connection was served past the limit");
     for (sock, bytes) in held.iter_mut().zip(partial) {
         let mut rest = Vec::new();
         let read = tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await;
