@@ -164,8 +164,8 @@ fn no_session(url: &ZkUrl) -> String {
 /// Returns the cause when it is a definite one; otherwise never returns, and the client's own
 /// outcome stands.
 async fn trouble(url: &ZkUrl) -> String {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let refused = refused(url);
+    tokio::time::sleep(TROUBLE_AFTER).await;
+    let refused = refused(url, REFUSAL_PROBE);
     let tls = tls_trouble(url);
     tokio::pin!(refused, tls);
     // A refusal comes in plaintext, before any TLS, so a TLS handshake with a refusing server
@@ -182,18 +182,27 @@ async fn trouble(url: &ZkUrl) -> String {
 /// The line distlock's embedded server writes to a connection it refuses for want of slots.
 const TOO_MANY_CONNECTIONS: &str = "distlock-server: too many connections";
 
-/// How long [`refused`] waits for a host's first words.
+/// How long a session may take before [`trouble`] asks why.
+const TROUBLE_AFTER: Duration = Duration::from_millis(300);
+
+/// How long [`refused`] waits for a host to accept, and then for its first words, when asked by
+/// [`trouble`].
 const REFUSAL_PROBE: Duration = Duration::from_millis(500);
+
+/// The same, when asked only at the connect timeout: a refusal comes at once from a server that
+/// accepts, and a connect that failed must not take much longer than its timeout.
+const LATE_REFUSAL_PROBE: Duration = Duration::from_millis(100);
 
 /// Whether every host of `url` refuses connections for want of slots: distlock's embedded
 /// server says so in a line of plaintext (before any TLS) and closes, where the ZooKeeper client
 /// sees only a closed connection and retries until its timeout. One raw connection per host,
-/// which reads what the server writes first; each bounded (at most about a second in all).
-async fn refused(url: &ZkUrl) -> Option<String> {
+/// which reads what the server writes first; each bounded by `wait` to connect and `wait` to
+/// read.
+async fn refused(url: &ZkUrl, wait: Duration) -> Option<String> {
     use tokio::io::AsyncReadExt;
     let probe = |host: String| async move {
         let connect = tokio::net::TcpStream::connect(host.as_str());
-        let mut stream = tokio::time::timeout(REFUSAL_PROBE, connect).await.ok()?.ok()?;
+        let mut stream = tokio::time::timeout(wait, connect).await.ok()?.ok()?;
         let mut first = Vec::new();
         let read = async {
             let mut buf = [0u8; 256];
@@ -204,7 +213,7 @@ async fn refused(url: &ZkUrl) -> Option<String> {
                 }
             }
         };
-        let _ = tokio::time::timeout(REFUSAL_PROBE, read).await;
+        let _ = tokio::time::timeout(wait, read).await;
         let text = String::from_utf8_lossy(&first);
         let line = text.lines().next().unwrap_or("");
         // The server's words, printable ASCII only: they end up in terminals and logs.
@@ -333,9 +342,12 @@ impl Client {
             Ok(Ok(zk)) => zk,
             Ok(Err(reason)) => return Err(Error::Connect { url: url.to_string(), reason }),
             Err(_) => {
-                // Too soon for `trouble` to have asked (a connect timeout under a second, say):
-                // a server refusing us for too many connections is still worth naming.
-                let reason = match refused(&url).await {
+                // Too soon for `trouble` to have learnt it (a connect timeout under a second and
+                // a half, say): a server refusing us for too many connections is still worth
+                // naming, asked briefly.
+                let asked = bound >= TROUBLE_AFTER + 2 * REFUSAL_PROBE;
+                let late = if asked { None } else { refused(&url, LATE_REFUSAL_PROBE).await };
+                let reason = match late {
                     Some(why) => format!("{}: {why}", no_session(&url)),
                     None => no_session(&url),
                 };
