@@ -102,11 +102,14 @@ pub(crate) async fn embedded_or(backend: &str) -> anyhow::Result<(Option<distloc
     if backend != "embedded" {
         return Ok((None, backend.to_string()));
     }
-    // `mntr` too: the bench reads the server's watch count.
+    // `mntr` too: the bench reads the server's watch count. Every session comes from loopback:
+    // only the total limits connections (`--clients` goes up to 1000).
+    let defaults = distlock_server::Config::default();
     let cfg = distlock_server::Config {
         fsync: distlock_server::Fsync::Never,
         four_letter_words: distlock_server::FOUR_LETTER_WORDS.to_vec(),
-        ..Default::default()
+        max_connections_per_address: defaults.max_connections,
+        ..defaults
     };
     let s = distlock_server::EmbeddedServer::start_with(cfg).await?;
     let url = s.url();

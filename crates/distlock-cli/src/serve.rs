@@ -25,12 +25,25 @@ pub struct ServeArgs {
     /// Largest accepted frame in bytes (jute.maxbuffer).
     #[arg(long, default_value_t = 1 << 20)]
     max_frame: usize,
-    /// Most simultaneous connections.
+    /// Most simultaneous connections. One refused past it (or past
+    /// --max-connections-per-address) reads "distlock-server: too many connections ..." before it
+    /// is closed.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
-    /// Most watches per session.
+    /// Most simultaneous connections from one IP address (ZooKeeper's maxClientCnxns). The
+    /// default, a quarter of --max-connections' default, leaves room for the dozens of sessions
+    /// tests and benchmarks open over loopback.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_address: u64,
+    /// Most watches per session (Throttled past it).
     #[arg(long, default_value_t = 100_000)]
     max_watches: usize,
+    /// Most bytes of watched paths per session (Throttled past it).
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watch_bytes_per_session: u64,
+    /// Most bytes of watched paths of all sessions together (Throttled past it).
+    #[arg(long, value_name = "BYTES", default_value_t = 128 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_watch_bytes: u64,
     /// With --data-dir: transactions between snapshots (ZooKeeper's snapCount).
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every: u64,
@@ -77,6 +90,12 @@ pub struct ServeArgs {
     /// Most bytes of data the nodes one session made may hold together (QuotaExceeded past it).
     #[arg(long, value_name = "BYTES", default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     max_data_per_session: u64,
+    /// Most nodes in the whole tree, every session's together (QuotaExceeded past it).
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_nodes: u64,
+    /// Most bytes of node data in the whole tree (QuotaExceeded past it).
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    max_data: u64,
     /// Let --metrics listen on an address other hosts can reach (it has no authentication), and
     /// answer requests for any Host name (without it: only localhost, 127.0.0.1, [::1] and the
     /// address it listens on, against DNS rebinding).
@@ -259,6 +278,11 @@ fn config(args: &ServeArgs) -> anyhow::Result<distlock_server::Config> {
         four_letter_words: args.four_letter_words.0.clone(),
         max_nodes_per_session: usize::try_from(args.max_nodes_per_session).unwrap_or(usize::MAX),
         max_data_per_session: usize::try_from(args.max_data_per_session).unwrap_or(usize::MAX),
+        max_connections_per_address: usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX),
+        max_watch_bytes_per_session: usize::try_from(args.max_watch_bytes_per_session).unwrap_or(usize::MAX),
+        max_watch_bytes: usize::try_from(args.max_watch_bytes).unwrap_or(usize::MAX),
+        max_nodes: usize::try_from(args.max_nodes).unwrap_or(usize::MAX),
+        max_data: usize::try_from(args.max_data).unwrap_or(usize::MAX),
         ..Default::default()
     })
 }

@@ -56,10 +56,28 @@ pub struct Config {
     pub tick: Duration,
     /// Largest accepted frame (ZooKeeper's jute.maxbuffer). Default 1 MiB.
     pub max_frame: usize,
-    /// Most simultaneous connections. Default 1024.
+    /// Most simultaneous connections. Default 1024. A connection refused past it (or past
+    /// `max_connections_per_address`) is told so in one plaintext line before it is closed,
+    /// `distlock-server: too many connections ...` (before any TLS handshake), which distlock's
+    /// client reports.
     pub max_connections: usize,
-    /// Most watches one session may hold. Default 100,000.
+    /// Most simultaneous connections from one IP address (ZooKeeper's `maxClientCnxns`, 60
+    /// there). Default 256, a quarter of the default `max_connections`: one client cannot take
+    /// every slot, while the many sessions a single machine opens over loopback (tests,
+    /// `distlock bench`'s contended and herd workloads, dozens of sessions) still fit.
+    pub max_connections_per_address: usize,
+    /// Most watches one session may hold. Default 100,000. Past it (or past either watch byte
+    /// limit) a watch-setting request fails with ZooKeeper's Throttled.
     pub max_watches_per_session: usize,
+    /// Most bytes of watched paths one session may hold (each watch counts its path's length;
+    /// a path may be up to `max_frame` long). Default 8 MiB: a lock client watches a few short
+    /// paths, and 8 MiB is still 80,000 watches on 100-byte paths; without it, 100,000 watches
+    /// of 1 MiB paths could cost one session 100 GB.
+    pub max_watch_bytes_per_session: usize,
+    /// Most bytes of watched paths all sessions together may hold. Default 128 MiB: what 16
+    /// sessions at their own limit reach, and a bound on what watches can cost the server's
+    /// memory however many sessions there are.
+    pub max_watch_bytes: usize,
     /// Where to keep the transaction log and snapshots; `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
     /// When to fsync the log. Default [`Fsync::Always`].
@@ -80,7 +98,10 @@ pub struct Config {
     /// identity. See [`tls::read_users`].
     pub users: Option<Arc<std::collections::HashMap<String, String>>>,
     /// Every session must log in (a digest of `users`) before any other request; one that does
-    /// not gets ZooKeeper's "session closed: authentication required" (-124) and is closed.
+    /// not gets ZooKeeper's "session closed: authentication required" (-124) and is closed. A
+    /// session not logged in by `handshake_timeout` after its connection was accepted (pings
+    /// alone do not count) is ended there and then, its connection closed after an AuthFailed
+    /// event: it cannot hold a connection slot until it expires.
     pub auth_required: bool,
     /// How long a new connection has, from the moment it is accepted, to finish its TLS handshake
     /// and send its whole connect request (or a four-letter word); it is closed after that.
@@ -97,6 +118,15 @@ pub struct Config {
     /// Most bytes of data the nodes a session made may hold together; a create or set past it fails
     /// with QuotaExceeded. Default 64 MiB.
     pub max_data_per_session: usize,
+    /// Most nodes in the whole tree (every session's, and those recovered from `data_dir`); a
+    /// create past it fails with QuotaExceeded. Default 1,000,000: ten sessions at their own
+    /// quota, and far more than locks need (a node or two per holder or waiter); per-session
+    /// quotas alone let many sessions together fill the memory.
+    pub max_nodes: usize,
+    /// Most bytes of data in the whole tree; a create or set past it fails with QuotaExceeded.
+    /// Default 512 MiB: eight sessions at their own quota, and a bound on what node data can cost
+    /// the memory (and each snapshot) however many sessions there are.
+    pub max_data: usize,
 }
 
 /// Every four-letter word the server knows.
@@ -109,6 +139,10 @@ impl std::fmt::Debug for Config {
             .field("tick", &self.tick)
             .field("max_frame", &self.max_frame)
             .field("max_connections", &self.max_connections)
+            .field("max_connections_per_address", &self.max_connections_per_address)
+            .field("max_watches_per_session", &self.max_watches_per_session)
+            .field("max_watch_bytes_per_session", &self.max_watch_bytes_per_session)
+            .field("max_watch_bytes", &self.max_watch_bytes)
             .field("data_dir", &self.data_dir)
             .field("fsync", &self.fsync)
             .field("tls", &self.tls.is_some())
@@ -121,6 +155,8 @@ impl std::fmt::Debug for Config {
             )
             .field("max_nodes_per_session", &self.max_nodes_per_session)
             .field("max_data_per_session", &self.max_data_per_session)
+            .field("max_nodes", &self.max_nodes)
+            .field("max_data", &self.max_data)
             .finish_non_exhaustive()
     }
 }
@@ -131,7 +167,10 @@ impl Default for Config {
             tick: Duration::from_millis(2000),
             max_frame: 1 << 20,
             max_connections: 1024,
+            max_connections_per_address: 256,
             max_watches_per_session: 100_000,
+            max_watch_bytes_per_session: 8 << 20,
+            max_watch_bytes: 128 << 20,
             data_dir: None,
             fsync: Fsync::Always,
             snapshot_every: 10_000,
@@ -144,6 +183,8 @@ impl Default for Config {
             four_letter_words: vec![*b"srvr", *b"ruok", *b"envi"],
             max_nodes_per_session: 100_000,
             max_data_per_session: 64 << 20,
+            max_nodes: 1_000_000,
+            max_data: 512 << 20,
         }
     }
 }

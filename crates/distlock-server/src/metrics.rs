@@ -179,6 +179,12 @@ impl Metrics {
         // Ours.
         o.one("distlock_server_znodes", "gauge", "Nodes in the tree (ZooKeeper: znode_count).", f.znodes);
         o.one("distlock_server_watches", "gauge", "Watches set (ZooKeeper: watch_count).", f.watches);
+        o.one(
+            "distlock_server_watch_path_bytes",
+            "gauge",
+            "Bytes of the paths watches are set on (against max_watch_bytes).",
+            f.watch_bytes,
+        );
         o.one("distlock_server_ephemerals", "gauge", "Ephemeral nodes (ZooKeeper: ephemerals_count).", f.ephemerals);
         o.one("distlock_server_last_zxid", "gauge", "The last transaction id.", zxid);
         o.one(

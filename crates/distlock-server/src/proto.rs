@@ -334,6 +334,8 @@ pub mod event {
     pub const NODE_DATA_CHANGED: i32 = 3;
     pub const NODE_CHILDREN_CHANGED: i32 = 4;
     pub const SYNC_CONNECTED: i32 = 3;
+    /// The keeper state of a session whose login failed (or never came, where one is required).
+    pub const AUTH_FAILED: i32 = 4;
 }
 
 /// The first request of a connection.

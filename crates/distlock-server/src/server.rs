@@ -3,7 +3,8 @@
 use crate::outbox::{Outbox, Outgoing};
 use crate::proto::ConnectRequest;
 use crate::state::State;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,13 +18,82 @@ const WRITE_BATCH: usize = 64 << 10;
 
 static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 
+/// Refusals being written at once; past it, further refused connections are closed unanswered
+/// (a flood of connections must not cost a task and a descriptor each for long).
+const REFUSALS_IN_FLIGHT: usize = 64;
+
+/// How long a refused connection has to read its refusal line.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
+/// The connections open now: in all and per IP address.
+#[derive(Default)]
+struct Slots {
+    total: AtomicUsize,
+    per_address: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One taken slot, given back when dropped (however the connection's task ends).
+struct Slot {
+    slots: Arc<Slots>,
+    ip: IpAddr,
+}
+
+impl Slots {
+    /// Takes a slot for `ip`, or returns the refusal to tell it.
+    fn take(self: &Arc<Self>, ip: IpAddr, max_total: usize, max_per_address: usize) -> Result<Slot, String> {
+        let mut per = self.per_address.lock().unwrap();
+        if self.total.load(Ordering::SeqCst) >= max_total {
+            return Err(format!("distlock-server: too many connections (at most {max_total} in all)\n"));
+        }
+        let n = per.entry(ip).or_default();
+        if *n >= max_per_address {
+            return Err(format!(
+                "distlock-server: too many connections from {ip} (at most {max_per_address} per address)\n"
+            ));
+        }
+        *n += 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+        Ok(Slot { slots: self.clone(), ip })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per = self.slots.per_address.lock().unwrap();
+        if let Some(n) = per.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per.remove(&self.ip);
+            }
+        }
+        self.slots.total.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Tells a refused connection why, in plaintext (before any TLS: the client reads it on a raw
+/// socket), then closes it. Bounded by [`REFUSAL_TIME`]; what the client sent is read and dropped
+/// meanwhile, so that closing sends a FIN after the line, not a reset that could discard it.
+async fn refuse(mut socket: tokio::net::TcpStream, line: String) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        socket.write_all(line.as_bytes()).await?;
+        socket.shutdown().await?;
+        let mut sink = [0u8; 1024];
+        while socket.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+}
+
 /// Serves connections from `listener` until `shutdown` resolves.
 pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::future::Future<Output = ()>) {
-    let connections = Arc::new(AtomicUsize::new(0));
-    let (tick, max_conns, tls, handshake_timeout) = {
+    let slots = Arc::new(Slots::default());
+    let refusing = Arc::new(AtomicUsize::new(0));
+    let refused_warning = crate::state::Occasional::default();
+    let (tick, max_conns, max_per_address, tls, handshake_timeout) = {
         let s = state.lock().unwrap();
         let tls = s.config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-        (s.config.tick, s.config.max_connections, tls, s.config.handshake_timeout)
+        let c = &s.config;
+        (c.tick, c.max_connections, c.max_connections_per_address, tls, c.handshake_timeout)
     };
     let timers = tokio::spawn(timers(state.clone(), tick));
     // Tells open connections to close when the server stops.
@@ -42,19 +112,35 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                         continue;
                     }
                 };
-                if connections.load(Ordering::SeqCst) >= max_conns {
-                    tracing::warn!(%peer, max_conns, "connection refused: too many connections");
-                    drop(socket);
-                    continue;
-                }
-                connections.fetch_add(1, Ordering::SeqCst);
+                let ip = peer.ip().to_canonical();
+                let slot = match slots.take(ip, max_conns, max_per_address) {
+                    Ok(slot) => slot,
+                    Err(line) => {
+                        refused_warning.warn(|held_back| {
+                            tracing::warn!(%peer, held_back, "connection refused: {}", line.trim_end())
+                        });
+                        if refusing.fetch_add(1, Ordering::SeqCst) < REFUSALS_IN_FLIGHT {
+                            let refusing = refusing.clone();
+                            tokio::spawn(async move {
+                                refuse(socket, line).await;
+                                refusing.fetch_sub(1, Ordering::SeqCst);
+                            });
+                        } else {
+                            refusing.fetch_sub(1, Ordering::SeqCst);
+                            drop(socket);
+                        }
+                        continue;
+                    }
+                };
                 state.lock().unwrap().counters.connections_accepted += 1;
-                let (state, connections, tls) = (state.clone(), connections.clone(), tls.clone());
+                let (state, tls) = (state.clone(), tls.clone());
                 let mut stop = closing.subscribe();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     socket.set_nodelay(true).ok();
-                    // From accept, one deadline for the TLS handshake and the whole connect request:
-                    // silent or half-sent connections cannot hold the slots.
+                    // From accept, one deadline for the TLS handshake and the whole connect request
+                    // (and, with auth_required, the login): silent or half-sent connections cannot
+                    // hold the slots.
                     let now = tokio::time::Instant::now();
                     // A deadline past what the clock can hold means none worth counting: a day.
                     let by = now.checked_add(handshake_timeout).unwrap_or(now + Duration::from_secs(86_400));
@@ -78,7 +164,6 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                     if let Err(reason) = result {
                         tracing::info!(%peer, %reason, "connection closed");
                     }
-                    connections.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         }
@@ -268,6 +353,12 @@ where
             }
         }
     });
+    // With auth_required, a session that has not logged in by the handshake deadline is ended
+    // there (pings would keep it, and its slot, for ever otherwise).
+    let mut login_by = {
+        let s = state.lock().unwrap();
+        (s.config.auth_required && !s.logged_in(sid)).then_some(hello_by)
+    };
     let result = async {
         loop {
             // Before waiting on the client, what it wrote goes to disk (and its replies out).
@@ -279,6 +370,17 @@ where
             let frame = tokio::select! {
                 frame = read_frame(&mut reader, max_frame, None) => frame?,
                 _ = closed.wait_for(|c| *c) => return Err("closed by the server".to_string()),
+                // Only armed while the session has not logged in: a frame this cuts short is
+                // never read (the connection closes).
+                _ = tokio::time::sleep_until(login_by.map_or(hello_by.0, |d| d.0)), if login_by.is_some() => {
+                    let mut s = state.lock().unwrap();
+                    if s.is_current(sid, conn_id) && !s.logged_in(sid) {
+                        s.end_unauthenticated(sid, &tx);
+                        return Err(format!("no login within {:?} of connecting (the server requires one)", hello_by.1));
+                    }
+                    login_by = None;
+                    continue;
+                }
             };
             let mut s = state.lock().unwrap();
             if !s.is_current(sid, conn_id) {
@@ -299,6 +401,9 @@ where
             if reply.close {
                 s.send(&tx, Outgoing::Close("session closed".into()));
                 return Ok(());
+            }
+            if login_by.is_some() && s.logged_in(sid) {
+                login_by = None;
             }
         }
     }
@@ -391,7 +496,8 @@ fn four_letter_word(word: &[u8; 4], state: &Shared) -> String {
             s.config.tick.as_millis(),
             s.config.tick.as_millis() * 2,
             s.config.tick.as_millis() * 20,
-            s.config.max_connections
+            // ZooKeeper's maxClientCnxns is per address, as ours is.
+            s.config.max_connections_per_address
         ),
         b"envi" => format!("Environment:\nzookeeper.version={version}\n"),
         b"wchs" => format!("{} connections watching {} paths\nTotal watches:{}\n", conns, f.watches, f.watches),

@@ -705,8 +705,9 @@ async fn silent_and_half_sent_connections_are_closed_at_the_deadline() {
         sock.write_all(bytes).await.unwrap();
         held.push(sock);
     }
-    // Every slot is taken: a fifth connection is closed unanswered.
-    assert_eq!(raw(s.addr(), b"ruok").await, b"", "a fifth connection was served past the limit");
+    // Every slot is taken: a fifth connection is told so, and closed.
+    let refusal = b"distlock-server: too many connections (at most 4 in all)\n";
+    assert_eq!(raw(s.addr(), b"ruok").await, refusal, "a fifth connection was served past the limit");
     for (sock, bytes) in held.iter_mut().zip(partial) {
         let mut rest = Vec::new();
         let read = tokio::time::timeout(BOUND, sock.read_to_end(&mut rest)).await;
@@ -775,4 +776,174 @@ async fn a_session_flooding_creates_meets_its_quota() {
     for i in 0..20 {
         fresh.create(&format!("/fresh{i}"), b"", &open()).await.unwrap();
     }
+}
+
+/// A path of `len` bytes.
+fn path_of(len: usize, first: char) -> String {
+    format!("/{}", first.to_string().repeat(len - 1))
+}
+
+/// Watches cost their paths' bytes: past a session's byte limit, or the server's total of them,
+/// a watch is refused with Throttled as past the count limit; a watch that fires gives its bytes
+/// back.
+#[tokio::test]
+async fn watch_bytes_are_limited_per_session_and_in_all() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_watch_bytes_per_session: 100,
+        max_watch_bytes: 150,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (a, b, c) = (client(&s).await, client(&s).await, client(&s).await);
+    // A: 60 bytes watched, then 60 more would be 120 of its 100.
+    let (_, fired) = a.check_and_watch_stat(&path_of(60, 'a')).await.unwrap();
+    assert_eq!(a.check_and_watch_stat(&path_of(60, 'b')).await.unwrap_err(), zk::Error::Throttled);
+    assert_eq!(a.get_and_watch_children("/").await.err(), None, "a short path still fits");
+    // B: 60 of its own (120 in all), then 30 (150 in all, the server's total).
+    let _b1 = b.check_and_watch_stat(&path_of(60, 'c')).await.unwrap();
+    let _b2 = b.check_and_watch_stat(&path_of(29, 'd')).await.unwrap();
+    // C has a session's whole allowance, but the server's total is used up.
+    assert_eq!(c.check_and_watch_stat(&path_of(40, 'e')).await.unwrap_err(), zk::Error::Throttled);
+    assert_eq!(
+        c.watch(&path_of(40, 'e'), zk::AddWatchMode::Persistent).await.err(),
+        Some(zk::Error::Throttled),
+        "addWatch is limited too"
+    );
+    // A's first watch fires: its 60 bytes are free again.
+    a.create(&path_of(60, 'a'), b"", &open()).await.unwrap();
+    tokio::time::timeout(BOUND, fired.changed()).await.expect("the watch fired");
+    let _c1 = c.check_and_watch_stat(&path_of(40, 'e')).await.unwrap();
+}
+
+/// Nodes and data have server-wide totals beside the per-session quotas: once the tree holds
+/// `max_nodes` nodes or `max_data` bytes, every session's create or set past it is refused with
+/// QuotaExceeded, a fresh session's too; a delete gives the place back.
+#[tokio::test]
+async fn the_servers_node_and_data_totals_bind_every_session() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_nodes: 10,
+        max_data: 1000,
+        four_letter_words: vec![*b"mntr"],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (a, b) = (client(&s).await, client(&s).await);
+    // The tree starts with 4 nodes (/, /zookeeper and its two children).
+    a.create("/d1", &[1u8; 600], &open()).await.unwrap();
+    assert_eq!(b.create("/d2", &[2u8; 500], &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    b.create("/d2", &[2u8; 300], &open()).await.unwrap();
+    assert_eq!(b.set_data("/d2", &[2u8; 500], None).await.unwrap_err(), zk::Error::QuotaExceeded);
+    let mntr = String::from_utf8(raw(s.addr(), b"mntr").await).unwrap();
+    assert!(mntr.contains("zk_approximate_data_size\t900\n"), "{mntr}");
+    for i in 1..=4 {
+        a.create(&format!("/n{i}"), b"", &open()).await.unwrap();
+    }
+    // 10 nodes: nobody may add one, not even a session that has made none.
+    assert_eq!(a.create("/n5", b"", &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    assert_eq!(b.create("/n5", b"", &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    let fresh = client(&s).await;
+    assert_eq!(fresh.create("/fresh", b"", &open()).await.unwrap_err(), zk::Error::QuotaExceeded);
+    b.delete("/n1", None).await.unwrap();
+    fresh.create("/fresh", b"", &open()).await.unwrap();
+    a.delete("/d1", None).await.unwrap();
+    b.set_data("/d2", &[2u8; 1000], None).await.unwrap();
+}
+
+/// One address cannot take every slot: past `max_connections_per_address` (and past
+/// `max_connections`), a connection is told why in a line of plaintext, then closed; a slot given
+/// back is usable again.
+#[tokio::test]
+async fn too_many_connections_are_refused_with_a_reason() {
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_connections_per_address: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (first, _, _, _) = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let _second = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let line = "distlock-server: too many connections from 127.0.0.1 (at most 2 per address)\n";
+    // A session's connect request, and a four-letter word, are refused alike.
+    assert_eq!(String::from_utf8(raw(s.addr(), &connect_frame()).await).unwrap(), line);
+    assert_eq!(String::from_utf8(raw(s.addr(), b"ruok").await).unwrap(), line);
+    drop(first);
+    slots_come_free(&s, "the slot of a closed connection was never given back").await;
+
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        max_connections: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let _only = attach(s.addr(), 0, &[0; 16], 4000).await;
+    let told = String::from_utf8(raw(s.addr(), b"ruok").await).unwrap();
+    assert_eq!(told, "distlock-server: too many connections (at most 1 in all)\n");
+}
+
+/// Where a login is required, a session that has not logged in by the handshake deadline
+/// (pinging meanwhile) is ended there: its client reads AuthFailed, its connection closes and its
+/// session is gone, long before it would expire; a session that logged in is kept.
+#[tokio::test]
+async fn unauthenticated_sessions_end_at_the_handshake_deadline() {
+    use base64::Engine;
+    use sha1::Digest;
+    let hash = base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(b"alice:secret"));
+    let users = std::collections::HashMap::from([("alice".to_string(), format!("alice:{hash}"))]);
+    let deadline = Duration::from_millis(300);
+    let s = EmbeddedServer::start_with(Config {
+        tick: Duration::from_millis(500),
+        users: Some(std::sync::Arc::new(users)),
+        auth_required: true,
+        handshake_timeout: deadline,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let alice = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(4))
+        .with_auth("digest", b"alice:secret")
+        .connect(&s.addr().to_string())
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    // A 10 s session (20 ticks) that never logs in, but pings.
+    let (mut sock, timeout, id, password) = attach(s.addr(), 0, &[0; 16], 10_000).await;
+    assert_eq!(timeout, 10_000);
+    assert_eq!(request(&mut sock, -2, 11, &[]).await.0, 0, "a ping is answered before the deadline");
+    // Then: an AuthFailed state event (xid -1, type -1, state 4), and the server closes.
+    let mut events = Vec::new();
+    let closed = tokio::time::timeout(BOUND, async {
+        loop {
+            let mut len = [0u8; 4];
+            if sock.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let mut body = vec![0u8; i32::from_be_bytes(len) as usize];
+            if sock.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            events.push(body);
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection was still open after {BOUND:?}");
+    let took = started.elapsed();
+    assert!(took >= deadline, "closed before the deadline: {took:?}");
+    assert!(took < Duration::from_secs(5), "closed only after {took:?}: at the session's expiry, not the deadline");
+    let auth_failed = events.iter().any(|e| {
+        let word = |at: usize| i32::from_be_bytes(e[at..at + 4].try_into().unwrap());
+        e.len() >= 24 && word(0) == -1 && word(16) == -1 && word(20) == 4
+    });
+    assert!(auth_failed, "no AuthFailed event before the close: {events:?}");
+    // The session is gone: re-attaching to it is refused as expired.
+    let (_again, timeout, _, _) = attach(s.addr(), id, &password, 10_000).await;
+    assert_eq!(timeout, 0, "the session outlived its connection");
+    // The session that logged in is past its deadline too, and still served.
+    assert!(alice.check_stat("/").await.unwrap().is_some());
 }

@@ -487,3 +487,34 @@ async fn acl_creator_keeps_a_neighbour_without_credentials_out() {
     let next = b.mutex(&path).unwrap().try_lock().await.unwrap().expect("the same login takes it next");
     next.release().await.unwrap();
 }
+
+/// A client refused for too many connections learns it, quickly, from the line the embedded
+/// server writes before closing (the ZooKeeper client alone sees a closed connection and retries
+/// until its timeout, then says only "no session established"): within the connect timeout, and
+/// at it when that is too short to ask sooner.
+#[tokio::test]
+async fn a_client_refused_for_too_many_connections_is_told_why() {
+    let server = distlock_server::EmbeddedServer::start_with(distlock_server::Config {
+        tick: Duration::from_millis(500),
+        max_connections_per_address: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let holder = Client::connect(&format!("{}?session_timeout=4s", server.url())).await.unwrap();
+    for connect_timeout in ["10s", "200ms"] {
+        let started = Instant::now();
+        let url = format!("{}?session_timeout=4s&connect_timeout={connect_timeout}", server.url());
+        let refused = tokio::time::timeout(BOUND, Client::connect(&url)).await.expect("connect ended in time");
+        let took = started.elapsed();
+        let Err(e) = refused else { panic!("a refused client connected") };
+        let text = e.to_string();
+        assert!(
+            text.contains("distlock-server: too many connections from 127.0.0.1 (at most 1 per address)"),
+            "connect_timeout={connect_timeout}: {text}"
+        );
+        assert!(took < Duration::from_secs(3), "connect_timeout={connect_timeout}: told only after {took:?}: {text}");
+        eprintln!("connect_timeout={connect_timeout}: refused in {took:?}: {text}");
+    }
+    holder.close(BOUND).await;
+}

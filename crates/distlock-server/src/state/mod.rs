@@ -78,6 +78,8 @@ pub struct Figures {
     pub data_size: usize,
     pub ephemerals: usize,
     pub watches: usize,
+    /// Bytes of the paths those watches are on.
+    pub watch_bytes: usize,
     pub sessions: usize,
     /// Sessions with a connection.
     pub alive: usize,
@@ -100,6 +102,34 @@ pub struct State {
     syncing: bool,
     /// What each session's nodes take up, against its limits.
     quotas: quota::Quotas,
+    /// Refused watches and refused creates or sets are logged this way: a flood of them is not.
+    watch_warning: Occasional,
+    quota_warning: Occasional,
+}
+
+/// A warning given at most once per [`Occasional::EVERY`], however often its cause recurs: a
+/// client flooding refused requests must not flood the log too. The next warning given counts
+/// those held back.
+#[derive(Default)]
+pub(crate) struct Occasional {
+    last: std::cell::Cell<Option<Instant>>,
+    held_back: std::cell::Cell<u64>,
+}
+
+impl Occasional {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// Calls `log` with the number of warnings held back since the last one, unless one was
+    /// given within [`Occasional::EVERY`].
+    pub(crate) fn warn(&self, log: impl FnOnce(u64)) {
+        let now = Instant::now();
+        if self.last.get().is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            self.held_back.set(self.held_back.get() + 1);
+            return;
+        }
+        self.last.set(Some(now));
+        log(self.held_back.replace(0));
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -170,7 +200,9 @@ impl State {
             counters: Counters::default(),
             gate: Gate::default(),
             syncing: false,
-            quotas: quota::Quotas::with_ephemerals_of(&tree),
+            quotas: quota::Quotas::of_tree(&tree),
+            watch_warning: Occasional::default(),
+            quota_warning: Occasional::default(),
             tree,
         }
     }
@@ -296,7 +328,7 @@ impl State {
                     // The Java client expects an AuthFailed state event, then the connection ends.
                     let mut ev = Writer::framed();
                     header(&mut ev, proto::xid::NOTIFICATION, -1, 0);
-                    ev.i32(-1).i32(4).string("");
+                    ev.i32(-1).i32(proto::event::AUTH_FAILED).string("");
                     if let Some((_, conn)) = self.sessions.get(&sid).and_then(|s| s.conn.as_ref()) {
                         self.gate.send(conn, Outgoing::Frame(w.frame()));
                         self.gate.send(conn, Outgoing::Frame(ev.frame()));
@@ -315,9 +347,9 @@ impl State {
                     (Vec::new(), Vec::new())
                 };
                 r.finish()?;
-                self.set_watches(sid, rel, data, exist, child, pers, rec);
+                let refused = self.set_watches(sid, rel, data, exist, child, pers, rec);
                 let mut w = Writer::framed();
-                header(&mut w, xid, self.zxid, 0);
+                header(&mut w, xid, self.zxid, if refused { err::THROTTLED } else { 0 });
                 reply(w)
             }
             op::MULTI => self.multi(sid, xid, &mut r),
@@ -380,9 +412,10 @@ impl State {
     pub fn figures(&self) -> Figures {
         Figures {
             znodes: self.tree.nodes.len(),
-            data_size: self.tree.nodes.values().map(|n| crate::tree::data_len(&n.data) as usize).sum(),
+            data_size: self.quotas.data_total(),
             ephemerals: self.ephemeral_count(),
             watches: self.watch_count(),
+            watch_bytes: self.watches.total_bytes(),
             sessions: self.sessions.len(),
             alive: self.sessions.values().filter(|x| x.conn.is_some()).count(),
             outstanding: self.gate.held(),

@@ -15,7 +15,7 @@ impl State {
                 let watch = r.bool("watch")?;
                 r.finish()?;
                 (|| {
-                    if watch && !self.watch_limit_ok(sid) {
+                    if watch && !self.watch_limit_ok(sid, &path) {
                         return Err(err::THROTTLED);
                     }
                     if watch {
@@ -104,7 +104,7 @@ impl State {
                 r.finish()?;
                 (|| {
                     Self::check_path(&path)?;
-                    if !self.watch_limit_ok(sid) {
+                    if !self.watch_limit_ok(sid, &path) {
                         return Err(err::THROTTLED);
                     }
                     match mode {
@@ -172,7 +172,7 @@ impl State {
         }
         w.data(&n.data).stat(&n.stat);
         if watch {
-            if !self.watch_limit_ok(sid) {
+            if !self.watch_limit_ok(sid, path) {
                 return Err(err::THROTTLED);
             }
             self.watches.add(DATA, path, sid);
@@ -191,7 +191,7 @@ impl State {
             w.stat(&n.stat);
         }
         if watch {
-            if !self.watch_limit_ok(sid) {
+            if !self.watch_limit_ok(sid, path) {
                 return Err(err::THROTTLED);
             }
             self.watches.add(CHILD, path, sid);

@@ -151,6 +151,23 @@ impl State {
         tracing::debug!(session = format!("{sid:#x}"), why, "session closed");
     }
 
+    /// Whether session `sid` has logged in (added an identity with `addauth`).
+    pub fn logged_in(&self, sid: i64) -> bool {
+        self.sessions.get(&sid).is_some_and(|s| !s.auth.is_empty())
+    }
+
+    /// Ends session `sid`, which has not logged in by its deadline where the server requires a
+    /// login: its client gets an AuthFailed event (as after a refused login), then its
+    /// connection `conn` closes.
+    pub fn end_unauthenticated(&mut self, sid: i64, conn: &Outbox) {
+        let mut ev = Writer::framed();
+        super::header(&mut ev, proto::xid::NOTIFICATION, -1, 0);
+        ev.i32(-1).i32(event::AUTH_FAILED).string("");
+        self.send(conn, Outgoing::Frame(ev.frame()));
+        self.send(conn, Outgoing::Close("no login by the deadline".into()));
+        self.close_session(sid, "no login by the handshake deadline (the server requires one)");
+    }
+
     /// Sessions open now (`mntr`'s `zk_global_sessions`, as Apache ZooKeeper names it).
     pub fn session_count(&self) -> usize {
         self.sessions.len()

@@ -159,6 +159,72 @@ fn no_session(url: &ZkUrl) -> String {
     format!("no session established within {}{hint}", humantime::format_duration(url.connect_timeout))
 }
 
+/// What the ZooKeeper client cannot say, tried when its session is not up after a moment: a
+/// server refusing us for too many connections ([`refused`]), or a TLS trouble ([`tls_trouble`]).
+/// Returns the cause when it is a definite one; otherwise never returns, and the client's own
+/// outcome stands.
+async fn trouble(url: &ZkUrl) -> String {
+    tokio::time::sleep(TROUBLE_AFTER).await;
+    let refused = refused(url, REFUSAL_PROBE);
+    let tls = crate::listening::tls_trouble(&url.hosts, url.tls.then_some(&url.tls_files), "zks://", Duration::ZERO);
+    tokio::pin!(refused, tls);
+    // A refusal comes in plaintext, before any TLS, so a TLS handshake with a refusing server
+    // fails too: the refusal, the first cause, is the one told.
+    tokio::select! {
+        r = &mut refused => match r {
+            Some(why) => why,
+            None => tls.await,
+        },
+        why = &mut tls => refused.await.unwrap_or(why),
+    }
+}
+
+/// The line distlock's embedded server writes to a connection it refuses for want of slots.
+const TOO_MANY_CONNECTIONS: &str = "distlock-server: too many connections";
+
+/// How long a session may take before [`trouble`] asks why.
+const TROUBLE_AFTER: Duration = Duration::from_millis(300);
+
+/// How long [`refused`] waits for a host to accept, and then for its first words, when asked by
+/// [`trouble`].
+const REFUSAL_PROBE: Duration = Duration::from_millis(500);
+
+/// The same, when asked only at the connect timeout: a refusal comes at once from a server that
+/// accepts, and a connect that failed must not take much longer than its timeout.
+const LATE_REFUSAL_PROBE: Duration = Duration::from_millis(100);
+
+/// Whether every host of `url` refuses connections for want of slots: distlock's embedded
+/// server says so in a line of plaintext (before any TLS) and closes, where the ZooKeeper client
+/// sees only a closed connection and retries until its timeout. One raw connection per host,
+/// which reads what the server writes first; each bounded by `wait` to connect and `wait` to
+/// read.
+async fn refused(url: &ZkUrl, wait: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let probe = |host: String| async move {
+        let connect = tokio::net::TcpStream::connect(host.as_str());
+        let mut stream = tokio::time::timeout(wait, connect).await.ok()?.ok()?;
+        let mut first = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 256];
+            while first.len() < 256 && !first.contains(&b'\n') {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => first.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(wait, read).await;
+        let text = String::from_utf8_lossy(&first);
+        let line = text.lines().next().unwrap_or("");
+        // The server's words, printable ASCII only: they end up in terminals and logs.
+        let line: String = line.chars().filter(|c| c.is_ascii_graphic() || *c == ' ').collect();
+        line.starts_with(TOO_MANY_CONNECTIONS).then(|| format!("{host}: {line}"))
+    };
+    let all = futures::future::join_all(url.hosts.iter().cloned().map(probe)).await;
+    let lines: Option<Vec<String>> = all.into_iter().collect();
+    lines.filter(|l| !l.is_empty()).map(|l| format!("the server refused the connection: {}", l.join("; ")))
+}
+
 impl Client {
     /// Connects to the ensemble named by a `zk://` URL and establishes a session.
     ///
@@ -199,18 +265,24 @@ impl Client {
         let attempt = async {
             tokio::select! {
                 r = connect => r.map_err(|e| explain(&url, &e)),
-                why = crate::listening::tls_trouble(
-                    &url.hosts,
-                    url.tls.then_some(&url.tls_files),
-                    "zks://",
-                    Duration::from_millis(300),
-                ) => Err(why),
+                why = trouble(&url) => Err(why),
             }
         };
         let zk = match tokio::time::timeout(bound, attempt).await {
             Ok(Ok(zk)) => zk,
             Ok(Err(reason)) => return Err(Error::Connect { url: url.to_string(), reason }),
-            Err(_) => return Err(Error::Connect { url: url.to_string(), reason: no_session(&url) }),
+            Err(_) => {
+                // Too soon for `trouble` to have learnt it (a connect timeout under a second and
+                // a half, say): a server refusing us for too many connections is still worth
+                // naming, asked briefly.
+                let asked = bound >= TROUBLE_AFTER + 2 * REFUSAL_PROBE;
+                let late = if asked { None } else { refused(&url, LATE_REFUSAL_PROBE).await };
+                let reason = match late {
+                    Some(why) => format!("{}: {why}", no_session(&url)),
+                    None => no_session(&url),
+                };
+                return Err(Error::Connect { url: url.to_string(), reason });
+            }
         };
         if url.auth.is_none() {
             // A server that requires a login ends a session without one at its first request:
