@@ -58,7 +58,6 @@ pub fn parse_duration_flag(text: &str) -> Result<Duration> {
 }
 
 /// A duration given as `key=value` in a URL's query: an error names the key.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn url_duration(key: &str, value: &str) -> Result<Duration> {
     parse_duration(value).map_err(|e| match e {
         Error::InvalidDuration { reason, .. } => Error::InvalidDuration { value: format!("{key}={value}"), reason },

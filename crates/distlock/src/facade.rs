@@ -189,7 +189,7 @@ impl Client {
     }
 
     /// The typed client of this backend (`distlock::redis::Client`, …), if it is that one: the
-    /// way to a backend's extras. [`Client::redis`] and the like are this for each backend.
+    /// way to a backend's extras. Each backend adds its own shorthand for it (`Client::redis()`, …).
     ///
     /// # Examples
     ///
@@ -201,42 +201,6 @@ impl Client {
     /// ```
     pub fn downcast<T: 'static>(&self) -> Option<&T> {
         self.inner.as_any().downcast_ref()
-    }
-
-    /// The typed PostgreSQL client, if this is one.
-    #[cfg(feature = "postgres")]
-    pub fn postgres(&self) -> Option<&crate::postgres::Client> {
-        self.downcast()
-    }
-
-    /// The typed MariaDB client, if this is one.
-    #[cfg(feature = "mysql")]
-    pub fn mysql(&self) -> Option<&crate::mysql::Client> {
-        self.downcast()
-    }
-
-    /// The typed SQLite client, if this is one.
-    #[cfg(feature = "sqlite")]
-    pub fn sqlite(&self) -> Option<&crate::sqlite::Client> {
-        self.downcast()
-    }
-
-    /// The typed etcd client, if this is one.
-    #[cfg(feature = "etcd")]
-    pub fn etcd(&self) -> Option<&crate::etcd::Client> {
-        self.downcast()
-    }
-
-    /// The typed ZooKeeper client, if this is one.
-    #[cfg(feature = "zookeeper")]
-    pub fn zookeeper(&self) -> Option<&crate::zookeeper::Client> {
-        self.downcast()
-    }
-
-    /// The typed Redis client, if this is one.
-    #[cfg(feature = "redis")]
-    pub fn redis(&self) -> Option<&crate::redis::Client> {
-        self.downcast()
     }
 
     /// How long the server keeps a lock whose holder went silent (the URL's `lease`): the
@@ -433,7 +397,6 @@ pub struct Lock {
 }
 
 impl Lock {
-    #[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
     pub(crate) fn from_recipe(inner: Arc<dyn Recipe>, backend: &'static str) -> Lock {
         Lock { inner, backend }
     }

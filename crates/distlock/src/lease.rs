@@ -21,7 +21,6 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 /// The accessors of a guard whose `hold: Option<Hold>` (taken at release) keeps a
 /// `lease: Arc<Lease>` and a `name`: its name, deadline, state, changes of state and loss,
 /// written once.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(unused_macros))]
 macro_rules! lease_methods {
     () => {
         fn hold(&self) -> &Hold {
@@ -61,14 +60,12 @@ macro_rules! lease_methods {
         }
     };
 }
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "etcd")), allow(unused_imports))]
 pub(crate) use lease_methods;
 
 /// After a long wait for a grant, the lease runs from a fresh answer: if more than a sixth of
 /// `lease` passed since the acquire was `sent`, `ping` must answer within a third of it (the
 /// lease then runs from the ping's send time), else the acquire fails and its caller drops the
 /// connection, which frees the lock.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) async fn fresh_after_wait(
     sent: Instant,
     lease: Duration,
@@ -90,7 +87,6 @@ pub(crate) async fn fresh_after_wait(
 }
 
 /// What one renewal (a ping, an extension) of a lease found.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "memory")), allow(dead_code))]
 pub(crate) enum Renewal {
     /// The server confirmed it: the deadline moves on.
     Renewed,
@@ -107,7 +103,6 @@ impl Renewal {
     /// What a health check of the holding connection (a ping) found: an answer renews; an error
     /// that means the connection is `gone` loses the lock with it (the server frees a
     /// connection's locks); any other error is a failure, tried again.
-    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn of_check<E: std::fmt::Display>(
         answer: std::result::Result<(), E>,
         gone: impl FnOnce(&E) -> bool,
@@ -130,7 +125,6 @@ impl Renewal {
 /// The lease of the lock a pooled connection holds now (PostgreSQL, MariaDB), for the task that
 /// watches the connection: when the connection ends, the server frees its locks, so that lease is
 /// lost at once.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 #[derive(Debug, Default)]
 pub(crate) struct HolderSlot(StdMutex<Holding>);
 
@@ -141,7 +135,6 @@ struct Holding {
     closed: bool,
 }
 
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 impl HolderSlot {
     /// The connection now holds lock `name` under `lease` (lost at once if the connection
     /// ended already: its end may have been seen just before the grant was).
@@ -157,7 +150,6 @@ impl HolderSlot {
     }
 
     /// Whether the connection's end has been seen.
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) fn is_closed(&self) -> bool {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).closed
     }
@@ -202,7 +194,6 @@ impl Lease {
 
     /// A lease that follows this one: same deadline and state now, confirmed, suspended and lost
     /// with it from now on (it can also be lost on its own). `None` if this one is lost already.
-    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn follower(&self) -> Option<std::sync::Arc<Lease>> {
         let mut followers = self.followers.lock().unwrap_or_else(|e| e.into_inner());
         // Checked under the list's lock: a loss published after this reaches the new follower.
@@ -348,7 +339,6 @@ impl Lease {
 
     /// Keeps the lease: runs `renew` through [`Lease::renew_once`] when each is due (never later
     /// than half the time left), until the lease is lost.
-    #[cfg_attr(not(any(feature = "sqlite", feature = "etcd", feature = "memory")), allow(dead_code))]
     pub(crate) async fn keep<F, Fut>(&self, name: &str, period: Duration, mut renew: F)
     where
         F: FnMut() -> Fut,
@@ -371,7 +361,6 @@ impl Lease {
     /// have handed the lock on); otherwise `unlock` runs to its answer (in the background if this
     /// future is dropped), and `false` from it means the server no longer had the lock as ours,
     /// for reason `gone`.
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite", feature = "memory")), allow(dead_code))]
     pub(crate) async fn release<F>(&self, before: LockState, name: String, unlock: F, gone: LostReason) -> Result<()>
     where
         F: std::future::Future<Output = Result<bool>> + Send + 'static,

@@ -42,7 +42,6 @@ pub(crate) async fn nobody_listens(hosts: &[String]) -> String {
 /// the handshake, or is down or silent, leaves the client's own outcome to stand).
 ///
 /// `secure` is how this backend's URL asks for TLS (`zks://`), for the hint.
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) async fn tls_trouble(
     hosts: &[String],
     tls: Option<&crate::tls::TlsFiles>,
@@ -64,7 +63,6 @@ pub(crate) async fn tls_trouble(
 }
 
 /// [`tls_trouble`] at one host: the definite cause, or `None`.
-#[cfg(any(feature = "etcd", feature = "zookeeper"))]
 async fn tls_trouble_at(host: &str, pem: Option<&crate::tls::TlsPem>, secure: &str) -> Option<String> {
     use crate::tls::Verify;
     use tokio::io::AsyncReadExt;

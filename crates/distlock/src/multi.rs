@@ -1,5 +1,6 @@
 //! Several locks taken all or nothing, in one global order: written once for any lock that is a
-//! [`Member`] (the one API's [`Lock`], and ZooKeeper's typed [`LockSpec`](crate::zookeeper::LockSpec)).
+//! [`Member`] (the one API's [`Lock`], and the typed locks a backend makes members, such as
+//! ZooKeeper's `LockSpec`).
 
 use crate::contract::Wait;
 use crate::{Error, Guard, Lock, LostReason, QueueStatus, Result};

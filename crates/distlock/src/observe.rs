@@ -507,10 +507,6 @@ impl Drop for Hold {
 }
 
 /// One lease renewal's result (the shared lease's renewal step calls it).
-#[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")),
-    allow(dead_code)
-)]
 pub(crate) fn renewal(backend: &'static str, result: &'static str, lag: Duration) {
     if !enabled() {
         return;

@@ -104,7 +104,6 @@ const LAST_MS: i64 = 253_402_300_799_999;
 
 /// A lock row whose `lock_until` is unknown (no expiry on Redis; data that does not parse, which
 /// ShedLock reads as taken) is taken until this, "forever".
-#[cfg_attr(not(any(feature = "zookeeper", feature = "redis", feature = "sqlite")), allow(dead_code))]
 pub(crate) const FOREVER_MS: i64 = i64::MAX / 4;
 
 /// A time in milliseconds since the Unix epoch, as RFC 3339 (UTC, milliseconds).
@@ -116,7 +115,6 @@ pub fn show_ms(ms: i64) -> String {
 
 /// `ms` as the RFC 3339 instant a layout stores (ShedLock's), or an error past the year 9999,
 /// which it cannot show (where [`show_ms`] would write another time).
-#[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
 pub(crate) fn stored_time(job: &str, ms: i64) -> Result<String> {
     if ms > LAST_MS {
         return Err(Error::InvalidArgument {
@@ -709,14 +707,12 @@ impl Held for JobGuard {
 }
 
 /// Milliseconds since the Unix epoch of a system time (0 before it).
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn epoch_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Parses an RFC 3339 instant (`2026-11-26T18:30:00.123Z`, or SQLite's `2026-11-26
 /// 18:30:00.123`) to milliseconds since the Unix epoch.
-#[cfg_attr(not(any(feature = "sqlite", feature = "zookeeper", feature = "redis")), allow(dead_code))]
 pub(crate) fn parse_ms(text: &str) -> Option<i64> {
     let t = text.trim();
     let t = if t.contains('T') { t.to_string() } else { format!("{}Z", t.replacen(' ', "T", 1)) };

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo(lock: distlock::zookeeper::Mutex) -> distlock::Result<()> {
+/// # async fn demo(lock: distlock::Lock) -> distlock::Result<()> {
 /// use distlock::{DistributedGuard, DistributedLock};
 /// if let Some(g) = lock.acquire_timeout(std::time::Duration::from_secs(1)).await? {
 ///     println!("{} held with token {}", lock.name(), g.fencing_token());
@@ -32,7 +32,7 @@ pub trait DistributedLock: Send + Sync {
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo(g: distlock::zookeeper::MutexGuard) -> distlock::Result<()> {
+/// # async fn demo(g: distlock::Guard) -> distlock::Result<()> {
 /// use distlock::DistributedGuard;
 /// let token = g.fencing_token();
 /// # let _ = token;
@@ -59,7 +59,7 @@ pub trait DistributedGuard: Send + Sync + 'static {
 /// # Examples
 ///
 /// ```no_run
-/// # async fn demo(lock: distlock::zookeeper::Mutex) -> distlock::Result<()> {
+/// # async fn demo(lock: distlock::Lock) -> distlock::Result<()> {
 /// use std::time::Duration;
 /// match distlock::with_lock(&lock, Duration::from_secs(2), |token| async move {
 ///     format!("order issued under token {token}")
@@ -105,17 +105,6 @@ where
 /// distributed_lock!(Mutex => MutexGuard, |l, t| name: l.name(), within: l.lock_timeout(t));
 /// ```
 // The in-process store's locks are reached through `Client` only.
-#[cfg_attr(
-    not(any(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd"
-    )),
-    allow(unused_macros)
-)]
 macro_rules! distributed_lock {
     ($ty:ty => $guard:ty, |$l:ident, $t:ident| name: $name:expr, within: $within:expr) => {
         impl $crate::DistributedLock for $ty {
@@ -134,31 +123,9 @@ macro_rules! distributed_lock {
         }
     };
 }
-#[cfg_attr(
-    not(any(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd"
-    )),
-    allow(unused_imports)
-)]
 pub(crate) use distributed_lock;
 
 /// Implements [`DistributedGuard`] for guards with `fencing_token`, `lost` and `release`.
-#[cfg_attr(
-    not(any(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd"
-    )),
-    allow(unused_macros)
-)]
 macro_rules! distributed_guard {
     ($($t:ty),* $(,)?) => {$(
         impl $crate::DistributedGuard for $t {
@@ -174,69 +141,17 @@ macro_rules! distributed_guard {
         }
     )*};
 }
-#[cfg_attr(
-    not(any(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd"
-    )),
-    allow(unused_imports)
-)]
 pub(crate) use distributed_guard;
-
-// ZooKeeper's typed locks outside the contract's recipes (those get theirs from `recipe!`).
-#[cfg(feature = "zookeeper")]
-mod zk_impls {
-    use crate::zookeeper::{Mutex, MutexGuard, ReentrantGuard, ReentrantMutex, Semaphore, SemaphorePermit};
-
-    super::distributed_lock!(Mutex => MutexGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
-    super::distributed_lock!(ReentrantMutex => ReentrantGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
-    // One permit, as the other backends' semaphores take.
-    super::distributed_lock!(Semaphore => SemaphorePermit, |l, t| name: l.path(), within: l.acquire_timeout(1, t));
-    super::distributed_guard!(MutexGuard, ReentrantGuard, SemaphorePermit);
-}
 
 #[cfg(test)]
 mod tests {
     use super::DistributedLock;
 
-    /// Each lock type the trait's doc names takes the template (a type listed here without an
-    /// impl fails to compile; a new lock type must be added here by hand).
+    /// The one API's lock takes the template (each backend's tests check its typed locks:
+    /// `contract_tests::typed_locks_are_distributed_locks`).
     #[test]
-    fn every_lock_type_is_a_distributed_lock() {
+    fn the_lock_is_a_distributed_lock() {
         fn takes<L: DistributedLock>() {}
         takes::<crate::Lock>();
-        #[cfg(feature = "zookeeper")]
-        {
-            use crate::zookeeper::*;
-            takes::<Mutex>();
-            takes::<ReentrantMutex>();
-            takes::<Semaphore>();
-        }
-        #[cfg(feature = "redis")]
-        {
-            use crate::redis::*;
-            takes::<Mutex>();
-            takes::<SimpleLock>();
-            takes::<FairLock>();
-            takes::<Semaphore>();
-        }
-        #[cfg(feature = "postgres")]
-        {
-            takes::<crate::postgres::Mutex>();
-            takes::<crate::postgres::Semaphore>();
-        }
-        #[cfg(feature = "etcd")]
-        {
-            takes::<crate::etcd::Mutex>();
-            takes::<crate::etcd::Semaphore>();
-        }
-        #[cfg(feature = "mysql")]
-        takes::<crate::mysql::Mutex>();
-        #[cfg(feature = "sqlite")]
-        takes::<crate::sqlite::Mutex>();
     }
 }

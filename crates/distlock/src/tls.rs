@@ -43,10 +43,6 @@ pub struct TlsFiles {
 
 /// The contents of [`TlsFiles`], read.
 #[derive(Clone)]
-#[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "zookeeper")),
-    allow(dead_code)
-)]
 pub(crate) struct TlsPem {
     /// The CA certificates (PEM), if a CA file was given.
     pub(crate) ca: Option<Vec<u8>>,
@@ -110,10 +106,6 @@ impl TlsFiles {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] naming the file that cannot be read or holds no PEM data.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
-        allow(dead_code)
-    )]
     pub(crate) fn read(&self) -> Result<TlsPem> {
         let read = |what: &'static str, path: &PathBuf, label: &str| -> Result<Vec<u8>> {
             let bad = |reason: String| Error::InvalidArgument { what, reason };
@@ -144,37 +136,9 @@ impl TlsFiles {
     }
 }
 
-/// The system's root certificates as PEM text (for a client library that takes only PEM).
-///
-/// # Errors
-///
-/// [`Error::InvalidArgument`] when the system has no root certificate.
-#[cfg(feature = "zookeeper")]
-pub(crate) fn system_roots_pem() -> Result<String> {
-    let found = rustls_native_certs::load_native_certs();
-    if found.certs.is_empty() {
-        return Err(Error::InvalidArgument {
-            what: "TLS roots",
-            reason: "no cacert given and no system root certificate found".into(),
-        });
-    }
-    let mut pem = String::new();
-    for cert in found.certs {
-        pem.push_str("-----BEGIN CERTIFICATE-----\n");
-        let text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cert.as_ref());
-        for line in text.as_bytes().chunks(64) {
-            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-            pem.push('\n');
-        }
-        pem.push_str("-----END CERTIFICATE-----\n");
-    }
-    Ok(pem)
-}
-
 /// How much of the server's certificate a connection checks (libpq's and MySQL's modes map here).
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Verify {
     /// The chain to a trusted CA and the host's name (`verify-full`, `VERIFY_IDENTITY`): the
     /// default of every TLS URL of distlock.
@@ -188,7 +152,7 @@ pub(crate) enum Verify {
 
 /// A rustls client configuration: the CA of `pem` (else the system's roots) checked as `verify`
 /// says, and the client certificate of `pem` if any.
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -223,7 +187,7 @@ pub(crate) fn client_config(pem: &TlsPem, verify: Verify) -> Result<rustls::Clie
 }
 
 /// The standard verifier: chains to the CA of `pem`, else to the system's roots.
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 fn webpki_verifier(
     pem: &TlsPem,
     provider: std::sync::Arc<rustls::crypto::CryptoProvider>,
@@ -255,16 +219,16 @@ fn webpki_verifier(
 }
 
 /// Checks the chain to a trusted CA, not the name (`verify-ca`).
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 #[derive(Debug)]
 struct ChainOnly(std::sync::Arc<rustls::client::WebPkiServerVerifier>);
 
 /// Checks nothing but the handshake's signatures (`require` without a CA).
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 #[derive(Debug)]
 struct Unverified(rustls::crypto::WebPkiSupportedAlgorithms);
 
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 impl rustls::client::danger::ServerCertVerifier for Unverified {
     fn verify_server_cert(
         &self,
@@ -300,7 +264,7 @@ impl rustls::client::danger::ServerCertVerifier for Unverified {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "etcd", feature = "zookeeper"))]
+#[cfg(feature = "_tls-client")]
 impl rustls::client::danger::ServerCertVerifier for ChainOnly {
     fn verify_server_cert(
         &self,
@@ -345,7 +309,6 @@ impl rustls::client::danger::ServerCertVerifier for ChainOnly {
 /// Whether `host` names this machine: `localhost`, an address of 127.0.0.0/8 or `::1`. Any other
 /// name or address counts as another machine (a name is not resolved: what it resolves to can
 /// change, and someone on the path can answer for it).
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn is_this_machine(host: &str) -> bool {
     let host = host.trim_matches(['[', ']']);
     host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -353,7 +316,6 @@ pub(crate) fn is_this_machine(host: &str) -> bool {
 
 /// The warning for a password sent to another machine over a connection that does not verify
 /// the server (`how` names the mode, e.g. `sslmode=prefer`; `verify` the setting that would).
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) fn warn_unverified_password(url: &str, host: &str, how: &str, verify: &str) {
     tracing::warn!(
         url,
@@ -365,10 +327,6 @@ pub(crate) fn warn_unverified_password(url: &str, host: &str, how: &str, verify:
 /// `reason` (a connection error's text) with the likely cause added when it is a TLS failure:
 /// an untrusted or misnamed server certificate, a client certificate the server requires, or a
 /// plaintext client at a TLS port (`ask_tls` tells how this backend's URL asks for TLS).
-#[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd", feature = "mysql", feature = "zookeeper")),
-    allow(dead_code)
-)]
 pub(crate) fn explain(reason: String, tls: bool, ask_tls: &str) -> String {
     let r = reason.to_lowercase();
     // The specific causes first: OpenSSL (MariaDB's driver may use it) says "certificate verify

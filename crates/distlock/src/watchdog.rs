@@ -157,7 +157,6 @@ impl Watchdog {
     /// Renews every hold now (or, right after such a sweep, [`SWEEP_GAP`] after it), whenever its
     /// turn would have come: the server may have lost them. A renewal that finds its key gone
     /// reports the hold lost; one that fails is retried as usual.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn check_now(&self) {
         let mut s = self.lock();
         let running = s.driver.as_ref().is_some_and(|d| !d.is_finished());

@@ -1,5 +1,5 @@
 //! The election's side of the contract: what a backend implements ([`Ballot`]) and the leader it
-//! reads. Everything else about elections is written once, in `crate::election`.
+//! reads. Everything else about elections is written once, in the `election` module.
 
 use super::{BoxFuture, Recipe};
 use crate::Result;
@@ -32,7 +32,7 @@ pub struct Leader {
 /// [`Ballot::watch_leader`]); `None` where the backend has no watch.
 pub(crate) type Watched = Option<(Option<Leader>, BoxFuture<'static, ()>)>;
 
-/// A backend's side of a leader election (see [`crate::election`]): campaigning is acquiring a
+/// A backend's side of a leader election (see the `election` module): campaigning is acquiring a
 /// lock whose holder's mark on the server carries the announced value. Everything else (the
 /// guard, loss, resign, observing) is written once over this.
 pub(crate) trait Ballot: Debug + Send + Sync + 'static {

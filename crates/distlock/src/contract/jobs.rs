@@ -1,6 +1,6 @@
 //! The scheduled jobs' side of the contract: what a backend implements ([`Jobs`]: read a job
 //! with the server's time, write it back only if unchanged) and the rows and record it keeps.
-//! Every decision about a job is made once, in `crate::schedule`.
+//! Every decision about a job is made once, in the `schedule` module.
 
 use super::BoxFuture;
 use crate::{Error, Result};
@@ -53,10 +53,6 @@ pub struct Run {
 }
 
 // etcd keeps the record inside its own JSON value.
-#[cfg_attr(
-    not(any(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code)
-)]
 impl Run {
     /// The record as a backend stores it (JSON).
     pub(crate) fn stored(&self) -> String {
@@ -114,7 +110,7 @@ pub(crate) struct Seen {
     pub run: Option<String>,
 }
 
-/// A backend's side of scheduled jobs ([`crate::schedule`]): read a job with the server's time,
+/// A backend's side of scheduled jobs (the `schedule` module): read a job with the server's time,
 /// and write it back only if nothing changed since. Every decision (free or not, the slot,
 /// the bounds, the token, the record) is made once, in `schedule.rs`.
 pub(crate) trait Jobs: Debug + Send + Sync + 'static {

@@ -16,7 +16,6 @@
 //! on a backend.
 
 // With only some backends compiled in, some of the pieces below have no user.
-#![cfg_attr(not(all(feature = "zookeeper", feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite", feature = "etcd")), allow(dead_code, unused_macros, unused_imports))]
 
 use crate::{Error, LockState, LostReason, QueueStatus, Result};
 use std::any::Any;
@@ -163,7 +162,7 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
     /// The election named `name`, or [`Error::Unsupported`] naming why this backend has none.
     fn election(&self, name: &str) -> Result<Arc<dyn Ballot>>;
-    /// The store of scheduled jobs' lock rows and run records (see [`crate::schedule`]).
+    /// The store of scheduled jobs' lock rows and run records (see the `schedule` module).
     fn jobs(&self) -> Result<Arc<dyn Jobs>>;
     /// Closes the connection, waiting at most `bound`.
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;

@@ -39,3 +39,43 @@ impl super::Client {
         Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone() }))
     }
 }
+
+impl crate::Client {
+    /// The typed etcd client, if this is one (see [`crate::Client::downcast`]).
+    pub fn etcd(&self) -> Option<&super::Client> {
+        self.downcast()
+    }
+}
+
+#[cfg(test)]
+mod contract_tests {
+    /// `lease`, `session_timeout` and `ttl` mean the same here as on every scheme (the README
+    /// promises it).
+    #[test]
+    fn the_lease_under_each_of_its_names() {
+        for key in crate::options::LEASE_KEYS {
+            assert_eq!(
+                super::super::EtcdUrl::parse(&format!("etcd://h:1?{key}=5s")).unwrap().ttl,
+                std::time::Duration::from_secs(5),
+                "{key}"
+            );
+        }
+    }
+
+    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    #[test]
+    fn typed_locks_are_distributed_locks() {
+        fn takes<L: crate::DistributedLock>() {}
+        takes::<super::super::Mutex>();
+        takes::<super::super::Semaphore>();
+    }
+
+    /// A wrong epoch or mark is refused by the server itself.
+    #[tokio::test]
+    async fn a_wrong_epoch_or_mark_is_refused_by_the_server() {
+        match std::env::var("DISTLOCK_TEST_ETCD") {
+            Ok(addr) => crate::election::server_checks::check(&format!("etcd://{addr}")).await,
+            Err(_) => eprintln!("skipped: DISTLOCK_TEST_ETCD is not set (scripts/test.sh sets it)"),
+        }
+    }
+}

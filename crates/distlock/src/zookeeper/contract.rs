@@ -127,3 +127,53 @@ impl super::Client {
         Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), parents: std::sync::Arc::default() }))
     }
 }
+
+impl crate::Client {
+    /// The typed ZooKeeper client, if this is one (see [`crate::Client::downcast`]).
+    pub fn zookeeper(&self) -> Option<&super::Client> {
+        self.downcast()
+    }
+}
+
+// ZooKeeper's typed locks outside the contract's recipes (those get theirs from `recipe!`).
+mod zk_impls {
+    use super::super::{Mutex, MutexGuard, ReentrantGuard, ReentrantMutex, Semaphore, SemaphorePermit};
+
+    crate::template::distributed_lock!(Mutex => MutexGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
+    crate::template::distributed_lock!(ReentrantMutex => ReentrantGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
+    // One permit, as the other backends' semaphores take.
+    crate::template::distributed_lock!(Semaphore => SemaphorePermit, |l, t| name: l.path(), within: l.acquire_timeout(1, t));
+    crate::template::distributed_guard!(MutexGuard, ReentrantGuard, SemaphorePermit);
+}
+
+#[cfg(test)]
+mod contract_tests {
+    /// `lease`, `session_timeout` and `ttl` mean the same here as on every scheme (the README
+    /// promises it).
+    #[test]
+    fn the_lease_under_each_of_its_names() {
+        for key in crate::options::LEASE_KEYS {
+            assert_eq!(
+                super::super::ZkUrl::parse(&format!("zk://h:1?{key}=5s")).unwrap().session_timeout,
+                std::time::Duration::from_secs(5),
+                "{key}"
+            );
+        }
+    }
+
+    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    #[test]
+    fn typed_locks_are_distributed_locks() {
+        fn takes<L: crate::DistributedLock>() {}
+        takes::<super::super::Mutex>();
+        takes::<super::super::ReentrantMutex>();
+        takes::<super::super::Semaphore>();
+    }
+
+    /// A wrong epoch or mark is refused by the server itself.
+    #[tokio::test]
+    async fn a_wrong_epoch_or_mark_is_refused_by_the_server() {
+        let s = distlock_server::EmbeddedServer::start().await.unwrap();
+        crate::election::server_checks::check(&s.url()).await;
+    }
+}

@@ -124,7 +124,7 @@ fn tls_options(url: &ZkUrl) -> Result<zk::TlsOptions> {
     let bad = |what: &'static str, e: zk::Error| Error::InvalidArgument { what, reason: e.to_string() };
     let ca = match &pem.ca {
         Some(ca) => String::from_utf8_lossy(ca).into_owned(),
-        None => crate::tls::system_roots_pem()?,
+        None => system_roots_pem()?,
     };
     let mut options = zk::TlsOptions::new().with_pem_ca(&ca).map_err(|e| bad("CA certificate file (cacert)", e))?;
     if let Some((cert, key)) = &pem.identity {
@@ -133,6 +133,32 @@ fn tls_options(url: &ZkUrl) -> Result<zk::TlsOptions> {
             .map_err(|e| bad("client certificate and key (cert, key)", e))?;
     }
     Ok(options)
+}
+
+/// The system's root certificates as PEM text (for a client library that takes only PEM).
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] when the system has no root certificate.
+pub(crate) fn system_roots_pem() -> Result<String> {
+    let found = rustls_native_certs::load_native_certs();
+    if found.certs.is_empty() {
+        return Err(Error::InvalidArgument {
+            what: "TLS roots",
+            reason: "no cacert given and no system root certificate found".into(),
+        });
+    }
+    let mut pem = String::new();
+    for cert in found.certs {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let text = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cert.as_ref());
+        for line in text.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    Ok(pem)
 }
 
 /// A failed connect's reason, with what to try when the cause is known.
