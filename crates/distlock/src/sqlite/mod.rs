@@ -180,6 +180,33 @@ impl Statements {
     }
 }
 
+/// The statements that make the lease table `t` and its fencing counter where missing
+/// (`setup=auto`); each is idempotent, so clients opening at once may all run them.
+fn setup_statements(t: &str) -> [String; 5] {
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+             lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
+             fencing_token BIGINT NOT NULL)"
+        ),
+        // The fencing counter, apart from the lock rows (a table made by an older version
+        // starts from its rows' highest token).
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t}_fencing (id INTEGER PRIMARY KEY CHECK (id = 1), token BIGINT NOT NULL)"
+        ),
+        format!("INSERT OR IGNORE INTO {t}_fencing (id, token) SELECT 1, coalesce(max(fencing_token), 0) FROM {t}"),
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {t}_fencing_up AFTER UPDATE OF fencing_token ON {t} \
+             BEGIN UPDATE {t}_fencing SET token = NEW.fencing_token WHERE id = 1 AND token < NEW.fencing_token; END"
+        ),
+        format!(
+            "CREATE TRIGGER IF NOT EXISTS {t}_fencing_new AFTER INSERT ON {t} \
+             BEGIN INSERT INTO {t}_fencing (id, token) VALUES (1, NEW.fencing_token) \
+             ON CONFLICT (id) DO UPDATE SET token = max(token, excluded.token); END"
+        ),
+    ]
+}
+
 impl Client {
     /// Opens (creating if missing, unless the URL says `setup=no`) the database named by a
     /// `sqlite://` URL (see [`SqliteUrl`]) and creates the lease table if missing.
@@ -203,28 +230,7 @@ impl Client {
             .busy_timeout(url.busy_timeout);
         let options = sqlx::ConnectOptions::disable_statement_logging(options);
         let t = &url.table;
-        let create = [
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-                 lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL, \
-                 fencing_token BIGINT NOT NULL)"
-            ),
-            // The fencing counter, apart from the lock rows (a table made by an older version
-            // starts from its rows' highest token).
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t}_fencing (id INTEGER PRIMARY KEY CHECK (id = 1), token BIGINT NOT NULL)"
-            ),
-            format!("INSERT OR IGNORE INTO {t}_fencing (id, token) SELECT 1, coalesce(max(fencing_token), 0) FROM {t}"),
-            format!(
-                "CREATE TRIGGER IF NOT EXISTS {t}_fencing_up AFTER UPDATE OF fencing_token ON {t} \
-                 BEGIN UPDATE {t}_fencing SET token = NEW.fencing_token WHERE id = 1 AND token < NEW.fencing_token; END"
-            ),
-            format!(
-                "CREATE TRIGGER IF NOT EXISTS {t}_fencing_new AFTER INSERT ON {t} \
-                 BEGIN INSERT INTO {t}_fencing (id, token) VALUES (1, NEW.fencing_token) \
-                 ON CONFLICT (id) DO UPDATE SET token = max(token, excluded.token); END"
-            ),
-        ];
+        let create = setup_statements(t);
         // Switching a new file to WAL needs the file to itself for a moment, before the busy
         // timeout is in force: clients opening at once retry (with a bound) instead of failing.
         let give_up = tokio::time::Instant::now() + url.busy_timeout.min(url.connect_timeout);

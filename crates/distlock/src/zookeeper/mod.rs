@@ -80,6 +80,35 @@ struct Inner {
 /// See `Inner::listings`.
 const LISTINGS_IN_FLIGHT: usize = 32;
 
+/// The lease margin for a session the server granted `timeout`: refuses a lease asked for that
+/// the server would not grant, and a margin not shorter than the timeout.
+fn granted_margin(url: &ZkUrl, timeout: Duration) -> Result<Duration> {
+    if url.lease_given() && timeout.as_millis() != url.session_timeout.as_millis() {
+        // The server keeps sessions within its bounds and grants the nearest: a lease asked
+        // for that it would not grant is refused, not replaced (the session closes as `zk`
+        // drops). Without a lease asked for, the server's grant is the lease.
+        return Err(Error::InvalidArgument {
+            what: "lease",
+            reason: format!(
+                "the ZooKeeper server grants a session timeout of {timeout:?} where the lease asked for is {:?}: \
+                 it keeps sessions between its minSessionTimeout and maxSessionTimeout (by default 2 and \
+                 20 tickTimes); ask for a lease within them",
+                url.session_timeout
+            ),
+        });
+    }
+    let margin = url.lease_margin.unwrap_or_else(|| session::default_margin(timeout));
+    if margin >= timeout {
+        return Err(Error::InvalidUrl {
+            url: url.to_string(),
+            reason: format!(
+                "lease_margin ({margin:?}) must be shorter than the negotiated session timeout ({timeout:?})"
+            ),
+        });
+    }
+    Ok(margin)
+}
+
 impl Client {
     /// Leave to send one listing of a lock directory (with the create it travels with).
     pub(crate) async fn listing_permit(&self) -> tokio::sync::SemaphorePermit<'_> {
@@ -320,29 +349,7 @@ impl Client {
         }
         tracing::debug!(url = %url, session = %zk.session_id(), "connected to ZooKeeper");
         let timeout = zk.session_timeout();
-        if url.lease_given() && timeout.as_millis() != url.session_timeout.as_millis() {
-            // The server keeps sessions within its bounds and grants the nearest: a lease asked
-            // for that it would not grant is refused, not replaced (the session closes as `zk`
-            // drops). Without a lease asked for, the server's grant is the lease.
-            return Err(Error::InvalidArgument {
-                what: "lease",
-                reason: format!(
-                    "the ZooKeeper server grants a session timeout of {timeout:?} where the lease asked for is {:?}: \
-                     it keeps sessions between its minSessionTimeout and maxSessionTimeout (by default 2 and \
-                     20 tickTimes); ask for a lease within them",
-                    url.session_timeout
-                ),
-            });
-        }
-        let margin = url.lease_margin.unwrap_or_else(|| session::default_margin(timeout));
-        if margin >= timeout {
-            return Err(Error::InvalidUrl {
-                url: url.to_string(),
-                reason: format!(
-                    "lease_margin ({margin:?}) must be shorter than the negotiated session timeout ({timeout:?})"
-                ),
-            });
-        }
+        let margin = granted_margin(&url, timeout)?;
         let lease = Arc::new(session::Lease::new(started, timeout, margin));
         let inner = Arc::new(Inner {
             zk,
