@@ -144,8 +144,23 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A connected client of one backend.
-pub(crate) trait Backend: Debug + Send + Sync + 'static {
+/// The typed client behind a [`Backend`] object, for [`crate::Client::downcast`]: every
+/// backend has it without writing it.
+pub(crate) trait AsAny {
+    /// `self`, as [`Any`].
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// What a backend owes the contract: its typed client implements this in its `contract.rs`
+/// (and [`backend!`] adds the connect function and `From` for the registry). A capability a
+/// backend lacks keeps the default, which refuses it with [`Error::Unsupported`].
+pub(crate) trait Backend: AsAny + Debug + Send + Sync + 'static {
     /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`.
     fn backend(&self) -> &'static str;
     /// How long the server keeps a lock whose holder went silent.
@@ -158,16 +173,29 @@ pub(crate) trait Backend: Debug + Send + Sync + 'static {
     /// [`Error::Unsupported`] naming why this server cannot list them.
     fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
     /// The one lock named `name` (already checked by [`Backend::lock_name`]) in the same shape:
-    /// a listing of exactly one lock, with no entries when it is free.
-    fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>>;
-    /// The election named `name`, or [`Error::Unsupported`] naming why this backend has none.
-    fn election(&self, name: &str) -> Result<Arc<dyn Ballot>>;
-    /// The store of scheduled jobs' lock rows and run records (see the `schedule` module).
-    fn jobs(&self) -> Result<Arc<dyn Jobs>>;
+    /// a listing of exactly one lock, with no entries when it is free. By default, taken from
+    /// the listing of `name` as a prefix.
+    fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(async move {
+            let all = self.locks(name).await?;
+            let found = match all.locks.into_iter().find(|l| l.name == name) {
+                Some(info) => crate::listing::Found::Lock(info),
+                None => crate::listing::Found::Free { recipe: "mutex", last_token: None },
+            };
+            Ok(crate::listing::Listing::one(all.backend, name, found, all.unseen))
+        })
+    }
+    /// The election named `name`; by default refused: this backend has none.
+    fn election(&self, name: &str) -> Result<Arc<dyn Ballot>> {
+        Err(Error::Unsupported { backend: self.backend(), what: format!("election {name}") })
+    }
+    /// The store of scheduled jobs' lock rows and run records (see the `schedule` module); by
+    /// default refused: this backend has none.
+    fn jobs(&self) -> Result<Arc<dyn Jobs>> {
+        Err(Error::Unsupported { backend: self.backend(), what: "scheduled jobs".into() })
+    }
     /// Closes the connection, waiting at most `bound`.
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()>;
-    /// The typed client, for [`crate::Client`]'s typed accessors.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A lock that can be acquired.
@@ -277,16 +305,10 @@ macro_rules! recipe {
 }
 pub(crate) use recipe;
 
-/// The parts of a backend's side of the contract that read the same on every backend whose typed
-/// client has `connect(url)`, `lease()` and `close(bound)`: the connect function for the scheme
-/// table, `From` into [`crate::Client`], and the [`Backend`] impl. The backend writes the
-/// parts that differ as inherent methods of its client (`locks(prefix)` and `one_lock(name)`
-/// return [`crate::listing::Listing`]s), and in its `contract.rs`:
-/// `checked_name(&self, name) -> Result<String>`, `make(&self, name, kind) -> Result<Arc<dyn
-/// Recipe>>`, `election_of(&self, name) -> Result<Arc<dyn Ballot>>` and `jobs_of(&self) ->
-/// Result<Arc<dyn Jobs>>`.
+/// The registry's connect function and `From<typed client> for crate::Client`, for a backend
+/// whose typed client has `connect(url)` and implements [`Backend`].
 macro_rules! backend {
-    ($client:ty, $name:literal) => {
+    ($client:ty) => {
         /// Connects to the URL; the registry in `facade.rs` calls it.
         pub(crate) fn connect(url: &str) -> $crate::contract::BoxFuture<'_, $crate::Result<$crate::Client>> {
             Box::pin(async move { Ok($crate::contract::client(<$client>::connect(url).await?)) })
@@ -297,85 +319,22 @@ macro_rules! backend {
                 $crate::contract::client(c)
             }
         }
-
-        impl $crate::contract::Backend for $client {
-            fn backend(&self) -> &'static str {
-                $name
-            }
-            fn lease(&self) -> std::time::Duration {
-                <$client>::lease(self)
-            }
-            fn lock_name(&self, name: &str) -> $crate::Result<String> {
-                <$client>::checked_name(self, name)
-            }
-            fn recipe(
-                &self,
-                name: &str,
-                kind: $crate::contract::Kind,
-            ) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Recipe>> {
-                <$client>::make(self, name, kind)
-            }
-            fn locks<'a>(
-                &'a self,
-                prefix: &'a str,
-            ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
-                Box::pin(<$client>::locks(self, prefix))
-            }
-            fn lock<'a>(
-                &'a self,
-                name: &'a str,
-            ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::listing::Listing>> {
-                Box::pin(<$client>::one_lock(self, name))
-            }
-            fn election(&self, name: &str) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Ballot>> {
-                <$client>::election_of(self, name)
-            }
-            fn jobs(&self) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Jobs>> {
-                <$client>::jobs_of(self)
-            }
-            fn close(&self, bound: std::time::Duration) -> $crate::contract::BoxFuture<'static, ()> {
-                Box::pin(self.clone().close(bound))
-            }
-            fn as_any(&self) -> &dyn std::any::Any {
-                self
-            }
-        }
     };
 }
 pub(crate) use backend;
 
-/// The whole contract of a backend that offers the mutex only: [`backend!`], a name checked by
-/// making the mutex, every other kind refused with `$why`, and the mutex's [`Recipe`] and
-/// [`Held`] impls. The backend writes its `election_of`.
-///
-/// ```ignore
-/// mutex_only_backend!(Client, "mysql", Mutex, MutexGuard, "MariaDB's GET_LOCK gives the mutex only");
-/// ```
-macro_rules! mutex_only_backend {
-    ($client:ty, $name:literal, $mutex:ty, $guard:ty, $why:literal) => {
-        $crate::contract::backend!($client, $name);
-
-        impl $client {
-            fn checked_name(&self, name: &str) -> $crate::Result<String> {
-                self.mutex(name).map(|_| name.to_string())
-            }
-
-
-            fn make(
-                &self,
-                name: &str,
-                kind: $crate::contract::Kind,
-            ) -> $crate::Result<std::sync::Arc<dyn $crate::contract::Recipe>> {
-                kind.mutex_only($name, name, $why)?;
-                Ok($crate::contract::lock(self.mutex(name)?))
-            }
-        }
-
-        $crate::contract::recipe!($mutex => $guard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-        $crate::contract::held!($guard);
-    };
+/// The recipe of a backend that offers the mutex only: the mutex `mutex()` makes, for
+/// [`Kind::Mutex`]; any other kind refused with `why`.
+pub(crate) fn mutex_only<M: Recipe>(
+    kind: Kind,
+    backend: &'static str,
+    name: &str,
+    why: &str,
+    mutex: impl FnOnce() -> Result<M>,
+) -> Result<Arc<dyn Recipe>> {
+    kind.mutex_only(backend, name, why)?;
+    Ok(lock(mutex()?))
 }
-pub(crate) use mutex_only_backend;
 
 /// The three public acquires of a typed lock (wait forever, never, at most a timeout), written
 /// once over its one acquire by [`Wait`]: `$l` is the lock and `$w` the wait in `$acquire`.

@@ -6,19 +6,43 @@ use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
 use std::sync::Arc;
 
-contract::backend!(Client, "etcd");
+contract::backend!(Client);
 
-impl Client {
-    fn checked_name(&self, name: &str) -> Result<String> {
+impl contract::Backend for Client {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        Client::lease(self)
+    }
+
+    fn locks<'a>(&'a self, prefix: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
+    fn lock<'a>(&'a self, name: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
+    fn close(&self, bound: std::time::Duration) -> contract::BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+
+    fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
+        Ok(Arc::new(super::jobs::Jobs { client: self.clone() }))
+    }
+
+    fn lock_name(&self, name: &str) -> Result<String> {
         self.mutex(name).map(|_| name.to_string())
     }
 
-    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+    fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
         self.mutex(name)?;
         Ok(Arc::new(super::election::Election { client: self.clone(), name: name.to_string() }))
     }
 
-    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex => contract::lock(self.mutex(name)?),
             Kind::Read => contract::lock(Reading(self.rwlock(name)?)),
@@ -33,12 +57,6 @@ recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.
 recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
 recipe!(Semaphore => LockGuard, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(LockGuard);
-
-impl super::Client {
-    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone() }))
-    }
-}
 
 impl crate::Client {
     /// The typed etcd client, if this is one (see [`crate::Client::downcast`]).

@@ -12,7 +12,45 @@ use crate::{Error, LostReason, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
 
-crate::contract::backend!(Client, "memory");
+crate::contract::backend!(Client);
+
+impl contract::Backend for Client {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        Client::lease(self)
+    }
+
+    fn lock_name(&self, name: &str) -> Result<String> {
+        self.checked_name(name)
+    }
+
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+        self.make(name, kind)
+    }
+
+    fn locks<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
+    fn lock<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
+    fn election(&self, name: &str) -> Result<Arc<dyn Ballot>> {
+        Ok(Arc::new(Election { client: self.clone(), name: self.checked_name(name)? }))
+    }
+
+    fn jobs(&self) -> Result<Arc<dyn Jobs>> {
+        Ok(Arc::new(self.clone()))
+    }
+
+    fn close(&self, bound: std::time::Duration) -> BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+}
 
 impl Client {
     fn checked_name(&self, name: &str) -> Result<String> {
@@ -51,14 +89,6 @@ impl Client {
         let truncated = locks.len() > MAX_LOCKS;
         locks.truncate(MAX_LOCKS);
         Ok(Listing { backend: "memory", prefix: prefix.to_string(), locks, truncated, unseen: vec![] })
-    }
-
-    fn election_of(&self, name: &str) -> Result<Arc<dyn Ballot>> {
-        Ok(Arc::new(Election { client: self.clone(), name: self.checked_name(name)? }))
-    }
-
-    fn jobs_of(&self) -> Result<Arc<dyn Jobs>> {
-        Ok(Arc::new(self.clone()))
     }
 }
 

@@ -2,12 +2,46 @@
 //! refused. Elections: the mutex plus an announcement table (`election.rs`).
 
 use super::{Client, Mutex, MutexGuard};
+use crate::contract;
+use crate::Result;
 use std::sync::Arc;
 
-crate::contract::mutex_only_backend!(Client, "mysql", Mutex, MutexGuard, "MariaDB's GET_LOCK gives the mutex only");
+crate::contract::backend!(Client);
 
-impl Client {
-    fn election_of(&self, name: &str) -> crate::Result<Arc<dyn crate::contract::Ballot>> {
+impl contract::Backend for Client {
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        Client::lease(self)
+    }
+
+    fn lock_name(&self, name: &str) -> Result<String> {
+        self.mutex(name).map(|_| name.to_string())
+    }
+
+    fn recipe(&self, name: &str, kind: contract::Kind) -> Result<Arc<dyn contract::Recipe>> {
+        contract::mutex_only(kind, "mysql", name, "MariaDB's GET_LOCK gives the mutex only", || self.mutex(name))
+    }
+
+    fn locks<'a>(&'a self, prefix: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
+    fn lock<'a>(&'a self, name: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
+    fn close(&self, bound: std::time::Duration) -> contract::BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+
+    fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
+        Ok(Arc::new(super::jobs::Jobs { client: self.clone(), created: Arc::default() }))
+    }
+
+    fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
         self.mutex(name)?;
         Ok(Arc::new(super::election::Election {
             client: self.clone(),
@@ -17,11 +51,8 @@ impl Client {
     }
 }
 
-impl super::Client {
-    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), created: std::sync::Arc::default() }))
-    }
-}
+contract::recipe!(Mutex => MutexGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+contract::held!(MutexGuard);
 
 impl crate::Client {
     /// The typed MariaDB client, if this is one (see [`crate::Client::downcast`]).

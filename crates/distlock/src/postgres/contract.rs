@@ -6,7 +6,7 @@ use crate::contract::{self, recipe, Kind, Recipe};
 use crate::Result;
 use std::sync::Arc;
 
-contract::backend!(Client, "postgres");
+contract::backend!(Client);
 
 impl Client {
     /// Refuses `what` with `lock_scope=transaction`: it needs a server session of its own, which
@@ -22,18 +22,46 @@ impl Client {
         }
         Ok(())
     }
+}
 
-    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+impl contract::Backend for Client {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        Client::lease(self)
+    }
+
+    fn locks<'a>(&'a self, prefix: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
+    fn lock<'a>(&'a self, name: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
+    fn close(&self, bound: std::time::Duration) -> contract::BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+
+    fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
+        // Its statements are prepared on a session, which a transaction pooler does not keep.
+        self.session_scope_only("scheduled jobs")?;
+        Ok(Arc::new(super::jobs::Jobs { client: self.clone(), created: Arc::default() }))
+    }
+
+    fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
         // The leader's row names its server session, which a transaction pooler changes.
         self.session_scope_only(&format!("election {name}"))?;
         Ok(Arc::new(super::election::Election::new(self.clone(), name)?))
     }
 
-    fn checked_name(&self, name: &str) -> Result<String> {
+    fn lock_name(&self, name: &str) -> Result<String> {
         self.key(name).map(|_| name.to_string())
     }
 
-    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex | Kind::Write => contract::lock(self.mutex(name)?),
             Kind::Read => contract::lock(self.rwlock(name)?.reader()),
@@ -45,14 +73,6 @@ impl Client {
 recipe!(Mutex => MutexGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Semaphore => MutexGuard, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(MutexGuard);
-
-impl super::Client {
-    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        // Its statements are prepared on a session, which a transaction pooler does not keep.
-        self.session_scope_only("scheduled jobs")?;
-        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone(), created: std::sync::Arc::default() }))
-    }
-}
 
 impl crate::Client {
     /// The typed PostgreSQL client, if this is one (see [`crate::Client::downcast`]).

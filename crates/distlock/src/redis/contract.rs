@@ -9,19 +9,43 @@ use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
 use std::sync::Arc;
 
-contract::backend!(Client, "redis");
+contract::backend!(Client);
 
-impl Client {
-    fn election_of(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
+impl contract::Backend for Client {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn lease(&self) -> std::time::Duration {
+        Client::lease(self)
+    }
+
+    fn locks<'a>(&'a self, prefix: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::locks(self, prefix))
+    }
+
+    fn lock<'a>(&'a self, name: &'a str) -> contract::BoxFuture<'a, Result<crate::listing::Listing>> {
+        Box::pin(Client::one_lock(self, name))
+    }
+
+    fn close(&self, bound: std::time::Duration) -> contract::BoxFuture<'static, ()> {
+        Box::pin(self.clone().close(bound))
+    }
+
+    fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
+        Ok(Arc::new(super::jobs::Jobs { client: self.clone() }))
+    }
+
+    fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {
         self.validate(name)?;
         Ok(Arc::new(super::election::Election { client: self.clone(), key: name.to_string() }))
     }
 
-    fn checked_name(&self, name: &str) -> Result<String> {
+    fn lock_name(&self, name: &str) -> Result<String> {
         Ok(name.to_string())
     }
 
-    fn make(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
+    fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
         Ok(match kind {
             Kind::Mutex => match self.url().layout {
                 Layout::Redisson => contract::lock(self.mutex(name)?),
@@ -53,12 +77,6 @@ impl From<Mutex> for crate::Lock {
 impl From<SimpleLock> for crate::Lock {
     fn from(m: SimpleLock) -> crate::Lock {
         crate::Lock::from_recipe(Arc::new(m), "redis")
-    }
-}
-
-impl super::Client {
-    fn jobs_of(&self) -> crate::Result<std::sync::Arc<dyn crate::contract::Jobs>> {
-        Ok(std::sync::Arc::new(super::jobs::Jobs { client: self.clone() }))
     }
 }
 

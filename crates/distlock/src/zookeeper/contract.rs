@@ -4,7 +4,6 @@
 use super::{nobody_listens, AnyGuard, Client, LockSpec, ZkUrl};
 use crate::contract::{self, Backend, BoxFuture, Held, Kind, Recipe, Wait};
 use crate::{Error, QueueStatus, Result};
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -64,10 +63,6 @@ impl Backend for Client {
 
     fn close(&self, bound: Duration) -> BoxFuture<'static, ()> {
         Box::pin(self.clone().close(bound))
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
