@@ -149,7 +149,11 @@ pub use lock_state::{LockState, QueueStatus};
 pub use owner::Owner;
 pub use template::{with_lock, DistributedGuard, DistributedLock};
 
-/// The README's examples, compiled as doc tests so they cannot rot (and the docs' below).
+/// The README's examples, compiled as doc tests so they cannot rot (and the docs' below). The
+/// files are the repository's, outside the crate and not in its package: they are read only under
+/// `cfg(doctest)`, which `cargo build`, `cargo doc`, docs.rs and `cargo package`'s verification
+/// never set. Doc tests are the workspace's, like the unit tests (both need distlock-server, a
+/// dev-dependency that packaging strips).
 #[cfg(all(doctest, feature = "zookeeper", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
