@@ -223,7 +223,7 @@ impl Metrics {
     /// Serves `GET /metrics` on `listener` until `shutdown` resolves, as [`crate::http::Gate`]
     /// allows (any `Host` with `allow_remote`). Any other path is 404; a request that does not
     /// arrive whole within 5 s, or is larger than 8 KiB, is dropped, as is a reply not taken
-    /// within 5 s; at most [`METRICS_CONNECTIONS`] are served at once (more wait to be
+    /// within 5 s; at most `METRICS_CONNECTIONS` (16) are served at once (more wait to be
     /// accepted), so scrapers cannot use up the server's file descriptors.
     pub async fn serve_with(
         self,
