@@ -59,6 +59,9 @@ fi
 # unify the same way each time and nothing is built twice (`-p one-crate` would rebuild it and its
 # dependencies with that crate's features alone: about 3.5 minutes a run).
 ws=(--workspace --exclude distlock-zookeeper-client)
+# Each phase says when it starts, in seconds from the start of the run (where CI's time goes).
+say() { echo "test.sh: [${SECONDS}s] $*"; }
+say "=== build ==="
 cargo build "${ws[@]}" --all-targets --examples
 # Cargo's output directory ($CARGO_TARGET_DIR when set).
 target=${CARGO_TARGET_DIR:-target}
@@ -113,7 +116,7 @@ for server in $servers; do
         ensemble)
             started+=("$server")
             scripts/zk-ensemble.sh start "$dir" > /dev/null
-            echo "test.sh: === 3-node ensemble $(cat "$dir/ensemble.addr") ==="
+            say "=== 3-node ensemble $(cat "$dir/ensemble.addr") ==="
             # (exported: the later TLS matrix names its backend by the ZooKeeper variable too)
             export DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")"
             DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
@@ -122,7 +125,7 @@ for server in $servers; do
     esac
     started+=("$server")
     export DISTLOCK_TEST_ZK="$addr"
-    echo "test.sh: === $server at $addr ==="
+    say "=== $server at $addr ==="
     if [[ -z "${full_pass_done:-}" || ${#extra[@]} -gt 0 ]]; then
         cargo test "${ws[@]}" "${extra[@]}"
         full_pass_done=1
@@ -148,7 +151,7 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     # The same fault matrix on the other five backends, once (their servers were started above;
     # the restart cells kill and restart them, so nothing else runs meanwhile).
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
-    echo "test.sh: === fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
+    say "=== fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
     cargo test "${ws[@]}" --test main -- --nocapture --test-threads=10 --ignored \
@@ -163,4 +166,4 @@ if [[ -n "$stress" ]]; then
     done
     echo "test.sh: demo.sh passed $demos of $demos runs under stress"
 fi
-echo "test.sh: all passed ($servers${stress:+, under stress})"
+say "all passed ($servers${stress:+, under stress})"

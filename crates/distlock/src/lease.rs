@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The safety margin taken off every lease of a server with no reporting delay (see
-/// [`crate::margin`]).
+/// [`crate::lease_margin::margin`]).
 pub(crate) fn drift(lease: Duration) -> Duration {
     crate::lease_margin::margin(lease, Duration::ZERO)
 }

@@ -247,7 +247,7 @@ pub(crate) async fn renew_if_short(client: &Client) {
     lease.observe(sent, &result);
 }
 
-/// The default margin kept before the session timeout: the one rule ([`crate::margin`]) with a
+/// The default margin kept before the session timeout: the one rule ([`crate::lease_margin::margin`]) with a
 /// quarter of the timeout for a follower's reporting delay.
 pub(crate) fn default_margin(timeout: Duration) -> Duration {
     crate::lease_margin::margin(timeout, timeout / 4)
