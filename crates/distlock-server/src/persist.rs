@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 /// When the transaction log is flushed to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Fsync {
     /// fsync after every transaction, before replying.
     #[default]
@@ -108,6 +109,7 @@ pub struct Persist {
 }
 
 /// What was recovered from the data directory.
+#[non_exhaustive]
 pub struct Recovered {
     pub tree: Tree,
     pub zxid: i64,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 /// Why a frame could not be decoded. The connection that sent it is closed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// The frame ended in the middle of a field.
     #[error("frame truncated while reading {0}")]

@@ -79,6 +79,7 @@ pub use crate::contract::Leader;
 /// assert_eq!(change.value(), "");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Change {
     /// A leader, new or announcing a new value.
     Leader(Leader),

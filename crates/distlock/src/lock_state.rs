@@ -13,6 +13,7 @@ use crate::LostReason;
 /// assert!(LockState::Lost(LostReason::SessionExpired).is_lost());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LockState {
     /// The lock is ours: on ZooKeeper our node exists and the session is connected; on Redis the
     /// last renewal succeeded and its lease has not run out.

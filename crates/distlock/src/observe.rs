@@ -63,6 +63,7 @@ pub struct Options {
 /// # let _ = capped;
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LockNames {
     /// No `lock` label (the default).
     #[default]
@@ -83,6 +84,7 @@ pub const OTHER_NAMES: &str = "_other";
 /// assert_eq!(held.kind, "gauge");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Metric {
     /// Its name, as exported.
     pub name: &'static str,

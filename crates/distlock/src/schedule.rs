@@ -127,6 +127,7 @@ pub(crate) fn stored_time(job: &str, ms: i64) -> Result<String> {
 
 /// Why a start did not run the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SkipReason {
     /// A run is going on (or its holder died and its hold has not run out).
     Running,
@@ -148,6 +149,7 @@ pub enum SkipReason {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Skipped {
     /// The job's name.
     pub job: String,

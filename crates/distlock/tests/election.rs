@@ -2,7 +2,7 @@
 //! time, its value announced and re-announced, the epoch rising with every leader, "no leader"
 //! reported, a removed or partitioned leader told first.
 
-use distlock::election::{Change, Leader};
+use distlock::election::Change;
 use distlock::Error;
 use std::time::Duration;
 
@@ -51,7 +51,8 @@ async fn one_leader_its_value_and_rising_epochs(url: String) {
     // A new value, the same leader and epoch.
     la.proclaim("alpha-2").await.unwrap();
     assert_eq!(la.value(), "alpha-2");
-    let proclaimed = Leader { value: "alpha-2".into(), ..seen.clone() };
+    let mut proclaimed = seen.clone();
+    proclaimed.value = "alpha-2".into();
     assert_eq!(eb.leader().await.unwrap(), Some(proclaimed.clone()), "{url}");
     assert_eq!(next(&mut observer).await, Change::Leader(proclaimed), "{url}");
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Leader {
     /// The value the leader announces (its proposal or id).
     pub value: String,

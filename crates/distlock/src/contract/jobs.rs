@@ -20,6 +20,7 @@ use std::fmt::Debug;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Run {
     /// The job's name.
     pub job: String,

@@ -73,6 +73,10 @@ mod semaphore;
 mod session;
 mod url;
 
+/// The etcd client crate [`Client::etcd`] hands out, re-exported so that its version is
+/// distlock's.
+///
+/// **An escape hatch outside distlock's semver**, as [`Client::etcd`] is.
 pub use etcd_client;
 pub use guard::LockGuard;
 pub use mutex::Mutex;
@@ -195,6 +199,10 @@ impl Client {
     }
 
     /// The underlying `etcd-client` handle, for guarded writes and anything else.
+    ///
+    /// **An escape hatch outside distlock's semver**: its type is `etcd-client`'s, so a new
+    /// major version of that crate may change it in a minor release of distlock. The rest of
+    /// the API names no driver type.
     pub fn etcd(&self) -> etcd_client::Client {
         self.inner.etcd.clone()
     }
@@ -419,6 +427,7 @@ fn permission_denied(op: &str, name: &str) -> String {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct KeyView {
     /// The key.
     pub key: String,
@@ -443,6 +452,7 @@ pub struct KeyView {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LockView {
     /// The lock's name (key prefix).
     pub name: String,

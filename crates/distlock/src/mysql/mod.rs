@@ -357,6 +357,7 @@ pub(crate) fn backend(op: &'static str, name: &str, e: sqlx::Error) -> Error {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LockView {
     /// The lock's name.
     pub name: String,

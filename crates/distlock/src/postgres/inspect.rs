@@ -17,6 +17,7 @@ use crate::{Error, Result};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LockView {
     /// The lock's name.
     pub name: String,
@@ -41,6 +42,7 @@ pub struct LockView {
 /// assert!(s.granted);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct Session {
     /// The backend's process id (`pg_terminate_backend(pid)` ends it and frees its locks).
     pub pid: i32,

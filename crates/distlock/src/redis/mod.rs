@@ -918,6 +918,7 @@ impl Replication {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LockView {
     /// The key.
     pub key: String,
@@ -940,6 +941,7 @@ pub struct LockView {
 /// assert_eq!(h.count, 2);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct Holder {
     /// The hash field (`<client uuid>:<thread or handle id>`) or the string value.
     pub id: String,

@@ -40,6 +40,7 @@ pub struct Mutex {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LeaseView {
     /// The lock's name.
     pub name: String,

@@ -453,6 +453,10 @@ impl Client {
     }
 
     /// The underlying `zookeeper-client` session, for operations distlock does not wrap.
+    ///
+    /// **An escape hatch outside distlock's semver**: its type is the ZooKeeper client crate's,
+    /// so a new major version of that crate may change it in a minor release of distlock. The
+    /// rest of the API names no driver type.
     pub fn zookeeper(&self) -> &zk::Client {
         &self.inner.zk
     }
@@ -589,6 +593,7 @@ pub struct Metrics {
 /// assert_eq!((a - b).round_trips, 2);
 /// ```
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Requests sent.
     pub requests: u64,
