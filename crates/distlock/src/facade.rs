@@ -35,8 +35,52 @@ pub struct BackendInfo {
     /// where it has such a tool: `etcdctl lock`'s `ETCD_LOCK_KEY` and `ETCD_LOCK_REV`. A program
     /// run under a lock (`distlock exec`) gets them too, so scripts written for that tool work.
     pub tool_env: Option<[&'static str; 2]>,
+    /// What it can do, for callers that adapt to a backend (the CLI, the shared tests) instead
+    /// of naming it.
+    pub capabilities: Capabilities,
     connect: Option<Connector>,
 }
+
+/// What a backend can do (see [`BackendInfo::capabilities`] and [`Client::info`]). What it
+/// cannot is refused with [`crate::Error::Unsupported`] where asked for: this tells it before.
+///
+/// # Examples
+///
+/// ```
+/// let info = distlock::BACKENDS.iter().find(|b| b.name == "mysql").unwrap();
+/// assert!(!info.capabilities.read_write, "MariaDB's GET_LOCK gives the mutex only");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Read and write locks, besides the mutex.
+    pub read_write: bool,
+    /// Semaphores (permits).
+    pub semaphores: bool,
+    /// [`Client::locks`] lists the locks in use (MariaDB cannot: `GET_LOCK` has no listing).
+    pub lists_locks: bool,
+    /// The listing takes a name prefix (PostgreSQL lists advisory keys: only the whole database).
+    pub lists_by_name: bool,
+    /// The server records a waiter, so a listing shows it (Redis waiters wait on a channel,
+    /// SQLite's poll the row, MariaDB's are the server's own).
+    pub records_waiters: bool,
+    /// Each lock's fencing tokens are its own, so a listing tells a holder's (PostgreSQL draws
+    /// every lock's from one sequence).
+    pub tokens_per_lock: bool,
+    /// An election's leader is watched (a change is told at once); elsewhere it is polled.
+    pub watches_leader: bool,
+}
+
+/// Every capability: a backend's entry names what it lacks.
+const ALL: Capabilities = Capabilities {
+    read_write: true,
+    semaphores: true,
+    lists_locks: true,
+    lists_by_name: true,
+    records_waiters: true,
+    tokens_per_lock: true,
+    watches_leader: true,
+};
 
 impl BackendInfo {
     /// Whether this build has the backend (its cargo feature is on).
@@ -73,42 +117,49 @@ pub const BACKENDS: &[BackendInfo] = &[
         name: "zookeeper",
         schemes: &["zk", "zks"],
         tool_env: None,
+        capabilities: ALL,
         connect: compiled!("zookeeper", crate::zookeeper::contract::connect),
     },
     BackendInfo {
         name: "redis",
         schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"],
         tool_env: None,
+        capabilities: Capabilities { records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("redis", crate::redis::contract::connect),
     },
     BackendInfo {
         name: "postgres",
         schemes: &["postgres", "postgresql"],
         tool_env: None,
+        capabilities: Capabilities { lists_by_name: false, tokens_per_lock: false, watches_leader: false, ..ALL },
         connect: compiled!("postgres", crate::postgres::contract::connect),
     },
     BackendInfo {
         name: "mysql",
         schemes: &["mysql", "mariadb"],
         tool_env: None,
+        capabilities: Capabilities { read_write: false, semaphores: false, lists_locks: false, lists_by_name: false, records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("mysql", crate::mysql::contract::connect),
     },
     BackendInfo {
         name: "sqlite",
         schemes: &["sqlite"],
         tool_env: None,
+        capabilities: Capabilities { read_write: false, semaphores: false, records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("sqlite", crate::sqlite::contract::connect),
     },
     BackendInfo {
         name: "etcd",
         schemes: &["etcd", "etcds"],
         tool_env: Some(["ETCD_LOCK_KEY", "ETCD_LOCK_REV"]),
+        capabilities: ALL,
         connect: compiled!("etcd", crate::etcd::contract::connect),
     },
     BackendInfo {
         name: "memory",
         schemes: &["memory"],
         tool_env: None,
+        capabilities: Capabilities { records_waiters: false, ..ALL },
         connect: compiled!("memory", crate::memory::connect),
     },
 ];

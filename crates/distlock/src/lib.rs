@@ -103,7 +103,7 @@ with_a_backend! {
     mod multi;
     mod options;
     mod redact;
-    pub use facade::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
+    pub use facade::{connect, schemes, BackendInfo, Capabilities, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
     pub use options::{connect_with, ConnectOptions};
     pub use redact::redact_url;

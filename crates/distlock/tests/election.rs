@@ -60,7 +60,8 @@ async fn one_leader_its_value_and_rising_epochs(url: String) {
     let waiting = tokio::spawn(async move { eb.campaign_timeout("beta", BOUND).await.unwrap() });
     // Queued behind the leader (checked on the server, where it records waiters) before the
     // leader resigns.
-    let lists_waiters = ["zookeeper", "etcd"].contains(&a.backend());
+    let can = a.info().capabilities;
+    let lists_waiters = can.records_waiters && can.lists_by_name;
     if lists_waiters {
         tokio::time::timeout(BOUND, async {
             loop {
