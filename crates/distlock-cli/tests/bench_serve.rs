@@ -68,18 +68,20 @@ fn serve(args: &[&str], scratch: &Scratch) -> Served {
         .spawn()
         .unwrap();
     let mut served = Served { child, addr: "0.0.0.0:0".parse().unwrap() };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&addr_file) {
-            served.addr = text.trim().parse().unwrap_or_else(|e| panic!("addr file holds {text:?}: {e}"));
-            return served;
-        }
-        if let Some(status) = served.child.try_wait().unwrap() {
-            panic!("distlock serve {args:?} exited ({status}) before writing its address");
-        }
-        assert!(Instant::now() < deadline, "distlock serve {args:?} wrote no address within 30s");
-        std::thread::sleep(Duration::from_millis(20)); // polling for the file: no event to wait on
-    }
+    served.addr = crate::common::eventually_some(
+        Duration::from_secs(30),
+        &format!("distlock serve {args:?} to write its address"),
+        || {
+            if let Ok(text) = std::fs::read_to_string(&addr_file) {
+                return Some(text.trim().parse().unwrap_or_else(|e| panic!("addr file holds {text:?}: {e}")));
+            }
+            if let Some(status) = served.child.try_wait().unwrap() {
+                panic!("distlock serve {args:?} exited ({status}) before writing its address");
+            }
+            None
+        },
+    );
+    served
 }
 
 /// True if a ZooKeeper-protocol server answers `ruok` at `addr`.

@@ -52,14 +52,7 @@ fn first_line_is(child: &mut Child, expected: &str) -> BufReader<std::process::C
 
 /// Waits (bounded) for a child to exit.
 fn wait_exit(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
-        std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
-    }
+    common::wait_exit(child, bound)
 }
 
 #[test]
@@ -122,14 +115,9 @@ fn inspect_shows_holder_and_waiters_in_order() {
     let (mut holder, _out) = hold(&l, "4s", "sleep 120");
     let mut waiter = distlock(&["exec", &l, "--", "true"]).spawn().unwrap();
     // Wait (bounded) until the waiter is queued.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let view = loop {
-        let view = inspect_json(&l);
-        if view["entries"].as_array().unwrap().len() == 2 {
-            break view;
-        }
-        assert!(Instant::now() < deadline, "waiter never queued: {view}");
-    };
+    let view = common::eventually_some(Duration::from_secs(20), "the waiter to queue", || {
+        Some(inspect_json(&l)).filter(|view| view["entries"].as_array().unwrap().len() == 2)
+    });
     let c = view["entries"].as_array().unwrap();
     assert_eq!((c[0]["holds"].as_bool(), c[1]["holds"].as_bool()), (Some(true), Some(false)));
     assert!(owned_by(&c[0], holder.id()) && owned_by(&c[1], waiter.id()), "{view}");
@@ -331,15 +319,9 @@ fn owned_by(entry: &serde_json::Value, pid: u32) -> bool {
 
 /// Waits (bounded) until `lock` has `n` nodes queued.
 fn wait_queue_len(lock: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = inspect_json(lock);
-        if view["entries"].as_array().map_or(0, |c| c.len()) == n {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{lock} never had {n} nodes queued: {view}");
-        std::thread::sleep(Duration::from_millis(50)); // polling the server: no event to wait on
-    }
+    common::eventually(Duration::from_secs(20), &format!("{lock} to have {n} nodes queued"), || {
+        inspect_json(lock)["entries"].as_array().map_or(0, |c| c.len()) == n
+    });
 }
 
 #[test]
@@ -451,11 +433,7 @@ fn alive(pid: i32) -> bool {
 
 /// Waits (bounded) until the process `pid` is gone.
 fn wait_gone(pid: i32, bound: Duration, what: &str) {
-    let deadline = Instant::now() + bound;
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "{what} (pid {pid}) still runs after {bound:?}");
-        std::thread::sleep(Duration::from_millis(20)); // polling a process exit: no event to wait on
-    }
+    common::eventually(bound, &format!("{what} (pid {pid}) to end"), || !alive(pid));
 }
 
 /// Starts a holder whose command starts a grandchild (a background `sleep`) and prints its pid.
@@ -547,15 +525,9 @@ fn partitioned_exec_stops_its_command_before_the_next_holder_starts() {
     let waiter =
         distlock(&["exec", "-w", "60s", &l, "--", "sh", "-c", "date +%s%N"]).stdout(Stdio::piped()).spawn().unwrap();
     // Wait (bounded) until the waiter is queued.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = inspect_json(&l);
-        if view["entries"].as_array().map_or(0, |c| c.len()) >= 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiter did not queue");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::eventually(Duration::from_secs(20), "the waiter to queue", || {
+        inspect_json(&l)["entries"].as_array().map_or(0, |c| c.len()) >= 2
+    });
     proxy.set(distlock_faults::Fault::Blackhole);
     let status = wait_exit(&mut holder, Duration::from_secs(30));
     assert_eq!(status.code(), Some(3), "exec reports the lock lost");

@@ -70,11 +70,9 @@ fn etcdctl_lock_and_distlock_exec_exclude_each_other_both_ways() {
                 .unwrap()
         };
         // Start the second once the first holds (its "in" line is written).
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !std::fs::read_to_string(&log).unwrap_or_default().contains("first in") {
-            assert!(std::time::Instant::now() < deadline, "the first never held");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        common::eventually(Duration::from_secs(20), "the first to hold", || {
+            std::fs::read_to_string(&log).unwrap_or_default().contains("first in")
+        });
         let second = if etcdctl_first {
             distlock(&backend("?ttl=5s"), &["exec", "-w", "20s", &lock, "--", "sh", "-c", &script("second")])
                 .output()
@@ -171,16 +169,10 @@ fn etcdctl_elect_and_distlock_elect_take_turns_both_ways() {
 /// Waits (bounded) until `n` candidates' keys are under `name/`: the second candidate is queued
 /// on the server, so a check that it does not lead means something.
 fn candidates(name: &str, n: usize, bound: Duration) {
-    let deadline = std::time::Instant::now() + bound;
-    loop {
+    common::eventually(bound, &format!("{n} candidates queued on {name}"), || {
         let out = etcdctl(&["get", "--prefix", "--keys-only", &format!("{name}/")]).output().unwrap();
-        let keys = String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).count();
-        if keys >= n {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{n} candidates never queued on {name}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).count() >= n
+    });
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::common;
 use common::{distlock, unique, Lines};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Everything a terminal would act on, planted below.
 const HOSTILE: &str = "\x1b]2;pwned\x07\x1b[2J\nFAKE holder row\u{202e}";
@@ -182,15 +182,13 @@ fn check_endpoint(addr: &str, path: &str) {
 
 /// Waits (bounded) for `file` to hold an address, the child still running.
 fn address_in(file: &std::path::Path, child: &mut std::process::Child) -> String {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::eventually_some(Duration::from_secs(30), &format!("an address in {}", file.display()), || {
         if let Some(a) = std::fs::read_to_string(file).ok().filter(|a| a.ends_with('\n')) {
-            return a.trim().to_string();
+            return Some(a.trim().to_string());
         }
         assert!(child.try_wait().unwrap().is_none(), "exited before writing {}", file.display());
-        assert!(Instant::now() < until, "no address in {} within 30 s", file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        None
+    })
 }
 
 /// A child killed when dropped.

@@ -35,17 +35,13 @@ impl Drop for Started {
 
 /// Waits (bounded) for `file` to hold an address.
 fn addr_in(file: &Path, child: &mut Child) -> String {
-    let until = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(a) = std::fs::read_to_string(file) {
-            if !a.trim().is_empty() {
-                return a.trim().to_string();
-            }
+    common::eventually_some(Duration::from_secs(30), &format!("an address in {}", file.display()), || {
+        if let Some(a) = std::fs::read_to_string(file).ok().filter(|a| !a.trim().is_empty()) {
+            return Some(a.trim().to_string());
         }
         assert!(child.try_wait().unwrap().is_none(), "exited before writing {}", file.display());
-        assert!(Instant::now() < until, "no address in {} within 30 s", file.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        None
+    })
 }
 
 /// `GET path` on `addr` over HTTP/1.1 (Connection: close): the status line and the body.
@@ -158,16 +154,9 @@ fn query(prom: &str, promql: &str) -> Option<f64> {
 
 /// Waits (bounded) until `promql` gives `want`.
 fn wait_query(prom: &str, promql: &str, want: f64) {
-    let until = Instant::now() + Duration::from_secs(60);
-    let mut last = None;
-    while Instant::now() < until {
-        last = query(prom, promql);
-        if last == Some(want) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("{promql}: {last:?}, wanted {want}, within 60 s");
+    common::eventually(Duration::from_secs(60), &format!("{promql} to give {want}"), || {
+        query(prom, promql) == Some(want)
+    });
 }
 
 #[test]

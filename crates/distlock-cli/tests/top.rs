@@ -6,7 +6,7 @@ use crate::common;
 
 use common::{holding, unique, wait_exit, BIN};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The backends whose servers record waiters. A server missing from the environment fails the
 /// test, naming its variable, unless `DISTLOCK_TEST_SKIP_MISSING=1` asks to run on those there are.
@@ -35,16 +35,11 @@ impl Queue {
         let (holder, _out) = holding(url, &["hold", name]);
         let waiter =
             common::distlock(url, &["exec", "-w", "60s", name, "--", "true"]).stdout(Stdio::null()).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        common::eventually(Duration::from_secs(20), &format!("{url}: the waiter to queue"), || {
             let out = common::distlock(url, &["inspect", "--all", "--json", name]).output().unwrap();
             let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            if json["locks"][0]["entries"].as_array().is_some_and(|e| e.len() == 2) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{url}: the waiter did not queue: {json}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            json["locks"][0]["entries"].as_array().is_some_and(|e| e.len() == 2)
+        });
         Queue { holder, _out, waiter }
     }
 
@@ -57,16 +52,9 @@ impl Queue {
 
 /// The address `top --http` wrote to `addr_file` once listening (bounded wait).
 fn served_at(addr_file: &std::path::Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(a) = std::fs::read_to_string(addr_file) {
-            if a.ends_with('\n') {
-                return a.trim().to_string();
-            }
-        }
-        assert!(Instant::now() < deadline, "top --http did not write its address");
-        std::thread::sleep(Duration::from_millis(20)); // a file appearing has no event to wait on
-    }
+    common::eventually_some(Duration::from_secs(20), "top --http to write its address", || {
+        std::fs::read_to_string(addr_file).ok().filter(|a| a.ends_with('\n')).map(|a| a.trim().to_string())
+    })
 }
 
 /// A child killed when dropped (a failed assertion must not leave `top --http` running).
@@ -95,15 +83,9 @@ impl Tmux {
 
     /// The screen once `done` holds for it (bounded).
     fn wait(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let screen = self.screen();
-            if done(&screen) {
-                return screen;
-            }
-            assert!(Instant::now() < deadline, "{what} not on the screen within 20 s:\n{screen}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::eventually_some(Duration::from_secs(20), &format!("{what} on the screen"), || {
+            Some(self.screen()).filter(|screen| done(screen))
+        })
     }
 }
 
@@ -145,11 +127,9 @@ fn top_in_tmux_shows_the_holder_then_the_waiter_and_answers_keys() {
         tmux.run(&["send-keys", "-t", "top", "s"]);
         tmux.wait("sort waiters", |s| s.contains("sort waiters"));
         tmux.run(&["send-keys", "-t", "top", "q"]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tmux.run(&["has-session", "-t", "top"]).status.success() {
-            assert!(Instant::now() < deadline, "{url}: q did not end top:\n{}", tmux.screen());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        common::eventually(Duration::from_secs(10), &format!("{url}: q to end top"), || {
+            !tmux.run(&["has-session", "-t", "top"]).status.success()
+        });
         queue.end();
     }
 }
@@ -258,11 +238,7 @@ fn top_shows_scheduled_jobs_state_and_last_run() {
     .spawn()
     .unwrap();
     let mut runner = KillOnDrop(runner);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the running job never started");
-        std::thread::sleep(Duration::from_millis(20)); // a file appearing has no event to wait on
-    }
+    common::eventually(Duration::from_secs(20), "the running job to start", || started.exists());
     let addr_file = dir.join("addr");
     let top = common::distlock(
         url,

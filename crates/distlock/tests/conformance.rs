@@ -211,14 +211,15 @@ async fn locks_lists_the_holder_and_the_waiter_in_order(url: String) {
     // Backends whose server records a waiter show it (Redis waiters wait on a channel, SQLite's
     // poll the row): the count below checks the capability.
     let waiters = usize::from(can.records_waiters);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let lock = loop {
-        let lock = find(a.locks(&prefix).await.unwrap()).unwrap_or_else(|| panic!("{url}: {listed} not listed"));
-        if lock.waiters().count() == waiters || Instant::now() > deadline {
-            break lock;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let lock = crate::common::eventually_some(
+        Duration::from_secs(10),
+        &format!("{url}: {listed} listed with {waiters} waiters"),
+        || async {
+            let lock = find(a.locks(&prefix).await.unwrap()).unwrap_or_else(|| panic!("{url}: {listed} not listed"));
+            (lock.waiters().count() == waiters).then_some(lock)
+        },
+    )
+    .await;
     assert_eq!(lock.holders().count(), 1, "{url}: {lock:?}");
     assert_eq!(lock.waiters().count(), waiters, "{url}: {lock:?}");
     assert!(lock.entries[0].holds, "{url}: holders first: {lock:?}");
@@ -235,11 +236,12 @@ async fn locks_lists_the_holder_and_the_waiter_in_order(url: String) {
     g.release().await.unwrap();
     let g2 = waiter.await.unwrap().unwrap().expect("the waiter gets the lock");
     g2.release().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while find(a.locks(&prefix).await.unwrap()).is_some() {
-        assert!(Instant::now() < deadline, "{url}: {listed} still listed after both released");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::eventually(
+        Duration::from_secs(10),
+        &format!("{url}: {listed} unlisted after both released"),
+        || async { find(a.locks(&prefix).await.unwrap()).is_none() },
+    )
+    .await;
 }
 
 /// An `openssl s_server` on a free loopback port with one of `scripts/lib/certs.sh`'s server

@@ -394,13 +394,10 @@ async fn semaphore_shares_permits_with_curator_interprocesssemaphorev2() {
 /// Waits (bounded) until the log has a line `line`.
 async fn log_has(log: &Path, line: &str) {
     let text = || std::fs::read_to_string(log).unwrap();
-    tokio::time::timeout(BOUND, async {
-        while !text().lines().any(|l| l == line) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    crate::common::eventually(BOUND, &format!("a line {line:?} in {}", log.display()), || async {
+        text().lines().any(|l| l == line)
     })
-    .await
-    .unwrap_or_else(|_| panic!("no line {line:?} within {BOUND:?}:\n{}", text()));
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,11 +39,11 @@ async fn keys(raw: &mut etcd_client::Client, prefix: &str) -> Vec<(String, i64, 
 
 /// Waits (bounded) until `prefix/` holds `n` keys.
 async fn wait_keys(raw: &mut etcd_client::Client, prefix: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while keys(raw, prefix).await.len() != n {
-        assert!(Instant::now() < deadline, "{prefix}/ never held {n} keys: {:?}", keys(raw, prefix).await);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::eventually(Duration::from_secs(10), &format!("{prefix}/ to hold {n} keys"), || {
+        let mut raw = raw.clone();
+        async move { keys(&mut raw, prefix).await.len() == n }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -587,18 +587,16 @@ async fn a_holder_on_an_isolated_minority_member_is_lost_before_the_majority_han
     // fence is a write (a compare-only transaction is a read, which the member just back answered
     // from its old state in our runs: it said "held").
     let data = format!("{name}-data");
-    let (late_read, late_write) = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
+    let (late_read, late_write) =
+        common::eventually_some(Duration::from_secs(10), "the old holder's read and write answered", || async {
             let read = held.txn_if_held(vec![]).await;
             let write = held.txn_if_held(vec![TxnOp::put(data.clone(), "late write", None)]).await;
-            if let (Ok(r), Ok(w)) = (read, write) {
-                return (r.succeeded(), w.succeeded());
+            match (read, write) {
+                (Ok(r), Ok(w)) => Some((r.succeeded(), w.succeeded())),
+                _ => None,
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the member answers again");
+        })
+        .await;
     eprintln!("after resume: the old holder's compare-only read said held={late_read}, its fenced write went through={late_write}; keys {:?}", keys(&mut view, &name).await);
     assert!(!late_write, "etcd refused the old holder's fenced write");
     assert!(!resource.write(0, held.fencing_token(), 1), "the checker refused it too");

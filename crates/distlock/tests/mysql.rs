@@ -296,10 +296,12 @@ async fn a_dropped_wait_leaves_nothing_waiting_on_the_server() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(wait);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while waiting(&mut raw, &db).await != 0 {
-        assert!(Instant::now() < deadline, "the dropped wait was not killed within 5 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    {
+        let raw = tokio::sync::Mutex::new(&mut raw);
+        common::eventually(Duration::from_secs(5), "the dropped wait killed on the server", || async {
+            waiting(&mut **raw.lock().await, &db).await == 0
+        })
+        .await;
     }
     g.release().await.unwrap();
     let c = connect("").await;
@@ -391,21 +393,16 @@ async fn an_election_outlives_a_pooled_connection_the_server_closed() {
     // The resigned lock connection is back in the client's pool; the server ends it.
     let mut raw = raw().await;
     sqlx::query(&format!("KILL {id}")).execute(&mut raw).await.unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        loop {
-            let there: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?")
-                .bind(id)
-                .fetch_one(&mut raw)
-                .await
-                .unwrap();
-            if there == 0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+    let raw = tokio::sync::Mutex::new(raw);
+    common::eventually(Duration::from_secs(10), "the server to end the killed connection", || async {
+        let there: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut *raw.lock().await)
+            .await
+            .unwrap();
+        there == 0
     })
-    .await
-    .expect("the server ends the connection");
+    .await;
     assert_eq!(election.leader().await.unwrap(), None, "answered on a new connection");
     let again = election.campaign("second").await.unwrap();
     assert_eq!(election.leader().await.unwrap().map(|l| l.value), Some("second".into()));
@@ -423,20 +420,16 @@ async fn a_pooled_connection_the_server_closed_is_not_handed_out() {
     let id: u64 = guard.holder_id().trim_start_matches("connection:").parse().unwrap();
     guard.release().await.unwrap();
     // The server ends the idle connection after its wait_timeout: seen from a third party.
-    let mut third = raw().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let third = tokio::sync::Mutex::new(raw().await);
+    common::eventually(Duration::from_secs(20), &format!("the server to close the idle connection {id}"), || async {
         let alive: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.processlist WHERE id = ?")
             .bind(id)
-            .fetch_one(&mut third)
+            .fetch_one(&mut *third.lock().await)
             .await
             .unwrap();
-        if alive == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the server never closed the idle connection {id}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        alive == 0
+    })
+    .await;
     // Its socket watcher saw the close when the server sent it (before the processlist row
     // went): the lock is taken again at once, on a new connection.
     let again = match mutex.try_lock().await {

@@ -7,7 +7,6 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::time::Instant;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
@@ -82,15 +81,13 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
 
 /// Waits (bounded) until `cond` holds of the totals.
 async fn wait_for(totals: &mut Totals, snapshotter: &Snapshotter, what: &str, cond: impl Fn(&Totals) -> bool) {
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
+    let totals = std::cell::RefCell::new(totals);
+    crate::common::eventually(Duration::from_secs(15), what, || {
+        let mut totals = totals.borrow_mut();
         totals.take(snapshotter);
-        if cond(totals) {
-            return;
-        }
-        assert!(Instant::now() < until, "{what}: not seen within 15 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        std::future::ready(cond(&totals))
+    })
+    .await;
 }
 
 on_every_backend!(
@@ -202,11 +199,13 @@ async fn on_one_backend(url: &str, totals: &mut Totals, snapshotter: &Snapshotte
 
     // Spans: one acquire span per acquire with its outcome; one hold span per grant. A span
     // closes when its last handle goes, which a backend's own child span may keep a moment.
-    let until = Instant::now() + Duration::from_secs(15);
     let mine = |n: &str| closed.lock().unwrap().iter().filter(|(s, f)| s == n && f.get("lock") == Some(&name)).count();
-    while (mine("distlock.acquire"), mine("distlock.hold")) != (8, 5) && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::eventually(
+        Duration::from_secs(15),
+        &format!("{backend}: 8 acquire and 5 hold spans closed"),
+        || std::future::ready((mine("distlock.acquire"), mine("distlock.hold")) == (8, 5)),
+    )
+    .await;
     let spans = closed.lock().unwrap().clone();
     let ours = |span: &str| {
         spans

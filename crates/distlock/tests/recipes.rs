@@ -371,10 +371,10 @@ async fn wakeups_for_one_release(naive: bool, waiters: usize) -> (u64, usize) {
     let total = || clients.iter().map(|c| c.metrics().snapshot().watch_wakeups).sum::<u64>();
     if naive {
         // Every waiter's watch fires for this one release; wait (bounded) until all are counted.
-        let deadline = Instant::now() + BOUND;
-        while total() < waiters as u64 && Instant::now() < deadline {
-            tokio::task::yield_now().await;
-        }
+        crate::common::eventually(BOUND, "every waiter's watch wakeup counted", || {
+            std::future::ready(total() >= waiters as u64)
+        })
+        .await;
     }
     let woke = total();
     let mut acquired = 1;

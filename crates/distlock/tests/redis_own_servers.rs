@@ -188,22 +188,21 @@ async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
     }
     // The grants were released again (in the background).
     let raw = redis::Client::open(format!("redis://{}", master.addr)).unwrap();
-    let mut conn = raw.get_multiplexed_async_connection().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let n: i64 = redis::cmd("EXISTS")
-            .arg("replicated")
-            .arg("replicated-simple")
-            .arg("replicated-pool")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if n == 0 {
-            break;
+    let conn = raw.get_multiplexed_async_connection().await.unwrap();
+    crate::common::eventually(Duration::from_secs(5), "no unconfirmed grants left on the master", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg("replicated")
+                .arg("replicated-simple")
+                .arg("replicated-pool")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 0
         }
-        assert!(tokio::time::Instant::now() < deadline, "{n} unconfirmed grants left on the master");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     distlock_faults::resume(replica.pid()).unwrap();
     let g = redis.mutex("replicated").unwrap().lock_timeout(Duration::from_secs(5)).await.unwrap();
     g.expect("confirmed again once the replica is back").release().await.unwrap();
@@ -470,14 +469,12 @@ impl Cluster {
     /// The master serving `key`'s slot, and its replica, once the first node knows both (its
     /// view of the replicas may lag the cluster's readiness by a gossip round).
     async fn owners(&self, key: &str) -> (String, String) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.owners_now(key).await {
-                Some(owners) => return owners,
-                None if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
-                None => panic!("no master with a replica known for {key}'s slot after 10 s"),
-            }
-        }
+        crate::common::eventually_some(
+            Duration::from_secs(10),
+            &format!("a master with a replica known for {key}'s slot"),
+            || self.owners_now(key),
+        )
+        .await
     }
 
     async fn owners_now(&self, key: &str) -> Option<(String, String)> {

@@ -29,16 +29,13 @@ fn skipped(url: &str, s: Started) -> distlock::schedule::Skipped {
 
 /// Starts `job` until it runs, within `bound`.
 async fn start_within(url: &str, job: &distlock::schedule::Schedule, bound: Duration) -> distlock::schedule::JobGuard {
-    let deadline = Instant::now() + bound;
-    loop {
+    crate::common::eventually_some(bound, &format!("{url}: the job to run, not be skipped"), || async {
         match job.try_start().await.unwrap() {
-            Started::Running(j) => return j,
-            Started::Skipped(s) => {
-                assert!(Instant::now() < deadline, "{url}: still skipped after {bound:?}: {s}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Started::Running(j) => Some(j),
+            Started::Skipped(_) => None,
         }
-    }
+    })
+    .await
 }
 
 on_every_backend!(
@@ -119,13 +116,10 @@ async fn once_per_slot(url: String) {
     let name = unique("drop");
     let j = a.schedule(&name).unwrap().at_most_for(Duration::from_secs(5));
     drop(running(url, j.try_start().await.unwrap()));
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while j.last_run().await.unwrap().is_none_or(|r| r.ended_ms.is_none()) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    crate::common::eventually(Duration::from_secs(10), &format!("{url}: a dropped run recorded as ended"), || async {
+        j.last_run().await.unwrap().is_some_and(|r| r.ended_ms.is_some())
     })
-    .await
-    .unwrap_or_else(|_| panic!("{url}: a dropped run is recorded as ended"));
+    .await;
     start_within(url, &j, Duration::from_secs(2)).await.finish(None).await.unwrap();
 }
 
@@ -237,11 +231,10 @@ async fn shedlock_exclusion(url: &str, peer: Peer) {
     assert!(!peer.lock(&name, "java-service-2").await, "{url}: ShedLock took a job distlock runs");
     run.finish(Some(0)).await.unwrap();
     assert!(!peer.lock(&name, "java-service-2").await, "{url}: ShedLock ran within distlock's at-least bound");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !peer.lock(&name, "java-service-2").await {
-        assert!(Instant::now() < deadline, "{url}: ShedLock never got the job back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::eventually(Duration::from_secs(10), &format!("{url}: ShedLock to get the job back"), || {
+        peer.lock(&name, "java-service-2")
+    })
+    .await;
     let s = skipped(url, job.try_start().await.unwrap());
     assert!(s.to_string().contains("java-service-2"), "{url}: {s}");
 }

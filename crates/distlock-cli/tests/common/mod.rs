@@ -107,15 +107,27 @@ impl Lines {
     }
 }
 
-pub fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
+/// Waits (bounded) until `cond` holds, re-checking every 20 ms; panics naming `what`. For a
+/// condition with no event to wait on (a file appearing, a process exit, a count on the server).
+pub fn eventually(bound: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    eventually_some(bound, what, || cond().then_some(()))
+}
+
+/// Waits (bounded) until `get` gives a value, re-checking every 20 ms, and returns it; panics
+/// naming `what`. `eventually` for a wait whose condition is also the value waited for.
+pub fn eventually_some<T>(bound: Duration, what: &str, mut get: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + bound;
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+        if let Some(v) = get() {
+            return v;
         }
-        assert!(Instant::now() < deadline, "process did not exit within {bound:?}");
-        std::thread::sleep(Duration::from_millis(20)); // a process exit has no event to wait on
+        assert!(Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+pub fn wait_exit(child: &mut std::process::Child, bound: Duration) -> std::process::ExitStatus {
+    eventually_some(bound, "the process to exit", || child.try_wait().unwrap())
 }
 
 /// A holder whose `distlock exec` is paused (SIGSTOP) past its lease (`backend` should have a
@@ -231,11 +243,7 @@ pub fn a_holder_whose_session_the_server_ended_stops_at_once(
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !queued() {
-        assert!(Instant::now() < deadline, "the waiter did not queue");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(Duration::from_secs(20), "the waiter to queue", &queued);
     let ended = Instant::now();
     end_session();
     let status = wait_exit(&mut holder, Duration::from_secs(30));
@@ -695,17 +703,13 @@ pub fn a_marker_password_is_never_shown(url: &str, marker: &str, tls: &[&str], p
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr = loop {
+    // Its address, or None once it exited without one.
+    let addr = eventually_some(Duration::from_secs(20), "top --http to write its address", || {
         if let Some(a) = std::fs::read_to_string(&addr_file).ok().filter(|a| a.ends_with('\n')) {
-            break Some(a.trim().to_string());
+            return Some(Some(a.trim().to_string()));
         }
-        if top.try_wait().unwrap().is_some() {
-            break None;
-        }
-        assert!(Instant::now() < deadline, "top --http wrote no address within 20 s");
-        std::thread::sleep(Duration::from_millis(20)); // polling for the file: no event to wait on
-    };
+        top.try_wait().unwrap().map(|_| None)
+    });
     if let Some(addr) = addr {
         note("top --http's page", http_get(&addr, "/"));
         note("top --http's view", http_get(&addr, "/view"));

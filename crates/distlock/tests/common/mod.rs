@@ -30,6 +30,23 @@ where
     }
 }
 
+/// Waits (bounded) until `get` gives a value, re-checking every 10 ms, and returns it; panics
+/// naming `what`. `eventually` for a wait whose condition is also the value waited for.
+pub async fn eventually_some<T, F, Fut>(bound: Duration, what: &str, get: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        if let Some(v) = get().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {bound:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The name `cargo test` knows the test `name` of module `module` by (`module_path!()`), for a
 /// test that runs another test of this binary in a child process (`--exact` takes it).
 pub fn test_name(module: &str, name: &str) -> String {
