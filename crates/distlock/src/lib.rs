@@ -193,6 +193,59 @@ pub(crate) fn assert_refused_naming_url<T: std::fmt::Debug>(parse: impl Fn(&str)
     assert_refused(parse, cases);
 }
 
+/// Every backend's URL query is read by one parser ([`options::QuerySpec`]): an unknown key is
+/// refused in one wording naming it, and a duration that is not one names its key.
+#[cfg(test)]
+mod url_keys {
+    type Parse = fn(&str) -> std::result::Result<(), String>;
+
+    /// Each compiled backend: a URL of it without a query, its parser, and its own duration keys.
+    #[allow(clippy::vec_init_then_push)] // one push a backend, each under its feature
+    fn backends() -> Vec<(&'static str, Parse, &'static [&'static str])> {
+        fn text<T>(r: crate::Result<T>) -> std::result::Result<(), String> {
+            r.map(drop).map_err(|e| e.to_string())
+        }
+        let mut all: Vec<(&'static str, Parse, &'static [&'static str])> = Vec::new();
+        #[cfg(feature = "zookeeper")]
+        all.push(("zk://h:2181", |u| text(crate::zookeeper::ZkUrl::parse(u)), &["lease_margin"]));
+        #[cfg(feature = "redis")]
+        all.push(("redis://h:6379", |u| text(crate::redis::RedisUrl::parse(u)), &["replica_timeout"]));
+        #[cfg(feature = "postgres")]
+        all.push(("postgres://h/db", |u| text(crate::postgres::PgUrl::parse(u)), &["rescan"]));
+        #[cfg(feature = "mysql")]
+        all.push(("mysql://h/db", |u| text(crate::mysql::MysqlUrl::parse(u)), &[]));
+        #[cfg(feature = "sqlite")]
+        all.push(("sqlite:///tmp/x.db", |u| text(crate::sqlite::SqliteUrl::parse(u)), &["busy_timeout"]));
+        #[cfg(feature = "etcd")]
+        all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)), &["timeout"]));
+        #[cfg(feature = "memory")]
+        all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)), &[]));
+        all
+    }
+
+    #[test]
+    fn an_unknown_key_has_one_wording_and_is_named_on_every_backend() {
+        for (base, parse, _) in backends() {
+            parse(base).unwrap_or_else(|e| panic!("{base}: {e}"));
+            for key in ["bogus", "colour"] {
+                let e = parse(&format!("{base}?lease=5s&{key}=1")).unwrap_err();
+                assert!(e.contains(&format!("unknown URL key \"{key}\" (known: ")), "{base}: {e}");
+                assert!(e.contains("connect_timeout") && e.contains("setup"), "{base}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_duration_names_its_key_on_every_backend() {
+        for (base, parse, own) in backends() {
+            for key in ["lease", "session_timeout", "ttl", "connect_timeout"].iter().chain(own) {
+                let e = parse(&format!("{base}?{key}=soon")).unwrap_err();
+                assert!(e.contains(&format!("invalid duration \"{key}=soon\"")), "{base} {key}: {e}");
+            }
+        }
+    }
+}
+
 /// Every lock and guard type of every backend can move between tasks and threads and be shared
 /// (`Send + Sync + 'static`): one list, so a new guard type is added here or the omission shows.
 #[cfg(test)]

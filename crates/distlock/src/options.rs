@@ -38,6 +38,151 @@ pub(crate) fn canonical_key(key: &str) -> &str {
     }
 }
 
+/// A backend's own URL key (beside the [`Common`] ones), as its [`QuerySpec`] lists it.
+#[derive(Debug)]
+pub(crate) struct Key {
+    /// The key's name.
+    pub(crate) name: &'static str,
+    /// Other names the backend takes for it (`ssl_mode` for `ssl-mode`).
+    pub(crate) aliases: &'static [&'static str],
+    /// What it takes, shown in the list of known keys (`sequence|row`); empty for nothing.
+    pub(crate) hint: &'static str,
+}
+
+impl Key {
+    /// A key without aliases.
+    pub(crate) const fn new(name: &'static str, hint: &'static str) -> Key {
+        Key { name, aliases: &[], hint }
+    }
+}
+
+/// How a backend's URL takes the TLS files (`cacert`, `cert`, `key`).
+#[derive(Debug)]
+pub(crate) enum TlsKeys {
+    /// Taken, also under these `(alias, name)` pairs (libpq's `sslrootcert` for `cacert`…).
+    Files(&'static [(&'static str, &'static str)]),
+    /// Refused, for this reason (a local file, an in-process store).
+    Refused(&'static str),
+}
+
+/// What a backend's URL query takes: the [`Common`] keys, read here for every backend, and the
+/// backend's own keys, one table ([`QuerySpec::keys`]) from which the list of known keys of its
+/// "unknown URL key" error is made.
+#[derive(Debug)]
+pub(crate) struct QuerySpec {
+    /// The name the backend gives the lease first (`ttl` on etcd, `lease` elsewhere).
+    pub(crate) lease_name: &'static str,
+    /// The backend's own keys.
+    pub(crate) keys: &'static [Key],
+    /// Its TLS keys.
+    pub(crate) tls: TlsKeys,
+    /// Whether a pair without `=` is refused (else it is the key with an empty value).
+    pub(crate) pairs_need_values: bool,
+}
+
+/// The keys every backend's URL takes, parsed (`None`: not in the URL, the backend's default).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Common {
+    /// `lease` (or `session_timeout`, `ttl`).
+    pub(crate) lease: Option<Duration>,
+    /// The name the lease was given under, for messages (`lease` when not given).
+    pub(crate) lease_key: &'static str,
+    /// `connect_timeout`.
+    pub(crate) connect_timeout: Option<Duration>,
+    /// `setup` (`Some(false)`: `setup=no`).
+    pub(crate) setup: Option<bool>,
+    /// The TLS files, under their names or the backend's aliases.
+    pub(crate) tls_files: crate::tls::TlsFiles,
+}
+
+/// One of a backend's own keys in a URL's query, checked against its table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pair<'a> {
+    /// The key's name in the table (an alias given is read as it).
+    pub(crate) name: &'static str,
+    /// The key as the URL writes it.
+    pub(crate) key: &'a str,
+    /// Its value.
+    pub(crate) value: &'a str,
+}
+
+impl Pair<'_> {
+    /// The value as a duration; the reason names the key when it is not one.
+    pub(crate) fn duration(&self) -> std::result::Result<Duration, String> {
+        crate::duration::url_duration(self.key, self.value).map_err(|e| e.to_string())
+    }
+}
+
+impl QuerySpec {
+    /// The keys this backend's URL takes, in words (`lease (or session_timeout, ttl), …`).
+    pub(crate) fn known(&self) -> String {
+        let others: Vec<&str> = LEASE_KEYS.iter().copied().filter(|k| *k != self.lease_name).collect();
+        let mut known = vec![format!("{} (or {})", self.lease_name, others.join(", ")), "connect_timeout".into()];
+        known.push("setup".into());
+        for key in self.keys {
+            let mut text = key.name.to_string();
+            if !key.aliases.is_empty() {
+                text += &format!(" (or {})", key.aliases.join(", "));
+            }
+            if !key.hint.is_empty() {
+                text += &format!(" ({})", key.hint);
+            }
+            known.push(text);
+        }
+        if let TlsKeys::Files(aliases) = self.tls {
+            for name in ["cacert", "cert", "key"] {
+                match aliases.iter().find(|(_, n)| *n == name) {
+                    Some((alias, _)) => known.push(format!("{alias} (or {name})")),
+                    None => known.push(name.into()),
+                }
+            }
+        }
+        known.join(", ")
+    }
+
+    /// Parses `query` (what follows a URL's `?`): the common keys into [`Common`], the backend's
+    /// own into [`Pair`]s in the URL's order (a key given twice: the last is kept for the common
+    /// ones; the backend sees both of its own).
+    ///
+    /// # Errors
+    ///
+    /// The reason, naming the key: an unknown key (one wording on every backend), a duration
+    /// that is not one, a `setup` value, a TLS file given twice or refused.
+    pub(crate) fn parse<'a>(&self, query: &'a str) -> std::result::Result<(Common, Vec<Pair<'a>>), String> {
+        let mut common = Common { lease_key: "lease", ..Common::default() };
+        let mut own = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = match pair.split_once('=') {
+                Some(kv) => kv,
+                None if self.pairs_need_values => return Err(format!("query {pair:?} is not key=value")),
+                None => (pair, ""),
+            };
+            match self.tls {
+                TlsKeys::Files(aliases) if common.tls_files.take(k, v, aliases)? => continue,
+                TlsKeys::Refused(reason) if ["cacert", "cert", "key"].contains(&k) => {
+                    return Err(format!("{k}: {reason}"))
+                }
+                _ => {}
+            }
+            match canonical_key(k) {
+                "lease" => {
+                    common.lease = Some(crate::duration::url_duration(k, v).map_err(|e| e.to_string())?);
+                    common.lease_key = LEASE_KEYS.iter().find(|l| **l == k).copied().unwrap_or("lease");
+                }
+                "connect_timeout" => {
+                    common.connect_timeout = Some(crate::duration::url_duration(k, v).map_err(|e| e.to_string())?)
+                }
+                "setup" => common.setup = Some(parse_setup(v)?),
+                _ => match self.keys.iter().find(|key| key.name == k || key.aliases.contains(&k)) {
+                    Some(key) => own.push(Pair { name: key.name, key: k, value: v }),
+                    None => return Err(format!("unknown URL key {k:?} (known: {})", self.known())),
+                },
+            }
+        }
+        Ok((common, own))
+    }
+}
+
 /// Options for [`connect_with`], honoured by every backend (a value a backend cannot take is
 /// refused with its reason, never ignored).
 ///
@@ -231,6 +376,31 @@ pub(crate) fn percent_decode(text: &str) -> std::result::Result<String, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_is_read_once_against_the_backends_table() {
+        const SPEC: QuerySpec = QuerySpec {
+            lease_name: "ttl",
+            keys: &[Key { name: "mode", aliases: &["mode_"], hint: "a|b" }],
+            tls: TlsKeys::Files(&[("ca", "cacert")]),
+            pairs_need_values: false,
+        };
+        assert_eq!(
+            SPEC.known(),
+            "ttl (or lease, session_timeout), connect_timeout, setup, mode (or mode_) (a|b), ca (or cacert), cert, key"
+        );
+        let (common, own) = SPEC.parse("session_timeout=3s&mode_=a&ca=/ca.pem&setup=no&connect_timeout=1s").unwrap();
+        assert_eq!((common.lease, common.lease_key), (Some(Duration::from_secs(3)), "session_timeout"));
+        assert_eq!((common.connect_timeout, common.setup), (Some(Duration::from_secs(1)), Some(false)));
+        assert_eq!(common.tls_files.cacert.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!((own.len(), own[0].name, own[0].key, own[0].value), (1, "mode", "mode_", "a"));
+        let e = SPEC.parse("timeout=1s").unwrap_err();
+        assert!(e.starts_with("unknown URL key \"timeout\" (known: ttl (or lease"), "{e}");
+        assert!(SPEC.parse("ttl=10").unwrap_err().contains("\"ttl=10\""));
+        let refused = QuerySpec { tls: TlsKeys::Refused("no TLS here"), pairs_need_values: true, ..SPEC };
+        assert_eq!(refused.parse("cacert=/ca.pem").unwrap_err(), "cacert: no TLS here");
+        assert!(refused.parse("lease").unwrap_err().contains("key=value"));
+    }
 
     #[test]
     fn options_replace_the_keys_and_their_aliases() {
