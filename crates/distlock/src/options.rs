@@ -38,6 +38,9 @@ pub(crate) fn canonical_key(key: &str) -> &str {
     }
 }
 
+/// How every backend's "unknown key" error begins (the key follows, quoted).
+const UNKNOWN_KEY: &str = "unknown URL key ";
+
 /// A backend's own URL key (beside the [`Common`] ones), as its [`QuerySpec`] lists it.
 #[derive(Debug)]
 pub(crate) struct Key {
@@ -175,7 +178,7 @@ impl QuerySpec {
                 "setup" => common.setup = Some(parse_setup(v)?),
                 _ => match self.keys.iter().find(|key| key.name == k || key.aliases.contains(&k)) {
                     Some(key) => own.push(Pair { name: key.name, key: k, value: v }),
-                    None => return Err(format!("unknown URL key {k:?} (known: {})", self.known())),
+                    None => return Err(format!("{UNKNOWN_KEY}{k:?} (known: {})", self.known())),
                 },
             }
         }
@@ -317,6 +320,11 @@ impl ConnectOptions {
 /// Whether a URL error's `reason` is about a key that `options` set (rather than about the rest
 /// of the user's URL).
 fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
+    // The options only write keys every backend knows: an unknown key is the URL's (its list
+    // of known keys names them all).
+    if reason.starts_with(UNKNOWN_KEY) {
+        return false;
+    }
     let keys: &[(&[&str], bool)] = &[
         (LEASE_KEYS, options.lease.is_some()),
         (&["connect_timeout"], options.connect_timeout.is_some()),
@@ -408,6 +416,9 @@ mod tests {
         assert_eq!(o.apply("etcd://h:1?ttl=30s&timeout=1s").unwrap(), "etcd://h:1?timeout=1s&lease=3000ms");
         assert_eq!(o.apply("redis://h:1/0").unwrap(), "redis://h:1/0?lease=3000ms");
         assert_eq!(ConnectOptions::new().apply("sqlite:///a.db?lease=2s").unwrap(), "sqlite:///a.db?lease=2s");
+        let tls = ConnectOptions::new().lease(Duration::from_secs(3)).cert("/c.pem").key("/k.pem");
+        assert!(!is_about_options(r#"unknown URL key "x" (known: lease (or session_timeout, ttl), key)"#, &tls));
+        assert!(is_about_options("lease=3s must be whole seconds", &tls));
         let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).apply("zk://h:1").unwrap_err();
         assert!(zero.to_string().contains("connect timeout"), "{zero}");
     }
