@@ -6,6 +6,11 @@
 //! `connect_timeout`), replacing what the URL says under those names or their aliases
 //! (`session_timeout`, `ttl`): one piece of code for every scheme, and each backend's own checks
 //! (etcd's whole seconds, SQLite's one-second minimum) judge the value as they judge a URL.
+//!
+//! Every backend reads its URL's query with [`QuerySpec::parse`]: the keys above (and `setup`
+//! and the TLS files) into one typed [`Common`], and the backend's own keys checked against its
+//! one table (a `QUERY` constant in each backend's `url.rs`), so that an unknown key reads the
+//! same on every scheme and the list of known keys is never written twice.
 
 use crate::{Client, Error, Result};
 use std::time::Duration;
