@@ -103,9 +103,9 @@ with_a_backend! {
     mod multi;
     mod options;
     mod redact;
-    pub use facade::{connect, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
+    pub use facade::{connect, connect_with, schemes, BackendInfo, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
-    pub use options::{connect_with, ConnectOptions};
+    pub use options::ConnectOptions;
     pub use redact::redact_url;
 }
 
@@ -233,6 +233,24 @@ mod url_keys {
                 assert!(e.contains("connect_timeout") && e.contains("setup"), "{base}: {e}");
             }
         }
+    }
+
+    #[cfg(all(feature = "memory", feature = "postgres"))]
+    #[test]
+    fn connect_options_take_the_place_of_the_urls_values_under_any_name() {
+        use std::time::Duration;
+        let over = crate::ConnectOptions::new().lease(Duration::from_secs(20)).cacert("/b.pem").setup(false);
+        let over = over.common().unwrap();
+        let m = crate::memory::MemoryUrl::parse_with("memory://t?ttl=5s&setup=auto", &over).unwrap();
+        assert_eq!((m.lease, m.setup), (Duration::from_secs(20), false));
+        let p = crate::postgres::PgUrl::parse_with("postgres://h/db?sslrootcert=/a.pem&lease=4s", &over).unwrap();
+        assert_eq!(
+            (p.lease, p.tls_files.cacert.as_deref()),
+            (Duration::from_secs(20), Some(std::path::Path::new("/b.pem")))
+        );
+        // The backend's own checks judge them as a URL's.
+        let short = crate::ConnectOptions::new().lease(Duration::from_millis(50)).common().unwrap();
+        assert!(crate::memory::MemoryUrl::parse_with("memory://t", &short).unwrap_err().to_string().contains("lease"));
     }
 
     #[test]

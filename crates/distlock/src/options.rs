@@ -2,17 +2,16 @@
 //! the lease (how long the server keeps a silent holder's lock: ZooKeeper's session timeout,
 //! etcd's lease TTL, the lease of Redis keys and of the SQL backends).
 //!
-//! They are applied to the URL's query under the names every backend's URL accepts (`lease`,
-//! `connect_timeout`), replacing what the URL says under those names or their aliases
-//! (`session_timeout`, `ttl`): one piece of code for every scheme, and each backend's own checks
-//! (etcd's whole seconds, SQLite's one-second minimum) judge the value as they judge a URL.
-//!
-//! Every backend reads its URL's query with [`QuerySpec::parse`]: the keys above (and `setup`
-//! and the TLS files) into one typed [`Common`], and the backend's own keys checked against its
-//! one table (a `QUERY` constant in each backend's `url.rs`), so that an unknown key reads the
-//! same on every scheme and the list of known keys is never written twice.
+//! Every backend reads its URL's query with [`QuerySpec::parse`]: the keys every backend takes
+//! (`lease` and its aliases `session_timeout` and `ttl`, `connect_timeout`, `setup`, the TLS
+//! files) into one typed [`Common`], and the backend's own keys checked against its one table (a
+//! `QUERY` constant in each backend's `url.rs`), so that an unknown key reads the same on every
+//! scheme and the list of known keys is never written twice. [`ConnectOptions`] gives a
+//! [`Common`] whose values take the place of the URL's ([`Common::overridden`]) before the
+//! backend's own checks (etcd's whole seconds, SQLite's one-second minimum) judge them as they
+//! judge a URL's: one piece of code for every scheme.
 
-use crate::{Client, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// The keys that mean the lease, in any backend's URL.
@@ -121,6 +120,28 @@ impl Pair<'_> {
     }
 }
 
+impl Common {
+    /// These values (a URL's) with what `over` gives in their place.
+    pub(crate) fn overridden(mut self, over: &Common) -> Common {
+        if over.lease.is_some() {
+            (self.lease, self.lease_key) = (over.lease, "lease");
+        }
+        self.connect_timeout = over.connect_timeout.or(self.connect_timeout);
+        self.setup = over.setup.or(self.setup);
+        let files = &over.tls_files;
+        for (mine, theirs) in [
+            (&mut self.tls_files.cacert, &files.cacert),
+            (&mut self.tls_files.cert, &files.cert),
+            (&mut self.tls_files.key, &files.key),
+        ] {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        }
+        self
+    }
+}
+
 impl QuerySpec {
     /// The keys this backend's URL takes, in words (`lease (or session_timeout, ttl), …`).
     pub(crate) fn known(&self) -> String {
@@ -191,7 +212,7 @@ impl QuerySpec {
     }
 }
 
-/// Options for [`connect_with`], honoured by every backend (a value a backend cannot take is
+/// Options for [`connect_with`](crate::connect_with), honoured by every backend (a value a backend cannot take is
 /// refused with its reason, never ignored).
 ///
 /// # Examples
@@ -283,6 +304,39 @@ impl ConnectOptions {
         given
     }
 
+    /// The options as the values that take the place of a URL's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero duration, or a certificate without its key.
+    pub(crate) fn common(&self) -> Result<Common> {
+        for (name, d) in [("lease", self.lease), ("connect timeout", self.connect_timeout)] {
+            if d.is_some_and(|d| d.is_zero()) {
+                return Err(Error::InvalidArgument { what: name, reason: "must be greater than zero".into() });
+            }
+        }
+        self.tls.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
+        Ok(Common {
+            lease: self.lease,
+            lease_key: "lease",
+            connect_timeout: self.connect_timeout,
+            setup: self.setup,
+            tls_files: self.tls.clone(),
+        })
+    }
+
+    /// Error `e` of connecting to `url` with these options, told which options when it is about
+    /// one of them (rather than about the rest of the user's URL).
+    pub(crate) fn explain(&self, url: &str, e: Error) -> Error {
+        match e {
+            Error::InvalidUrl { reason, .. } if is_about_options(&reason, self) => Error::InvalidUrl {
+                url: crate::redact_url(url),
+                reason: format!("{reason} (set by the options, not the URL: {})", self.given().join(", ")),
+            },
+            e => e,
+        }
+    }
+
     /// `url` with these options in its query.
     ///
     /// # Errors
@@ -337,35 +391,6 @@ fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
         (&["setup"], options.setup.is_some()),
     ];
     keys.iter().any(|(names, set)| *set && names.iter().any(|k| reason.contains(k)))
-}
-
-/// Connects to the backend `url` names, with `options` in force on every backend.
-///
-/// # Errors
-///
-/// As [`connect`](crate::connect), and [`Error::InvalidArgument`] or [`Error::InvalidUrl`] for an
-/// option the backend cannot take (the message names it).
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo() -> distlock::Result<()> {
-/// use distlock::ConnectOptions;
-/// use std::time::Duration;
-/// let options = ConnectOptions::new().connect_timeout(Duration::from_secs(1));
-/// let client = distlock::connect_with("etcd://127.0.0.1:2379", &options).await?;
-/// # let _ = client; Ok(()) }
-/// ```
-pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client> {
-    let applied = options.apply(url)?;
-    crate::connect(&applied).await.map_err(|e| match e {
-        // The URL the user gave, not the one with the options written in, and which options.
-        Error::InvalidUrl { reason, .. } if is_about_options(&reason, options) => Error::InvalidUrl {
-            url: crate::redact_url(url),
-            reason: format!("{reason} (set by the options, not the URL: {})", options.given().join(", ")),
-        },
-        e => e,
-    })
 }
 
 /// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).

@@ -77,6 +77,12 @@ impl std::fmt::Debug for EtcdUrl {
 impl EtcdUrl {
     /// Parses an `etcd://` URL.
     pub fn parse(url: &str) -> Result<EtcdUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<EtcdUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let (tls, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
             (Some(rest), _) => (false, rest),
@@ -113,6 +119,7 @@ impl EtcdUrl {
         // setup is taken and means nothing here: connecting makes nothing on etcd (the
         // session's lease ends with the client).
         let (common, own) = QUERY.parse(query).map_err(bad)?;
+        let common = common.overridden(over);
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(format!("{k} is a TLS file: write etcds:// to connect with TLS")));
         }

@@ -102,6 +102,12 @@ pub struct MemoryUrl {
 impl MemoryUrl {
     /// Parses a `memory://NAME` URL.
     pub fn parse(url: &str) -> Result<MemoryUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<MemoryUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
         let rest =
             url.strip_prefix("memory://").ok_or_else(|| bad("an in-process store's URL is memory://NAME".into()))?;
@@ -111,6 +117,7 @@ impl MemoryUrl {
         }
         // connect_timeout is taken, and met at once.
         let (common, _) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
         let out = MemoryUrl {
             name: name.to_string(),
             lease: common.lease.unwrap_or(DEFAULT_LEASE),
@@ -148,7 +155,13 @@ impl Client {
     /// [`Error::InvalidUrl`] for a URL that does not parse; [`Error::NotSetUp`] with `setup=no`
     /// for a store no client of this process has connected to.
     pub async fn connect(url: &str) -> Result<Client> {
-        let url = MemoryUrl::parse(url)?;
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        let url = MemoryUrl::parse_with(url, over)?;
         let store = if url.name.is_empty() {
             if !url.setup {
                 return Err(not_set_up(&url));

@@ -116,6 +116,12 @@ impl MysqlUrl {
 
     /// Parses a `mysql://` or `mariadb://` URL.
     pub fn parse(url: &str) -> Result<MysqlUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<MysqlUrl> {
         let shown = crate::redact_url(url);
         let bad = |reason: String| Error::InvalidUrl { url: shown.clone(), reason };
         let rest = url
@@ -124,6 +130,7 @@ impl MysqlUrl {
             .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (common, own) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
         let (lease, connect_timeout) =
             (common.lease.unwrap_or(DEFAULT_LEASE), common.connect_timeout.unwrap_or(Duration::from_secs(10)));
         let (fencing, ssl_mode) = own_keys(&own).map_err(&bad)?;

@@ -345,6 +345,12 @@ impl std::fmt::Display for PgUrl {
 impl PgUrl {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn parse(url: &str) -> Result<PgUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<PgUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let rest = url
             .strip_prefix("postgres://")
@@ -352,6 +358,7 @@ impl PgUrl {
             .ok_or_else(|| bad("a PostgreSQL URL starts with postgres:// or postgresql://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (common, own) = QUERY.parse(query).map_err(bad)?;
+        let common = common.overridden(over);
         let lease = common.lease.unwrap_or(DEFAULT_LEASE);
         let connect_timeout = common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let (tls_files, setup) = (common.tls_files, common.setup.unwrap_or(true));

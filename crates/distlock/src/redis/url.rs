@@ -151,6 +151,12 @@ impl std::fmt::Debug for SentinelUrl {
 impl RedisUrl {
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<RedisUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let tls = url.starts_with("rediss");
         let plain = url.strip_prefix("rediss").map(|r| format!("redis{r}"));
@@ -238,6 +244,7 @@ impl RedisUrl {
         };
         // setup is taken and means nothing here: connecting makes nothing on Redis.
         let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(bad)?;
+        let common = common.overridden(over);
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(format!("{k} is a TLS file: write rediss:// to connect with TLS")));
         }

@@ -54,6 +54,12 @@ impl std::fmt::Display for SqliteUrl {
 impl SqliteUrl {
     /// Parses a `sqlite://` (or `sqlite:`) URL.
     pub fn parse(url: &str) -> Result<SqliteUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<SqliteUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
         let rest = url
             .strip_prefix("sqlite://")
@@ -67,6 +73,7 @@ impl SqliteUrl {
             ));
         }
         let (common, own) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
         let mut out = SqliteUrl {
             path: PathBuf::from(path),
             lease: common.lease.unwrap_or(DEFAULT_LEASE),

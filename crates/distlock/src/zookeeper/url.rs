@@ -145,6 +145,12 @@ impl ZkUrl {
 
     /// Parses a `zk://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<ZkUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<ZkUrl> {
         let bad = |reason: &str| Error::InvalidUrl { url: crate::redact_url(url), reason: reason.to_string() };
         let (tls, rest) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
             (Some(rest), _) => (false, rest),
@@ -203,6 +209,7 @@ impl ZkUrl {
         // setup is taken and means nothing here: connecting makes nothing on ZooKeeper (a
         // lock's parents are made with the lock).
         let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(|e| bad(&e))?;
+        let common = common.overridden(over);
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(&format!("{k} is a TLS file: write zks:// to connect to the secure client port")));
         }
