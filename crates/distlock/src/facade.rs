@@ -19,7 +19,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// A backend's connect function, by URL.
-type Connector = fn(&str) -> BoxFuture<'_, Result<Client>>;
+/// The values of `ConnectOptions` in place of the URL's.
+type Connector = for<'a> fn(&'a str, &'a crate::options::Common) -> BoxFuture<'a, Result<Client>>;
 
 /// A backend distlock knows: its name (which is also its cargo feature), the URL schemes it
 /// serves, and how it connects when its feature is compiled in. [`BACKENDS`] lists them.
@@ -192,10 +193,16 @@ pub fn schemes() -> impl Iterator<Item = (&'static str, &'static str)> {
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Client> {
+    connect_common(url, &Default::default()).await
+}
+
+/// As [`connect`], with `over`'s values (from [`ConnectOptions`](crate::ConnectOptions)) in place
+/// of the URL's.
+async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason: crate::redact::scrub(&reason, url) };
     match BACKENDS.iter().find(|b| b.schemes.contains(&scheme)) {
-        Some(BackendInfo { connect: Some(connect), .. }) => connect(url).await.map_err(|e| crate::redact::scrub_error(e, url)),
+        Some(BackendInfo { connect: Some(connect), .. }) => connect(url, over).await.map_err(|e| crate::redact::scrub_error(e, url)),
         Some(b) => Err(bad(format!(
             "the {scheme}:// backend is not compiled in (enable distlock's {:?} feature)",
             b.name
@@ -205,6 +212,29 @@ pub async fn connect(url: &str) -> Result<Client> {
             schemes().map(|(s, _)| format!("{s}://")).collect::<Vec<_>>().join(", ")
         ))),
     }
+}
+
+/// Connects to the backend `url` names, with `options` in force on every backend: their values
+/// take the place of the URL's (`lease`, `connect_timeout`, `setup`, the TLS files, under any of
+/// their names), and each backend's own checks judge them as they judge a URL's.
+///
+/// # Errors
+///
+/// As [`connect`], and [`Error::InvalidArgument`] or [`Error::InvalidUrl`] for an option the
+/// backend cannot take (the message names it).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::ConnectOptions;
+/// use std::time::Duration;
+/// let options = ConnectOptions::new().connect_timeout(Duration::from_secs(1));
+/// let client = distlock::connect_with("etcd://127.0.0.1:2379", &options).await?;
+/// # let _ = client; Ok(()) }
+/// ```
+pub async fn connect_with(url: &str, options: &crate::ConnectOptions) -> Result<Client> {
+    connect_common(url, &options.common()?).await.map_err(|e| options.explain(url, e))
 }
 
 /// A connection to any backend; cheap to clone.

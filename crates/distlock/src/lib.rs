@@ -103,9 +103,9 @@ with_a_backend! {
     mod multi;
     mod options;
     mod redact;
-    pub use facade::{connect, schemes, BackendInfo, Capabilities, Client, Guard, Lock, BACKENDS};
+    pub use facade::{connect, connect_with, schemes, BackendInfo, Capabilities, Client, Guard, Lock, BACKENDS};
     pub use multi::{MultiGuard, MultiLock};
-    pub use options::{connect_with, ConnectOptions};
+    pub use options::ConnectOptions;
     pub use redact::redact_url;
 }
 
@@ -195,6 +195,77 @@ pub(crate) fn assert_refused_naming_url<T: std::fmt::Debug>(parse: impl Fn(&str)
         assert!(e.contains(input), "{e}");
     }
     assert_refused(parse, cases);
+}
+
+/// Every backend's URL query is read by one parser ([`options::QuerySpec`]): an unknown key is
+/// refused in one wording naming it, and a duration that is not one names its key.
+#[cfg(test)]
+mod url_keys {
+    type Parse = fn(&str) -> std::result::Result<(), String>;
+
+    /// Each compiled backend: a URL of it without a query, its parser, and its own duration keys.
+    #[allow(clippy::vec_init_then_push)] // one push a backend, each under its feature
+    fn backends() -> Vec<(&'static str, Parse, &'static [&'static str])> {
+        fn text<T>(r: crate::Result<T>) -> std::result::Result<(), String> {
+            r.map(drop).map_err(|e| e.to_string())
+        }
+        let mut all: Vec<(&'static str, Parse, &'static [&'static str])> = Vec::new();
+        #[cfg(feature = "zookeeper")]
+        all.push(("zk://h:2181", |u| text(crate::zookeeper::ZkUrl::parse(u)), &["lease_margin"]));
+        #[cfg(feature = "redis")]
+        all.push(("redis://h:6379", |u| text(crate::redis::RedisUrl::parse(u)), &["replica_timeout"]));
+        #[cfg(feature = "postgres")]
+        all.push(("postgres://h/db", |u| text(crate::postgres::PgUrl::parse(u)), &["rescan"]));
+        #[cfg(feature = "mysql")]
+        all.push(("mysql://h/db", |u| text(crate::mysql::MysqlUrl::parse(u)), &[]));
+        #[cfg(feature = "sqlite")]
+        all.push(("sqlite:///tmp/x.db", |u| text(crate::sqlite::SqliteUrl::parse(u)), &["busy_timeout"]));
+        #[cfg(feature = "etcd")]
+        all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)), &["timeout"]));
+        #[cfg(feature = "memory")]
+        all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)), &[]));
+        all
+    }
+
+    #[test]
+    fn an_unknown_key_has_one_wording_and_is_named_on_every_backend() {
+        for (base, parse, _) in backends() {
+            parse(base).unwrap_or_else(|e| panic!("{base}: {e}"));
+            for key in ["bogus", "colour"] {
+                let e = parse(&format!("{base}?lease=5s&{key}=1")).unwrap_err();
+                assert!(e.contains(&format!("unknown URL key \"{key}\" (known: ")), "{base}: {e}");
+                assert!(e.contains("connect_timeout") && e.contains("setup"), "{base}: {e}");
+            }
+        }
+    }
+
+    #[cfg(all(feature = "memory", feature = "postgres"))]
+    #[test]
+    fn connect_options_take_the_place_of_the_urls_values_under_any_name() {
+        use std::time::Duration;
+        let over = crate::ConnectOptions::new().lease(Duration::from_secs(20)).cacert("/b.pem").setup(false);
+        let over = over.common().unwrap();
+        let m = crate::memory::MemoryUrl::parse_with("memory://t?ttl=5s&setup=auto", &over).unwrap();
+        assert_eq!((m.lease, m.setup), (Duration::from_secs(20), false));
+        let p = crate::postgres::PgUrl::parse_with("postgres://h/db?sslrootcert=/a.pem&lease=4s", &over).unwrap();
+        assert_eq!(
+            (p.lease, p.tls_files.cacert.as_deref()),
+            (Duration::from_secs(20), Some(std::path::Path::new("/b.pem")))
+        );
+        // The backend's own checks judge them as a URL's.
+        let short = crate::ConnectOptions::new().lease(Duration::from_millis(50)).common().unwrap();
+        assert!(crate::memory::MemoryUrl::parse_with("memory://t", &short).unwrap_err().to_string().contains("lease"));
+    }
+
+    #[test]
+    fn a_bad_duration_names_its_key_on_every_backend() {
+        for (base, parse, own) in backends() {
+            for key in ["lease", "session_timeout", "ttl", "connect_timeout"].iter().chain(own) {
+                let e = parse(&format!("{base}?{key}=soon")).unwrap_err();
+                assert!(e.contains(&format!("invalid duration \"{key}=soon\"")), "{base} {key}: {e}");
+            }
+        }
+    }
 }
 
 /// Every lock and guard type of every backend can move between tasks and threads and be shared

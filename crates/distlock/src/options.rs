@@ -2,12 +2,16 @@
 //! the lease (how long the server keeps a silent holder's lock: ZooKeeper's session timeout,
 //! etcd's lease TTL, the lease of Redis keys and of the SQL backends).
 //!
-//! They are applied to the URL's query under the names every backend's URL accepts (`lease`,
-//! `connect_timeout`), replacing what the URL says under those names or their aliases
-//! (`session_timeout`, `ttl`): one piece of code for every scheme, and each backend's own checks
-//! (etcd's whole seconds, SQLite's one-second minimum) judge the value as they judge a URL.
+//! Every backend reads its URL's query with [`QuerySpec::parse`]: the keys every backend takes
+//! (`lease` and its aliases `session_timeout` and `ttl`, `connect_timeout`, `setup`, the TLS
+//! files) into one typed [`Common`], and the backend's own keys checked against its one table (a
+//! `QUERY` constant in each backend's `url.rs`), so that an unknown key reads the same on every
+//! scheme and the list of known keys is never written twice. [`ConnectOptions`] gives a
+//! [`Common`] whose values take the place of the URL's ([`Common::overridden`]) before the
+//! backend's own checks (etcd's whole seconds, SQLite's one-second minimum) judge them as they
+//! judge a URL's: one piece of code for every scheme.
 
-use crate::{Client, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// The keys that mean the lease, in any backend's URL.
@@ -38,7 +42,177 @@ pub(crate) fn canonical_key(key: &str) -> &str {
     }
 }
 
-/// Options for [`connect_with`], honoured by every backend (a value a backend cannot take is
+/// How every backend's "unknown key" error begins (the key follows, quoted).
+const UNKNOWN_KEY: &str = "unknown URL key ";
+
+/// A backend's own URL key (beside the [`Common`] ones), as its [`QuerySpec`] lists it.
+#[derive(Debug)]
+pub(crate) struct Key {
+    /// The key's name.
+    pub(crate) name: &'static str,
+    /// Other names the backend takes for it (`ssl_mode` for `ssl-mode`).
+    pub(crate) aliases: &'static [&'static str],
+    /// What it takes, shown in the list of known keys (`sequence|row`); empty for nothing.
+    pub(crate) hint: &'static str,
+}
+
+impl Key {
+    /// A key without aliases.
+    pub(crate) const fn new(name: &'static str, hint: &'static str) -> Key {
+        Key { name, aliases: &[], hint }
+    }
+}
+
+/// How a backend's URL takes the TLS files (`cacert`, `cert`, `key`).
+#[derive(Debug)]
+pub(crate) enum TlsKeys {
+    /// Taken, also under these `(alias, name)` pairs (libpq's `sslrootcert` for `cacert`…).
+    Files(&'static [(&'static str, &'static str)]),
+    /// Refused, for this reason (a local file, an in-process store).
+    Refused(&'static str),
+}
+
+/// What a backend's URL query takes: the [`Common`] keys, read here for every backend, and the
+/// backend's own keys, one table ([`QuerySpec::keys`]) from which the list of known keys of its
+/// "unknown URL key" error is made.
+#[derive(Debug)]
+pub(crate) struct QuerySpec {
+    /// The name the backend gives the lease first (`ttl` on etcd, `lease` elsewhere).
+    pub(crate) lease_name: &'static str,
+    /// The backend's own keys.
+    pub(crate) keys: &'static [Key],
+    /// Its TLS keys.
+    pub(crate) tls: TlsKeys,
+    /// Whether a pair without `=` is refused (else it is the key with an empty value).
+    pub(crate) pairs_need_values: bool,
+}
+
+/// The keys every backend's URL takes, parsed (`None`: not in the URL, the backend's default).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Common {
+    /// `lease` (or `session_timeout`, `ttl`).
+    pub(crate) lease: Option<Duration>,
+    /// The name the lease was given under, for messages (`lease` when not given).
+    pub(crate) lease_key: &'static str,
+    /// `connect_timeout`.
+    pub(crate) connect_timeout: Option<Duration>,
+    /// `setup` (`Some(false)`: `setup=no`).
+    pub(crate) setup: Option<bool>,
+    /// The TLS files, under their names or the backend's aliases.
+    pub(crate) tls_files: crate::tls::TlsFiles,
+}
+
+/// One of a backend's own keys in a URL's query, checked against its table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pair<'a> {
+    /// The key's name in the table (an alias given is read as it).
+    pub(crate) name: &'static str,
+    /// The key as the URL writes it.
+    pub(crate) key: &'a str,
+    /// Its value.
+    pub(crate) value: &'a str,
+}
+
+impl Pair<'_> {
+    /// The value as a duration; the reason names the key when it is not one.
+    pub(crate) fn duration(&self) -> std::result::Result<Duration, String> {
+        crate::duration::url_duration(self.key, self.value).map_err(|e| e.to_string())
+    }
+}
+
+impl Common {
+    /// These values (a URL's) with what `over` gives in their place.
+    pub(crate) fn overridden(mut self, over: &Common) -> Common {
+        if over.lease.is_some() {
+            (self.lease, self.lease_key) = (over.lease, "lease");
+        }
+        self.connect_timeout = over.connect_timeout.or(self.connect_timeout);
+        self.setup = over.setup.or(self.setup);
+        let files = &over.tls_files;
+        for (mine, theirs) in [
+            (&mut self.tls_files.cacert, &files.cacert),
+            (&mut self.tls_files.cert, &files.cert),
+            (&mut self.tls_files.key, &files.key),
+        ] {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        }
+        self
+    }
+}
+
+impl QuerySpec {
+    /// The keys this backend's URL takes, in words (`lease (or session_timeout, ttl), …`).
+    pub(crate) fn known(&self) -> String {
+        let others: Vec<&str> = LEASE_KEYS.iter().copied().filter(|k| *k != self.lease_name).collect();
+        let mut known = vec![format!("{} (or {})", self.lease_name, others.join(", ")), "connect_timeout".into()];
+        known.push("setup".into());
+        for key in self.keys {
+            let mut text = key.name.to_string();
+            if !key.aliases.is_empty() {
+                text += &format!(" (or {})", key.aliases.join(", "));
+            }
+            if !key.hint.is_empty() {
+                text += &format!(" ({})", key.hint);
+            }
+            known.push(text);
+        }
+        if let TlsKeys::Files(aliases) = self.tls {
+            for name in ["cacert", "cert", "key"] {
+                match aliases.iter().find(|(_, n)| *n == name) {
+                    Some((alias, _)) => known.push(format!("{alias} (or {name})")),
+                    None => known.push(name.into()),
+                }
+            }
+        }
+        known.join(", ")
+    }
+
+    /// Parses `query` (what follows a URL's `?`): the common keys into [`Common`], the backend's
+    /// own into [`Pair`]s in the URL's order (a key given twice: the last is kept for the common
+    /// ones; the backend sees both of its own).
+    ///
+    /// # Errors
+    ///
+    /// The reason, naming the key: an unknown key (one wording on every backend), a duration
+    /// that is not one, a `setup` value, a TLS file given twice or refused.
+    pub(crate) fn parse<'a>(&self, query: &'a str) -> std::result::Result<(Common, Vec<Pair<'a>>), String> {
+        let mut common = Common { lease_key: "lease", ..Common::default() };
+        let mut own = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = match pair.split_once('=') {
+                Some(kv) => kv,
+                None if self.pairs_need_values => return Err(format!("query {pair:?} is not key=value")),
+                None => (pair, ""),
+            };
+            match self.tls {
+                TlsKeys::Files(aliases) if common.tls_files.take(k, v, aliases)? => continue,
+                TlsKeys::Refused(reason) if ["cacert", "cert", "key"].contains(&k) => {
+                    return Err(format!("{k}: {reason}"))
+                }
+                _ => {}
+            }
+            match canonical_key(k) {
+                "lease" => {
+                    common.lease = Some(crate::duration::url_duration(k, v).map_err(|e| e.to_string())?);
+                    common.lease_key = LEASE_KEYS.iter().find(|l| **l == k).copied().unwrap_or("lease");
+                }
+                "connect_timeout" => {
+                    common.connect_timeout = Some(crate::duration::url_duration(k, v).map_err(|e| e.to_string())?)
+                }
+                "setup" => common.setup = Some(parse_setup(v)?),
+                _ => match self.keys.iter().find(|key| key.name == k || key.aliases.contains(&k)) {
+                    Some(key) => own.push(Pair { name: key.name, key: k, value: v }),
+                    None => return Err(format!("{UNKNOWN_KEY}{k:?} (known: {})", self.known())),
+                },
+            }
+        }
+        Ok((common, own))
+    }
+}
+
+/// Options for [`connect_with`](crate::connect_with), honoured by every backend (a value a backend cannot take is
 /// refused with its reason, never ignored).
 ///
 /// # Examples
@@ -130,6 +304,39 @@ impl ConnectOptions {
         given
     }
 
+    /// The options as the values that take the place of a URL's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero duration, or a certificate without its key.
+    pub(crate) fn common(&self) -> Result<Common> {
+        for (name, d) in [("lease", self.lease), ("connect timeout", self.connect_timeout)] {
+            if d.is_some_and(|d| d.is_zero()) {
+                return Err(Error::InvalidArgument { what: name, reason: "must be greater than zero".into() });
+            }
+        }
+        self.tls.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
+        Ok(Common {
+            lease: self.lease,
+            lease_key: "lease",
+            connect_timeout: self.connect_timeout,
+            setup: self.setup,
+            tls_files: self.tls.clone(),
+        })
+    }
+
+    /// Error `e` of connecting to `url` with these options, told which options when it is about
+    /// one of them (rather than about the rest of the user's URL).
+    pub(crate) fn explain(&self, url: &str, e: Error) -> Error {
+        match e {
+            Error::InvalidUrl { reason, .. } if is_about_options(&reason, self) => Error::InvalidUrl {
+                url: crate::redact_url(url),
+                reason: format!("{reason} (set by the options, not the URL: {})", self.given().join(", ")),
+            },
+            e => e,
+        }
+    }
+
     /// `url` with these options in its query.
     ///
     /// # Errors
@@ -172,6 +379,11 @@ impl ConnectOptions {
 /// Whether a URL error's `reason` is about a key that `options` set (rather than about the rest
 /// of the user's URL).
 fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
+    // The options only write keys every backend knows: an unknown key is the URL's (its list
+    // of known keys names them all).
+    if reason.starts_with(UNKNOWN_KEY) {
+        return false;
+    }
     let keys: &[(&[&str], bool)] = &[
         (LEASE_KEYS, options.lease.is_some()),
         (&["connect_timeout"], options.connect_timeout.is_some()),
@@ -179,35 +391,6 @@ fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
         (&["setup"], options.setup.is_some()),
     ];
     keys.iter().any(|(names, set)| *set && names.iter().any(|k| reason.contains(k)))
-}
-
-/// Connects to the backend `url` names, with `options` in force on every backend.
-///
-/// # Errors
-///
-/// As [`connect`](crate::connect), and [`Error::InvalidArgument`] or [`Error::InvalidUrl`] for an
-/// option the backend cannot take (the message names it).
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn demo() -> distlock::Result<()> {
-/// use distlock::ConnectOptions;
-/// use std::time::Duration;
-/// let options = ConnectOptions::new().connect_timeout(Duration::from_secs(1));
-/// let client = distlock::connect_with("etcd://127.0.0.1:2379", &options).await?;
-/// # let _ = client; Ok(()) }
-/// ```
-pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Client> {
-    let applied = options.apply(url)?;
-    crate::connect(&applied).await.map_err(|e| match e {
-        // The URL the user gave, not the one with the options written in, and which options.
-        Error::InvalidUrl { reason, .. } if is_about_options(&reason, options) => Error::InvalidUrl {
-            url: crate::redact_url(url),
-            reason: format!("{reason} (set by the options, not the URL: {})", options.given().join(", ")),
-        },
-        e => e,
-    })
 }
 
 /// `%XX` escapes decoded (a user or password may hold `@`, `:`, `/`…).
@@ -233,11 +416,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_query_is_read_once_against_the_backends_table() {
+        const SPEC: QuerySpec = QuerySpec {
+            lease_name: "ttl",
+            keys: &[Key { name: "mode", aliases: &["mode_"], hint: "a|b" }],
+            tls: TlsKeys::Files(&[("ca", "cacert")]),
+            pairs_need_values: false,
+        };
+        assert_eq!(
+            SPEC.known(),
+            "ttl (or lease, session_timeout), connect_timeout, setup, mode (or mode_) (a|b), ca (or cacert), cert, key"
+        );
+        let (common, own) = SPEC.parse("session_timeout=3s&mode_=a&ca=/ca.pem&setup=no&connect_timeout=1s").unwrap();
+        assert_eq!((common.lease, common.lease_key), (Some(Duration::from_secs(3)), "session_timeout"));
+        assert_eq!((common.connect_timeout, common.setup), (Some(Duration::from_secs(1)), Some(false)));
+        assert_eq!(common.tls_files.cacert.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!((own.len(), own[0].name, own[0].key, own[0].value), (1, "mode", "mode_", "a"));
+        let e = SPEC.parse("timeout=1s").unwrap_err();
+        assert!(e.starts_with("unknown URL key \"timeout\" (known: ttl (or lease"), "{e}");
+        assert!(SPEC.parse("ttl=10").unwrap_err().contains("\"ttl=10\""));
+        let refused = QuerySpec { tls: TlsKeys::Refused("no TLS here"), pairs_need_values: true, ..SPEC };
+        assert_eq!(refused.parse("cacert=/ca.pem").unwrap_err(), "cacert: no TLS here");
+        assert!(refused.parse("lease").unwrap_err().contains("key=value"));
+    }
+
+    #[test]
     fn options_replace_the_keys_and_their_aliases() {
         let o = ConnectOptions::new().lease(Duration::from_secs(3));
         assert_eq!(o.apply("etcd://h:1?ttl=30s&timeout=1s").unwrap(), "etcd://h:1?timeout=1s&lease=3000ms");
         assert_eq!(o.apply("redis://h:1/0").unwrap(), "redis://h:1/0?lease=3000ms");
         assert_eq!(ConnectOptions::new().apply("sqlite:///a.db?lease=2s").unwrap(), "sqlite:///a.db?lease=2s");
+        let tls = ConnectOptions::new().lease(Duration::from_secs(3)).cert("/c.pem").key("/k.pem");
+        assert!(!is_about_options(r#"unknown URL key "x" (known: lease (or session_timeout, ttl), key)"#, &tls));
+        assert!(is_about_options("lease=3s must be whole seconds", &tls));
         let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).apply("zk://h:1").unwrap_err();
         assert!(zero.to_string().contains("connect timeout"), "{zero}");
     }

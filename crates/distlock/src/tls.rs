@@ -75,6 +75,13 @@ impl TlsFiles {
         Ok(true)
     }
 
+    /// The name of the first file given (`cacert`, `cert`, `key`), for a message.
+    pub(crate) fn first_given(&self) -> Option<&'static str> {
+        [("cacert", &self.cacert), ("cert", &self.cert), ("key", &self.key)]
+            .into_iter()
+            .find_map(|(name, path)| path.as_ref().map(|_| name))
+    }
+
     /// Whether no file is given.
     pub fn is_empty(&self) -> bool {
         self.cacert.is_none() && self.cert.is_none() && self.key.is_none()

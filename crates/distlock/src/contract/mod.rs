@@ -310,8 +310,11 @@ pub(crate) use recipe;
 macro_rules! backend {
     ($client:ty) => {
         /// Connects to the URL; the registry in `facade.rs` calls it.
-        pub(crate) fn connect(url: &str) -> $crate::contract::BoxFuture<'_, $crate::Result<$crate::Client>> {
-            Box::pin(async move { Ok($crate::contract::client(<$client>::connect(url).await?)) })
+        pub(crate) fn connect<'a>(
+            url: &'a str,
+            over: &'a $crate::options::Common,
+        ) -> $crate::contract::BoxFuture<'a, $crate::Result<$crate::Client>> {
+            Box::pin(async move { Ok($crate::contract::client(<$client>::connect_common(url, over).await?)) })
         }
 
         impl From<$client> for $crate::Client {

@@ -125,7 +125,13 @@ impl Client {
     /// Connects to the cluster named by an `etcd://` URL (see [`EtcdUrl`]) and grants the
     /// session lease (which proves the cluster answers).
     pub async fn connect(url: &str) -> Result<Client> {
-        Client::connect_url(EtcdUrl::parse(url)?).await
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        Client::connect_url(EtcdUrl::parse_with(url, over)?).await
     }
 
     /// Connects with a parsed URL.

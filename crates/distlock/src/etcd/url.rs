@@ -1,6 +1,6 @@
 //! `etcd://` URLs.
 
-use crate::{parse_duration, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// Default session TTL (the lease every lock of a client is put under).
@@ -77,6 +77,12 @@ impl std::fmt::Debug for EtcdUrl {
 impl EtcdUrl {
     /// Parses an `etcd://` URL.
     pub fn parse(url: &str) -> Result<EtcdUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<EtcdUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let (tls, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
             (Some(rest), _) => (false, rest),
@@ -110,37 +116,24 @@ impl EtcdUrl {
             port.parse::<u16>().map_err(|_| bad(format!("{port:?} in {host:?} is not a port number")))?;
             endpoints.push(format!("{}://{host}", if tls { "https" } else { "http" }));
         }
+        // setup is taken and means nothing here: connecting makes nothing on etcd (the
+        // session's lease ends with the client).
+        let (common, own) = QUERY.parse(query).map_err(bad)?;
+        let common = common.overridden(over);
+        if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
+            return Err(bad(format!("{k} is a TLS file: write etcds:// to connect with TLS")));
+        }
         let mut out = EtcdUrl {
             endpoints,
             user,
             tls,
-            tls_files: Default::default(),
-            ttl: DEFAULT_TTL,
+            tls_files: common.tls_files,
+            ttl: common.lease.unwrap_or(DEFAULT_TTL),
             timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: common.connect_timeout.unwrap_or(Duration::from_secs(5)),
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if out.tls_files.take(k, v, &[]).map_err(bad)? {
-                if !tls {
-                    return Err(bad(format!("{k} is a TLS file: write etcds:// to connect with TLS")));
-                }
-                continue;
-            }
-            match crate::options::canonical_key(k) {
-                "lease" => out.ttl = parse_duration(v)?,
-                "timeout" => out.timeout = parse_duration(v)?,
-                "connect_timeout" => out.connect_timeout = parse_duration(v)?,
-                // Connecting makes nothing on etcd (the session's lease ends with the client).
-                "setup" => {
-                    crate::options::parse_setup(v).map_err(bad)?;
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown URL key {k:?} (known: ttl (or lease, session_timeout), timeout, connect_timeout, setup, cacert, cert, key)"
-                    )))
-                }
-            }
+        for pair in own {
+            out.timeout = pair.duration().map_err(bad)?;
         }
         out.tls_files.check().map_err(bad)?;
         if out.ttl.subsec_nanos() != 0 || !(2..=86_400).contains(&out.ttl.as_secs()) {
@@ -157,6 +150,14 @@ impl EtcdUrl {
         Ok(out)
     }
 }
+
+/// The keys of an `etcd://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "ttl",
+    keys: &[crate::options::Key::new("timeout", "")],
+    tls: crate::options::TlsKeys::Files(&[]),
+    pairs_need_values: false,
+};
 
 #[cfg(test)]
 mod tests {

@@ -69,6 +69,14 @@ const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease.
 const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
+/// The keys of a `memory://` URL's query: the common ones only.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[],
+    tls: crate::options::TlsKeys::Refused("an in-process store is reached without a network, so without TLS"),
+    pairs_need_values: false,
+};
+
 /// A parsed `memory://NAME?lease=…` URL.
 ///
 /// # Examples
@@ -94,6 +102,12 @@ pub struct MemoryUrl {
 impl MemoryUrl {
     /// Parses a `memory://NAME` URL.
     pub fn parse(url: &str) -> Result<MemoryUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<MemoryUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
         let rest =
             url.strip_prefix("memory://").ok_or_else(|| bad("an in-process store's URL is memory://NAME".into()))?;
@@ -101,25 +115,14 @@ impl MemoryUrl {
         if name.chars().any(|c| c == '/' || c.is_control()) {
             return Err(bad(format!("store name {name:?}: a name is one word (no / or control characters)")));
         }
-        let mut out = MemoryUrl { name: name.to_string(), lease: DEFAULT_LEASE, setup: true };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match crate::options::canonical_key(k) {
-                "lease" => out.lease = crate::duration::url_duration(k, v)?,
-                "connect_timeout" => {
-                    crate::duration::url_duration(k, v)?;
-                }
-                "setup" => out.setup = crate::options::parse_setup(v).map_err(&bad)?,
-                "cacert" | "cert" | "key" => {
-                    return Err(bad(format!("{k}: an in-process store is reached without a network, so without TLS")))
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, setup)"
-                    )))
-                }
-            }
-        }
+        // connect_timeout is taken, and met at once.
+        let (common, _) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
+        let out = MemoryUrl {
+            name: name.to_string(),
+            lease: common.lease.unwrap_or(DEFAULT_LEASE),
+            setup: common.setup.unwrap_or(true),
+        };
         if !(MIN_LEASE..=MAX_LEASE).contains(&out.lease) {
             return Err(bad(format!("lease={} must be from 100ms to 1 day", humantime::format_duration(out.lease))));
         }
@@ -152,7 +155,13 @@ impl Client {
     /// [`Error::InvalidUrl`] for a URL that does not parse; [`Error::NotSetUp`] with `setup=no`
     /// for a store no client of this process has connected to.
     pub async fn connect(url: &str) -> Result<Client> {
-        let url = MemoryUrl::parse(url)?;
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        let url = MemoryUrl::parse_with(url, over)?;
         let store = if url.name.is_empty() {
             if !url.setup {
                 return Err(not_set_up(&url));

@@ -116,6 +116,12 @@ impl MysqlUrl {
 
     /// Parses a `mysql://` or `mariadb://` URL.
     pub fn parse(url: &str) -> Result<MysqlUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<MysqlUrl> {
         let shown = crate::redact_url(url);
         let bad = |reason: String| Error::InvalidUrl { url: shown.clone(), reason };
         let rest = url
@@ -123,49 +129,11 @@ impl MysqlUrl {
             .or_else(|| url.strip_prefix("mariadb://"))
             .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (mut lease, mut connect_timeout, mut fencing) = (DEFAULT_LEASE, Duration::from_secs(10), Fencing::Sequence);
-        let mut tls_files = crate::tls::TlsFiles::default();
-        let mut ssl_mode = None;
-        let mut setup = true;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let aliases = [("ssl-ca", "cacert"), ("ssl-cert", "cert"), ("ssl-key", "key")];
-            if tls_files.take(k, v, &aliases).map_err(&bad)? {
-                continue;
-            }
-            match crate::options::canonical_key(k) {
-                "ssl-mode" | "ssl_mode" => {
-                    use sqlx::mysql::MySqlSslMode as M;
-                    ssl_mode = Some(match v.to_ascii_uppercase().replace('-', "_").as_str() {
-                        "DISABLED" => M::Disabled,
-                        "PREFERRED" => M::Preferred,
-                        "REQUIRED" => M::Required,
-                        "VERIFY_CA" => M::VerifyCa,
-                        "VERIFY_IDENTITY" => M::VerifyIdentity,
-                        _ => {
-                            return Err(bad(format!(
-                                "ssl-mode={v}: use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
-                            )))
-                        }
-                    })
-                }
-                "lease" => lease = crate::duration::url_duration(k, v)?,
-                "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
-                "setup" => setup = crate::options::parse_setup(v).map_err(&bad)?,
-                "fencing" => {
-                    fencing = match v {
-                        "sequence" => Fencing::Sequence,
-                        "row" => Fencing::Row,
-                        _ => return Err(bad(format!("fencing={v:?}: give sequence or row"))),
-                    }
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, fencing, setup, ssl-mode, ssl-ca, ssl-cert, ssl-key)"
-                    )))
-                }
-            }
-        }
+        let (common, own) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
+        let (lease, connect_timeout) =
+            (common.lease.unwrap_or(DEFAULT_LEASE), common.connect_timeout.unwrap_or(Duration::from_secs(10)));
+        let (fencing, ssl_mode) = own_keys(&own).map_err(&bad)?;
         if !(Duration::from_secs(3)..=Duration::from_secs(86_400)).contains(&lease) || lease.subsec_nanos() != 0 {
             return Err(bad(format!(
                 "lease={} must be whole seconds from 3s to 1 day (it is the session's wait_timeout)",
@@ -175,6 +143,7 @@ impl MysqlUrl {
         if connect_timeout.is_zero() {
             return Err(bad("connect_timeout must be more than 0".into()));
         }
+        let (tls_files, setup) = (common.tls_files, common.setup.unwrap_or(true));
         let (_, path) = base.split_once('/').unwrap_or((base, ""));
         if base.is_empty() || base.starts_with('/') {
             return Err(bad("no host: give mysql://[user@]host[:port]/database".into()));
@@ -188,33 +157,8 @@ impl MysqlUrl {
             format!("mysql://{base}").parse().map_err(|e: sqlx::Error| bad(e.to_string()))?;
         // TLS only when asked for (a CA given asks for it, fully verified), then checked as asked.
         use sqlx::mysql::MySqlSslMode as M;
-        tls_files.check().map_err(&bad)?;
-        // The driver adds the CA to the system's roots (it cannot use it alone): VERIFY_CA would
-        // then take any certificate a public CA signed, for any host, and PREFERRED or REQUIRED
-        // would not look at the CA at all. A CA is used with VERIFY_IDENTITY only.
-        let ssl_mode = ssl_mode.unwrap_or(if tls_files.is_empty() { M::Disabled } else { M::VerifyIdentity });
+        let ssl_mode = checked_ssl_mode(ssl_mode, &tls_files).map_err(&bad)?;
         let tls_preferred = matches!(ssl_mode, M::Preferred);
-        match ssl_mode {
-            M::Disabled if !tls_files.is_empty() => {
-                return Err(bad(
-                    "TLS files with ssl-mode=DISABLED: drop them or ask for TLS (ssl-mode=VERIFY_IDENTITY)".into(),
-                ))
-            }
-            M::VerifyCa => {
-                return Err(bad(
-                    "ssl-mode=VERIFY_CA is not offered: the driver would accept a certificate any public CA signed \
-                     for any host; use VERIFY_IDENTITY (the server's name checked)"
-                        .into(),
-                ))
-            }
-            M::Preferred | M::Required if tls_files.cacert.is_some() => {
-                return Err(bad(format!(
-                    "ssl-mode={} does not check the certificate, so the CA would not be used: use VERIFY_IDENTITY",
-                    if matches!(ssl_mode, M::Preferred) { "PREFERRED" } else { "REQUIRED" }
-                )))
-            }
-            _ => {}
-        }
         // A password for another machine is not sent in plaintext because the server (or someone
         // on the path, who can then ask for it in cleartext) declined TLS: PREFERRED asks for TLS
         // there; DISABLED says plaintext is meant.
@@ -251,6 +195,73 @@ impl MysqlUrl {
             tls_preferred: tls_preferred && password_abroad,
             shown,
         })
+    }
+}
+
+/// The keys of a `mysql://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[
+        crate::options::Key::new("fencing", "sequence|row"),
+        crate::options::Key { name: "ssl-mode", aliases: &["ssl_mode"], hint: "" },
+    ],
+    tls: crate::options::TlsKeys::Files(&[("ssl-ca", "cacert"), ("ssl-cert", "cert"), ("ssl-key", "key")]),
+    pairs_need_values: false,
+};
+
+/// The values of the URL's own keys (see [`QUERY`]): `fencing` and `ssl-mode`.
+fn own_keys(
+    own: &[crate::options::Pair<'_>],
+) -> std::result::Result<(Fencing, Option<sqlx::mysql::MySqlSslMode>), String> {
+    let (mut fencing, mut ssl_mode) = (Fencing::Sequence, None);
+    for pair in own {
+        match (pair.name, pair.value) {
+            ("ssl-mode", v) => ssl_mode = Some(ssl_mode_of(v)?),
+            (_, "sequence") => fencing = Fencing::Sequence,
+            (_, "row") => fencing = Fencing::Row,
+            (_, v) => return Err(format!("fencing={v:?}: give sequence or row")),
+        }
+    }
+    Ok((fencing, ssl_mode))
+}
+
+/// The `ssl-mode` value `v` (MySQL's names, any case, `-` or `_`).
+fn ssl_mode_of(v: &str) -> std::result::Result<sqlx::mysql::MySqlSslMode, String> {
+    use sqlx::mysql::MySqlSslMode as M;
+    Ok(match v.to_ascii_uppercase().replace('-', "_").as_str() {
+        "DISABLED" => M::Disabled,
+        "PREFERRED" => M::Preferred,
+        "REQUIRED" => M::Required,
+        "VERIFY_CA" => M::VerifyCa,
+        "VERIFY_IDENTITY" => M::VerifyIdentity,
+        _ => return Err(format!("ssl-mode={v}: use DISABLED, PREFERRED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY")),
+    })
+}
+
+/// The `ssl-mode` in force: the URL's, else VERIFY_IDENTITY with TLS files and DISABLED without;
+/// or why it cannot be used with these files.
+fn checked_ssl_mode(
+    ssl_mode: Option<sqlx::mysql::MySqlSslMode>,
+    tls_files: &crate::tls::TlsFiles,
+) -> std::result::Result<sqlx::mysql::MySqlSslMode, String> {
+    use sqlx::mysql::MySqlSslMode as M;
+    tls_files.check()?;
+    // The driver adds the CA to the system's roots (it cannot use it alone): VERIFY_CA would
+    // then take any certificate a public CA signed, for any host, and PREFERRED or REQUIRED
+    // would not look at the CA at all. A CA is used with VERIFY_IDENTITY only.
+    let ssl_mode = ssl_mode.unwrap_or(if tls_files.is_empty() { M::Disabled } else { M::VerifyIdentity });
+    match ssl_mode {
+        M::Disabled if !tls_files.is_empty() => {
+            Err("TLS files with ssl-mode=DISABLED: drop them or ask for TLS (ssl-mode=VERIFY_IDENTITY)".into())
+        }
+        M::VerifyCa => Err("ssl-mode=VERIFY_CA is not offered: the driver would accept a certificate any public CA \
+                            signed for any host; use VERIFY_IDENTITY (the server's name checked)"
+            .into()),
+        M::Preferred | M::Required if tls_files.cacert.is_some() => Err(format!(
+            "ssl-mode={} does not check the certificate, so the CA would not be used: use VERIFY_IDENTITY",
+            if matches!(ssl_mode, M::Preferred) { "PREFERRED" } else { "REQUIRED" }
+        )),
+        _ => Ok(ssl_mode),
     }
 }
 

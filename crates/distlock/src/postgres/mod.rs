@@ -205,7 +205,13 @@ impl Client {
     /// to check it, creates the fencing sequence if missing, and keeps that connection for the
     /// first lock.
     pub async fn connect(url: &str) -> Result<Client> {
-        Client::connect_url(PgUrl::parse(url)?).await
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        Client::connect_url(PgUrl::parse_with(url, over)?).await
     }
 
     /// Connects with a parsed URL.

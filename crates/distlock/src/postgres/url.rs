@@ -345,79 +345,24 @@ impl std::fmt::Display for PgUrl {
 impl PgUrl {
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn parse(url: &str) -> Result<PgUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<PgUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let rest = url
             .strip_prefix("postgres://")
             .or_else(|| url.strip_prefix("postgresql://"))
             .ok_or_else(|| bad("a PostgreSQL URL starts with postgres:// or postgresql://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (mut lease, mut connect_timeout, mut keys) =
-            (DEFAULT_LEASE, DEFAULT_CONNECT_TIMEOUT, KeyScheme::DistributedLock);
-        let mut application_name = "distlock".to_string();
-        let mut rescan = Duration::from_millis(500);
-        let mut ssl_mode = None;
-        let mut tls_files = crate::tls::TlsFiles::default();
-        let mut scope = LockScope::Session;
-        let mut setup = true;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if tls_files
-                .take(k, v, &[("sslrootcert", "cacert"), ("sslcert", "cert"), ("sslkey", "key")])
-                .map_err(bad)?
-            {
-                continue;
-            }
-            match crate::options::canonical_key(k) {
-                "sslmode" => {
-                    ssl_mode = match v {
-                        "disable" => Some(SslMode::Disable),
-                        "prefer" => Some(SslMode::Prefer),
-                        "require" => Some(SslMode::Require),
-                        "verify-ca" => Some(SslMode::VerifyCa),
-                        "verify-full" => Some(SslMode::VerifyFull),
-                        "allow" => {
-                            return Err(bad(
-                                "sslmode=allow (plaintext first) is not supported: use prefer or disable".into()
-                            ))
-                        }
-                        _ => {
-                            return Err(bad(format!(
-                                "sslmode={v}: use disable, prefer, require, verify-ca or verify-full"
-                            )))
-                        }
-                    }
-                }
-                "lease" => lease = crate::duration::url_duration(k, v)?,
-                "connect_timeout" => connect_timeout = crate::duration::url_duration(k, v)?,
-                "keys" => {
-                    keys = match v {
-                        "distributedlock" => KeyScheme::DistributedLock,
-                        "raw" => KeyScheme::Raw,
-                        _ => return Err(bad(format!("keys={v}: use keys=distributedlock (the default) or keys=raw"))),
-                    }
-                }
-                "application_name" => application_name = v.to_string(),
-                "lock_scope" => {
-                    scope = match v {
-                        "session" => LockScope::Session,
-                        "transaction" => LockScope::Transaction,
-                        _ => {
-                            return Err(bad(format!(
-                                "lock_scope={v}: use session (the default) or transaction (behind a transaction pooler)"
-                            )))
-                        }
-                    }
-                }
-                "rescan" => rescan = crate::duration::url_duration(k, v)?,
-                "setup" => setup = crate::options::parse_setup(v).map_err(&bad)?,
-                _ => {
-                    return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), connect_timeout, keys, application_name, rescan, \
-                         lock_scope, setup, sslmode, sslrootcert, sslcert, sslkey)"
-                    )))
-                }
-            }
-        }
+        let (common, own) = QUERY.parse(query).map_err(bad)?;
+        let common = common.overridden(over);
+        let lease = common.lease.unwrap_or(DEFAULT_LEASE);
+        let connect_timeout = common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let (tls_files, setup) = (common.tls_files, common.setup.unwrap_or(true));
+        let OwnKeys { keys, application_name, rescan, ssl_mode, scope } = OwnKeys::parse(&own).map_err(bad)?;
         if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
             return Err(bad(format!("lease={} must be from 3s to 1 day", humantime::format_duration(lease))));
         }
@@ -556,6 +501,77 @@ impl PgUrl {
     /// `tcp_user_timeout`, both set to at most the lease.
     pub(crate) fn server_bound(&self) -> Duration {
         Duration::from_secs(self.lease.as_secs())
+    }
+}
+
+/// The keys of a `postgres://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[
+        crate::options::Key::new("keys", "distributedlock|raw"),
+        crate::options::Key::new("application_name", ""),
+        crate::options::Key::new("rescan", ""),
+        crate::options::Key::new("lock_scope", "session|transaction"),
+        crate::options::Key::new("sslmode", "disable|prefer|require|verify-ca|verify-full"),
+    ],
+    tls: crate::options::TlsKeys::Files(&[("sslrootcert", "cacert"), ("sslcert", "cert"), ("sslkey", "key")]),
+    pairs_need_values: false,
+};
+
+/// The values of a `postgres://` URL's own keys (see [`QUERY`]).
+struct OwnKeys {
+    keys: KeyScheme,
+    application_name: String,
+    rescan: Duration,
+    ssl_mode: Option<SslMode>,
+    scope: LockScope,
+}
+
+impl OwnKeys {
+    /// Reads the own keys of a URL, in its order.
+    fn parse(own: &[crate::options::Pair<'_>]) -> std::result::Result<OwnKeys, String> {
+        let (mut keys, mut application_name) = (KeyScheme::DistributedLock, "distlock".to_string());
+        let (mut rescan, mut ssl_mode, mut scope) = (Duration::from_millis(500), None, LockScope::Session);
+        for pair in own {
+            let v = pair.value;
+            match pair.name {
+                "sslmode" => ssl_mode = Some(ssl_mode_of(v)?),
+                "keys" => {
+                    keys = match v {
+                        "distributedlock" => KeyScheme::DistributedLock,
+                        "raw" => KeyScheme::Raw,
+                        _ => return Err(format!("keys={v}: use keys=distributedlock (the default) or keys=raw")),
+                    }
+                }
+                "application_name" => application_name = v.to_string(),
+                "lock_scope" => {
+                    scope = match v {
+                        "session" => LockScope::Session,
+                        "transaction" => LockScope::Transaction,
+                        _ => {
+                            return Err(format!(
+                                "lock_scope={v}: use session (the default) or transaction (behind a transaction pooler)"
+                            ))
+                        }
+                    }
+                }
+                _ => rescan = pair.duration()?,
+            }
+        }
+        Ok(OwnKeys { keys, application_name, rescan, ssl_mode, scope })
+    }
+}
+
+/// libpq's `sslmode` value `v`.
+fn ssl_mode_of(v: &str) -> std::result::Result<SslMode, String> {
+    match v {
+        "disable" => Ok(SslMode::Disable),
+        "prefer" => Ok(SslMode::Prefer),
+        "require" => Ok(SslMode::Require),
+        "verify-ca" => Ok(SslMode::VerifyCa),
+        "verify-full" => Ok(SslMode::VerifyFull),
+        "allow" => Err("sslmode=allow (plaintext first) is not supported: use prefer or disable".into()),
+        _ => Err(format!("sslmode={v}: use disable, prefer, require, verify-ca or verify-full")),
     }
 }
 

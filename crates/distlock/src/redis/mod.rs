@@ -414,7 +414,13 @@ impl Client {
     /// Connecting itself asks them again until `connect_timeout` if the master they name does
     /// not answer (a failover may be under way).
     pub async fn connect(url: &str) -> Result<Client> {
-        Client::connect_url(RedisUrl::parse(url)?).await
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        Client::connect_url(RedisUrl::parse_with(url, over)?).await
     }
 
     /// Connects with a parsed URL.

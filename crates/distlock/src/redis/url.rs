@@ -1,6 +1,6 @@
 //! `redis://` URLs.
 
-use crate::{parse_duration, Error, Result};
+use crate::{Error, Result};
 use std::time::Duration;
 
 /// Default lease: Redisson's `lockWatchdogTimeout`.
@@ -151,6 +151,12 @@ impl std::fmt::Debug for SentinelUrl {
 impl RedisUrl {
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<RedisUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: crate::redact_url(url), reason };
         let tls = url.starts_with("rediss");
         let plain = url.strip_prefix("rediss").map(|r| format!("redis{r}"));
@@ -236,82 +242,40 @@ impl RedisUrl {
                 d.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| bad(format!("invalid database {d:?}")))?
             }
         };
+        // setup is taken and means nothing here: connecting makes nothing on Redis.
+        let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(bad)?;
+        let common = common.overridden(over);
+        if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
+            return Err(bad(format!("{k} is a TLS file: write rediss:// to connect with TLS")));
+        }
         let mut parsed = RedisUrl {
             host,
             port,
             db,
             username,
             password,
-            lease: DEFAULT_LEASE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lease: common.lease.unwrap_or(DEFAULT_LEASE),
+            connect_timeout: common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             layout: Layout::default(),
             replicas: 0,
             replica_timeout: Duration::from_secs(1),
             sentinel,
             cluster,
             tls,
-            tls_files: Default::default(),
+            tls_files: common.tls_files,
         };
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("query {pair:?} is not key=value")))?;
-            let duration = || parse_duration(value).map_err(|e| bad(format!("{key}: {e}")));
-            if parsed.tls_files.take(key, value, &[]).map_err(bad)? {
-                if !tls {
-                    return Err(bad(format!("{key} is a TLS file: write rediss:// to connect with TLS")));
-                }
-                continue;
-            }
-            match crate::options::canonical_key(key) {
-                "lease" => {
-                    parsed.lease = duration()?;
-                    if parsed.lease < Duration::from_millis(100) {
-                        return Err(bad(format!("lease {value} is too short (at least 100ms)")));
-                    }
-                    if parsed.lease > MAX_LEASE {
-                        return Err(bad(format!("lease {value} is too long (at most 30 days)")));
-                    }
-                }
-                "connect_timeout" => {
-                    parsed.connect_timeout = duration()?;
-                    if parsed.connect_timeout.is_zero() {
-                        return Err(bad("connect_timeout must be greater than zero".into()));
-                    }
-                }
-                "layout" => parsed.layout = value.parse().map_err(|e: Error| bad(e.to_string()))?,
-                // Connecting makes nothing on Redis.
-                "setup" => {
-                    crate::options::parse_setup(value).map_err(bad)?;
-                }
-                "replicas" if parsed.cluster.is_some() => {
-                    return Err(bad("replicas: WAIT after acquire is not supported on a cluster yet".into()))
-                }
-                "replicas" => {
-                    parsed.replicas =
-                        value.parse().map_err(|_| bad(format!("replicas: {value:?} is not a number of replicas")))?
-                }
-                "sentinel_user" | "sentinel_password" => {
-                    let Some(sentinel) = parsed.sentinel.as_mut() else {
-                        return Err(bad(format!("{key} is for redis+sentinel:// URLs")));
-                    };
-                    let value = crate::options::percent_decode(value).map_err(|e| bad(format!("{key}: {e}")))?;
-                    if key == "sentinel_user" {
-                        sentinel.username = Some(value);
-                    } else {
-                        sentinel.password = Some(value);
-                    }
-                }
-                "replica_timeout" => {
-                    parsed.replica_timeout = duration()?;
-                    if parsed.replica_timeout.is_zero() {
-                        return Err(bad("replica_timeout must be greater than zero (WAIT 0 waits forever)".into()));
-                    }
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown key {key:?} (known: lease (or session_timeout, ttl), connect_timeout, layout, replicas, replica_timeout, sentinel_user, sentinel_password, cacert, cert, key)"
-                    )))
-                }
-            }
+        let lease = humantime::format_duration(parsed.lease);
+        if parsed.lease < Duration::from_millis(100) {
+            return Err(bad(format!("{}={lease} is too short (at least 100ms)", common.lease_key)));
+        }
+        if parsed.lease > MAX_LEASE {
+            return Err(bad(format!("{}={lease} is too long (at most 30 days)", common.lease_key)));
+        }
+        if parsed.connect_timeout.is_zero() {
+            return Err(bad("connect_timeout must be greater than zero".into()));
+        }
+        for pair in own {
+            parsed.take(pair).map_err(bad)?;
         }
         parsed.tls_files.check().map_err(bad)?;
         let request_bound = (parsed.lease / 6).min(parsed.connect_timeout);
@@ -324,6 +288,38 @@ impl RedisUrl {
             )));
         }
         Ok(parsed)
+    }
+
+    /// Takes one of the URL's own keys (see [`QUERY`]).
+    fn take(&mut self, pair: crate::options::Pair<'_>) -> std::result::Result<(), String> {
+        let (key, value) = (pair.key, pair.value);
+        match pair.name {
+            "layout" => self.layout = value.parse().map_err(|e: Error| e.to_string())?,
+            "replicas" if self.cluster.is_some() => {
+                return Err("replicas: WAIT after acquire is not supported on a cluster yet".into())
+            }
+            "replicas" => {
+                self.replicas = value.parse().map_err(|_| format!("replicas: {value:?} is not a number of replicas"))?
+            }
+            "sentinel_user" | "sentinel_password" => {
+                let Some(sentinel) = self.sentinel.as_mut() else {
+                    return Err(format!("{key} is for redis+sentinel:// URLs"));
+                };
+                let value = crate::options::percent_decode(value).map_err(|e| format!("{key}: {e}"))?;
+                if key == "sentinel_user" {
+                    sentinel.username = Some(value);
+                } else {
+                    sentinel.password = Some(value);
+                }
+            }
+            _ => {
+                self.replica_timeout = pair.duration()?;
+                if self.replica_timeout.is_zero() {
+                    return Err("replica_timeout must be greater than zero (WAIT 0 waits forever)".into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The connection URL for the redis crate (credentials included), for `host:port`.
@@ -410,6 +406,20 @@ impl std::fmt::Debug for RedisUrl {
             .finish()
     }
 }
+
+/// The keys of a `redis://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[
+        crate::options::Key::new("layout", "redisson|simple"),
+        crate::options::Key::new("replicas", ""),
+        crate::options::Key::new("replica_timeout", ""),
+        crate::options::Key::new("sentinel_user", ""),
+        crate::options::Key::new("sentinel_password", ""),
+    ],
+    tls: crate::options::TlsKeys::Files(&[]),
+    pairs_need_values: true,
+};
 
 #[cfg(test)]
 mod tests {

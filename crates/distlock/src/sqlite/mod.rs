@@ -211,7 +211,13 @@ impl Client {
     /// Opens (creating if missing, unless the URL says `setup=no`) the database named by a
     /// `sqlite://` URL (see [`SqliteUrl`]) and creates the lease table if missing.
     pub async fn connect(url: &str) -> Result<Client> {
-        Client::connect_url(SqliteUrl::parse(url)?).await
+        Self::connect_common(url, &Default::default()).await
+    }
+
+    /// As [`connect`](Self::connect), with `over`'s values (from [`crate::ConnectOptions`]) in
+    /// place of the URL's.
+    pub(crate) async fn connect_common(url: &str, over: &crate::options::Common) -> Result<Client> {
+        Client::connect_url(SqliteUrl::parse_with(url, over)?).await
     }
 
     /// Opens with a parsed URL.

@@ -54,6 +54,12 @@ impl std::fmt::Display for SqliteUrl {
 impl SqliteUrl {
     /// Parses a `sqlite://` (or `sqlite:`) URL.
     pub fn parse(url: &str) -> Result<SqliteUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<SqliteUrl> {
         let bad = |reason: String| Error::InvalidUrl { url: url.to_string(), reason };
         let rest = url
             .strip_prefix("sqlite://")
@@ -66,30 +72,20 @@ impl SqliteUrl {
                     .into(),
             ));
         }
+        let (common, own) = QUERY.parse(query).map_err(&bad)?;
+        let common = common.overridden(over);
         let mut out = SqliteUrl {
             path: PathBuf::from(path),
-            lease: DEFAULT_LEASE,
+            lease: common.lease.unwrap_or(DEFAULT_LEASE),
             table: "distlock_leases".into(),
             busy_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            setup: true,
+            connect_timeout: common.connect_timeout.unwrap_or(Duration::from_secs(5)),
+            setup: common.setup.unwrap_or(true),
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match crate::options::canonical_key(k) {
-                "lease" => out.lease = crate::duration::url_duration(k, v)?,
-                "busy_timeout" => out.busy_timeout = crate::duration::url_duration(k, v)?,
-                "connect_timeout" => out.connect_timeout = crate::duration::url_duration(k, v)?,
-                "table" => out.table = v.to_string(),
-                "setup" => out.setup = crate::options::parse_setup(v).map_err(&bad)?,
-                "cacert" | "cert" | "key" => {
-                    return Err(bad(format!("{k}: a SQLite database is a local file, reached without TLS")))
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "unknown URL key {k:?} (known: lease (or session_timeout, ttl), table, busy_timeout, connect_timeout, setup)"
-                    )))
-                }
+        for pair in own {
+            match pair.name {
+                "table" => out.table = pair.value.to_string(),
+                _ => out.busy_timeout = pair.duration().map_err(&bad)?,
             }
         }
         if out.connect_timeout.is_zero() {
@@ -113,6 +109,14 @@ impl SqliteUrl {
         format!("+{}.{:03} seconds", self.lease.as_secs(), self.lease.subsec_millis())
     }
 }
+
+/// The keys of a `sqlite://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[crate::options::Key::new("table", ""), crate::options::Key::new("busy_timeout", "")],
+    tls: crate::options::TlsKeys::Refused("a SQLite database is a local file, reached without TLS"),
+    pairs_need_values: false,
+};
 
 #[cfg(test)]
 mod tests {

@@ -10,9 +10,9 @@ use tokio::sync::watch;
 
 /// Connects; a ZooKeeper that is not there at all (every address refuses) is reported at once
 /// rather than after the connect timeout.
-pub(crate) fn connect(url: &str) -> BoxFuture<'_, Result<crate::Client>> {
+pub(crate) fn connect<'a>(url: &'a str, over: &'a crate::options::Common) -> BoxFuture<'a, Result<crate::Client>> {
     Box::pin(async move {
-        let parsed = ZkUrl::parse(url)?;
+        let parsed = ZkUrl::parse_with(url, over)?;
         let client = tokio::select! {
             client = Client::connect_url(parsed.clone()) => client?,
             why = nobody_listens(&parsed) => {

@@ -145,6 +145,12 @@ impl ZkUrl {
 
     /// Parses a `zk://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<ZkUrl> {
+        Self::parse_with(url, &Default::default())
+    }
+
+    /// As [`parse`](Self::parse), with `over`'s values (from [`crate::ConnectOptions`]) in place of
+    /// the URL's.
+    pub(crate) fn parse_with(url: &str, over: &crate::options::Common) -> Result<ZkUrl> {
         let bad = |reason: &str| Error::InvalidUrl { url: crate::redact_url(url), reason: reason.to_string() };
         let (tls, rest) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
             (Some(rest), _) => (false, rest),
@@ -200,87 +206,30 @@ impl ZkUrl {
                 Some(c.to_string())
             }
         };
-        let mut session_timeout = DEFAULT_SESSION_TIMEOUT;
-        let mut lease_given = false;
-        let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
-        let mut lease_margin = None;
-        let mut election = ElectionLayout::default();
-        let mut tls_files = crate::tls::TlsFiles::default();
-        let mut sasl = None;
-        let mut acl = AclMode::default();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').ok_or_else(|| bad(&format!("query {pair:?} is not key=value")))?;
-            if tls_files.take(key, value, &[]).map_err(|e| bad(&e))? {
-                if !tls {
-                    return Err(bad(&format!(
-                        "{key} is a TLS file: write zks:// to connect to the secure client port"
-                    )));
-                }
-                continue;
-            }
-            if key == "acl" {
-                acl = match value {
-                    "open" => AclMode::Open,
-                    "creator" => AclMode::Creator,
-                    other => {
-                        return Err(bad(&format!(
-                            "acl: unknown ACL {other:?} (open: anyone may do anything; creator: only this login may change, anyone may read)"
-                        )))
-                    }
-                };
-                continue;
-            }
-            if key == "auth" {
-                sasl = Some(match value {
-                    "digest" => false,
-                    "sasl" => true,
-                    other => {
-                        return Err(bad(&format!(
-                            "auth: unknown login {other:?} (digest for addauth digest, sasl for SASL DIGEST-MD5)"
-                        )))
-                    }
-                });
-                continue;
-            }
-            if key == "election" {
-                election = match value {
-                    "latch" => ElectionLayout::Latch,
-                    "selector" => ElectionLayout::Selector,
-                    other => {
-                        return Err(bad(&format!(
-                            "election: unknown layout {other:?} (latch for Curator's LeaderLatch, selector for its LeaderSelector)"
-                        )))
-                    }
-                };
-                continue;
-            }
-            if key == "setup" {
-                // Connecting makes nothing on ZooKeeper: a lock's parents are made with the lock.
-                crate::options::parse_setup(value).map_err(|e| bad(&e))?;
-                continue;
-            }
-            if !["lease", "connect_timeout", "lease_margin"].contains(&crate::options::canonical_key(key)) {
-                return Err(bad(&format!(
-                    "unknown option {key:?} (known: lease or its aliases session_timeout and ttl, connect_timeout, lease_margin, election, auth, acl, setup, cacert, cert, key)"
-                )));
-            }
-            let d = crate::parse_duration(value).map_err(|e| bad(&format!("{key}: {e}")))?;
-            let slot = match crate::options::canonical_key(key) {
-                "lease" => {
-                    lease_given = true;
-                    &mut session_timeout
-                }
-                "connect_timeout" => &mut connect_timeout,
-                "lease_margin" => {
-                    lease_margin = Some(d);
-                    continue;
-                }
-                _ => &mut connect_timeout,
-            };
-            if d.is_zero() {
+        // setup is taken and means nothing here: connecting makes nothing on ZooKeeper (a
+        // lock's parents are made with the lock).
+        let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(|e| bad(&e))?;
+        let common = common.overridden(over);
+        if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
+            return Err(bad(&format!("{k} is a TLS file: write zks:// to connect to the secure client port")));
+        }
+        for (key, d) in [(common.lease_key, common.lease), ("connect_timeout", common.connect_timeout)] {
+            if d.is_some_and(|d| d.is_zero()) {
                 return Err(bad(&format!("{key} must be greater than zero")));
             }
-            *slot = d;
+        }
+        let session_timeout = common.lease.unwrap_or(DEFAULT_SESSION_TIMEOUT);
+        let connect_timeout = common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let (tls_files, lease_given) = (common.tls_files, common.lease.is_some());
+        let (mut lease_margin, mut election, mut sasl, mut acl) =
+            (None, ElectionLayout::default(), None, AclMode::default());
+        for pair in own {
+            match pair.name {
+                "lease_margin" => lease_margin = Some(pair.duration().map_err(|e| bad(&e))?),
+                "acl" => acl = acl_of(pair.value).map_err(|e| bad(&e))?,
+                "auth" => sasl = Some(sasl_of(pair.value).map_err(|e| bad(&e))?),
+                _ => election = election_of(pair.value).map_err(|e| bad(&e))?,
+            }
         }
         if let Some(m) = lease_margin {
             if m >= session_timeout {
@@ -378,6 +327,50 @@ pub(crate) fn lock_path(path: &str) -> Result<String> {
     Ok(path.to_string())
 }
 
+/// The keys of a `zk://` URL's query beside the common ones.
+const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
+    lease_name: "lease",
+    keys: &[
+        crate::options::Key::new("lease_margin", ""),
+        crate::options::Key::new("election", "latch|selector"),
+        crate::options::Key::new("auth", "digest|sasl"),
+        crate::options::Key::new("acl", "open|creator"),
+    ],
+    tls: crate::options::TlsKeys::Files(&[]),
+    pairs_need_values: true,
+};
+
+/// The `acl` value.
+fn acl_of(value: &str) -> std::result::Result<AclMode, String> {
+    match value {
+        "open" => Ok(AclMode::Open),
+        "creator" => Ok(AclMode::Creator),
+        other => Err(format!(
+            "acl: unknown ACL {other:?} (open: anyone may do anything; creator: only this login may change, anyone may read)"
+        )),
+    }
+}
+
+/// The `auth` value: whether the login is SASL.
+fn sasl_of(value: &str) -> std::result::Result<bool, String> {
+    match value {
+        "digest" => Ok(false),
+        "sasl" => Ok(true),
+        other => Err(format!("auth: unknown login {other:?} (digest for addauth digest, sasl for SASL DIGEST-MD5)")),
+    }
+}
+
+/// The `election` value.
+fn election_of(value: &str) -> std::result::Result<ElectionLayout, String> {
+    match value {
+        "latch" => Ok(ElectionLayout::Latch),
+        "selector" => Ok(ElectionLayout::Selector),
+        other => Err(format!(
+            "election: unknown layout {other:?} (latch for Curator's LeaderLatch, selector for its LeaderSelector)"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,7 +395,7 @@ mod tests {
                 ("zk://a:1/x/", "end with"),
                 ("zk://a:1?session_timeout=ten", "session_timeout"),
                 ("zk://a:1?session_timeout=0s", "greater than zero"),
-                ("zk://a:1?colour=red", "unknown option"),
+                ("zk://a:1?colour=red", "unknown URL key"),
                 ("zk://a:1?cacert=/ca.pem", "zks://"),
                 ("zks://a:1?cert=/c.pem", "key"),
                 ("zk://u@a:1", "password"),
