@@ -373,6 +373,7 @@ impl Leadership {
 ///     match changes.next().await? {
 ///         distlock::election::Change::Leader(l) => println!("leader {} (epoch {})", l.value, l.epoch),
 ///         distlock::election::Change::NoLeader => println!("no leader"),
+///         _ => {} // a change of a kind added later
 ///     }
 /// }
 /// # }

@@ -42,7 +42,6 @@ pub struct LockView {
 /// assert!(s.granted);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
 pub struct Session {
     /// The backend's process id (`pg_terminate_backend(pid)` ends it and frees its locks).
     pub pid: i32,

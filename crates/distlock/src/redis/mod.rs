@@ -947,7 +947,6 @@ pub struct LockView {
 /// assert_eq!(h.count, 2);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
 pub struct Holder {
     /// The hash field (`<client uuid>:<thread or handle id>`) or the string value.
     pub id: String,

@@ -21,7 +21,6 @@ use zookeeper_client as zk;
 /// assert!(c.holds);
 /// ```
 #[derive(Debug, Clone, Serialize)]
-#[non_exhaustive]
 pub struct Contender {
     /// Child name (for a semaphore: `leases/<name>` or `locks/<name>`).
     pub node: String,
@@ -54,7 +53,6 @@ pub struct Contender {
 /// assert!(v.holder().is_none());
 /// ```
 #[derive(Debug, Clone, Serialize)]
-#[non_exhaustive]
 pub struct LockView {
     /// The lock path.
     pub path: String,

@@ -593,7 +593,6 @@ pub struct Metrics {
 /// assert_eq!((a - b).round_trips, 2);
 /// ```
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Requests sent.
     pub requests: u64,
