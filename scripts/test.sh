@@ -17,6 +17,7 @@
 #                                         (the matrix runs on ZooKeeper in each server pass, and
 #                                         once on Redis, PostgreSQL, MariaDB, etcd and SQLite)
 #   scripts/test.sh -- ARGS               extra arguments for `cargo test` (e.g. a name filter)
+#   scripts/test.sh --matrices            only the fault matrices (every server's, at once)
 #   scripts/test.sh --stress [-- ARGS]    the same with CPU hogs beside the tests (one busy loop
 #                                         per core, DISTLOCK_STRESS_HOGS=N for another count),
 #                                         then scripts/demo.sh 20 times with the hogs
@@ -35,7 +36,9 @@ servers=${DISTLOCK_TEST_SERVER:-both}
 [[ "$servers" == both || "$servers" == all ]] && servers="zookeeper embedded ensemble"
 extra=()
 stress=
+only_matrices=
 if [[ "${1:-}" == "--stress" ]]; then stress=1; shift; fi
+if [[ "${1:-}" == "--matrices" ]]; then only_matrices=1; shift; fi
 if [[ "${1:-}" == "--" ]]; then shift; extra=("$@"); fi
 if [[ $# -gt 0 && ${#extra[@]} -eq 0 ]]; then
     echo "test.sh: unexpected argument '$1' (use --stress, or -- before cargo test's arguments)" >&2
@@ -101,6 +104,11 @@ scripts/etcd.sh stop .tmp/test-etcd 2>/dev/null || true
 rm -rf .tmp/test-etcd; mkdir -p .tmp/test-etcd
 DISTLOCK_TEST_ETCD=$(scripts/etcd.sh start .tmp/test-etcd)
 export DISTLOCK_TEST_ETCD DISTLOCK_TEST_ETCD_DIR="$PWD/.tmp/test-etcd"
+# The fault matrices restart their servers, so nothing else may use those while they run; each
+# matrix has a server of its own (Apache ZooKeeper, the embedded one, the ensemble, one each for
+# the other backends), so after the passes below they all run at once (mostly waiting on leases).
+# Each pass records its matrix here: a name, then the environment it runs with.
+matrices=()
 for server in $servers; do
     dir=.tmp/test-$server
     rm -rf "$dir"; mkdir -p "$dir"
@@ -116,31 +124,37 @@ for server in $servers; do
         ensemble)
             started+=("$server")
             scripts/zk-ensemble.sh start "$dir" > /dev/null
-            say "=== 3-node ensemble $(cat "$dir/ensemble.addr") ==="
-            # (exported: the later TLS matrix names its backend by the ZooKeeper variable too)
-            export DISTLOCK_TEST_ZK="$(cat "$dir/1/client.addr")"
-            DISTLOCK_TEST_ENSEMBLE_DIR="$PWD/$dir" cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix_ensemble
+            say "=== 3-node ensemble $(cat "$dir/ensemble.addr") (its matrix runs with the others) ==="
+            if [[ ${#extra[@]} -eq 0 ]]; then
+                matrices+=("ensemble DISTLOCK_TEST_ZK=$(cat "$dir/1/client.addr") DISTLOCK_TEST_ENSEMBLE_DIR=$PWD/$dir -- --exact fault_matrix::matrix_ensemble")
+            fi
             continue ;;
         *) echo "test.sh: unknown server $server (zookeeper, embedded, ensemble)" >&2; exit 2 ;;
     esac
     started+=("$server")
     export DISTLOCK_TEST_ZK="$addr"
     say "=== $server at $addr ==="
-    if [[ -z "${full_pass_done:-}" || ${#extra[@]} -gt 0 ]]; then
+    if [[ -n "$only_matrices" ]]; then
+        :
+    elif [[ -z "${full_pass_done:-}" || ${#extra[@]} -gt 0 ]]; then
         cargo test "${ws[@]}" "${extra[@]}"
         full_pass_done=1
     else
-        # A second ZooKeeper server: the tests that talk ZooKeeper (and those that run one
-        # scenario on every backend); the other backends' own tests, the unit and doc tests ran
-        # in the first pass and do not depend on the ZooKeeper server.
+        # A second ZooKeeper server: the tests that talk ZooKeeper; the other backends' tests
+        # (their own modules, and their variants of the scenarios run on every backend:
+        # `conformance::x::redis`, …), the unit and doc tests ran in the first pass and do not
+        # depend on the ZooKeeper server; so did `bench_serve::`, which starts servers of its own.
         # (The library's and the CLI's binaries are both `main`: the filters name modules of each.)
         cargo test "${ws[@]}" --test main -- conformance:: curator:: election:: faults:: observe:: \
-            recipes:: wire:: zookeeper:: schedule:: cli:: bench_serve:: top:: options:: prometheus::
+            recipes:: wire:: zookeeper:: schedule:: cli:: top:: options:: prometheus:: \
+            --skip ::redis --skip ::postgres --skip ::mysql --skip ::etcd --skip ::sqlite --skip ::memory
         cargo test "${ws[@]}" --test bench -- bench_leaves_nothing_on_the_server bench_handover
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
-        # The fault matrix on this server, alone: its restart cells kill and restart the server.
-        cargo test "${ws[@]}" --test main -- --nocapture --ignored --exact fault_matrix::matrix::zookeeper
+        # This server's fault matrix runs with the others, after every pass.
+        # (Apache ZooKeeper's adds the restart cells: its directory.)
+        matrices+=("$server DISTLOCK_TEST_ZK=$addr ${DISTLOCK_TEST_ZK_DIR:+DISTLOCK_TEST_ZK_DIR=$DISTLOCK_TEST_ZK_DIR} -- --exact fault_matrix::matrix::zookeeper")
+        [[ -n "$only_matrices" ]] && continue
         "$target/debug/examples/order_numbers" "zk://$addr"
         "$target/debug/examples/takeover" "zk://$addr"
         tests/compat/zkcli.sh "$addr"
@@ -151,13 +165,53 @@ if [[ ${#extra[@]} -eq 0 ]]; then
     # The same fault matrix on the other five backends, once (their servers were started above;
     # the restart cells kill and restart them, so nothing else runs meanwhile).
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
-    say "=== fault matrix on Redis, PostgreSQL, MariaDB, etcd, SQLite and memory://, and over TLS ==="
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    cargo test "${ws[@]}" --test main -- --nocapture --test-threads=10 --ignored \
-        fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper
+    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
+    say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, PostgreSQL, MariaDB, etcd, SQLite, memory:// and TLS) ==="
+    # The library's test binary, run directly: concurrent `cargo test`s would wait on each other's
+    # lock on the build directory. It runs where cargo would run it, the crate's directory.
+    bin=$(cargo test "${ws[@]}" --test main --no-run --message-format=json 2> /dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "main" and m.get("executable") \
+            and "/crates/distlock/" in m["target"]["src_path"]:
+        print(m["executable"])')
+    [[ -x "$bin" ]] || { echo "test.sh: the library's test binary was not found" >&2; exit 1; }
+    pids=()
+    logs=()
+    for m in "${matrices[@]}"; do
+        read -r -a words <<< "$m"
+        name=${words[0]}
+        envs=()
+        i=1
+        while [[ "${words[$i]}" != "--" ]]; do envs+=("${words[$i]}"); i=$((i + 1)); done
+        args=("${words[@]:$((i + 1))}")
+        log="$run_tmp/matrix-$name.log"
+        logs+=("$name:$log")
+        # A server's name in its table (the ensemble's test names its own).
+        case "$name" in
+            zookeeper) envs+=("DISTLOCK_TEST_SERVER_NAME=Apache ZooKeeper 3.8 (single server)") ;;
+            embedded) envs+=("DISTLOCK_TEST_SERVER_NAME=distlock serve (embedded)") ;;
+        esac
+        (cd crates/distlock && env "${envs[@]}" "$bin" --nocapture --ignored "${args[@]}") > "$log" 2>&1 &
+        pids+=($!)
+    done
+    failed=()
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || failed+=("${logs[$i]%%:*}")
+    done
+    for entry in "${logs[@]}"; do
+        say "--- fault matrix: ${entry%%:*} ---"
+        cat "${entry#*:}"
+    done
+    if [[ ${#failed[@]} -gt 0 ]]; then
+        echo "test.sh: the fault matrix failed on: ${failed[*]} (their output is above)" >&2
+        exit 1
+    fi
     # The optimistic (version column) update on PostgreSQL; it asserts its own outcome.
-    "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
+    [[ -n "$only_matrices" ]] || "$target/debug/examples/optimistic_account" "$DISTLOCK_TEST_POSTGRES"
 fi
 if [[ -n "$stress" ]]; then
     demos=${DISTLOCK_STRESS_DEMOS:-20}
