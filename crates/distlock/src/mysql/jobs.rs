@@ -6,7 +6,7 @@
 
 use super::{backend, Client, Conn};
 use crate::contract::BoxFuture;
-use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Transaction};
+use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::Result;
 use sqlx::mysql::{MySql, MySqlArguments, MySqlTransactionManager};
 use sqlx::{Row, TransactionManager};
@@ -74,9 +74,9 @@ impl crate::sql::Dialect for Dialect {
     }
 }
 
-/// `sql` with `params` bound.
-fn bound<'q>(sql: &'q str, params: &'q [Param<'q>]) -> sqlx::query::Query<'q, MySql, MySqlArguments> {
-    params.iter().fold(sqlx::query(sql), |q, p| match p {
+/// A statement with its parameters bound.
+fn bound(s: Statement<'_>) -> sqlx::query::Query<'_, MySql, MySqlArguments> {
+    s.params.iter().fold(sqlx::query(s.sql), |q, p| match p {
         Param::Int(n) => q.bind(*n),
         Param::Text(s) => q.bind(s.as_ref()),
     })
@@ -101,30 +101,25 @@ impl Client {
 
 impl Executor for Client {
     type Dialect = Dialect;
-    type Tx = Tx;
+    /// Dropped unfinished, the connection is dropped, not put back: the open transaction dies
+    /// with it.
+    type Tx = Conn;
 
-    fn row<'a>(
-        &'a self,
-        op: &'static str,
-        name: &'a str,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-        columns: &'a [Column],
-    ) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
-            let mut conn = self.sql_conn(op, name).await?;
-            let row = bound(sql, params).fetch_optional(&mut conn.conn).await.map_err(|e| backend(op, name, e))?;
+            let mut conn = self.sql_conn(s.op, s.name).await?;
+            let row = bound(s).fetch_optional(&mut conn.conn).await.map_err(|e| backend(s.op, s.name, e))?;
             self.put_back(conn);
-            let Some(row) = row else { return Ok(None) };
-            let cell = |(i, column): (usize, &Column)| match column {
-                Column::Int => row.try_get::<Option<i64>, _>(i).map(|v| v.map_or(Cell::Null, Cell::Int)),
-                // Text and bytes alike (a compared value is cast to bytes).
-                Column::Text => row
-                    .try_get::<Option<Vec<u8>>, _>(i)
-                    .map(|v| v.map_or(Cell::Null, |b| Cell::Text(String::from_utf8_lossy(&b).into_owned()))),
+            let read = |row: &sqlx::mysql::MySqlRow| {
+                crate::sql::cells(columns, |i, column| match column {
+                    Column::Int => row.try_get::<Option<i64>, _>(i).map(Cell::from),
+                    // Text and bytes alike (a compared value is cast to bytes).
+                    Column::Text => row
+                        .try_get::<Option<Vec<u8>>, _>(i)
+                        .map(|v| Cell::from(v.map(|b| String::from_utf8_lossy(&b).into_owned()))),
+                })
             };
-            let cells = columns.iter().enumerate().map(cell).collect::<sqlx::Result<_>>();
-            Ok(Some(cells.map_err(|e| backend(op, name, e))?))
+            row.as_ref().map(read).transpose().map_err(|e| backend(s.op, s.name, e))
         })
     }
 
@@ -137,43 +132,31 @@ impl Executor for Client {
         })
     }
 
-    fn begin<'a>(&'a self, op: &'static str, name: &'a str, begin: &'static str) -> BoxFuture<'a, Result<Tx>> {
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Conn>> {
         Box::pin(async move {
-            let mut conn = self.sql_conn(op, name).await?;
-            MySqlTransactionManager::begin(&mut conn.conn, Some(begin.into()))
-                .await
-                .map_err(|e| backend(op, name, e))?;
-            Ok(Tx { client: self.clone(), conn, op, name: name.to_string() })
-        })
-    }
-}
-
-/// A transaction on a connection of the client's. Dropped unfinished, the connection is
-/// dropped, not put back: the open transaction dies with it.
-pub(crate) struct Tx {
-    client: Client,
-    conn: Conn,
-    op: &'static str,
-    name: String,
-}
-
-impl Transaction for Tx {
-    fn execute<'a>(&'a mut self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
-            let done = bound(sql, params).execute(&mut self.conn.conn).await;
-            Ok(done.map_err(|e| backend(self.op, &self.name, e))?.rows_affected())
+            let mut conn = self.sql_conn(s.op, s.name).await?;
+            let begin = Some(s.sql.to_string().into());
+            MySqlTransactionManager::begin(&mut conn.conn, begin).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(conn)
         })
     }
 
-    fn finish(mut self, commit: bool) -> BoxFuture<'static, Result<()>> {
+    fn execute<'a>(&'a self, tx: &'a mut Conn, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let done = bound(s).execute(&mut tx.conn).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn finish<'a>(&'a self, mut tx: Conn, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let end = if commit {
-                MySqlTransactionManager::commit(&mut self.conn.conn).await
+                MySqlTransactionManager::commit(&mut tx.conn).await
             } else {
-                MySqlTransactionManager::rollback(&mut self.conn.conn).await
+                MySqlTransactionManager::rollback(&mut tx.conn).await
             };
-            end.map_err(|e| backend(self.op, &self.name, e))?;
-            self.client.put_back(self.conn);
+            end.map_err(|e| backend(op, name, e))?;
+            self.put_back(tx);
             Ok(())
         })
     }

@@ -5,7 +5,7 @@
 
 use super::{backend, Client, Conn};
 use crate::contract::BoxFuture;
-use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Transaction};
+use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::{Error, Result};
 
 /// PostgreSQL's SQL.
@@ -67,27 +67,22 @@ fn values<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn tokio_postgres::types::To
 
 impl Executor for Client {
     type Dialect = Dialect;
-    type Tx = Tx;
+    /// Dropped unfinished, the connection is dropped, not put back: the open transaction dies
+    /// with it.
+    type Tx = Conn;
 
-    fn row<'a>(
-        &'a self,
-        op: &'static str,
-        name: &'a str,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-        columns: &'a [Column],
-    ) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
             let conn = self.checkout().await?;
-            let row = conn.client.query_opt(sql, &values(params)).await.map_err(|e| backend(op, name, e))?;
+            let row = conn.client.query_opt(s.sql, &values(s.params)).await.map_err(|e| backend(s.op, s.name, e))?;
             self.put_back(conn);
-            let Some(row) = row else { return Ok(None) };
-            let cell = |(i, column): (usize, &Column)| match column {
-                Column::Int => row.try_get::<_, Option<i64>>(i).map(|v| v.map_or(Cell::Null, Cell::Int)),
-                Column::Text => row.try_get::<_, Option<String>>(i).map(|v| v.map_or(Cell::Null, Cell::Text)),
+            let read = |row: &tokio_postgres::Row| {
+                crate::sql::cells(columns, |i, column| match column {
+                    Column::Int => row.try_get::<_, Option<i64>>(i).map(Cell::from),
+                    Column::Text => row.try_get::<_, Option<String>>(i).map(Cell::from),
+                })
             };
-            let cells = columns.iter().enumerate().map(cell).collect::<std::result::Result<_, _>>();
-            Ok(Some(cells.map_err(|e| backend(op, name, e))?))
+            row.as_ref().map(read).transpose().map_err(|e| backend(s.op, s.name, e))
         })
     }
 
@@ -104,36 +99,23 @@ impl Executor for Client {
         })
     }
 
-    fn begin<'a>(&'a self, op: &'static str, name: &'a str, begin: &'static str) -> BoxFuture<'a, Result<Tx>> {
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Conn>> {
         Box::pin(async move {
             let conn = self.checkout().await?;
-            conn.client.batch_execute(begin).await.map_err(|e| backend(op, name, e))?;
-            Ok(Tx { client: self.clone(), conn, op, name: name.to_string() })
-        })
-    }
-}
-
-/// A transaction on a connection of the client's. Dropped unfinished, the connection is
-/// dropped, not put back: the open transaction dies with it.
-pub(crate) struct Tx {
-    client: Client,
-    conn: Conn,
-    op: &'static str,
-    name: String,
-}
-
-impl Transaction for Tx {
-    fn execute<'a>(&'a mut self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
-            self.conn.client.execute(sql, &values(params)).await.map_err(|e| backend(self.op, &self.name, e))
+            conn.client.batch_execute(s.sql).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(conn)
         })
     }
 
-    fn finish(self, commit: bool) -> BoxFuture<'static, Result<()>> {
+    fn execute<'a>(&'a self, tx: &'a mut Conn, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move { tx.client.execute(s.sql, &values(s.params)).await.map_err(|e| backend(s.op, s.name, e)) })
+    }
+
+    fn finish<'a>(&'a self, tx: Conn, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let end = if commit { "COMMIT" } else { "ROLLBACK" };
-            self.conn.client.batch_execute(end).await.map_err(|e| backend(self.op, &self.name, e))?;
-            self.client.put_back(self.conn);
+            tx.client.batch_execute(end).await.map_err(|e| backend(op, name, e))?;
+            self.put_back(tx);
             Ok(())
         })
     }

@@ -10,7 +10,7 @@
 //! name is taken) where the read saw no row, else an update of the row as read (the lock row by
 //! its values as text, the record by its text). If one changes no row, nothing is written.
 
-use super::{render, Cell, Column, Dialect, Executor, Now, Param, Transaction};
+use super::{render, Cell, Column, Dialect, Executor, Now, Param, Statement};
 use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
 use crate::schedule::Run;
 use crate::{Error, Result};
@@ -40,7 +40,8 @@ impl<E: Executor + std::fmt::Debug> Jobs<E> {
                     [("shedlock", E::Dialect::CREATE_SHEDLOCK), ("distlock_job_runs", E::Dialect::CREATE_RUNS)];
                 super::create(&self.exec, &tables).await?;
                 let Some(sql) = E::Dialect::LOCK_UNTIL_TYPE else { return Ok(()) };
-                let row = self.exec.row("create", "shedlock", sql, &[], &[Column::Text, Column::Int]).await?;
+                let s = Statement { op: "create", name: "shedlock", sql, params: &[] };
+                let row = self.exec.row(s, &[Column::Text, Column::Int]).await?;
                 match row.as_deref() {
                     Some([Cell::Text(kind), precision]) => E::Dialect::check_lock_until(kind, precision.int()),
                     _ => Ok(()),
@@ -51,9 +52,9 @@ impl<E: Executor + std::fmt::Debug> Jobs<E> {
     }
 
     /// Runs one statement of a write: whether it changed the row.
-    async fn changed(tx: &mut E::Tx, sql: &str, params: &[Param<'_>]) -> Result<bool> {
+    async fn changed(&self, tx: &mut E::Tx, job: &str, sql: &str, params: &[Param<'_>]) -> Result<bool> {
         let (sql, params) = render(E::Dialect::PLACEHOLDERS, sql, params);
-        Ok(tx.execute(&sql, &params).await? == 1)
+        Ok(self.exec.execute(tx, Statement { op: "write job", name: job, sql: &sql, params: &params }).await? == 1)
     }
 
     /// The lock row's statement of a write of `l`, with its parameters.
@@ -122,7 +123,8 @@ impl<E: Executor + std::fmt::Debug> JobStore for Jobs<E> {
             let (sql, params) = render(E::Dialect::PLACEHOLDERS, &sql, &params);
             let time = E::Dialect::TIME;
             let columns = [Column::Int, time, time, Column::Text, Column::Text, Column::Text];
-            let row = self.exec.row("read job", job, &sql, &params, &columns).await?;
+            let row =
+                self.exec.row(Statement { op: "read job", name: job, sql: &sql, params: &params }, &columns).await?;
             let Some([now, until, at, by, lock_text, record]) = row.and_then(|r| <[Cell; 6]>::try_from(r).ok()) else {
                 return Err(Error::Backend {
                     op: "read job",
@@ -156,17 +158,18 @@ impl<E: Executor + std::fmt::Debug> JobStore for Jobs<E> {
             self.created().await?;
             let record = run.stored();
             // Dropped unfinished (a statement failed), the transaction is rolled back.
-            let mut tx = self.exec.begin("write job", job, E::Dialect::BEGIN).await?;
+            let begin = Statement { op: "write job", name: job, sql: E::Dialect::BEGIN, params: &[] };
+            let mut tx = self.exec.begin(begin).await?;
             let mut ok = true;
             if let Some(l) = lock {
                 let (sql, params) = Self::lock_statement(job, seen.lock.as_deref(), l);
-                ok = Self::changed(&mut tx, &sql, &params).await?;
+                ok = self.changed(&mut tx, job, &sql, &params).await?;
             }
             if ok {
                 let (sql, params) = Self::run_statement(job, seen.run.as_deref(), run.token, &record);
-                ok = Self::changed(&mut tx, &sql, &params).await?;
+                ok = self.changed(&mut tx, job, &sql, &params).await?;
             }
-            tx.finish(ok).await?;
+            self.exec.finish(tx, ok, "write job", job).await?;
             Ok(ok)
         })
     }

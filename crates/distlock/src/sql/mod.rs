@@ -54,6 +54,18 @@ pub(crate) enum Cell {
     Text(String),
 }
 
+impl From<Option<i64>> for Cell {
+    fn from(v: Option<i64>) -> Cell {
+        v.map_or(Cell::Null, Cell::Int)
+    }
+}
+
+impl From<Option<String>> for Cell {
+    fn from(v: Option<String>) -> Cell {
+        v.map_or(Cell::Null, Cell::Text)
+    }
+}
+
 impl Cell {
     pub(crate) fn int(&self) -> Option<i64> {
         match self {
@@ -171,35 +183,41 @@ pub(crate) fn render<'p>(style: Placeholders, sql: &str, params: &[Param<'p>]) -
     (out, bound)
 }
 
-/// A backend's statements, over its driver. Errors are returned as the crate's, naming `op` and
-/// `name`.
+/// A statement with its parameters (in the dialect's placeholders), and what its errors name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Statement<'a> {
+    pub(crate) op: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) sql: &'a str,
+    pub(crate) params: &'a [Param<'a>],
+}
+
+/// A backend's statements, over its driver. Errors are returned as the crate's, naming the
+/// statement's `op` and `name`.
 pub(crate) trait Executor: Send + Sync + 'static {
     type Dialect: Dialect;
-    type Tx: Transaction;
-    /// The first row of `sql` with `params` (in the dialect's placeholders), its columns decoded
-    /// as `columns` say.
-    fn row<'a>(
-        &'a self,
-        op: &'static str,
-        name: &'a str,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-        columns: &'a [Column],
-    ) -> BoxFuture<'a, Result<Option<Vec<Cell>>>>;
+    /// An open transaction. Dropped unfinished (a statement failed, the future was dropped), it
+    /// is rolled back: its connection is closed, or rolls back before reuse.
+    type Tx: Send + 'static;
+    /// The first row of `s`, its columns decoded as `columns` say.
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>>;
     /// Runs `create`, a `CREATE … IF NOT EXISTS` of `table`; another client making it at the
     /// same moment is no error (the table is there).
     fn create<'a>(&'a self, table: &'a str, create: &'a str) -> BoxFuture<'a, Result<()>>;
-    /// A transaction opened with `begin`.
-    fn begin<'a>(&'a self, op: &'static str, name: &'a str, begin: &'static str) -> BoxFuture<'a, Result<Self::Tx>>;
+    /// A transaction opened by `s` (the dialect's `BEGIN`).
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Self::Tx>>;
+    /// Runs `s` in `tx`: the number of rows it changed.
+    fn execute<'a>(&'a self, tx: &'a mut Self::Tx, s: Statement<'a>) -> BoxFuture<'a, Result<u64>>;
+    /// Commits `tx` (`commit`) or rolls it back; errors name `op` and `name`.
+    fn finish<'a>(&'a self, tx: Self::Tx, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>>;
 }
 
-/// An open transaction of an [`Executor`]. Dropped unfinished (a statement failed, the future
-/// was dropped), it is rolled back: its connection is closed or rolls back before reuse.
-pub(crate) trait Transaction: Send + 'static {
-    /// Runs `sql` with `params`: the number of rows it changed.
-    fn execute<'a>(&'a mut self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<u64>>;
-    /// Commits (`commit`) or rolls back.
-    fn finish(self, commit: bool) -> BoxFuture<'static, Result<()>>;
+/// A row's cells, each read by `read` (its index and how to decode it).
+pub(crate) fn cells<E>(
+    columns: &[Column],
+    read: impl Fn(usize, Column) -> std::result::Result<Cell, E>,
+) -> std::result::Result<Vec<Cell>, E> {
+    columns.iter().enumerate().map(|(i, c)| read(i, *c)).collect()
 }
 
 /// Makes sure of `tables` (each a name and its `CREATE … IF NOT EXISTS`) once for `created`:
@@ -215,7 +233,8 @@ pub(crate) async fn create<E: Executor>(exec: &E, tables: &[(&str, &str)]) -> Re
     for &(table, create) in tables {
         let there = match E::Dialect::exists(table) {
             Some(sql) => {
-                let row = exec.row("create", table, &sql, &[], &[Column::Int]).await?;
+                let row =
+                    exec.row(Statement { op: "create", name: table, sql: &sql, params: &[] }, &[Column::Int]).await?;
                 row.and_then(|r| r.first().and_then(Cell::int)).is_some_and(|n| n != 0)
             }
             None => false,

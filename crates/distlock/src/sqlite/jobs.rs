@@ -13,7 +13,7 @@
 use super::{backend, kernel_now_ms, Client};
 use crate::contract::BoxFuture;
 use crate::schedule::parse_ms;
-use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Transaction};
+use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::Result;
 use sqlx::sqlite::{Sqlite, SqliteArguments};
 use sqlx::Row;
@@ -79,9 +79,9 @@ fn stored_ms(v: &str) -> Option<i64> {
     }
 }
 
-/// `sql` with `params` bound.
-fn bound<'q>(sql: &'q str, params: &'q [Param<'q>]) -> sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>> {
-    params.iter().fold(sqlx::query(sql), |q, p| match p {
+/// A statement with its parameters bound.
+fn bound(s: Statement<'_>) -> sqlx::query::Query<'_, Sqlite, SqliteArguments<'_>> {
+    s.params.iter().fold(sqlx::query(s.sql), |q, p| match p {
         Param::Int(n) => q.bind(*n),
         Param::Text(s) => q.bind(s.as_ref()),
     })
@@ -89,25 +89,19 @@ fn bound<'q>(sql: &'q str, params: &'q [Param<'q>]) -> sqlx::query::Query<'q, Sq
 
 impl Executor for Client {
     type Dialect = Dialect;
-    type Tx = Tx;
+    /// Dropped unfinished, it is rolled back.
+    type Tx = sqlx::Transaction<'static, Sqlite>;
 
-    fn row<'a>(
-        &'a self,
-        op: &'static str,
-        name: &'a str,
-        sql: &'a str,
-        params: &'a [Param<'a>],
-        columns: &'a [Column],
-    ) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
-            let row = bound(sql, params).fetch_optional(self.pool()).await.map_err(|e| backend(op, name, e))?;
-            let Some(row) = row else { return Ok(None) };
-            let cell = |(i, column): (usize, &Column)| match column {
-                Column::Int => row.try_get::<Option<i64>, _>(i).map(|v| v.map_or(Cell::Null, Cell::Int)),
-                Column::Text => row.try_get::<Option<String>, _>(i).map(|v| v.map_or(Cell::Null, Cell::Text)),
+            let row = bound(s).fetch_optional(self.pool()).await.map_err(|e| backend(s.op, s.name, e))?;
+            let read = |row: &sqlx::sqlite::SqliteRow| {
+                crate::sql::cells(columns, |i, column| match column {
+                    Column::Int => row.try_get::<Option<i64>, _>(i).map(Cell::from),
+                    Column::Text => row.try_get::<Option<String>, _>(i).map(Cell::from),
+                })
             };
-            let cells = columns.iter().enumerate().map(cell).collect::<sqlx::Result<_>>();
-            Ok(Some(cells.map_err(|e| backend(op, name, e))?))
+            row.as_ref().map(read).transpose().map_err(|e| backend(s.op, s.name, e))
         })
     }
 
@@ -117,33 +111,22 @@ impl Executor for Client {
         })
     }
 
-    fn begin<'a>(&'a self, op: &'static str, name: &'a str, begin: &'static str) -> BoxFuture<'a, Result<Tx>> {
-        Box::pin(async move {
-            let tx = self.pool().begin_with(begin).await.map_err(|e| backend(op, name, e))?;
-            Ok(Tx { tx, op, name: name.to_string() })
-        })
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Self::Tx>> {
+        let begin = s.sql.to_string();
+        Box::pin(async move { self.pool().begin_with(begin).await.map_err(|e| backend(s.op, s.name, e)) })
     }
-}
 
-/// A transaction on a connection of the pool's; dropped unfinished, it is rolled back.
-pub(crate) struct Tx {
-    tx: sqlx::Transaction<'static, Sqlite>,
-    op: &'static str,
-    name: String,
-}
-
-impl Transaction for Tx {
-    fn execute<'a>(&'a mut self, sql: &'a str, params: &'a [Param<'a>]) -> BoxFuture<'a, Result<u64>> {
+    fn execute<'a>(&'a self, tx: &'a mut Self::Tx, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
-            let done = bound(sql, params).execute(&mut *self.tx).await;
-            Ok(done.map_err(|e| backend(self.op, &self.name, e))?.rows_affected())
+            let done = bound(s).execute(&mut **tx).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(done.rows_affected())
         })
     }
 
-    fn finish(self, commit: bool) -> BoxFuture<'static, Result<()>> {
+    fn finish<'a>(&'a self, tx: Self::Tx, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let end = if commit { self.tx.commit().await } else { self.tx.rollback().await };
-            end.map_err(|e| backend(self.op, &self.name, e))
+            let end = if commit { tx.commit().await } else { tx.rollback().await };
+            end.map_err(|e| backend(op, name, e))
         })
     }
 }
