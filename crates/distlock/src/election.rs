@@ -195,8 +195,8 @@ impl Election {
 }
 
 /// A candidate on a backend whose lock cannot carry the value in its grant (the SQL backends):
-/// the lock, then the value announced through the ballot's `proclaim` with the grant's mark and
-/// token. A grant lost before its announcement is let go and the campaign goes on within its
+/// the lock, then the value announced through the ballot's `announce` (its `proclaim` with the
+/// grant's mark and token, unless the backend announces from the grant itself). A grant lost before its announcement is let go and the campaign goes on within its
 /// wait. Written once; a backend's ballot returns it from `candidate`.
 #[derive(Debug)]
 pub(crate) struct Announcing {
@@ -220,7 +220,7 @@ impl crate::contract::Recipe for Announcing {
             loop {
                 let Some(held) = self.lock.acquire(wait, progress).await? else { return Ok(None) };
                 // Dropped here (the campaign cancelled), the grant is released in the background.
-                match self.ballot.proclaim(held.holder_id(), held.fencing_token(), self.value.clone()).await {
+                match self.ballot.announce(held.as_ref(), self.value.clone()).await {
                     Ok(()) => return Ok(Some(held)),
                     Err(Error::LockLost { .. }) => {
                         drop(held);

@@ -1,7 +1,7 @@
 //! The election's side of the contract: what a backend implements ([`Ballot`]) and the leader it
 //! reads. Everything else about elections is written once, in the `election` module.
 
-use super::{BoxFuture, Recipe};
+use super::{BoxFuture, Held, Recipe};
 use crate::Result;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -52,4 +52,11 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
     /// Replaces the value announced by the leadership held as `holder_id` with `token`; fails
     /// with [`Error::LockLost`] if it is no longer ours.
     fn proclaim(&self, holder_id: String, token: u64, value: Arc<str>) -> BoxFuture<'_, Result<()>>;
+    /// Announces `value` for `held`, a grant of [`Ballot::candidate`]'s lock just had, on a
+    /// backend whose grant cannot carry the value (the `election` module's `Announcing`): by
+    /// default a [`Ballot::proclaim`] with the grant's mark and token. A backend whose
+    /// announcement must come from the grant itself (from its connection) overrides it.
+    fn announce<'a>(&'a self, held: &'a dyn Held, value: Arc<str>) -> BoxFuture<'a, Result<()>> {
+        self.proclaim(held.holder_id(), held.fencing_token(), value)
+    }
 }

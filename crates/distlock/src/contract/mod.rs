@@ -211,8 +211,9 @@ pub(crate) trait Recipe: Debug + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>>;
 }
 
-/// A held lock. Dropping it releases in the background.
-pub(crate) trait Held: Debug + Send + Sync + 'static {
+/// A held lock. Dropping it releases in the background. (`AsAny`: so that a backend's ballot can
+/// reach its own guard behind a grant.)
+pub(crate) trait Held: AsAny + Debug + Send + Sync + 'static {
     /// The lock's name on the server.
     fn name(&self) -> String;
     /// Our mark on the server (node path, hash field, key, holder column).

@@ -38,7 +38,7 @@ impl contract::Backend for Client {
     }
 
     fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
-        Ok(Arc::new(super::jobs::Jobs { client: self.clone(), created: Arc::default() }))
+        Ok(Arc::new(crate::sql::jobs::Jobs::new(self.clone())))
     }
 
     fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {

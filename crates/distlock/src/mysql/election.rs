@@ -29,11 +29,6 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS distlock_leaders (name VARBINAR
      conn BIGINT UNSIGNED NOT NULL, token BIGINT NOT NULL, value MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL) \
      DEFAULT CHARSET = utf8mb4";
 
-/// Whether the table is there (so that a user without the right to create tables can use one
-/// made for it).
-const EXISTS: &str =
-    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'distlock_leaders'";
-
 type Statement<'c, T> = Pin<Box<dyn Future<Output = sqlx::Result<T>> + Send + 'c>>;
 
 impl Election {
@@ -45,8 +40,9 @@ impl Election {
     where
         F: for<'c> Fn(&'c mut sqlx::MySqlConnection) -> Statement<'c, T>,
     {
+        crate::sql::create_once(&self.client, &self.created, &[("distlock_leaders", CREATE)]).await?;
         let mut conn = self.client.checkout().await?;
-        let first = match self.run(&mut conn.conn, &f).await {
+        let first = match f(&mut conn.conn).await {
             Ok(out) => {
                 self.client.put_back(conn);
                 return Ok(out);
@@ -56,23 +52,9 @@ impl Election {
         drop(conn);
         tracing::debug!(error = %first, op, "election statement failed; once more on a new connection");
         let mut conn = self.client.open().await?;
-        let out = self.run(&mut conn.conn, &f).await.map_err(|e| backend(op, &self.name, e))?;
+        let out = f(&mut conn.conn).await.map_err(|e| backend(op, &self.name, e))?;
         self.client.put_back(conn);
         Ok(out)
-    }
-
-    async fn run<T, F>(&self, conn: &mut sqlx::MySqlConnection, f: &F) -> sqlx::Result<T>
-    where
-        F: for<'c> Fn(&'c mut sqlx::MySqlConnection) -> Statement<'c, T>,
-    {
-        if self.created.get().is_none() {
-            let there: i64 = sqlx::query_scalar(EXISTS).fetch_one(&mut *conn).await?;
-            if there == 0 {
-                sqlx::query(CREATE).execute(&mut *conn).await?;
-            }
-            let _ = self.created.set(());
-        }
-        f(conn).await
     }
 }
 

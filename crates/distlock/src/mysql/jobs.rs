@@ -1,212 +1,163 @@
-//! Scheduled jobs on MariaDB ([`crate::schedule`]): ShedLock's table `shedlock (name,
-//! lock_until, locked_at, locked_by)` with ShedLock's `usingDbTime()` meaning (the columns hold
-//! `UTC_TIMESTAMP(3)` wall-clock values, compared with `UTC_TIMESTAMP(3)`), so Java services
-//! using ShedLock's JDBC provider and distlock exclude each other by job name; and distlock's
-//! record of the last run in `distlock_job_runs (name, token, record)` (the record as JSON).
-//! The server's time is `UTC_TIMESTAMP(3)`. A write is one transaction that changes each row
-//! only if it still reads as it did (the lock row by its values as text, the record by its text).
+//! Scheduled jobs on MariaDB ([`crate::sql::jobs`]): ShedLock's MySQL table with ShedLock's
+//! `usingDbTime()` meaning (the columns hold `UTC_TIMESTAMP(3)` wall-clock values, compared with
+//! `UTC_TIMESTAMP(3)`), and the server's time from `UTC_TIMESTAMP(3)`. Here: MariaDB's dialect,
+//! and the SQL layer's executor over the client's connections (the elections' table is made
+//! through it too).
 
-use super::{backend, Client};
-use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
-use crate::schedule::Run;
+use super::{backend, Client, Conn};
+use crate::contract::BoxFuture;
+use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::Result;
-use sqlx::{Connection, MySqlConnection};
-use std::sync::Arc;
-use tokio::sync::OnceCell;
+use sqlx::mysql::{MySql, MySqlArguments, MySqlTransactionManager};
+use sqlx::{Row, TransactionManager};
 
-/// ShedLock's MySQL table, and distlock's records.
-const CREATE_SHEDLOCK: &str = "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL, \
-     lock_until TIMESTAMP(3) NOT NULL, locked_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
-     locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))";
-const CREATE_RUNS: &str = "CREATE TABLE IF NOT EXISTS distlock_job_runs (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-     token BIGINT NOT NULL, record MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL) DEFAULT CHARSET = utf8mb4";
-
-/// A lock row's values as text (bytes): what a write compares.
-const LOCK_TEXT: &str = "CAST(CONCAT(s.lock_until, '|', s.locked_at, '|', s.locked_by) AS BINARY)";
-
-/// A wall-clock `TIMESTAMP(3)` from milliseconds since the epoch, as ShedLock's UTC values.
-const AT: &str = "(TIMESTAMP '1970-01-01 00:00:00' + INTERVAL ? * 1000 MICROSECOND)";
+/// MariaDB's SQL.
+#[derive(Debug)]
+pub(crate) struct Dialect;
 
 /// Milliseconds since the epoch of a UTC wall-clock value `v`.
 fn ms(v: &str) -> String {
     format!("TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', {v})")
 }
 
-/// The job store of a MariaDB client.
-#[derive(Debug, Clone)]
-pub(crate) struct Jobs {
-    pub(crate) client: Client,
-    pub(crate) created: Arc<OnceCell<()>>,
+impl crate::sql::Dialect for Dialect {
+    const PLACEHOLDERS: Placeholders = Placeholders::Positional;
+    fn exists(table: &str) -> Option<String> {
+        Some(format!(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '{table}'"
+        ))
+    }
+    const CREATE_SHEDLOCK: &'static str = "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL, \
+         lock_until TIMESTAMP(3) NOT NULL, locked_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+         locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))";
+    const CREATE_RUNS: &'static str =
+        "CREATE TABLE IF NOT EXISTS distlock_job_runs (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+         token BIGINT NOT NULL, record MEDIUMTEXT CHARACTER SET utf8mb4 NOT NULL) DEFAULT CHARSET = utf8mb4";
+    const LOCK_UNTIL_TYPE: Option<&'static str> = Some(
+        "SELECT CAST(DATA_TYPE AS CHAR), CAST(DATETIME_PRECISION AS SIGNED) FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name = 'shedlock' AND column_name = 'lock_until'",
+    );
+    fn check_lock_until(kind: &str, precision: Option<i64>) -> Result<()> {
+        if !matches!(kind.to_ascii_lowercase().as_str(), "timestamp" | "datetime") || precision.unwrap_or(0) < 3 {
+            let why = format!(
+                "table shedlock's lock_until is {kind}({}); jobs need ShedLock's TIMESTAMP(3) (milliseconds)",
+                precision.unwrap_or(0)
+            );
+            return Err(backend("create", "shedlock", sqlx::Error::Protocol(why)));
+        }
+        Ok(())
+    }
+    const BEGIN: &'static str = "BEGIN";
+    /// As bytes: a write compares them to the byte.
+    const LOCK_TEXT: &'static str = "CAST(CONCAT(s.lock_until, '|', s.locked_at, '|', s.locked_by) AS BINARY)";
+    fn same(a: &str, b: &str) -> String {
+        format!("CAST({a} AS BINARY) = CAST({b} AS BINARY)")
+    }
+    fn insert_new(table: &str, columns: &str, values: &str) -> String {
+        format!("INSERT IGNORE INTO {table} ({columns}) VALUES ({values})")
+    }
+    fn now() -> Now {
+        Now::Sql(
+            "CAST(TIMESTAMPDIFF(MICROSECOND, TIMESTAMP '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000 AS SIGNED)",
+        )
+    }
+    fn read_time(v: &str, up: bool) -> String {
+        if up {
+            format!("CAST(CEIL({} / 1000) AS SIGNED)", ms(v))
+        } else {
+            format!("CAST({} DIV 1000 AS SIGNED)", ms(v))
+        }
+    }
+    /// A wall-clock `TIMESTAMP(3)`, as ShedLock's UTC values.
+    fn write_time(p: &str) -> String {
+        format!("(TIMESTAMP '1970-01-01 00:00:00' + INTERVAL {p} * 1000 MICROSECOND)")
+    }
 }
 
-impl Jobs {
-    /// A connection, with the tables made sure of (created where missing). An idle pooled
-    /// connection the server closed (`wait_timeout` is the lease) fails its first statement:
-    /// then a new one is opened.
-    async fn conn(&self) -> Result<super::Conn> {
-        let mut conn = self.client.checkout().await?;
-        if self.ready(&mut conn.conn).await.is_err() {
-            conn = self.client.open().await?;
-            self.ready(&mut conn.conn).await.map_err(|e| backend("create", "shedlock", e))?;
+/// A statement with its parameters bound.
+fn bound(s: Statement<'_>) -> sqlx::query::Query<'_, MySql, MySqlArguments> {
+    s.params.iter().fold(sqlx::query(s.sql), |q, p| match p {
+        Param::Int(n) => q.bind(*n),
+        Param::Text(s) => q.bind(s.as_ref()),
+    })
+}
+
+impl Client {
+    /// A connection for the SQL layer's statements. ShedLock's JDBC sessions keep the server's
+    /// time zone, in which its `TIMESTAMP` values are written and read; the client's sessions
+    /// are set to UTC. These statements read and write in the server's zone, so that both see
+    /// the same wall-clock values. An idle pooled connection the server closed (`wait_timeout`
+    /// is the lease) fails that first statement: then a new one is opened.
+    async fn sql_conn(&self, op: &'static str, name: &str) -> Result<Conn> {
+        const ZONE: &str = "SET time_zone = @@global.time_zone";
+        let mut conn = self.checkout().await?;
+        if sqlx::query(ZONE).execute(&mut conn.conn).await.is_err() {
+            conn = self.open().await?;
+            sqlx::query(ZONE).execute(&mut conn.conn).await.map_err(|e| backend(op, name, e))?;
         }
         Ok(conn)
     }
-
-    async fn ready(&self, conn: &mut MySqlConnection) -> sqlx::Result<()> {
-        // ShedLock's JDBC sessions keep the server's time zone, in which its `TIMESTAMP` values
-        // are written and read; the client's sessions are set to UTC. Job statements read and
-        // write in the server's zone, so that both see the same wall-clock values.
-        sqlx::query("SET time_zone = @@global.time_zone").execute(&mut *conn).await?;
-        if self.created.get().is_some() {
-            return Ok(());
-        }
-        for (table, create) in [("shedlock", CREATE_SHEDLOCK), ("distlock_job_runs", CREATE_RUNS)] {
-            let there: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
-            )
-            .bind(table)
-            .fetch_one(&mut *conn)
-            .await?;
-            if there == 0 {
-                sqlx::query(create).execute(&mut *conn).await?;
-            }
-        }
-        let column: Option<(String, Option<u32>)> = sqlx::query_as(
-            "SELECT CAST(DATA_TYPE AS CHAR), CAST(DATETIME_PRECISION AS UNSIGNED) FROM information_schema.columns \
-             WHERE table_schema = DATABASE() AND table_name = 'shedlock' AND column_name = 'lock_until'",
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        if let Some((kind, precision)) = column {
-            if !matches!(kind.to_ascii_lowercase().as_str(), "timestamp" | "datetime") || precision.unwrap_or(0) < 3 {
-                return Err(sqlx::Error::Protocol(format!(
-                    "table shedlock's lock_until is {kind}({}); jobs need ShedLock's TIMESTAMP(3) (milliseconds)",
-                    precision.unwrap_or(0)
-                )));
-            }
-        }
-        let _ = self.created.set(());
-        Ok(())
-    }
 }
 
-type ReadRow = (i64, Option<i64>, Option<i64>, Option<String>, Option<Vec<u8>>, Option<String>);
+impl Executor for Client {
+    type Dialect = Dialect;
+    /// Dropped unfinished, the connection is dropped, not put back: the open transaction dies
+    /// with it.
+    type Tx = Conn;
 
-impl JobStore for Jobs {
-    fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
-            let sql = format!(
-                "SELECT CAST({} DIV 1000 AS SIGNED), CAST(CEIL({} / 1000) AS SIGNED), CAST({} DIV 1000 AS SIGNED), \
-                 s.locked_by, {LOCK_TEXT}, r.record \
-                 FROM (SELECT 1) one LEFT JOIN shedlock s ON s.name = ? LEFT JOIN distlock_job_runs r ON r.name = ?",
-                ms("UTC_TIMESTAMP(3)"),
-                ms("s.lock_until"),
-                ms("s.locked_at")
-            );
-            let mut conn = self.conn().await?;
-            let row: ReadRow = sqlx::query_as(&sql)
-                .bind(job)
-                .bind(job)
-                .fetch_one(&mut conn.conn)
-                .await
-                .map_err(|e| backend("read job", job, e))?;
-            self.client.put_back(conn);
-            let (now_ms, lock_until, locked_at, locked_by, lock_text, record) = row;
-            let run = record.as_ref().map(|r| Run::from_stored(job, "distlock_job_runs", r.as_bytes())).transpose()?;
-            let lock = match (lock_until, locked_at, locked_by) {
-                (Some(lock_until_ms), Some(locked_at_ms), Some(locked_by)) => {
-                    Some(JobLock { lock_until_ms, locked_at_ms, locked_by })
-                }
-                _ => None,
+            let mut conn = self.sql_conn(s.op, s.name).await?;
+            let row = bound(s).fetch_optional(&mut conn.conn).await.map_err(|e| backend(s.op, s.name, e))?;
+            self.put_back(conn);
+            let read = |row: &sqlx::mysql::MySqlRow| {
+                crate::sql::cells(columns, |i, column| match column {
+                    Column::Int => row.try_get::<Option<i64>, _>(i).map(Cell::from),
+                    // Text and bytes alike (a compared value is cast to bytes).
+                    Column::Text => row
+                        .try_get::<Option<Vec<u8>>, _>(i)
+                        .map(|v| Cell::from(v.map(|b| String::from_utf8_lossy(&b).into_owned()))),
+                })
             };
-            let lock_text = lock_text.map(|b| String::from_utf8_lossy(&b).into_owned());
-            Ok(JobRead { now_ms, now_error_ms: 0, lock, run, seen: Seen { lock: lock_text, run: record } })
+            row.as_ref().map(read).transpose().map_err(|e| backend(s.op, s.name, e))
         })
     }
 
-    fn write<'a>(
-        &'a self,
-        job: &'a str,
-        seen: &'a Seen,
-        lock: Option<&'a JobLock>,
-        run: &'a Run,
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn create<'a>(&'a self, table: &'a str, create: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let record = run.stored();
-            let mut conn = self.conn().await?;
-            let outcome: sqlx::Result<bool> = async {
-                let mut tx = conn.conn.begin().await?;
-                let mut ok = true;
-                if let Some(l) = lock {
-                    let done = match &seen.lock {
-                        None => {
-                            sqlx::query(&format!(
-                                "INSERT IGNORE INTO shedlock (name, lock_until, locked_at, locked_by) VALUES (?, {AT}, {AT}, ?)"
-                            ))
-                            .bind(job)
-                            .bind(l.lock_until_ms)
-                            .bind(l.locked_at_ms)
-                            .bind(&l.locked_by)
-                            .execute(&mut *tx)
-                            .await?
-                        }
-                        Some(was) => {
-                            sqlx::query(&format!(
-                                "UPDATE shedlock s SET lock_until = {AT}, locked_at = {AT}, locked_by = ? \
-                                 WHERE s.name = ? AND {LOCK_TEXT} = CAST(? AS BINARY)"
-                            ))
-                            .bind(l.lock_until_ms)
-                            .bind(l.locked_at_ms)
-                            .bind(&l.locked_by)
-                            .bind(job)
-                            .bind(was)
-                            .execute(&mut *tx)
-                            .await?
-                        }
-                    };
-                    ok = done.rows_affected() == 1;
-                }
-                if ok {
-                    let done = match &seen.run {
-                        None => {
-                            sqlx::query("INSERT IGNORE INTO distlock_job_runs (name, token, record) VALUES (?, ?, ?)")
-                                .bind(job)
-                                .bind(run.token as i64)
-                                .bind(&record)
-                                .execute(&mut *tx)
-                                .await?
-                        }
-                        Some(was) => {
-                            sqlx::query(
-                                "UPDATE distlock_job_runs SET token = ?, record = ? \
-                                 WHERE name = ? AND CAST(record AS BINARY) = CAST(? AS BINARY)",
-                            )
-                            .bind(run.token as i64)
-                            .bind(&record)
-                            .bind(job)
-                            .bind(was)
-                            .execute(&mut *tx)
-                            .await?
-                        }
-                    };
-                    ok = done.rows_affected() == 1;
-                }
-                if ok {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                Ok(ok)
-            }
-            .await;
-            match outcome {
-                Ok(ok) => {
-                    self.client.put_back(conn);
-                    Ok(ok)
-                }
-                // The connection is dropped, not put back: an open transaction dies with it.
-                Err(e) => Err(backend("write job", job, e)),
-            }
+            let mut conn = self.sql_conn("create", table).await?;
+            sqlx::query(create).execute(&mut conn.conn).await.map_err(|e| backend("create", table, e))?;
+            self.put_back(conn);
+            Ok(())
+        })
+    }
+
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Conn>> {
+        Box::pin(async move {
+            let mut conn = self.sql_conn(s.op, s.name).await?;
+            let begin = Some(s.sql.to_string().into());
+            MySqlTransactionManager::begin(&mut conn.conn, begin).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(conn)
+        })
+    }
+
+    fn execute<'a>(&'a self, tx: &'a mut Conn, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let done = bound(s).execute(&mut tx.conn).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn finish<'a>(&'a self, mut tx: Conn, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let end = if commit {
+                MySqlTransactionManager::commit(&mut tx.conn).await
+            } else {
+                MySqlTransactionManager::rollback(&mut tx.conn).await
+            };
+            end.map_err(|e| backend(op, name, e))?;
+            self.put_back(tx);
+            Ok(())
         })
     }
 }

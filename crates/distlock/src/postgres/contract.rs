@@ -48,7 +48,7 @@ impl contract::Backend for Client {
     fn jobs(&self) -> Result<Arc<dyn contract::Jobs>> {
         // Its statements are prepared on a session, which a transaction pooler does not keep.
         self.session_scope_only("scheduled jobs")?;
-        Ok(Arc::new(super::jobs::Jobs { client: self.clone(), created: Arc::default() }))
+        Ok(Arc::new(crate::sql::jobs::Jobs::new(self.clone())))
     }
 
     fn election(&self, name: &str) -> Result<Arc<dyn contract::Ballot>> {

@@ -5,13 +5,17 @@
 //! a holder not yet announced is not a leader yet. The epoch is the fencing token. A proclaim
 //! changes the value only while the announcement is this leadership's (its token) and its pid
 //! still holds the lock.
+//!
+//! The campaign is `election::Announcing`, as on the other SQL backends; what stays here is the
+//! announcement itself ([`Ballot::announce`]), which is not a proclaim: it names the holding
+//! connection's `pg_backend_pid()`, so it runs on that connection, which only the guard has.
 
-use super::{backend, AdvisoryKey, Client, Mutex, MutexGuard};
-use crate::contract::{Ballot, BoxFuture, Held, Recipe, Wait};
-use crate::election::Leader;
-use crate::{Error, LostReason, QueueStatus, Result};
+use super::{backend, AdvisoryKey, Client, MutexGuard};
+use crate::contract::{self, Ballot, BoxFuture, Held, Recipe};
+use crate::election::{Announcing, Leader};
+use crate::{Error, LostReason, Result};
 use std::sync::Arc;
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::OnceCell;
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS distlock_leaders (name TEXT PRIMARY KEY, pid INT NOT NULL, \
      token BIGINT NOT NULL, value TEXT NOT NULL)";
@@ -47,29 +51,8 @@ impl Election {
         Ok(Election { client, name: name.to_string(), key, created: Arc::default() })
     }
 
-    /// Creates the table on first use if it is not there (a user without the right to create
-    /// tables can use one made for it; two clients creating at once: one may see a unique
-    /// violation).
     async fn created(&self) -> Result<()> {
-        self.created
-            .get_or_try_init(|| async {
-                let conn = self.client.checkout().await?;
-                let there: bool = conn
-                    .client
-                    .query_one("SELECT to_regclass('distlock_leaders') IS NOT NULL", &[])
-                    .await
-                    .map_err(|e| backend("create", &self.name, e))?
-                    .get(0);
-                match if there { Ok(()) } else { conn.client.batch_execute(CREATE).await } {
-                    Ok(()) => {}
-                    Err(e) if super::made_by_another(&e) => {}
-                    Err(e) => return Err(backend("create", &self.name, e)),
-                }
-                self.client.put_back(conn);
-                Ok(())
-            })
-            .await
-            .copied()
+        crate::sql::create_once(&self.client, &self.created, &[("distlock_leaders", CREATE)]).await
     }
 
     /// Runs a statement on a connection of the client's, with the key's `pg_locks` ids after
@@ -91,7 +74,7 @@ impl Election {
     }
 
     /// Announces `value` from the connection that holds `guard`.
-    async fn announce(&self, guard: &MutexGuard, value: &str) -> Result<()> {
+    async fn announce_from(&self, guard: &MutexGuard, value: &str) -> Result<()> {
         self.created().await?;
         let token = guard.fencing_token() as i64;
         match guard.on_own_connection(ANNOUNCE, &[&self.name, &token, &value]).await {
@@ -107,59 +90,21 @@ impl Election {
     }
 }
 
-/// A candidate: the mutex, then the announcement from its connection.
-#[derive(Debug)]
-struct Candidate {
-    election: Election,
-    mutex: Mutex,
-    value: Arc<str>,
-}
-
-impl Recipe for Candidate {
-    fn name(&self) -> &str {
-        &self.election.name
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        wait: Wait,
-        _progress: Option<&'a watch::Sender<QueueStatus>>,
-    ) -> BoxFuture<'a, Result<Option<Box<dyn Held>>>> {
-        Box::pin(async move {
-            let mut backoff = crate::election::Backoff::default();
-            loop {
-                let guard = match wait {
-                    Wait::Forever => Some(self.mutex.lock().await?),
-                    Wait::Never => self.mutex.try_lock().await?,
-                    Wait::Until(d) => {
-                        self.mutex.lock_timeout(d.saturating_duration_since(tokio::time::Instant::now())).await?
-                    }
-                };
-                let Some(guard) = guard else { return Ok(None) };
-                // Dropped here (the campaign cancelled), the grant is released in the background.
-                match self.election.announce(&guard, &self.value).await {
-                    Ok(()) => return Ok(Some(Box::new(guard) as Box<dyn Held>)),
-                    Err(Error::LockLost { .. }) => {
-                        drop(guard);
-                        if !backoff.wait(wait).await {
-                            return Ok(None);
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        })
-    }
-}
-
 impl Ballot for Election {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn candidate(&self, value: Arc<str>) -> Arc<dyn Recipe> {
-        let mutex = self.client.mutex(&self.name).expect("the name was checked");
-        Arc::new(Candidate { election: self.clone(), mutex, value })
+        let lock = contract::lock(self.client.mutex(&self.name).expect("the name was checked"));
+        Arc::new(Announcing { lock, ballot: Arc::new(self.clone()), value })
+    }
+
+    fn announce<'a>(&'a self, held: &'a dyn Held, value: Arc<str>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let guard = held.as_any().downcast_ref::<MutexGuard>().expect("a candidate's grant is its mutex's");
+            self.announce_from(guard, &value).await
+        })
     }
 
     fn leader(&self) -> BoxFuture<'_, Result<Option<Leader>>> {

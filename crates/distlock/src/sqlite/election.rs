@@ -31,12 +31,7 @@ impl Election {
             "CREATE TABLE IF NOT EXISTS {t}_leaders (name VARCHAR(64) NOT NULL PRIMARY KEY, \
              fencing_token BIGINT NOT NULL, value TEXT NOT NULL)"
         );
-        self.created
-            .get_or_try_init(|| async {
-                sqlx::query(&create).execute(self.client.pool()).await.map(|_| ()).map_err(|e| backend("create", t, e))
-            })
-            .await
-            .copied()
+        crate::sql::create_once(&self.client, &self.created, &[(&format!("{t}_leaders"), &create)]).await
     }
 }
 

@@ -1,9 +1,7 @@
-//! Scheduled jobs on SQLite ([`crate::schedule`]): ShedLock's table `shedlock (name,
-//! lock_until, locked_at, locked_by)` in the database file, times as UTC text `YYYY-MM-DD
-//! HH:MM:SS.SSS` (SQLite's own format; integer milliseconds written by a JDBC driver are read
-//! too), and distlock's record of the last run in `distlock_job_runs (name, token, record)` (the
-//! record as JSON). A write is one transaction that changes each row only if it still reads as
-//! it did.
+//! Scheduled jobs on SQLite ([`crate::sql::jobs`]): ShedLock's table in the database file,
+//! times as UTC text `YYYY-MM-DD HH:MM:SS.SSS` (SQLite's own format; integer milliseconds
+//! written by a JDBC driver are read too). Here: SQLite's dialect, and the SQL layer's executor
+//! over the client's pool (the elections' table is made through it too).
 //!
 //! # The clock
 //!
@@ -13,25 +11,55 @@
 //! (libfaketime, a test's skew) still agrees with the others on the slot.
 
 use super::{backend, kernel_now_ms, Client};
-use crate::contract::{BoxFuture, JobLock, JobRead, Jobs as JobStore, Seen};
-use crate::schedule::{parse_ms, Run};
+use crate::contract::BoxFuture;
+use crate::schedule::parse_ms;
+use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::Result;
-use std::sync::Arc;
-use tokio::sync::OnceCell;
+use sqlx::sqlite::{Sqlite, SqliteArguments};
+use sqlx::Row;
 
-const CREATE: &str = "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL PRIMARY KEY, \
-     lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL); \
-     CREATE TABLE IF NOT EXISTS distlock_job_runs (name VARCHAR(64) NOT NULL PRIMARY KEY, token BIGINT NOT NULL, \
-     record TEXT NOT NULL)";
+/// SQLite's SQL.
+#[derive(Debug)]
+pub(crate) struct Dialect;
 
-/// A lock row's values as text: what a write compares.
-const LOCK_TEXT: &str = "CAST(s.lock_until AS TEXT) || '|' || CAST(s.locked_at AS TEXT) || '|' || s.locked_by";
-
-/// The job store of a SQLite client.
-#[derive(Debug, Clone)]
-pub(crate) struct Jobs {
-    pub(crate) client: Client,
-    pub(crate) created: Arc<OnceCell<()>>,
+impl crate::sql::Dialect for Dialect {
+    const PLACEHOLDERS: Placeholders = Placeholders::Numbered;
+    fn exists(_table: &str) -> Option<String> {
+        None
+    }
+    const CREATE_SHEDLOCK: &'static str =
+        "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+         lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, locked_by VARCHAR(255) NOT NULL)";
+    const CREATE_RUNS: &'static str =
+        "CREATE TABLE IF NOT EXISTS distlock_job_runs (name VARCHAR(64) NOT NULL PRIMARY KEY, \
+         token BIGINT NOT NULL, record TEXT NOT NULL)";
+    const LOCK_UNTIL_TYPE: Option<&'static str> = None;
+    fn check_lock_until(_kind: &str, _precision: Option<i64>) -> Result<()> {
+        Ok(())
+    }
+    // IMMEDIATE: the write lock is waited for (busy timeout) before anything is read, so a
+    // concurrent writer cannot leave this transaction on a stale snapshot.
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+    const LOCK_TEXT: &'static str =
+        "CAST(s.lock_until AS TEXT) || '|' || CAST(s.locked_at AS TEXT) || '|' || s.locked_by";
+    fn now() -> Now {
+        Now::Ms(kernel_now_ms())
+    }
+    fn read_time(v: &str, _up: bool) -> String {
+        format!("CAST({v} AS TEXT)")
+    }
+    const TIME: Column = Column::Text;
+    fn time_ms(cell: Cell, up: bool) -> i64 {
+        // A time that does not parse holds the job (ShedLock does the same).
+        let fallback = if up { crate::schedule::FOREVER_MS } else { 0 };
+        cell.text().and_then(|v| stored_ms(&v)).unwrap_or(fallback)
+    }
+    fn write_time(p: &str) -> String {
+        p.to_string()
+    }
+    fn time_param(ms: i64) -> Param<'static> {
+        Param::Text(text(ms).into())
+    }
 }
 
 /// SQLite's UTC text for milliseconds since the epoch.
@@ -51,130 +79,54 @@ fn stored_ms(v: &str) -> Option<i64> {
     }
 }
 
-impl Jobs {
-    async fn created(&self) -> Result<()> {
-        self.created
-            .get_or_try_init(|| async {
-                sqlx::raw_sql(CREATE)
-                    .execute(self.client.pool())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| backend("create", "shedlock", e))
-            })
-            .await
-            .copied()
-    }
+/// A statement with its parameters bound.
+fn bound(s: Statement<'_>) -> sqlx::query::Query<'_, Sqlite, SqliteArguments<'_>> {
+    s.params.iter().fold(sqlx::query(s.sql), |q, p| match p {
+        Param::Int(n) => q.bind(*n),
+        Param::Text(s) => q.bind(s.as_ref()),
+    })
 }
 
-/// A read's row: lock_until, locked_at, locked_by, the lock row as text, the record.
-type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+impl Executor for Client {
+    type Dialect = Dialect;
+    /// Dropped unfinished, it is rolled back.
+    type Tx = sqlx::Transaction<'static, Sqlite>;
 
-impl JobStore for Jobs {
-    fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
+    fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
-            self.created().await?;
-            let sql = format!(
-                "SELECT CAST(s.lock_until AS TEXT), CAST(s.locked_at AS TEXT), s.locked_by, {LOCK_TEXT}, r.record \
-                 FROM (SELECT 1) one LEFT JOIN shedlock s ON s.name = ?1 LEFT JOIN distlock_job_runs r ON r.name = ?1"
-            );
-            let now_ms = kernel_now_ms();
-            let (until, at, by, lock_text, record): Row = sqlx::query_as(&sql)
-                .bind(job)
-                .fetch_one(self.client.pool())
-                .await
-                .map_err(|e| backend("read job", job, e))?;
-            let run = record.as_ref().map(|r| Run::from_stored(job, "distlock_job_runs", r.as_bytes())).transpose()?;
-            let lock = match (until, at, by) {
-                (Some(until), Some(at), Some(locked_by)) => Some(JobLock {
-                    // A time that does not parse holds the job (ShedLock does the same).
-                    lock_until_ms: stored_ms(&until).unwrap_or(crate::schedule::FOREVER_MS),
-                    locked_at_ms: stored_ms(&at).unwrap_or(0),
-                    locked_by,
-                }),
-                _ => None,
+            let row = bound(s).fetch_optional(self.pool()).await.map_err(|e| backend(s.op, s.name, e))?;
+            let read = |row: &sqlx::sqlite::SqliteRow| {
+                crate::sql::cells(columns, |i, column| match column {
+                    Column::Int => row.try_get::<Option<i64>, _>(i).map(Cell::from),
+                    Column::Text => row.try_get::<Option<String>, _>(i).map(Cell::from),
+                })
             };
-            Ok(JobRead { now_ms, now_error_ms: 0, lock, run, seen: Seen { lock: lock_text, run: record } })
+            row.as_ref().map(read).transpose().map_err(|e| backend(s.op, s.name, e))
         })
     }
 
-    fn write<'a>(
-        &'a self,
-        job: &'a str,
-        seen: &'a Seen,
-        lock: Option<&'a JobLock>,
-        run: &'a Run,
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn create<'a>(&'a self, table: &'a str, create: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.created().await?;
-            let record = run.stored();
-            let outcome: sqlx::Result<bool> = async {
-                // IMMEDIATE: the write lock is waited for (busy timeout) before anything is read, so a
-                // concurrent writer cannot leave this transaction on a stale snapshot.
-                let mut tx = self.client.pool().begin_with("BEGIN IMMEDIATE").await?;
-                let mut ok = true;
-                if let Some(l) = lock {
-                    let done = match &seen.lock {
-                        None => sqlx::query(
-                            "INSERT INTO shedlock (name, lock_until, locked_at, locked_by) VALUES (?1, ?2, ?3, ?4) \
-                                 ON CONFLICT (name) DO NOTHING",
-                        )
-                        .bind(job)
-                        .bind(text(l.lock_until_ms))
-                        .bind(text(l.locked_at_ms))
-                        .bind(&l.locked_by)
-                        .execute(&mut *tx)
-                        .await?,
-                        Some(was) => {
-                            sqlx::query(&format!(
-                                "UPDATE shedlock AS s SET lock_until = ?2, locked_at = ?3, locked_by = ?4 \
-                                 WHERE s.name = ?1 AND {LOCK_TEXT} = ?5"
-                            ))
-                            .bind(job)
-                            .bind(text(l.lock_until_ms))
-                            .bind(text(l.locked_at_ms))
-                            .bind(&l.locked_by)
-                            .bind(was)
-                            .execute(&mut *tx)
-                            .await?
-                        }
-                    };
-                    ok = done.rows_affected() == 1;
-                }
-                if ok {
-                    let done =
-                        match &seen.run {
-                            None => {
-                                sqlx::query(
-                                    "INSERT INTO distlock_job_runs (name, token, record) VALUES (?1, ?2, ?3) \
-                                 ON CONFLICT (name) DO NOTHING",
-                                )
-                                .bind(job)
-                                .bind(run.token as i64)
-                                .bind(&record)
-                                .execute(&mut *tx)
-                                .await?
-                            }
-                            Some(was) => sqlx::query(
-                                "UPDATE distlock_job_runs SET token = ?2, record = ?3 WHERE name = ?1 AND record = ?4",
-                            )
-                            .bind(job)
-                            .bind(run.token as i64)
-                            .bind(&record)
-                            .bind(was)
-                            .execute(&mut *tx)
-                            .await?,
-                        };
-                    ok = done.rows_affected() == 1;
-                }
-                if ok {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                Ok(ok)
-            }
-            .await;
-            outcome.map_err(|e| backend("write job", job, e))
+            sqlx::raw_sql(create).execute(self.pool()).await.map(|_| ()).map_err(|e| backend("create", table, e))
+        })
+    }
+
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Self::Tx>> {
+        let begin = s.sql.to_string();
+        Box::pin(async move { self.pool().begin_with(begin).await.map_err(|e| backend(s.op, s.name, e)) })
+    }
+
+    fn execute<'a>(&'a self, tx: &'a mut Self::Tx, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let done = bound(s).execute(&mut **tx).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(done.rows_affected())
+        })
+    }
+
+    fn finish<'a>(&'a self, tx: Self::Tx, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let end = if commit { tx.commit().await } else { tx.rollback().await };
+            end.map_err(|e| backend(op, name, e))
         })
     }
 }
