@@ -214,9 +214,9 @@ pub(crate) trait Recipe: Debug + Send + Sync + 'static {
 /// A held lock. Dropping it releases in the background.
 pub(crate) trait Held: Debug + Send + Sync + 'static {
     /// The lock's name on the server.
-    fn name(&self) -> String;
+    fn name(&self) -> &str;
     /// Our mark on the server (node path, hash field, key, holder column).
-    fn holder_id(&self) -> String;
+    fn holder_id(&self) -> &str;
     /// Strictly increasing from one holder of the lock to the next.
     fn fencing_token(&self) -> u64;
     /// The instant after which the server may give the lock to someone else.
@@ -235,11 +235,11 @@ pub(crate) trait Held: Debug + Send + Sync + 'static {
 macro_rules! held {
     ($($t:ty),* $(,)?) => {$(
         impl $crate::contract::Held for $t {
-            fn name(&self) -> String {
-                <$t>::name(self).to_string()
+            fn name(&self) -> &str {
+                <$t>::name(self)
             }
-            fn holder_id(&self) -> String {
-                <$t>::holder_id(self).to_string()
+            fn holder_id(&self) -> &str {
+                <$t>::holder_id(self)
             }
             fn fencing_token(&self) -> u64 {
                 <$t>::fencing_token(self)

@@ -194,11 +194,11 @@ async fn give_back(client: Client, name: String, id: String) -> Result<bool> {
 }
 
 impl Held for MemGuard {
-    fn name(&self) -> String {
-        self.hold().name.clone()
+    fn name(&self) -> &str {
+        &self.hold().name
     }
-    fn holder_id(&self) -> String {
-        self.hold().id.clone()
+    fn holder_id(&self) -> &str {
+        &self.hold().id
     }
     fn fencing_token(&self) -> u64 {
         self.hold().token

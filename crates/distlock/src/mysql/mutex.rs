@@ -137,6 +137,8 @@ struct Hold {
     conn: Arc<tokio::sync::Mutex<Conn>>,
     name: String,
     id: u64,
+    /// Our mark, `connection:ID`, as `IS_USED_LOCK(name)` and the process list show it.
+    holder: String,
     token: u64,
     lease: Arc<Lease>,
     /// Its place in the client's renewals: a ping of the connection every sixth of the lease
@@ -177,7 +179,8 @@ impl MutexGuard {
             }
         };
         let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
-        MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, _renewals: renewals }) }
+        let holder = format!("connection:{id}");
+        MutexGuard { hold: Some(Hold { client, conn, name, id, holder, token, lease, _renewals: renewals }) }
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -186,8 +189,8 @@ impl MutexGuard {
     }
 
     /// The holding connection, as `IS_USED_LOCK(name)` and the process list show it.
-    pub fn holder_id(&self) -> String {
-        format!("connection:{}", self.hold().id)
+    pub fn holder_id(&self) -> &str {
+        &self.hold().holder
     }
 
     crate::lease::lease_methods!();

@@ -468,6 +468,8 @@ struct Hold {
     client: Client,
     conn: Arc<Conn>,
     target: Arc<Target>,
+    /// Our mark, `advisory:KEY` (see [`MutexGuard::holder_id`]).
+    holder: String,
     token: u64,
     lease: Arc<Lease>,
     /// Its place in the client's renewals: a health check of the connection every sixth of the
@@ -499,7 +501,8 @@ impl MutexGuard {
             }
         };
         let renewals = client.watchdog().watch(lease.clone(), target.name.clone(), Arc::new(check));
-        MutexGuard { hold: Some(Hold { client, conn, target, token, lease, _renewals: renewals }) }
+        let holder = format!("advisory:{}", target.key);
+        MutexGuard { hold: Some(Hold { client, conn, target, holder, token, lease, _renewals: renewals }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -534,8 +537,8 @@ impl MutexGuard {
 
     /// The backend's process id of the holding connection, as `pg_locks.pid` shows it: unknown
     /// here without a query, so the advisory key is given as the holder's mark instead.
-    pub fn holder_id(&self) -> String {
-        format!("advisory:{}", self.hold().target.key)
+    pub fn holder_id(&self) -> &str {
+        &self.hold().holder
     }
 
     /// The instant after which the server may end our silent session and give the lock to
