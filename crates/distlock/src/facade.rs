@@ -691,28 +691,6 @@ impl Drop for Guard {
     }
 }
 
-impl crate::DistributedLock for Lock {
-    type Guard = Guard;
-    fn name(&self) -> &str {
-        Lock::name(self)
-    }
-    fn acquire_timeout(&self, timeout: Duration) -> impl Future<Output = Result<Option<Guard>>> + Send {
-        self.lock_timeout(timeout)
-    }
-}
-
-impl crate::DistributedGuard for Guard {
-    fn fencing_token(&self) -> u64 {
-        Guard::fencing_token(self)
-    }
-    fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        Guard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<()>> + Send {
-        Guard::release(self)
-    }
-}
-
 #[cfg(test)]
 mod registry_tests {
     use super::*;
