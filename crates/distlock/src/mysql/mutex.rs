@@ -2,7 +2,7 @@
 
 use super::{backend, Client, Conn, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
 use crate::contract::Wait;
-use crate::lease::{Lease, Renewal};
+use crate::lease::{Lease, Leased, Renewal};
 use crate::{LostReason, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -135,12 +135,11 @@ pub struct MutexGuard {
 struct Hold {
     client: Client,
     conn: Arc<tokio::sync::Mutex<Conn>>,
-    name: String,
+    leased: Leased,
     id: u64,
     /// Our mark, `connection:ID`, as `IS_USED_LOCK(name)` and the process list show it.
     holder: String,
     token: u64,
-    lease: Arc<Lease>,
     /// Its place in the client's renewals: a ping of the connection every sixth of the lease
     /// (ended when dropped).
     _renewals: crate::watchdog::Ticket,
@@ -149,7 +148,7 @@ struct Hold {
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold")
-            .field("name", &self.name)
+            .field("name", &self.leased.name)
             .field("connection", &self.id)
             .field("token", &self.token)
             .finish()
@@ -180,7 +179,17 @@ impl MutexGuard {
         };
         let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
         let holder = format!("connection:{id}");
-        MutexGuard { hold: Some(Hold { client, conn, name, id, holder, token, lease, _renewals: renewals }) }
+        let leased = Leased::new(name, lease);
+        MutexGuard { hold: Some(Hold { client, conn, leased, id, holder, token, _renewals: renewals }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.hold().leased.name()
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -193,13 +202,36 @@ impl MutexGuard {
         &self.hold().holder
     }
 
-    crate::lease::lease_methods!();
+    /// The instant after which MariaDB may end our silent connection (and with it the lock)
+    /// unless a ping is answered first: the send time of the last answered one, plus the lease,
+    /// less the drift margin. Stop work that needs the lock before it.
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.hold().leased.lease_deadline()
+    }
+
+    /// The state now (`Lost` once the lease deadline has passed without an answered ping, or the
+    /// connection closed).
+    pub fn state(&self) -> crate::LockState {
+        self.hold().leased.state()
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<crate::LockState> {
+        self.hold().leased.state_changes()
+    }
+
+    /// Resolves when the lock can no longer be trusted: the holding connection closed, or the
+    /// lease deadline passed without an answered ping.
+    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        self.hold().leased.lost()
+    }
 
     /// Unlocks and waits for the server; [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before or
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, name, lease, _renewals, .. } = self.hold.take().expect("a guard holds until released");
+        let Hold { client, conn, leased: Leased { name, lease }, _renewals, .. } =
+            self.hold.take().expect("a guard holds until released");
         drop(_renewals);
         // A lock lost before: dropping the connection frees it.
         lease.release(before, name.clone(), unlock(client, conn, name), LostReason::ConnectionClosed).await
@@ -208,7 +240,9 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, name, lease, _renewals, .. }) = self.hold.take() else { return };
+        let Some(Hold { client, conn, leased: Leased { name, lease }, _renewals, .. }) = self.hold.take() else {
+            return;
+        };
         drop(_renewals);
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
