@@ -20,8 +20,8 @@ pub(crate) fn drift(lease: Duration) -> Duration {
 
 /// A lease-bound hold's lock name and lease: what its guard reads its name, deadline, state,
 /// changes of state and loss from, written once. etcd's, MariaDB's, SQLite's, PostgreSQL's and
-/// the in-process store's guards keep one in their hold and delegate to it, a line a method, so
-/// each public guard keeps methods of its own (no trait to import) with its backend's docs.
+/// the in-process store's guards keep one in their hold and delegate to it, so each public guard
+/// keeps methods of its own (no trait to import), as tokio's guards do.
 #[derive(Debug)]
 pub(crate) struct Leased {
     pub(crate) name: String,
@@ -66,6 +66,43 @@ impl Leased {
         Lease::lost(self.lease.clone(), self.name.clone(), also)
     }
 }
+
+/// The lease accessors of a public guard whose lease says all about its state (etcd's, MariaDB's,
+/// SQLite's; PostgreSQL's also watches its connection, and writes its own): each a line over the
+/// [`Leased`] that `$leased` reads from the guard `$g`.
+macro_rules! leased_methods {
+    (|$g:ident| $leased:expr) => {
+        /// The instant after which the server may give the lock to someone else unless a renewal
+        /// (a ping, an extension, a keep-alive) is confirmed first: the send time of the last
+        /// confirmed request, plus the lease, less the drift margin. Stop work that needs the
+        /// lock before it.
+        pub fn lease_deadline(&self) -> std::time::Instant {
+            let $g = self;
+            $leased.lease_deadline()
+        }
+
+        /// The state now (`Lost` once the lease deadline has passed without a confirmed renewal).
+        pub fn state(&self) -> $crate::LockState {
+            let $g = self;
+            $leased.state()
+        }
+
+        /// Every change of state, as a watch receiver.
+        pub fn state_changes(&self) -> tokio::sync::watch::Receiver<$crate::LockState> {
+            let $g = self;
+            $leased.state_changes()
+        }
+
+        /// Resolves when the lock can no longer be trusted: the backend saw it go (the
+        /// connection closed, our key deleted, the row taken over, the lease gone), or the lease
+        /// deadline passed without a confirmed renewal.
+        pub fn lost(&self) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
+            let $g = self;
+            $leased.lost()
+        }
+    };
+}
+pub(crate) use leased_methods;
 
 /// After a long wait for a grant, the lease runs from a fresh answer: if more than a sixth of
 /// `lease` passed since the acquire was `sent`, `ping` must answer within a third of it (the

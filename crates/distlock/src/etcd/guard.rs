@@ -112,28 +112,7 @@ impl LockGuard {
             .await
     }
 
-    /// The instant after which etcd may end our session's lease and give the lock to someone
-    /// else unless a keep-alive is confirmed first: the send time of the last confirmed one, plus
-    /// the lease, less the drift margin. Stop work that needs the lock before it.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().leased.lease_deadline()
-    }
-
-    /// The state now (`Lost` once the lease deadline has passed without a confirmed keep-alive).
-    pub fn state(&self) -> LockState {
-        self.hold().leased.state()
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<LockState> {
-        self.hold().leased.state_changes()
-    }
-
-    /// Resolves when the lock can no longer be trusted: our key deleted or made again by someone
-    /// else, the session's lease gone, or the lease deadline passed without a confirmed keep-alive.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        self.hold().leased.lost()
-    }
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Deletes our key (only if it is still ours) and waits for the server; [`Error::LockLost`]
     /// if the lock had been lost before or the key was gone.

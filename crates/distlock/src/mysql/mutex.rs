@@ -202,29 +202,7 @@ impl MutexGuard {
         &self.hold().holder
     }
 
-    /// The instant after which MariaDB may end our silent connection (and with it the lock)
-    /// unless a ping is answered first: the send time of the last answered one, plus the lease,
-    /// less the drift margin. Stop work that needs the lock before it.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().leased.lease_deadline()
-    }
-
-    /// The state now (`Lost` once the lease deadline has passed without an answered ping, or the
-    /// connection closed).
-    pub fn state(&self) -> crate::LockState {
-        self.hold().leased.state()
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<crate::LockState> {
-        self.hold().leased.state_changes()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the holding connection closed, or the
-    /// lease deadline passed without an answered ping.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        self.hold().leased.lost()
-    }
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Unlocks and waits for the server; [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before or
     /// the server no longer had it.

@@ -262,28 +262,7 @@ impl MutexGuard {
         &self.hold().holder
     }
 
-    /// The instant after which another process may take the row over unless an extension of
-    /// our lease is confirmed first: the send time of the last confirmed one, plus the lease, less
-    /// the drift margin. Stop work that needs the lock before it.
-    pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().leased.lease_deadline()
-    }
-
-    /// The state now (`Lost` once the lease deadline has passed without a confirmed extension).
-    pub fn state(&self) -> crate::LockState {
-        self.hold().leased.state()
-    }
-
-    /// Every change of state, as a watch receiver.
-    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<crate::LockState> {
-        self.hold().leased.state_changes()
-    }
-
-    /// Resolves when the lock can no longer be trusted: the row found taken over or released by
-    /// someone else, or the lease deadline passed without a confirmed extension.
-    pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
-        self.hold().leased.lost()
-    }
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Ends the lease now; [`Error::LockLost`](crate::Error::LockLost) if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
