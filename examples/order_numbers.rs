@@ -40,7 +40,8 @@ async fn run(url: &str, locked: bool) -> Vec<(usize, u64)> {
         let lock_path = format!("{base}-lock");
         tasks.push(tokio::spawn(async move {
             let client = Client::connect(&url).await.expect("connect");
-            let lock = client.mutex(&lock_path).expect("lock path");
+            // The typed mutex as the one lock, which the template takes.
+            let lock: distlock::Lock = client.mutex(&lock_path).expect("lock path").into();
             start.wait().await; // all ten start together, as a CountDownLatch would
             if locked {
                 // Recorded while the lock is held, so the list's order is the order of the holds

@@ -300,7 +300,7 @@ pub struct Leadership {
 impl Leadership {
     /// The election's name on the server.
     pub fn election(&self) -> String {
-        self.guard.lock_name()
+        self.guard.lock_name().to_string()
     }
 
     /// The fencing token of this leadership: higher than every earlier leader's.
@@ -315,7 +315,7 @@ impl Leadership {
 
     /// Our mark on the server (node path or key).
     pub fn key(&self) -> String {
-        self.guard.holder_id()
+        self.guard.holder_id().to_string()
     }
 
     /// Announces `value` instead, keeping the lead (and the epoch).
@@ -345,7 +345,7 @@ impl Leadership {
 
     /// Resolves when the lead can no longer be trusted, before anyone else can be elected.
     pub fn lost(&self) -> Pin<Box<dyn Future<Output = LostReason> + Send + 'static>> {
-        self.guard.lost()
+        Box::pin(self.guard.lost())
     }
 
     /// The election's lock, held.

@@ -618,14 +618,14 @@ impl Guard {
     }
 
     /// The lock's name on the server (znode path or key).
-    pub fn lock_name(&self) -> String {
+    pub fn lock_name(&self) -> &str {
         self.held().name()
     }
 
     /// Our mark on the server: the lock node's path (ZooKeeper), the hash field (Redisson
     /// layout), the key's value (simple layout), our key (etcd), the holder column (SQLite) or
     /// the session (PostgreSQL, MariaDB).
-    pub fn holder_id(&self) -> String {
+    pub fn holder_id(&self) -> &str {
         self.held().holder_id()
     }
 
@@ -648,7 +648,7 @@ impl Guard {
     }
 
     /// Resolves when the lock can no longer be trusted.
-    pub fn lost(&self) -> std::pin::Pin<Box<dyn Future<Output = LostReason> + Send + 'static>> {
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.hold.counting_loss(self.held().lost())
     }
 
@@ -688,28 +688,6 @@ impl Drop for Guard {
             self.hold.ending(inner.state());
             drop(inner);
         }
-    }
-}
-
-impl crate::DistributedLock for Lock {
-    type Guard = Guard;
-    fn name(&self) -> &str {
-        Lock::name(self)
-    }
-    fn acquire_timeout(&self, timeout: Duration) -> impl Future<Output = Result<Option<Guard>>> + Send {
-        self.lock_timeout(timeout)
-    }
-}
-
-impl crate::DistributedGuard for Guard {
-    fn fencing_token(&self) -> u64 {
-        Guard::fencing_token(self)
-    }
-    fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        Guard::lost(self)
-    }
-    fn release(self) -> impl Future<Output = Result<()>> + Send {
-        Guard::release(self)
     }
 }
 

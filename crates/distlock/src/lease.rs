@@ -18,49 +18,91 @@ pub(crate) fn drift(lease: Duration) -> Duration {
     crate::lease_margin::margin(lease, Duration::ZERO)
 }
 
-/// The accessors of a guard whose `hold: Option<Hold>` (taken at release) keeps a
-/// `lease: Arc<Lease>` and a `name`: its name, deadline, state, changes of state and loss,
-/// written once.
-macro_rules! lease_methods {
-    () => {
-        fn hold(&self) -> &Hold {
-            self.hold.as_ref().expect("a guard holds until released")
-        }
+/// A lease-bound hold's lock name and lease: what its guard reads its name, deadline, state,
+/// changes of state and loss from, written once. etcd's, MariaDB's, SQLite's, PostgreSQL's and
+/// the in-process store's guards keep one in their hold and delegate to it, so each public guard
+/// keeps methods of its own (no trait to import), as tokio's guards do.
+#[derive(Debug)]
+pub(crate) struct Leased {
+    pub(crate) name: String,
+    pub(crate) lease: std::sync::Arc<Lease>,
+}
 
-        /// The lock's name.
-        pub fn name(&self) -> &str {
-            &self.hold().name
-        }
+impl Leased {
+    pub(crate) fn new(name: String, lease: std::sync::Arc<Lease>) -> Leased {
+        Leased { name, lease }
+    }
 
+    /// The lock's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lease's deadline, on the clock the guards report.
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        self.lease.deadline().into_std()
+    }
+
+    /// The state now (`Lost` once the deadline has passed without a confirmed renewal).
+    pub(crate) fn state(&self) -> LockState {
+        self.lease.state(&self.name)
+    }
+
+    /// Every change of state, as a watch receiver.
+    pub(crate) fn state_changes(&self) -> watch::Receiver<LockState> {
+        self.lease.subscribe()
+    }
+
+    /// Resolves when the lease is lost.
+    pub(crate) fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
+        self.lost_or(std::future::pending())
+    }
+
+    /// Resolves when the lease is lost, or with `also`'s reason (a backend's own sign of loss).
+    pub(crate) fn lost_or<F>(&self, also: F) -> impl std::future::Future<Output = LostReason> + Send + 'static
+    where
+        F: std::future::Future<Output = LostReason> + Send + 'static,
+    {
+        Lease::lost(self.lease.clone(), self.name.clone(), also)
+    }
+}
+
+/// The lease accessors of a public guard whose lease says all about its state (etcd's, MariaDB's,
+/// SQLite's; PostgreSQL's also watches its connection, and writes its own): each a line over the
+/// [`Leased`] that `$leased` reads from the guard `$g`.
+macro_rules! leased_methods {
+    (|$g:ident| $leased:expr) => {
         /// The instant after which the server may give the lock to someone else unless a renewal
         /// (a ping, an extension, a keep-alive) is confirmed first: the send time of the last
         /// confirmed request, plus the lease, less the drift margin. Stop work that needs the
         /// lock before it.
         pub fn lease_deadline(&self) -> std::time::Instant {
-            self.hold().lease.deadline().into_std()
+            let $g = self;
+            $leased.lease_deadline()
         }
 
         /// The state now (`Lost` once the lease deadline has passed without a confirmed renewal).
         pub fn state(&self) -> $crate::LockState {
-            let h = self.hold();
-            h.lease.state(&h.name)
+            let $g = self;
+            $leased.state()
         }
 
         /// Every change of state, as a watch receiver.
         pub fn state_changes(&self) -> tokio::sync::watch::Receiver<$crate::LockState> {
-            self.hold().lease.subscribe()
+            let $g = self;
+            $leased.state_changes()
         }
 
         /// Resolves when the lock can no longer be trusted: the backend saw it go (the
         /// connection closed, our key deleted, the row taken over, the lease gone), or the lease
         /// deadline passed without a confirmed renewal.
         pub fn lost(&self) -> impl std::future::Future<Output = $crate::LostReason> + Send + 'static {
-            let h = self.hold();
-            $crate::lease::Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending())
+            let $g = self;
+            $leased.lost()
         }
     };
 }
-pub(crate) use lease_methods;
+pub(crate) use leased_methods;
 
 /// After a long wait for a grant, the lease runs from a fresh answer: if more than a sixth of
 /// `lease` passed since the acquire was `sent`, `ping` must answer within a third of it (the

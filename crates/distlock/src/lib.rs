@@ -147,7 +147,7 @@ pub use duration::{parse_duration, parse_duration_flag};
 pub use error::{Error, LostReason, Result};
 pub use lock_state::{LockState, QueueStatus};
 pub use owner::Owner;
-pub use template::{with_lock, DistributedGuard, DistributedLock};
+pub use template::with_lock;
 
 /// The README's examples, compiled as doc tests so they cannot rot (and the docs' below). The
 /// files are the repository's, outside the crate and not in its package: they are read only under

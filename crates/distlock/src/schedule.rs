@@ -675,11 +675,11 @@ impl Recipe for Schedule {
 }
 
 impl Held for JobGuard {
-    fn name(&self) -> String {
-        self.run.job.clone()
+    fn name(&self) -> &str {
+        &self.run.job
     }
-    fn holder_id(&self) -> String {
-        self.run.locked_by.clone()
+    fn holder_id(&self) -> &str {
+        &self.run.locked_by
     }
     fn fencing_token(&self) -> u64 {
         self.run.token

@@ -384,14 +384,14 @@ async fn clients_of_one_process_take_turns() {
     assert!(min as f64 >= 0.8 * max as f64, "grants per client {counts:?}: a client got fewer than 0.8 of another's");
 }
 
-/// The "run under the lock or report busy" template on a typed lock (not only on the one API's
-/// `Lock`): the work runs with the lock's token while it is held; a second caller is told busy
+/// The "run under the lock or report busy" template on a typed lock, converted into the one
+/// `Lock`: the work runs with the lock's token while it is held; a second caller is told busy
 /// after its timeout; the lock is free afterwards.
 #[tokio::test]
 async fn with_lock_runs_on_the_typed_mutex_or_reports_busy() {
     let (url, _dir) = db("?lease=5s");
     let client = Client::connect(&url).await.unwrap();
-    let lock = client.mutex("template").unwrap();
+    let lock: distlock::Lock = client.mutex("template").unwrap().into();
     let held = client.mutex("template").unwrap();
     let token = distlock::with_lock(&lock, Duration::from_secs(2), |token| async move { token }).await.unwrap();
     assert!(token > 0);

@@ -292,11 +292,11 @@ async fn with_lock_runs_or_reports_busy() {
     let path = unique_path("template");
     let a = connect().await;
     let lock = a.mutex(&path).unwrap();
-    let token = distlock::with_lock(&lock, Duration::from_secs(5), |t| async move { t }).await.unwrap();
+    let token = distlock::with_lock(&lock.clone().into(), Duration::from_secs(5), |t| async move { t }).await.unwrap();
     assert!(token > 0);
     let held = lock.lock().await.unwrap();
     let b = connect().await;
-    let other = b.mutex(&path).unwrap();
+    let other = b.mutex(&path).unwrap().into();
     let r = distlock::with_lock(&other, Duration::from_millis(100), |_| async { unreachable!("must not run") }).await;
     assert!(matches!(r, Err(Error::Busy { .. })), "{r:?}");
     held.release().await.unwrap();
@@ -308,7 +308,7 @@ async fn with_lock_cancels_work_when_the_lock_is_lost() {
     let path = unique_path("template-lost");
     let client = connect().await;
     let admin = connect().await;
-    let lock = client.mutex(&path).unwrap();
+    let lock = client.mutex(&path).unwrap().into();
     let (admin_c, path_c) = (admin.clone(), path.clone());
     let r = distlock::with_lock(&lock, Duration::from_secs(5), |_| async move {
         // Someone deletes our node; the work must be stopped, not run to its end.

@@ -39,12 +39,12 @@ impl Acquired {
             crate::shown::list(parts.iter().map(f).collect::<Vec<_>>().iter().map(String::as_str))
         };
         let mut env = vec![
-            ("DISTLOCK_KEY", join(&|p| p.lock_name())),
+            ("DISTLOCK_KEY", join(&|p| p.lock_name().to_string())),
             ("DISTLOCK_TOKEN", join(&|p| p.fencing_token().to_string())),
-            ("DISTLOCK_NODE", join(&|p| p.holder_id())),
+            ("DISTLOCK_NODE", join(&|p| p.holder_id().to_string())),
         ];
         if let Some([key, token]) = self.client.info().tool_env {
-            env.push((key, join(&|p| p.holder_id())));
+            env.push((key, join(&|p| p.holder_id().to_string())));
             env.push((token, join(&|p| p.fencing_token().to_string())));
         }
         if let Some(run) = &self.run {
@@ -277,7 +277,7 @@ async fn held(
 ) -> Acquired {
     let tokens = guard.parts().iter().map(|p| {
         let name = p.lock_name();
-        (typed.get(&name).cloned().unwrap_or(name), p.fencing_token())
+        (typed.get(name).cloned().unwrap_or_else(|| name.to_string()), p.fencing_token())
     });
     crate::textfile::acquired(tokens.collect());
     // The run's record, for the command's environment (the start just wrote it; nobody else can

@@ -57,6 +57,6 @@ pub(crate) trait Ballot: Debug + Send + Sync + 'static {
     /// default a [`Ballot::proclaim`] with the grant's mark and token. A backend whose
     /// announcement must come from the grant itself (from its connection) overrides it.
     fn announce<'a>(&'a self, held: &'a dyn Held, value: Arc<str>) -> BoxFuture<'a, Result<()>> {
-        self.proclaim(held.holder_id(), held.fencing_token(), value)
+        self.proclaim(held.holder_id().to_string(), held.fencing_token(), value)
     }
 }

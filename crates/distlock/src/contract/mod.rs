@@ -215,9 +215,9 @@ pub(crate) trait Recipe: Debug + Send + Sync + 'static {
 /// reach its own guard behind a grant.)
 pub(crate) trait Held: AsAny + Debug + Send + Sync + 'static {
     /// The lock's name on the server.
-    fn name(&self) -> String;
+    fn name(&self) -> &str;
     /// Our mark on the server (node path, hash field, key, holder column).
-    fn holder_id(&self) -> String;
+    fn holder_id(&self) -> &str;
     /// Strictly increasing from one holder of the lock to the next.
     fn fencing_token(&self) -> u64;
     /// The instant after which the server may give the lock to someone else.
@@ -231,16 +231,15 @@ pub(crate) trait Held: AsAny + Debug + Send + Sync + 'static {
 }
 
 /// Implements [`Held`] for guard types with the usual accessors (`name`, `holder_id`,
-/// `fencing_token`, `lease_deadline`, `state`, `lost`, `release`), and the template's
-/// [`crate::DistributedGuard`].
+/// `fencing_token`, `lease_deadline`, `state`, `lost`, `release`).
 macro_rules! held {
     ($($t:ty),* $(,)?) => {$(
         impl $crate::contract::Held for $t {
-            fn name(&self) -> String {
-                <$t>::name(self).to_string()
+            fn name(&self) -> &str {
+                <$t>::name(self)
             }
-            fn holder_id(&self) -> String {
-                <$t>::holder_id(self).to_string()
+            fn holder_id(&self) -> &str {
+                <$t>::holder_id(self)
             }
             fn fencing_token(&self) -> u64 {
                 <$t>::fencing_token(self)
@@ -258,23 +257,27 @@ macro_rules! held {
                 Box::pin(<$t>::release(*self))
             }
         }
-        $crate::template::distributed_guard!($t);
     )*};
 }
 pub(crate) use held;
 
 /// Implements [`Recipe`] for a typed lock from its three public acquires: `$l` is the lock and
-/// `$t` the timeout in the expressions. With `=> Guard`, also the template's
-/// [`crate::DistributedLock`] (for the public lock types; not for the read and write sides of a
-/// read/write lock, which are not types of their own in the public API).
+/// `$t` the timeout in the expressions. With `=> "backend"`, also `From<typed lock> for`
+/// [`crate::Lock`] (for the public lock types; not for the read and write sides of a read/write
+/// lock, which are not types of their own in the public API).
 ///
 /// ```ignore
-/// recipe!(Mutex => MutexGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+/// recipe!(Mutex => "sqlite", |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 /// ```
 macro_rules! recipe {
-    ($ty:ty => $guard:ty, |$l:ident, $t:ident| name: $name:expr, forever: $forever:expr, never: $never:expr, within: $within:expr) => {
+    ($ty:ty => $backend:literal, |$l:ident, $t:ident| name: $name:expr, forever: $forever:expr, never: $never:expr, within: $within:expr) => {
         $crate::contract::recipe!($ty, |$l, $t| name: $name, forever: $forever, never: $never, within: $within);
-        $crate::template::distributed_lock!($ty => $guard, |$l, $t| name: $name, within: $within);
+
+        impl From<$ty> for $crate::Lock {
+            fn from(lock: $ty) -> $crate::Lock {
+                $crate::Lock::from_recipe(std::sync::Arc::new(lock), $backend)
+            }
+        }
     };
     ($ty:ty, |$l:ident, $t:ident| name: $name:expr, forever: $forever:expr, never: $never:expr, within: $within:expr) => {
         impl $crate::contract::Recipe for $ty {

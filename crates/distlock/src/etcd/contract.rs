@@ -52,10 +52,10 @@ impl contract::Backend for Client {
     }
 }
 
-recipe!(Mutex => LockGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(Mutex => "etcd", |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.0.try_read(), within: l.0.read_timeout(t));
 recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
-recipe!(Semaphore => LockGuard, |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+recipe!(Semaphore => "etcd", |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
 contract::held!(LockGuard);
 
 impl crate::Client {
@@ -80,10 +80,10 @@ mod contract_tests {
         }
     }
 
-    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    /// Each typed lock converts into the one lock ([`crate::Lock`]), which the template takes.
     #[test]
-    fn typed_locks_are_distributed_locks() {
-        fn takes<L: crate::DistributedLock>() {}
+    fn typed_locks_convert_into_the_lock() {
+        fn takes<L: Into<crate::Lock>>() {}
         takes::<super::super::Mutex>();
         takes::<super::super::Semaphore>();
     }

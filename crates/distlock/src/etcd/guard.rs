@@ -2,7 +2,7 @@
 
 use super::session::Session;
 use super::Client;
-use crate::lease::Lease;
+use crate::lease::{Lease, Leased};
 use crate::{Error, LockState, LostReason, Result};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use std::sync::Arc;
@@ -34,10 +34,9 @@ pub struct LockGuard {
 
 struct Hold {
     client: Client,
-    name: String,
+    leased: Leased,
     key: String,
     rev: i64,
-    lease: Arc<Lease>,
     /// Kept so the keeper keeps the lease alive while we hold.
     _session: Arc<Session>,
     /// The local queue of session-named keys, held until the key is deleted.
@@ -64,7 +63,17 @@ impl LockGuard {
     ) -> LockGuard {
         let watcher =
             tokio::spawn(watch_own_key(client.clone(), name.clone(), key.clone(), rev, session.clone(), lease.clone()));
-        LockGuard { hold: Some(Hold { client, name, key, rev, lease, _session: session, gate, watcher }) }
+        let leased = Leased::new(name, lease);
+        LockGuard { hold: Some(Hold { client, leased, key, rev, _session: session, gate, watcher }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.hold().leased.name()
     }
 
     /// Our key, e.g. `orders/694d8b5a1c2f3e07` (what `etcdctl lock` puts in `ETCD_LOCK_KEY`).
@@ -96,14 +105,14 @@ impl LockGuard {
         // they never left.
         let (etcd, txn) = (h.client.etcd(), Txn::new().when([self.is_owner()]).and_then(ops));
         h.client
-            .call_once("guarded transaction", &h.name, || {
+            .call_once("guarded transaction", h.leased.name(), || {
                 let (mut etcd, txn) = (etcd.clone(), txn.clone());
                 async move { etcd.txn(txn).await }
             })
             .await
     }
 
-    crate::lease::lease_methods!();
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Deletes our key (only if it is still ours) and waits for the server; [`Error::LockLost`]
     /// if the lock had been lost before or the key was gone.
@@ -111,8 +120,8 @@ impl LockGuard {
         let before = self.state();
         let hold = self.hold.take().expect("a guard holds until released");
         hold.watcher.abort();
-        hold.lease.end();
-        let name = hold.name.clone();
+        hold.leased.lease.end();
+        let name = hold.leased.name.clone();
         let held = crate::background::detach(unlock(hold)).await?;
         match (before, held) {
             (LockState::Lost(reason), _) => Err(Error::LockLost { lock: name, reason }),
@@ -126,10 +135,10 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         let Some(hold) = self.hold.take() else { return };
         hold.watcher.abort();
-        hold.lease.end();
+        hold.leased.lease.end();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let name = hold.name.clone();
+                let name = hold.leased.name.clone();
                 if let Err(e) = unlock(hold).await {
                     tracing::warn!(lock = name, error = %e, "release on drop failed; the session lease frees it");
                 }
@@ -140,7 +149,7 @@ impl Drop for LockGuard {
 
 /// Deletes our key if it is still ours; true if it was. The local gate opens after.
 async fn unlock(hold: Hold) -> Result<bool> {
-    let Hold { client, name, key, rev, gate, .. } = hold;
+    let Hold { client, leased: Leased { name, .. }, key, rev, gate, .. } = hold;
     let etcd = client.etcd();
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])

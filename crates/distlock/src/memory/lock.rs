@@ -7,7 +7,7 @@
 use super::store::{Entry, Store};
 use super::Client;
 use crate::contract::{BoxFuture, Held, Kind, Recipe, Wait};
-use crate::lease::{Lease, Renewal};
+use crate::lease::{Lease, Leased, Renewal};
 use crate::{LockState, LostReason, QueueStatus, Result};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -151,10 +151,9 @@ pub(crate) struct MemGuard {
 #[derive(Debug)]
 struct Hold {
     client: Client,
-    name: String,
+    leased: Leased,
     id: String,
     token: u64,
-    lease: Arc<Lease>,
     keeper: tokio::task::JoinHandle<()>,
 }
 
@@ -164,7 +163,8 @@ impl MemGuard {
         // less the drift margin, so it is lost before the store hands the lock on.
         let lease = Arc::new(Lease::new(entry.since, entry.lease, "memory"));
         let keeper = tokio::spawn(keep(client.clone(), name.clone(), entry.id.clone(), lease.clone()));
-        MemGuard { hold: Some(Hold { client, name, id: entry.id, token: entry.token, lease, keeper }) }
+        let leased = Leased::new(name, lease);
+        MemGuard { hold: Some(Hold { client, leased, id: entry.id, token: entry.token, keeper }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -194,28 +194,27 @@ async fn give_back(client: Client, name: String, id: String) -> Result<bool> {
 }
 
 impl Held for MemGuard {
-    fn name(&self) -> String {
-        self.hold().name.clone()
+    fn name(&self) -> &str {
+        self.hold().leased.name()
     }
-    fn holder_id(&self) -> String {
-        self.hold().id.clone()
+    fn holder_id(&self) -> &str {
+        &self.hold().id
     }
     fn fencing_token(&self) -> u64 {
         self.hold().token
     }
     fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().lease.deadline().into_std()
+        self.hold().leased.lease_deadline()
     }
     fn state(&self) -> LockState {
-        let h = self.hold();
-        h.lease.state(&h.name)
+        self.hold().leased.state()
     }
     fn lost(&self) -> BoxFuture<'static, LostReason> {
-        let h = self.hold();
-        Box::pin(Lease::lost(h.lease.clone(), h.name.clone(), std::future::pending()))
+        Box::pin(self.hold().leased.lost())
     }
     fn release(mut self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        let Hold { client, name, id, lease, keeper, .. } = self.hold.take().expect("a guard holds until released");
+        let Hold { client, leased: Leased { name, lease }, id, keeper, .. } =
+            self.hold.take().expect("a guard holds until released");
         keeper.abort();
         Box::pin(async move {
             let (before, lock, deadline) = (lease.state(&name), name.clone(), lease.deadline());
@@ -234,7 +233,7 @@ impl Held for MemGuard {
 
 impl Drop for MemGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, name, id, lease, keeper, .. }) = self.hold.take() else { return };
+        let Some(Hold { client, leased: Leased { name, lease }, id, keeper, .. }) = self.hold.take() else { return };
         keeper.abort();
         lease.end();
         // Given back at once (a test sees the lock free right after the drop); from a cut-off

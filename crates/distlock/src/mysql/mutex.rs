@@ -2,7 +2,7 @@
 
 use super::{backend, Client, Conn, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
 use crate::contract::Wait;
-use crate::lease::{Lease, Renewal};
+use crate::lease::{Lease, Leased, Renewal};
 use crate::{LostReason, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -135,10 +135,11 @@ pub struct MutexGuard {
 struct Hold {
     client: Client,
     conn: Arc<tokio::sync::Mutex<Conn>>,
-    name: String,
+    leased: Leased,
     id: u64,
+    /// Our mark, `connection:ID`, as `IS_USED_LOCK(name)` and the process list show it.
+    holder: String,
     token: u64,
-    lease: Arc<Lease>,
     /// Its place in the client's renewals: a ping of the connection every sixth of the lease
     /// (ended when dropped).
     _renewals: crate::watchdog::Ticket,
@@ -147,7 +148,7 @@ struct Hold {
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold")
-            .field("name", &self.name)
+            .field("name", &self.leased.name)
             .field("connection", &self.id)
             .field("token", &self.token)
             .finish()
@@ -177,7 +178,18 @@ impl MutexGuard {
             }
         };
         let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
-        MutexGuard { hold: Some(Hold { client, conn, name, id, token, lease, _renewals: renewals }) }
+        let holder = format!("connection:{id}");
+        let leased = Leased::new(name, lease);
+        MutexGuard { hold: Some(Hold { client, conn, leased, id, holder, token, _renewals: renewals }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.hold().leased.name()
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -186,17 +198,18 @@ impl MutexGuard {
     }
 
     /// The holding connection, as `IS_USED_LOCK(name)` and the process list show it.
-    pub fn holder_id(&self) -> String {
-        format!("connection:{}", self.hold().id)
+    pub fn holder_id(&self) -> &str {
+        &self.hold().holder
     }
 
-    crate::lease::lease_methods!();
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Unlocks and waits for the server; [`Error::LockLost`](crate::Error::LockLost) if the lock had been lost before or
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, name, lease, _renewals, .. } = self.hold.take().expect("a guard holds until released");
+        let Hold { client, conn, leased: Leased { name, lease }, _renewals, .. } =
+            self.hold.take().expect("a guard holds until released");
         drop(_renewals);
         // A lock lost before: dropping the connection frees it.
         lease.release(before, name.clone(), unlock(client, conn, name), LostReason::ConnectionClosed).await
@@ -205,7 +218,9 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, name, lease, _renewals, .. }) = self.hold.take() else { return };
+        let Some(Hold { client, conn, leased: Leased { name, lease }, _renewals, .. }) = self.hold.take() else {
+            return;
+        };
         drop(_renewals);
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -3,7 +3,7 @@
 use super::semaphore::RELEASED_CHANNEL;
 use super::{backend, AdvisoryKey, Client, Conn, FENCING_GUARD, FENCING_SEQUENCE};
 use crate::contract::Wait;
-use crate::lease::{Lease, Renewal};
+use crate::lease::{Lease, Leased, Renewal};
 use crate::{Error, LockState, LostReason, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -468,8 +468,10 @@ struct Hold {
     client: Client,
     conn: Arc<Conn>,
     target: Arc<Target>,
+    /// Our mark, `advisory:KEY` (see [`MutexGuard::holder_id`]).
+    holder: String,
     token: u64,
-    lease: Arc<Lease>,
+    leased: Leased,
     /// Its place in the client's renewals: a health check of the connection every sixth of the
     /// lease (ended when dropped).
     _renewals: crate::watchdog::Ticket,
@@ -499,7 +501,9 @@ impl MutexGuard {
             }
         };
         let renewals = client.watchdog().watch(lease.clone(), target.name.clone(), Arc::new(check));
-        MutexGuard { hold: Some(Hold { client, conn, target, token, lease, _renewals: renewals }) }
+        let holder = format!("advisory:{}", target.key);
+        let leased = Leased::new(target.name.clone(), lease);
+        MutexGuard { hold: Some(Hold { client, conn, target, holder, token, leased, _renewals: renewals }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -514,7 +518,7 @@ impl MutexGuard {
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        &self.hold().target.name
+        self.hold().leased.name()
     }
 
     /// The advisory key held.
@@ -534,15 +538,15 @@ impl MutexGuard {
 
     /// The backend's process id of the holding connection, as `pg_locks.pid` shows it: unknown
     /// here without a query, so the advisory key is given as the holder's mark instead.
-    pub fn holder_id(&self) -> String {
-        format!("advisory:{}", self.hold().target.key)
+    pub fn holder_id(&self) -> &str {
+        &self.hold().holder
     }
 
     /// The instant after which the server may end our silent session and give the lock to
     /// someone else: the send time of the last answered health check plus the lease, less a
     /// drift margin.
     pub fn lease_deadline(&self) -> std::time::Instant {
-        self.hold().lease.deadline().into_std()
+        self.hold().leased.lease_deadline()
     }
 
     /// The state now (`Lost` once the lease deadline has passed without an answer, or the
@@ -550,14 +554,14 @@ impl MutexGuard {
     pub fn state(&self) -> LockState {
         let h = self.hold();
         if h.conn.is_closed() {
-            h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &h.target.name);
+            h.leased.lease.publish(LockState::Lost(LostReason::ConnectionClosed), h.leased.name());
         }
-        h.lease.state(&h.target.name)
+        h.leased.state()
     }
 
     /// Every change of state, as a watch receiver.
     pub fn state_changes(&self) -> watch::Receiver<LockState> {
-        self.hold().lease.subscribe()
+        self.hold().leased.state_changes()
     }
 
     /// Resolves when the lock can no longer be trusted: the connection closed, or the lease
@@ -565,7 +569,7 @@ impl MutexGuard {
     pub fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let h = self.hold();
         let closed = h.conn.closed();
-        Lease::lost(h.lease.clone(), h.target.name.clone(), async move {
+        h.leased.lost_or(async move {
             closed.await;
             LostReason::ConnectionClosed
         })
@@ -575,7 +579,7 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, target, lease, _renewals, .. } =
+        let Hold { client, conn, target, leased: Leased { lease, .. }, _renewals, .. } =
             self.hold.take().expect("a guard holds until released");
         let name = target.name.clone();
         drop(_renewals);
@@ -593,7 +597,7 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, target, lease, _renewals, .. }) = self.hold.take() else {
+        let Some(Hold { client, conn, target, leased: Leased { lease, .. }, _renewals, .. }) = self.hold.take() else {
             return;
         };
         drop(_renewals);

@@ -2,8 +2,8 @@
 //! (Redisson's or redis-py's), the read/write lock and the semaphore.
 
 use super::{
-    Client, Layout, Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, SimpleGuard, SimpleLock,
-    WriteGuard,
+    Client, FairGuard, FairLock, Layout, Mutex, MutexGuard, ReadGuard, RwLock, Semaphore, SemaphorePermit, SimpleGuard,
+    SimpleLock, WriteGuard,
 };
 use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
@@ -58,27 +58,15 @@ impl contract::Backend for Client {
     }
 }
 
-recipe!(Mutex => MutexGuard, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-recipe!(SimpleLock => SimpleGuard, |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(Mutex => "redis", |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+recipe!(SimpleLock => "redis", |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 recipe!(Reading<RwLock>, |l, t| name: l.0.key(), forever: l.0.read(), never: l.0.try_read(), within: l.0.read_timeout(t));
 recipe!(Writing<RwLock>, |l, t| name: l.0.key(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
-recipe!(Semaphore => SemaphorePermit, |l, t| name: l.key(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
-contract::held!(MutexGuard, SimpleGuard, ReadGuard, WriteGuard, SemaphorePermit);
-// The fair lock is no recipe of the contract (its queue is Redisson's), but takes the template.
-crate::template::distributed_lock!(super::FairLock => super::FairGuard, |l, t| name: l.key(), within: l.lock_timeout(t));
-crate::template::distributed_guard!(super::FairGuard);
-
-impl From<Mutex> for crate::Lock {
-    fn from(m: Mutex) -> crate::Lock {
-        crate::Lock::from_recipe(Arc::new(m), "redis")
-    }
-}
-
-impl From<SimpleLock> for crate::Lock {
-    fn from(m: SimpleLock) -> crate::Lock {
-        crate::Lock::from_recipe(Arc::new(m), "redis")
-    }
-}
+recipe!(Semaphore => "redis", |l, t| name: l.key(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+// The fair lock is no kind the client makes (its queue is Redisson's), but converts into the one
+// lock all the same.
+recipe!(FairLock => "redis", |l, t| name: l.key(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+contract::held!(MutexGuard, SimpleGuard, ReadGuard, WriteGuard, SemaphorePermit, FairGuard);
 
 impl crate::Client {
     /// The typed Redis client, if this is one (see [`crate::Client::downcast`]).
@@ -102,10 +90,10 @@ mod contract_tests {
         }
     }
 
-    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    /// Each typed lock converts into the one lock ([`crate::Lock`]), which the template takes.
     #[test]
-    fn typed_locks_are_distributed_locks() {
-        fn takes<L: crate::DistributedLock>() {}
+    fn typed_locks_convert_into_the_lock() {
+        fn takes<L: Into<crate::Lock>>() {}
         takes::<super::super::Mutex>();
         takes::<super::super::SimpleLock>();
         takes::<super::super::FairLock>();

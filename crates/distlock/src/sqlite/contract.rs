@@ -51,7 +51,7 @@ impl contract::Backend for Client {
     }
 }
 
-contract::recipe!(Mutex => MutexGuard, |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+contract::recipe!(Mutex => "sqlite", |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
 contract::held!(MutexGuard);
 
 impl crate::Client {
@@ -76,10 +76,10 @@ mod contract_tests {
         }
     }
 
-    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    /// Each typed lock converts into the one lock ([`crate::Lock`]), which the template takes.
     #[test]
-    fn typed_locks_are_distributed_locks() {
-        fn takes<L: crate::DistributedLock>() {}
+    fn typed_locks_convert_into_the_lock() {
+        fn takes<L: Into<crate::Lock>>() {}
         takes::<super::super::Mutex>();
     }
 

@@ -2,7 +2,7 @@
 
 use super::{backend, Client};
 use crate::contract::Wait;
-use crate::lease::{Lease, Renewal};
+use crate::lease::{Lease, Leased, Renewal};
 use crate::{LostReason, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -210,10 +210,9 @@ pub struct MutexGuard {
 #[derive(Debug)]
 struct Hold {
     client: Client,
-    name: String,
+    leased: Leased,
     holder: String,
     token: u64,
-    lease: Arc<Lease>,
     watchdog: tokio::task::JoinHandle<()>,
     /// This process's queue for the lock: the next local acquire goes once our release is done,
     /// or at once when the lease is lost (the watchdog opens it then).
@@ -241,7 +240,16 @@ impl MutexGuard {
         let gate = Arc::new(std::sync::Mutex::new(Some(gate)));
         let watchdog =
             tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone(), gate.clone()));
-        MutexGuard { hold: Some(Hold { client, name, holder, token, lease, watchdog, gate }) }
+        MutexGuard { hold: Some(Hold { client, leased: Leased::new(name, lease), holder, token, watchdog, gate }) }
+    }
+
+    fn hold(&self) -> &Hold {
+        self.hold.as_ref().expect("a guard holds until released")
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.hold().leased.name()
     }
 
     /// Larger than every token an earlier holder of this lock got.
@@ -254,11 +262,11 @@ impl MutexGuard {
         &self.hold().holder
     }
 
-    crate::lease::lease_methods!();
+    crate::lease::leased_methods!(|g| g.hold().leased);
 
     /// Ends the lease now; [`Error::LockLost`](crate::Error::LockLost) if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
-        let Hold { client, name, holder, lease, watchdog, gate, .. } =
+        let Hold { client, leased: Leased { name, lease }, holder, watchdog, gate, .. } =
             self.hold.take().expect("a guard holds until released");
         watchdog.abort();
         let (before, lock) = (lease.state(&name), name.clone());
@@ -275,7 +283,9 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, name, holder, lease, watchdog, gate, .. }) = self.hold.take() else { return };
+        let Some(Hold { client, leased: Leased { name, lease }, holder, watchdog, gate, .. }) = self.hold.take() else {
+            return;
+        };
         watchdog.abort();
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -130,16 +130,22 @@ impl crate::Client {
     }
 }
 
-// ZooKeeper's typed locks outside the contract's recipes (those get theirs from `recipe!`).
-mod zk_impls {
-    use super::super::{Mutex, MutexGuard, ReentrantGuard, ReentrantMutex, Semaphore, SemaphorePermit};
-
-    crate::template::distributed_lock!(Mutex => MutexGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
-    crate::template::distributed_lock!(ReentrantMutex => ReentrantGuard, |l, t| name: l.path(), within: l.lock_timeout(t));
-    // One permit, as the other backends' semaphores take.
-    crate::template::distributed_lock!(Semaphore => SemaphorePermit, |l, t| name: l.path(), within: l.acquire_timeout(1, t));
-    crate::template::distributed_guard!(MutexGuard, ReentrantGuard, SemaphorePermit);
+// ZooKeeper's typed locks as the one lock: the mutex and the semaphore (one permit, as the other
+// backends' semaphores take) through their lock specs, the reentrant mutex as a recipe of its own.
+impl From<super::Mutex> for crate::Lock {
+    fn from(m: super::Mutex) -> crate::Lock {
+        LockSpec::Exclusive(m).into()
+    }
 }
+
+impl From<super::Semaphore> for crate::Lock {
+    fn from(s: super::Semaphore) -> crate::Lock {
+        LockSpec::Permits(s, 1).into()
+    }
+}
+
+contract::recipe!(super::ReentrantMutex => "zookeeper", |l, t| name: l.path(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
+contract::held!(super::ReentrantGuard);
 
 #[cfg(test)]
 mod contract_tests {
@@ -156,10 +162,10 @@ mod contract_tests {
         }
     }
 
-    /// Each typed lock takes the template ([`crate::DistributedLock`]).
+    /// Each typed lock converts into the one lock ([`crate::Lock`]), which the template takes.
     #[test]
-    fn typed_locks_are_distributed_locks() {
-        fn takes<L: crate::DistributedLock>() {}
+    fn typed_locks_convert_into_the_lock() {
+        fn takes<L: Into<crate::Lock>>() {}
         takes::<super::super::Mutex>();
         takes::<super::super::ReentrantMutex>();
         takes::<super::super::Semaphore>();

@@ -91,36 +91,36 @@ impl AnyGuard {
     }
 
     /// The lock path.
-    pub fn lock_path(&self) -> String {
+    pub fn lock_path(&self) -> &str {
         match self {
-            AnyGuard::Exclusive(g) => g.lock_path().to_string(),
-            AnyGuard::Read(g) => g.lock_path().to_string(),
-            AnyGuard::Write(g) => g.lock_path().to_string(),
+            AnyGuard::Exclusive(g) => g.lock_path(),
+            AnyGuard::Read(g) => g.lock_path(),
+            AnyGuard::Write(g) => g.lock_path(),
             AnyGuard::Permits(g) => {
                 let p = g.node_paths()[0];
-                p[..p.rfind("/leases/").unwrap_or(p.len())].to_string()
+                &p[..p.rfind("/leases/").unwrap_or(p.len())]
             }
         }
     }
 
     /// The lock's name: its path, as on every backend's guards.
-    pub fn name(&self) -> String {
+    pub fn name(&self) -> &str {
         self.lock_path()
     }
 
     /// Our mark on the server: our node's full path, as on every backend's guards.
-    pub fn holder_id(&self) -> String {
+    pub fn holder_id(&self) -> &str {
         self.node_path()
     }
 
     /// Our node's full path (for a semaphore permit, its first lease node), e.g.
     /// `/locks/a/_c_<uuid>-lock-0000000007`.
-    pub fn node_path(&self) -> String {
+    pub fn node_path(&self) -> &str {
         match self {
-            AnyGuard::Exclusive(g) => g.node_path().to_string(),
-            AnyGuard::Read(g) => g.node_path().to_string(),
-            AnyGuard::Write(g) => g.node_path().to_string(),
-            AnyGuard::Permits(g) => g.node_paths()[0].to_string(),
+            AnyGuard::Exclusive(g) => g.node_path(),
+            AnyGuard::Read(g) => g.node_path(),
+            AnyGuard::Write(g) => g.node_path(),
+            AnyGuard::Permits(g) => g.node_paths()[0],
         }
     }
 

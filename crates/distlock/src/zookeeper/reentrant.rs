@@ -48,6 +48,8 @@ struct Holding {
     guard: MutexGuard,
     count: usize,
     token: u64,
+    lock: Arc<str>,
+    node: Arc<str>,
 }
 
 impl ReentrantMutex {
@@ -72,7 +74,13 @@ impl ReentrantMutex {
         let mut held = self.shared.held.lock().unwrap();
         let h = held.as_mut()?;
         h.count += 1;
-        Some(ReentrantGuard { shared: self.shared.clone(), token: h.token, released: false })
+        Some(ReentrantGuard {
+            shared: self.shared.clone(),
+            token: h.token,
+            lock: h.lock.clone(),
+            node: h.node.clone(),
+            released: false,
+        })
     }
 
     /// Acquires, re-entering at once if this owner holds the lock already.
@@ -117,8 +125,10 @@ impl ReentrantMutex {
         };
         let Some(guard) = self.inner.lock_with(remaining, None).await? else { return Ok(None) };
         let token = guard.fencing_token();
-        *self.shared.held.lock().unwrap() = Some(Holding { guard, count: 1, token });
-        Ok(Some(ReentrantGuard { shared: self.shared.clone(), token, released: false }))
+        let (lock, node): (Arc<str>, Arc<str>) = (guard.lock_path().into(), guard.node_path().into());
+        let holding = Holding { guard, count: 1, token, lock: lock.clone(), node: node.clone() };
+        *self.shared.held.lock().unwrap() = Some(holding);
+        Ok(Some(ReentrantGuard { shared: self.shared.clone(), token, lock, node, released: false }))
     }
 
     /// The state of the underlying lock, if held.
@@ -145,6 +155,10 @@ impl ReentrantMutex {
 pub struct ReentrantGuard {
     shared: Arc<Shared>,
     token: u64,
+    /// The lock path and the owner's node (the same for every re-entry), kept here to be lent
+    /// out: the hold itself is behind the owner's mutex.
+    lock: Arc<str>,
+    node: Arc<str>,
     released: bool,
 }
 
@@ -154,10 +168,30 @@ impl ReentrantGuard {
         self.token
     }
 
+    /// The lock's name: its path, as on every backend's guards.
+    pub fn name(&self) -> &str {
+        &self.lock
+    }
+
+    /// Our mark on the server: the owner's node path, as on every backend's guards.
+    pub fn holder_id(&self) -> &str {
+        &self.node
+    }
+
+    /// The owner's hold, there while any of its guards is (the last release takes it).
+    fn holding<T>(&self, f: impl FnOnce(&Holding) -> T) -> T {
+        f(self.shared.held.lock().unwrap().as_ref().expect("held while a guard of it is unreleased"))
+    }
+
     /// The lease deadline of the underlying lock (see
-    /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)); `None` once released.
-    pub fn lease_deadline(&self) -> Option<std::time::Instant> {
-        self.shared.held.lock().unwrap().as_ref().map(|h| h.guard.lease_deadline())
+    /// [`MutexGuard::lease_deadline`](super::MutexGuard::lease_deadline)).
+    pub fn lease_deadline(&self) -> std::time::Instant {
+        self.holding(|h| h.guard.lease_deadline())
+    }
+
+    /// The state of the underlying lock.
+    pub fn state(&self) -> LockState {
+        self.holding(|h| h.guard.state())
     }
 
     /// Resolves when the underlying lock can no longer be trusted.
