@@ -12,6 +12,7 @@ mod handover;
 mod harness;
 mod observe;
 mod postgres;
+mod postgres_tls;
 mod redis;
 mod sql;
 mod zookeeper;

@@ -24,7 +24,8 @@ pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
     // The floor's connection is made as the lock's are: the URL's login and TLS (`sslmode`, its
     // CA and client certificate), so a TLS run measures TLS on both sides.
     let parsed = distlock::postgres::PgUrl::parse(url)?;
-    let (floor_conn, connection) = parsed.config.connect(parsed.tls()?).await?;
+    let config = super::postgres_tls::config(url, &parsed)?;
+    let (floor_conn, connection) = config.connect(super::postgres_tls::connector(&parsed)?).await?;
     tokio::spawn(connection);
     // Keys of this run: random, so that nothing else is disturbed.
     let base: i64 = (uuid::Uuid::new_v4().as_u128() as i64) & 0x0fff_ffff_ffff_0000;
@@ -69,14 +70,14 @@ pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
 /// names (which the peer's driver reads; it knows none of distlock's other keys).
 fn peer_url(url: &str, parsed: &distlock::postgres::PgUrl) -> String {
     use distlock::postgres::SslMode;
-    let mode = match parsed.ssl_mode {
+    let mode = match parsed.ssl_mode() {
         SslMode::Disable => "disable",
         SslMode::Prefer => "prefer",
         SslMode::Require => "require",
         SslMode::VerifyCa => "verify-ca",
         SslMode::VerifyFull => "verify-full",
     };
-    let files = &parsed.tls_files;
+    let files = parsed.tls_files();
     let mut query = vec![format!("sslmode={mode}")];
     for (name, file) in [("sslrootcert", &files.cacert), ("sslcert", &files.cert), ("sslkey", &files.key)] {
         if let Some(file) = file {

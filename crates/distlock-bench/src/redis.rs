@@ -513,19 +513,19 @@ fn peer_redis_py(
     workload: &str,
 ) -> anyhow::Result<Report> {
     let parsed = distlock::redis::RedisUrl::parse(url)?;
-    if parsed.sentinel.is_some() {
+    if parsed.sentinel().is_some() {
         return Ok(report(workload, 0.0, limits.sequential, vec![("skipped".into(), "Sentinel URL".into())]));
     }
     // The connection's settings go on stdin (the login among them: never in argv or the
     // environment, where other users could read it).
-    let files = &parsed.tls_files;
+    let files = parsed.tls_files();
     let settings = serde_json::json!({
-        "host": parsed.host,
-        "port": parsed.port,
-        "db": parsed.db,
-        "username": parsed.username,
-        "password": parsed.password,
-        "ssl": parsed.tls,
+        "host": parsed.host(),
+        "port": parsed.port(),
+        "db": parsed.db(),
+        "username": parsed.username(),
+        "password": parsed.password(),
+        "ssl": parsed.tls(),
         "ssl_ca_certs": files.cacert,
         "ssl_certfile": files.cert,
         "ssl_keyfile": files.key,

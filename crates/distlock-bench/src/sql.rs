@@ -74,6 +74,32 @@ impl Db {
     }
 }
 
+/// The connection settings of the floor's pool, as the lock's connections are made: the URL's
+/// server, login and database (sqlx reads them from the URL as distlock does), and the TLS
+/// distlock has in force for it (its `ssl-mode`, CA and client certificate). No statement logging
+/// (a floor pair is not a slow statement).
+fn mysql_options(url: &str, parsed: &distlock::mysql::MysqlUrl) -> anyhow::Result<sqlx::mysql::MySqlConnectOptions> {
+    use distlock::mysql::SslMode;
+    use sqlx::mysql::MySqlSslMode as M;
+    let rest = url.strip_prefix("mysql://").or_else(|| url.strip_prefix("mariadb://")).unwrap_or(url);
+    let base = rest.split('?').next().unwrap_or(rest);
+    let mut options: sqlx::mysql::MySqlConnectOptions = format!("mysql://{base}").parse()?;
+    options = options.ssl_mode(match parsed.ssl_mode() {
+        SslMode::Disabled => M::Disabled,
+        SslMode::Preferred => M::Preferred,
+        SslMode::Required => M::Required,
+        SslMode::VerifyIdentity => M::VerifyIdentity,
+    });
+    let files = parsed.tls_files();
+    if let Some(ca) = &files.cacert {
+        options = options.ssl_ca(ca);
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        options = options.ssl_client_cert(cert).ssl_client_key(key);
+    }
+    Ok(sqlx::ConnectOptions::disable_statement_logging(options))
+}
+
 /// Runs `workloads` against `url` (a `mysql://` or `sqlite://` URL) with `clients` contending
 /// clients for `duration` each.
 pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
@@ -85,7 +111,7 @@ pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
         Some(lite) => {
             let (acquire, release) = lite.lease_statements();
             let options = sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(&lite.url().path)
+                .filename(lite.url().path())
                 .busy_timeout(Duration::from_secs(30));
             let pool = sqlx::sqlite::SqlitePoolOptions::new()
                 .max_connections(conns)
@@ -96,7 +122,7 @@ pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
         }
         None => {
             let my = client.mysql().ok_or_else(|| anyhow::anyhow!("{url}: not a mysql:// or sqlite:// URL"))?;
-            let options = sqlx::ConnectOptions::disable_statement_logging(my.url().options.clone());
+            let options = mysql_options(url, my.url())?;
             Db::Mysql(
                 sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(conns)

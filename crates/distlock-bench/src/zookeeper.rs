@@ -596,7 +596,7 @@ async fn server_watches(url: &str) -> Option<u64> {
     if url.starts_with("zks://") {
         return None;
     }
-    let host = distlock::zookeeper::ZkUrl::parse(url).ok()?.hosts.into_iter().next()?;
+    let host = distlock::zookeeper::ZkUrl::parse(url).ok()?.hosts().first()?.clone();
     let mut sock = tokio::net::TcpStream::connect(host).await.ok()?;
     sock.write_all(b"mntr").await.ok()?;
     let mut text = String::new();

@@ -246,7 +246,7 @@ mod url_keys {
         let over = crate::ConnectOptions::new().lease(Duration::from_secs(20)).cacert("/b.pem").setup(false);
         let over = over.common().unwrap();
         let m = crate::memory::MemoryUrl::parse_with("memory://t?ttl=5s&setup=auto", &over).unwrap();
-        assert_eq!((m.lease, m.setup), (Duration::from_secs(20), false));
+        assert_eq!((m.lease(), m.setup()), (Duration::from_secs(20), false));
         let p = crate::postgres::PgUrl::parse_with("postgres://h/db?sslrootcert=/a.pem&lease=4s", &over).unwrap();
         assert_eq!(
             (p.lease, p.tls_files.cacert.as_deref()),

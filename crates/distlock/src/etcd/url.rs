@@ -22,31 +22,38 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// - `cacert`, `cert`, `key` (`etcds://` only): the CA that verifies the members (default: the
 ///   system's roots), and a client certificate and key, as `etcdctl --cacert --cert --key`.
 ///
+/// The URL's keys are its configuration: an `EtcdUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`endpoints`](Self::endpoints), [`ttl`](Self::ttl), …). Other
+/// settings are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions)
+/// to it ([`apply`](crate::ConnectOptions::apply)), and parse that.
+///
 /// # Examples
 ///
 /// ```
 /// use distlock::etcd::EtcdUrl;
-/// let url = EtcdUrl::parse("etcd://127.0.0.1:2379,127.0.0.1:22379?ttl=10s").unwrap();
-/// assert_eq!(url.endpoints, ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]);
-/// assert_eq!(url.ttl, std::time::Duration::from_secs(10));
+/// let url = EtcdUrl::parse("etcd://app:secret@127.0.0.1:2379,127.0.0.1:22379?ttl=10s").unwrap();
+/// assert_eq!(url.endpoints(), ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]);
+/// assert_eq!(url.ttl(), std::time::Duration::from_secs(10));
+/// assert_eq!(url.user(), Some("app"));
+/// assert!(!format!("{url} {url:?}").contains("secret"));
 /// assert!(EtcdUrl::parse("etcd://127.0.0.1:2379?ttl=1500ms").is_err());
 /// ```
 #[derive(Clone)]
 pub struct EtcdUrl {
     /// The members to talk to, as `http://host:port` (`https://` with TLS).
-    pub endpoints: Vec<String>,
+    pub(crate) endpoints: Vec<String>,
     /// The etcd user and password, if given (the password never shown).
-    pub user: Option<(String, String)>,
+    pub(crate) user: Option<(String, String)>,
     /// TLS (`etcds://`).
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The TLS files (CA, client certificate and key), with `tls`.
-    pub tls_files: crate::tls::TlsFiles,
+    pub(crate) tls_files: crate::tls::TlsFiles,
     /// The session lease's TTL.
-    pub ttl: Duration,
+    pub(crate) ttl: Duration,
     /// The bound on one request.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// The bound on connecting.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 impl std::fmt::Display for EtcdUrl {
@@ -75,6 +82,47 @@ impl std::fmt::Debug for EtcdUrl {
 }
 
 impl EtcdUrl {
+    /// The members to talk to, as `http://host:port` (`https://` with TLS), in the order given.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The etcd user, if the URL names one.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    /// The etcd user's password, if the URL names a user; never shown by `Display` or `Debug`.
+    pub fn password(&self) -> Option<&str> {
+        self.user.as_ref().map(|(_, password)| password.as_str())
+    }
+
+    /// Whether the connections are TLS (`etcds://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The TLS files (CA, client certificate and key), with [`tls`](Self::tls).
+    pub fn tls_files(&self) -> &crate::tls::TlsFiles {
+        &self.tls_files
+    }
+
+    /// The session lease's TTL (`ttl=` or `lease=`, default 30 s): how long a holder that stops
+    /// keeping it alive keeps its locks at most.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The bound on one request (`timeout=`, default 5 s).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The bound on connecting (`connect_timeout=`, default 5 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// Parses an `etcd://` URL.
     pub fn parse(url: &str) -> Result<EtcdUrl> {
         Self::parse_with(url, &Default::default())

@@ -79,27 +79,50 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
 
 /// A parsed `memory://NAME?lease=…` URL.
 ///
+/// The URL's keys are its configuration: a `MemoryUrl` is made by [`parse`](Self::parse) only,
+/// and read through its accessors ([`name`](Self::name), [`lease`](Self::lease),
+/// [`setup`](Self::setup)). Other settings are another URL: change its keys, or apply a
+/// [`ConnectOptions`](crate::ConnectOptions) to it ([`apply`](crate::ConnectOptions::apply)), and
+/// parse that.
+///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
 /// let url = distlock::memory::MemoryUrl::parse("memory://orders-test?ttl=5s").unwrap();
-/// assert_eq!(url.name, "orders-test");
-/// assert_eq!(url.lease, Duration::from_secs(5));
+/// assert_eq!(url.name(), "orders-test");
+/// assert_eq!(url.lease(), Duration::from_secs(5));
 /// assert!(distlock::memory::MemoryUrl::parse("memory://x?cacert=/ca.pem").is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryUrl {
     /// The store's name: clients of one process with the same name share it (empty: a store of
     /// this client's own).
-    pub name: String,
+    name: String,
     /// How long the store keeps a silent holder's lock.
-    pub lease: Duration,
+    lease: Duration,
     /// `false` for `setup=no`: refuse a name no client of this process has connected to.
-    pub setup: bool,
+    setup: bool,
 }
 
 impl MemoryUrl {
+    /// The store's name: clients of one process with the same name share it (empty: a store of
+    /// this client's own).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How long the store keeps a silent holder's lock (`lease=`, default 30 s).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// `false` for `setup=no`: connecting refuses a name no client of this process has
+    /// connected to.
+    pub fn setup(&self) -> bool {
+        self.setup
+    }
+
     /// Parses a `memory://NAME` URL.
     pub fn parse(url: &str) -> Result<MemoryUrl> {
         Self::parse_with(url, &Default::default())

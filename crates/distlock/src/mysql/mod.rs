@@ -46,7 +46,7 @@ mod socket_watch;
 mod url;
 
 pub use mutex::{Mutex, MutexGuard};
-pub use url::{Fencing, MysqlUrl};
+pub use url::{Fencing, MysqlUrl, SslMode};
 
 use crate::{Error, Result};
 use sqlx::{Connection, MySqlConnection};

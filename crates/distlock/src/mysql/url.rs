@@ -27,32 +27,42 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// - `ssl-ca` (or `cacert`), `ssl-cert` (or `cert`), `ssl-key` (or `key`): the CA that verifies
 ///   the server, and a client certificate and key (for `REQUIRE X509` users).
 ///
+/// The URL's keys are its configuration: a `MysqlUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`host`](Self::host), [`database`](Self::database),
+/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL:
+/// change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
+/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+///
 /// # Examples
 ///
 /// ```
-/// use distlock::mysql::MysqlUrl;
+/// use distlock::mysql::{MysqlUrl, SslMode};
 /// let url = MysqlUrl::parse("mysql://app:secret@127.0.0.1:3306/jobs?lease=6s").unwrap();
-/// assert_eq!(url.lease, std::time::Duration::from_secs(6));
-/// assert!(!url.to_string().contains("secret"));
+/// assert_eq!((url.host(), url.port(), url.user(), url.database()), ("127.0.0.1", 3306, "app", "jobs"));
+/// assert_eq!(url.lease(), std::time::Duration::from_secs(6));
+/// assert_eq!(url.ssl_mode(), SslMode::Disabled);
+/// assert!(!format!("{url} {url:?}").contains("secret"));
 /// assert!(MysqlUrl::parse("mysql://127.0.0.1/jobs?lease=2500ms").is_err());
 /// ```
 #[derive(Clone)]
 pub struct MysqlUrl {
     /// The connection settings.
-    pub options: sqlx::mysql::MySqlConnectOptions,
+    pub(crate) options: sqlx::mysql::MySqlConnectOptions,
     /// See the query keys above.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// Bound on connecting.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// See the query keys above.
-    pub fencing: Fencing,
+    pub(crate) fencing: Fencing,
     /// The TLS files (CA, client certificate and key).
-    pub tls_files: crate::tls::TlsFiles,
+    pub(crate) tls_files: crate::tls::TlsFiles,
+    /// The `ssl-mode` in force.
+    ssl_mode: SslMode,
     /// Whether the connection is TLS (any `ssl-mode` but `DISABLED`).
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// Whether connecting may make the fencing sequence or table where missing (`setup=auto`,
     /// the default) or not (`setup=no`: a missing one is an error).
-    pub setup: bool,
+    pub(crate) setup: bool,
     /// When a password goes to another machine over a connection that does not verify the
     /// server: the mode, for the warning.
     unverified_password: Option<&'static str>,
@@ -67,8 +77,8 @@ pub struct MysqlUrl {
 ///
 /// ```
 /// use distlock::mysql::{Fencing, MysqlUrl};
-/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs").unwrap().fencing, Fencing::Sequence);
-/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs?fencing=row").unwrap().fencing, Fencing::Row);
+/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs").unwrap().fencing(), Fencing::Sequence);
+/// assert_eq!(MysqlUrl::parse("mysql://127.0.0.1/jobs?fencing=row").unwrap().fencing(), Fencing::Row);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fencing {
@@ -77,6 +87,40 @@ pub enum Fencing {
     Sequence,
     /// A counter row per lock name: `greatest(last + 1, server clock in µs)`.
     Row,
+}
+
+/// The TLS of a MariaDB/MySQL connection (the URL's `ssl-mode`, MySQL's names; see [`MysqlUrl`]).
+///
+/// # Examples
+///
+/// ```
+/// use distlock::mysql::{MysqlUrl, SslMode};
+/// assert_eq!(MysqlUrl::parse("mysql://u@h/db?ssl-mode=required").unwrap().ssl_mode(), SslMode::Required);
+/// assert_eq!(MysqlUrl::parse("mysql://u@h/db?ssl-ca=/ca.pem").unwrap().ssl_mode(), SslMode::VerifyIdentity);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plaintext (`DISABLED`).
+    Disabled,
+    /// TLS if the server offers it, the certificate unchecked (`PREFERRED`).
+    Preferred,
+    /// TLS, the certificate unchecked (`REQUIRED`).
+    Required,
+    /// TLS, the chain and the host's name checked (`VERIFY_IDENTITY`).
+    VerifyIdentity,
+}
+
+impl SslMode {
+    /// The driver's mode `mode` (never `VERIFY_CA`, which parsing refuses).
+    fn of(mode: sqlx::mysql::MySqlSslMode) -> SslMode {
+        use sqlx::mysql::MySqlSslMode as M;
+        match mode {
+            M::Disabled => SslMode::Disabled,
+            M::Preferred => SslMode::Preferred,
+            M::Required => SslMode::Required,
+            M::VerifyCa | M::VerifyIdentity => SslMode::VerifyIdentity,
+        }
+    }
 }
 
 impl std::fmt::Debug for MysqlUrl {
@@ -92,6 +136,65 @@ impl std::fmt::Display for MysqlUrl {
 }
 
 impl MysqlUrl {
+    /// The server's host name or address.
+    pub fn host(&self) -> &str {
+        self.options.get_host()
+    }
+
+    /// The server's port (default 3306).
+    pub fn port(&self) -> u16 {
+        self.options.get_port()
+    }
+
+    /// The user the connections log in as (default `root`).
+    pub fn user(&self) -> &str {
+        self.options.get_username()
+    }
+
+    /// The database (the URL's path), where the fencing sequence or table lives.
+    pub fn database(&self) -> &str {
+        self.options.get_database().unwrap_or_default()
+    }
+
+    /// The session's `wait_timeout` (`lease=`, default 30 s): the longest the server keeps a
+    /// silent holder's connection, and so its locks.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The bound on connecting (`connect_timeout=`, default 10 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Where fencing tokens come from (`fencing=`).
+    pub fn fencing(&self) -> Fencing {
+        self.fencing
+    }
+
+    /// The `ssl-mode` in force: the URL's, else [`VerifyIdentity`](SslMode::VerifyIdentity)
+    /// with TLS files and [`Disabled`](SslMode::Disabled) without; `PREFERRED` is kept to TLS
+    /// ([`Required`](SslMode::Required)) when a password goes to another machine.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.ssl_mode
+    }
+
+    /// Whether the connections are TLS (any [`ssl_mode`](Self::ssl_mode) but `DISABLED`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The TLS files (CA, client certificate and key).
+    pub fn tls_files(&self) -> &crate::tls::TlsFiles {
+        &self.tls_files
+    }
+
+    /// Whether connecting may make the fencing sequence or table where missing (`setup=auto`,
+    /// the default) or not (`setup=no`: a missing one is an error).
+    pub fn setup(&self) -> bool {
+        self.setup
+    }
+
     /// Warns when a password goes to another machine over a connection that does not verify
     /// the server (`ssl-mode` `DISABLED`, `PREFERRED` or `REQUIRED`).
     pub(crate) fn warn_if_unverified(&self) {
@@ -189,6 +292,7 @@ impl MysqlUrl {
             connect_timeout,
             fencing,
             tls_files,
+            ssl_mode: SslMode::of(ssl_mode),
             tls,
             setup,
             unverified_password,
@@ -277,6 +381,12 @@ mod tests {
         assert!(matches!(mode("ssl-ca=/ca.pem").unwrap(), M::VerifyIdentity));
         assert!(matches!(mode("ssl-cert=/c.pem&ssl-key=/k.pem").unwrap(), M::VerifyIdentity));
         assert!(matches!(mode("ssl-mode=required").unwrap(), M::Required));
+        // The accessor says the mode in force: PREFERRED is kept to TLS for a password abroad.
+        let shown = |url: &str| MysqlUrl::parse(url).map(|u| (u.ssl_mode(), u.tls())).unwrap();
+        assert_eq!(shown("mysql://u@h/db"), (SslMode::Disabled, false));
+        assert_eq!(shown("mysql://u:pw@127.0.0.1/db?ssl-mode=PREFERRED"), (SslMode::Preferred, true));
+        assert_eq!(shown("mysql://u:pw@db.example/db?ssl-mode=preferred"), (SslMode::Required, true));
+        assert_eq!(shown("mysql://u@h/db?cacert=/ca.pem"), (SslMode::VerifyIdentity, true));
         for (q, says) in [
             ("ssl-mode=VERIFY_CA&ssl-ca=/ca.pem", "VERIFY_CA"),
             ("ssl-mode=REQUIRED&ssl-ca=/ca.pem", "REQUIRED"),

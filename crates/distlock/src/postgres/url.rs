@@ -210,37 +210,48 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// `$PGPASSFILE` or `~/.pgpass` (ignored when group or others may read it), so a password can stay
 /// out of the URL, the command line and `ps`.
 ///
+/// The URL's keys are its configuration: a `PgUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`hosts`](Self::hosts), [`database`](Self::database),
+/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL:
+/// change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
+/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+///
 /// # Examples
 ///
 /// ```
-/// use distlock::postgres::PgUrl;
+/// use distlock::postgres::{PgUrl, SslMode};
 /// use std::time::Duration;
 /// let url = PgUrl::parse("postgres://app:secret@127.0.0.1:5433/jobs?lease=6s").unwrap();
-/// assert_eq!(url.lease, Duration::from_secs(6));
-/// assert!(!url.to_string().contains("secret"));
+/// assert_eq!(url.hosts(), ["127.0.0.1:5433"]);
+/// assert_eq!((url.user(), url.database()), ("app", "jobs"));
+/// assert_eq!(url.lease(), Duration::from_secs(6));
+/// assert_eq!(url.ssl_mode(), SslMode::Prefer);
+/// assert!(!format!("{url} {url:?}").contains("secret"));
 /// assert!(PgUrl::parse("postgres://127.0.0.1/jobs?leese=6s").unwrap_err().to_string().contains("leese"));
 /// ```
 #[derive(Clone)]
 pub struct PgUrl {
     /// The connection settings (host, port, user, password, database).
-    pub config: tokio_postgres::Config,
+    pub(crate) config: tokio_postgres::Config,
+    /// The servers, `host:port` each, in the order tried.
+    hosts: Vec<String>,
     /// See the query keys above.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// Bound on connecting.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// How names become keys.
-    pub keys: KeyScheme,
+    pub(crate) keys: KeyScheme,
     /// How often semaphore waiters rescan unprompted.
-    pub rescan: Duration,
+    pub(crate) rescan: Duration,
     /// TLS, as libpq's `sslmode` says.
-    pub ssl_mode: SslMode,
+    pub(crate) ssl_mode: SslMode,
     /// The TLS files (CA, client certificate and key).
-    pub tls_files: crate::tls::TlsFiles,
+    pub(crate) tls_files: crate::tls::TlsFiles,
     /// Session advisory locks (the default) or transaction-scoped ones for transaction poolers.
-    pub scope: LockScope,
+    pub(crate) scope: LockScope,
     /// Whether connecting may make the fencing sequence where missing (`setup=auto`, the
     /// default) or not (`setup=no`: a missing one is an error).
-    pub setup: bool,
+    pub(crate) setup: bool,
     /// Whether a password goes to another machine (a host not [`is_this_machine`]): then
     /// `prefer` insists on TLS, and an unverified server is warned of.
     ///
@@ -259,6 +270,23 @@ pub enum LockScope {
     /// lock's life: what works behind a transaction pooler (PgBouncer's `pool_mode =
     /// transaction`), which keeps a client on one server session while its transaction is open.
     Transaction,
+}
+
+/// The servers of `config`, `host:port` each, in the order tried (a Unix socket as its path); a
+/// host without its own port takes the one port given, else 5432, as tokio-postgres does.
+fn hosts_of(config: &tokio_postgres::Config) -> Vec<String> {
+    let ports = config.get_ports();
+    let hosts = config.get_hosts().iter().enumerate();
+    hosts
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                Host::Tcp(name) if name.contains(':') => format!("[{name}]:{port}"),
+                Host::Tcp(name) => format!("{name}:{port}"),
+                Host::Unix(dir) => format!("{}/.s.PGSQL.{port}", dir.display()),
+            }
+        })
+        .collect()
 }
 
 /// The password libpq would use when the URL has none: `$PGPASSWORD`, else the first matching
@@ -343,6 +371,83 @@ impl std::fmt::Display for PgUrl {
 }
 
 impl PgUrl {
+    /// The servers, `host:port` each, in the order they are tried (a Unix socket as its path,
+    /// `DIR/.s.PGSQL.PORT`).
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The user the connections log in as (default `postgres`).
+    pub fn user(&self) -> &str {
+        self.config.get_user().unwrap_or("postgres")
+    }
+
+    /// The password the connections log in with: the URL's, else libpq's (`$PGPASSWORD`, else
+    /// the matching line of the password file); never shown by `Display` or `Debug`. Bytes, as
+    /// the server compares them (a percent-encoded password need not be UTF-8).
+    pub fn password(&self) -> Option<&[u8]> {
+        self.config.get_password()
+    }
+
+    /// The database (default: the user's name, as the server takes it).
+    pub fn database(&self) -> &str {
+        self.config.get_dbname().unwrap_or_else(|| self.user())
+    }
+
+    /// The name shown in `pg_stat_activity` (`application_name=`, default `distlock`).
+    pub fn application_name(&self) -> &str {
+        self.config.get_application_name().unwrap_or_default()
+    }
+
+    /// The longest the server keeps a silent holder's session, and so its locks (`lease=`,
+    /// default 30 s; see the [module docs](super#leases-and-loss)).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The bound on connecting (`connect_timeout=`, default 10 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How lock names become advisory-lock keys (`keys=`).
+    pub fn keys(&self) -> KeyScheme {
+        self.keys
+    }
+
+    /// How often a semaphore's waiters try its slots again unprompted (`rescan=`, default
+    /// 500 ms).
+    pub fn rescan(&self) -> Duration {
+        self.rescan
+    }
+
+    /// The `sslmode` in force: the URL's, else [`Prefer`](SslMode::Prefer) without TLS files and
+    /// [`VerifyFull`](SslMode::VerifyFull) with them; `prefer` is kept to TLS
+    /// ([`Require`](SslMode::Require)) when a password goes to another machine.
+    pub fn ssl_mode(&self) -> SslMode {
+        match self.ssl_mode {
+            SslMode::Prefer if self.password_abroad => SslMode::Require,
+            mode => mode,
+        }
+    }
+
+    /// The TLS files (CA, client certificate and key).
+    pub fn tls_files(&self) -> &crate::tls::TlsFiles {
+        &self.tls_files
+    }
+
+    /// What a lock belongs to on the server (`lock_scope=`): the session (the default) or a
+    /// transaction, for transaction poolers.
+    pub fn scope(&self) -> LockScope {
+        self.scope
+    }
+
+    /// Whether connecting may make the fencing sequence where missing (`setup=auto`, the
+    /// default) or not (`setup=no`: a missing one is an error).
+    pub fn setup(&self) -> bool {
+        self.setup
+    }
+
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn parse(url: &str) -> Result<PgUrl> {
         Self::parse_with(url, &Default::default())
@@ -411,6 +516,7 @@ impl PgUrl {
             _ => tokio_postgres::config::SslMode::Require,
         });
         Ok(PgUrl {
+            hosts: hosts_of(&config),
             config,
             lease,
             connect_timeout,
@@ -458,13 +564,12 @@ impl PgUrl {
         reason
     }
 
-    /// The TLS connector of this URL: its files read, the server checked as `sslmode` says. With
-    /// [`PgUrl::config`] it opens a connection of the caller's own, made as the locks' are.
+    /// The TLS connector of this URL: its files read, the server checked as `sslmode` says.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a TLS file cannot be read.
-    pub fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+    pub(crate) fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
         use crate::tls::Verify;
         let verify = match self.ssl_mode {
             SslMode::Disable | SslMode::Prefer if self.tls_files.cacert.is_none() => Verify::Nothing,
@@ -599,12 +704,30 @@ mod tests {
         assert_eq!(mode("sslrootcert=/ca.pem").unwrap(), SslMode::VerifyFull);
         assert_eq!(mode("cert=/c.pem&key=/k.pem").unwrap(), SslMode::VerifyFull);
         assert_eq!(mode("sslmode=require&sslrootcert=/ca.pem").unwrap(), SslMode::Require);
+        // The accessor says the mode in force: prefer is kept to TLS for a password abroad.
+        let in_force = |url: &str| PgUrl::parse(url).unwrap().ssl_mode();
+        assert_eq!(in_force("postgres://u:pw@127.0.0.1/db"), SslMode::Prefer);
+        assert_eq!(in_force("postgres://u:pw@db.example/db"), SslMode::Require);
+        assert_eq!(in_force("postgres://u:pw@db.example/db?sslmode=disable"), SslMode::Disable);
         for (q, says) in
             [("sslmode=allow", "allow"), ("sslmode=disable&cacert=/ca.pem", "disable"), ("sslmode=x", "sslmode=x")]
         {
             let e = mode(q).unwrap_err().to_string();
             assert!(e.contains(says), "{q}: {e}");
         }
+    }
+
+    #[test]
+    fn accessors_say_the_servers_login_and_database() {
+        let u = PgUrl::parse("postgres://app:p%40ss@h1:5433,[::1]:5434/jobs?application_name=orders").unwrap();
+        assert_eq!(u.hosts(), ["h1:5433", "[::1]:5434"]);
+        assert_eq!((u.user(), u.password(), u.database()), ("app", Some(&b"p@ss"[..]), "jobs"));
+        assert_eq!(u.application_name(), "orders");
+        assert!(!format!("{u} {u:?}").contains("p@ss"), "{u:?}");
+        let d = PgUrl::parse("postgres://h1,h2:6000/x").unwrap();
+        assert_eq!(d.hosts(), ["h1:5432", "h2:6000"]);
+        assert_eq!((d.user(), d.application_name()), ("postgres", "distlock"));
+        assert_eq!(PgUrl::parse("postgres://u@h").unwrap().database(), "u");
     }
 
     #[test]

@@ -63,78 +63,87 @@ impl std::str::FromStr for Layout {
 ///
 /// An unknown key is an error naming it.
 ///
+/// The URL's keys are its configuration: a `RedisUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`host`](Self::host), [`lease`](Self::lease), …). Other settings
+/// are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
+/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+///
 /// # Examples
 ///
 /// ```
 /// use distlock::redis::{Layout, RedisUrl};
 /// use std::time::Duration;
 /// let url = RedisUrl::parse("redis://127.0.0.1:6379/2?lease=5s&layout=simple").unwrap();
-/// assert_eq!(url.host, "127.0.0.1");
-/// assert_eq!(url.port, 6379);
-/// assert_eq!(url.db, 2);
-/// assert_eq!(url.lease, Duration::from_secs(5));
-/// assert_eq!(url.layout, Layout::Simple);
+/// assert_eq!(url.host(), "127.0.0.1");
+/// assert_eq!(url.port(), 6379);
+/// assert_eq!(url.db(), 2);
+/// assert_eq!(url.lease(), Duration::from_secs(5));
+/// assert_eq!(url.layout(), Layout::Simple);
 /// assert!(RedisUrl::parse("redis://127.0.0.1:6379?leese=5s").unwrap_err().to_string().contains("leese"));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl {
     /// Host name or address.
-    pub host: String,
+    pub(crate) host: String,
     /// Port (default 6379).
-    pub port: u16,
+    pub(crate) port: u16,
     /// Database number (default 0).
-    pub db: i64,
+    db: i64,
     /// ACL user name, if any.
-    pub username: Option<String>,
+    username: Option<String>,
     /// Password, if any (never shown by `Display` or `Debug`).
-    pub password: Option<String>,
+    password: Option<String>,
     /// Lock lease; renewed every third of it while held.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// Bound on connecting, and on every request.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Default layout of [`Client::mutex`](super::Client::mutex).
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// Replicas that must confirm every acquire (`WAIT`), or it fails and takes nothing; 0 does
     /// not wait.
-    pub replicas: u32,
+    pub(crate) replicas: u32,
     /// How long an acquire waits for those confirmations.
-    pub replica_timeout: Duration,
+    pub(crate) replica_timeout: Duration,
     /// With `redis+sentinel://`: the Sentinels to ask for the master (`host` and `port` are then
     /// the first Sentinel's until the master is found).
-    pub sentinel: Option<SentinelUrl>,
+    pub(crate) sentinel: Option<SentinelUrl>,
     /// With `redis+cluster://h1:p1,h2:p2`: the seed nodes (`host:port`) the cluster's layout is
     /// learnt from (`host` and `port` are the first's). Every key of a lock lives in one slot
     /// (hash tags `{K}`); redirects and failovers are followed by the redis crate.
-    pub cluster: Option<Vec<String>>,
+    pub(crate) cluster: Option<Vec<String>>,
     /// TLS (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`): to the servers and to the
     /// Sentinels.
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The TLS files (CA, client certificate and key), with `tls`.
-    pub tls_files: crate::tls::TlsFiles,
+    pub(crate) tls_files: crate::tls::TlsFiles,
 }
 
-/// The Sentinel part of a `redis+sentinel://s1:26379,s2:26379/MASTER[/db]` URL.
+/// The Sentinel part of a `redis+sentinel://s1:26379,s2:26379/MASTER[/db]` URL
+/// ([`RedisUrl::sentinel`]).
+///
+/// Like the [`RedisUrl`] it is part of, it is made by parsing the URL, its keys are its
+/// configuration, and it is read through its accessors.
 ///
 /// # Examples
 ///
 /// ```
 /// use distlock::redis::RedisUrl;
 /// let url = RedisUrl::parse("redis+sentinel://10.0.0.1,10.0.0.2:26380/mymaster/2").unwrap();
-/// let sentinel = url.sentinel.unwrap();
-/// assert_eq!(sentinel.hosts, vec!["10.0.0.1:26379", "10.0.0.2:26380"]);
-/// assert_eq!(sentinel.master, "mymaster");
-/// assert_eq!(url.db, 2);
+/// let sentinel = url.sentinel().unwrap();
+/// assert_eq!(sentinel.hosts(), ["10.0.0.1:26379", "10.0.0.2:26380"]);
+/// assert_eq!(sentinel.master(), "mymaster");
+/// assert_eq!(url.db(), 2);
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct SentinelUrl {
     /// `host:port` of each Sentinel (port 26379 when not given).
-    pub hosts: Vec<String>,
+    pub(crate) hosts: Vec<String>,
     /// The monitored master's name.
-    pub master: String,
+    pub(crate) master: String,
     /// The Sentinels' own user (`sentinel_user=`), if they have ACL users.
-    pub username: Option<String>,
+    username: Option<String>,
     /// The Sentinels' own password (`sentinel_password=`, their `requirepass`); never shown.
-    pub password: Option<String>,
+    password: Option<String>,
 }
 
 impl std::fmt::Debug for SentinelUrl {
@@ -148,7 +157,104 @@ impl std::fmt::Debug for SentinelUrl {
     }
 }
 
+impl SentinelUrl {
+    /// `host:port` of each Sentinel (port 26379 when not given), in the order given.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The monitored master's name.
+    pub fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// The Sentinels' own user (`sentinel_user=`), if they have ACL users.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The Sentinels' own password (`sentinel_password=`, their `requirepass`), percent-decoded;
+    /// never shown by `Display` or `Debug`.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+}
+
 impl RedisUrl {
+    /// The host name or address (with Sentinel, the first Sentinel's until the master is found;
+    /// with a cluster, the first seed node's).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port (default 6379; 26379 for a Sentinel).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The database number (default 0).
+    pub fn db(&self) -> i64 {
+        self.db
+    }
+
+    /// The ACL user name, if any.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The password, if any; never shown by `Display` or `Debug`.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The lock lease (`lease=`, default 30 s); renewed every third of it while held.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The bound on connecting, and on every request (`connect_timeout=`, default 10 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The default layout of [`Client::mutex`](super::Client::mutex) (`layout=`).
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The replicas that must confirm every acquire (`replicas=`, `WAIT`), or it fails and takes
+    /// nothing; 0 (the default) does not wait.
+    pub fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
+    /// How long an acquire waits for those confirmations (`replica_timeout=`, default 1 s).
+    pub fn replica_timeout(&self) -> Duration {
+        self.replica_timeout
+    }
+
+    /// With `redis+sentinel://`: the Sentinels to ask for the master.
+    pub fn sentinel(&self) -> Option<&SentinelUrl> {
+        self.sentinel.as_ref()
+    }
+
+    /// With `redis+cluster://h1:p1,h2:p2`: the seed nodes (`host:port`) the cluster's layout is
+    /// learnt from.
+    pub fn cluster(&self) -> Option<&[String]> {
+        self.cluster.as_deref()
+    }
+
+    /// Whether the connections are TLS (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`),
+    /// to the servers and to the Sentinels.
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The TLS files (CA, client certificate and key), with [`tls`](Self::tls).
+    pub fn tls_files(&self) -> &crate::tls::TlsFiles {
+        &self.tls_files
+    }
+
     /// Parses a `redis://` URL; the error names the URL and what is wrong with it.
     pub fn parse(url: &str) -> Result<RedisUrl> {
         Self::parse_with(url, &Default::default())

@@ -19,30 +19,36 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// - `connect_timeout`: how long opening the database (and making the table) may take (default
 ///   5 s).
 ///
+/// The URL's keys are its configuration: a `SqliteUrl` is made by [`parse`](Self::parse) only,
+/// and read through its accessors ([`path`](Self::path), [`lease`](Self::lease), …). Other
+/// settings are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions)
+/// to it ([`apply`](crate::ConnectOptions::apply)), and parse that.
+///
 /// # Examples
 ///
 /// ```
 /// use distlock::sqlite::SqliteUrl;
 /// let url = SqliteUrl::parse("sqlite:///tmp/locks.db?lease=5s").unwrap();
-/// assert_eq!(url.path.to_str(), Some("/tmp/locks.db"));
-/// assert_eq!(url.lease, std::time::Duration::from_secs(5));
+/// assert_eq!(url.path().to_str(), Some("/tmp/locks.db"));
+/// assert_eq!(url.lease(), std::time::Duration::from_secs(5));
+/// assert_eq!(url.table(), "distlock_leases");
 /// assert!(SqliteUrl::parse("sqlite:///tmp/locks.db?table=x;drop").is_err());
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqliteUrl {
     /// The database file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// See the query keys above.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// The lease table.
-    pub table: String,
+    pub(crate) table: String,
     /// SQLite's busy timeout.
-    pub busy_timeout: Duration,
+    pub(crate) busy_timeout: Duration,
     /// The bound on opening the database.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Whether opening may make the database file and its tables where missing (`setup=auto`,
     /// the default) or not (`setup=no`: a missing one is an error).
-    pub setup: bool,
+    pub(crate) setup: bool,
 }
 
 impl std::fmt::Display for SqliteUrl {
@@ -52,6 +58,37 @@ impl std::fmt::Display for SqliteUrl {
 }
 
 impl SqliteUrl {
+    /// The database file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// How long a holder that stopped extending keeps a lock (`lease=`, default 30 s).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The lease table (`table=`, default `distlock_leases`).
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// How long a statement waits for SQLite's file lock (`busy_timeout=`, default 5 s).
+    pub fn busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+
+    /// The bound on opening the database (`connect_timeout=`, default 5 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// Whether opening may make the database file and its tables where missing (`setup=auto`,
+    /// the default) or not (`setup=no`: a missing one is an error).
+    pub fn setup(&self) -> bool {
+        self.setup
+    }
+
     /// Parses a `sqlite://` (or `sqlite:`) URL.
     pub fn parse(url: &str) -> Result<SqliteUrl> {
         Self::parse_with(url, &Default::default())

@@ -17,47 +17,54 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// the default) or, with `auth=sasl`, by SASL DIGEST-MD5 (a `user_NAME="…"` entry of the server's
 /// JAAS `Server` section). User and password are percent-decoded; the password is never shown.
 ///
+/// The URL's keys are its configuration: a `ZkUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`hosts`](Self::hosts), [`session_timeout`](Self::session_timeout),
+/// …). Other settings are another URL: change its keys, or apply a
+/// [`ConnectOptions`](crate::ConnectOptions) to it ([`apply`](crate::ConnectOptions::apply)), and
+/// parse that.
+///
 /// # Examples
 ///
 /// ```
 /// use distlock::zookeeper::ZkUrl;
 /// use std::time::Duration;
 /// let url = ZkUrl::parse("zk://10.0.0.1:2181,10.0.0.2:2181/apps/orders?session_timeout=4s").unwrap();
-/// assert_eq!(url.hosts, vec!["10.0.0.1:2181", "10.0.0.2:2181"]);
-/// assert_eq!(url.chroot.as_deref(), Some("/apps/orders"));
-/// assert_eq!(url.session_timeout, Duration::from_secs(4));
+/// assert_eq!(url.hosts(), ["10.0.0.1:2181", "10.0.0.2:2181"]);
+/// assert_eq!(url.chroot(), Some("/apps/orders"));
+/// assert_eq!(url.session_timeout(), Duration::from_secs(4));
 /// assert!(ZkUrl::parse("redis://localhost").is_err());
 ///
 /// let secure = ZkUrl::parse("zks://app:s%40cret@zk1:2281?auth=sasl&cacert=/etc/zk/ca.pem").unwrap();
-/// assert!(secure.tls);
+/// assert!(secure.tls());
+/// assert_eq!(secure.auth().map(|a| a.user()), Some("app"));
 /// assert_eq!(secure.to_string(), "zks://app:***@zk1:2281?auth=sasl&cacert=/etc/zk/ca.pem");
 /// assert!(ZkUrl::parse("zk://zk1:2181?cacert=/ca.pem").unwrap_err().to_string().contains("zks://"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZkUrl {
     /// `host:port` pairs, in the order given.
-    pub hosts: Vec<String>,
+    pub(crate) hosts: Vec<String>,
     /// Optional chroot every path is relative to.
-    pub chroot: Option<String>,
+    pub(crate) chroot: Option<String>,
     /// Requested session timeout (the server bounds it to 2..20 ticks).
-    pub session_timeout: Duration,
+    pub(crate) session_timeout: Duration,
     /// Bound on establishing the first connection.
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// How long before the session timeout a lock stops counting itself held when the server has
     /// not answered (`lease_margin=`); `None` uses the default, 27% of the negotiated timeout
     /// (see [`lease_deadline`](super::MutexGuard::lease_deadline)).
-    pub lease_margin: Option<Duration>,
+    pub(crate) lease_margin: Option<Duration>,
     /// The layout of elections (`election=latch|selector`): Curator's `LeaderLatch` (the
     /// default) or `LeaderSelector` (an `InterProcessMutex` queue).
-    pub election: ElectionLayout,
+    pub(crate) election: ElectionLayout,
     /// TLS to the secure client port (`zks://`).
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The TLS files (CA, client certificate and key), with `tls`.
-    pub tls_files: crate::tls::TlsFiles,
+    pub(crate) tls_files: crate::tls::TlsFiles,
     /// The login, if the URL names a user.
-    pub auth: Option<ZkAuth>,
+    pub(crate) auth: Option<ZkAuth>,
     /// Who may touch the nodes distlock creates (`acl=open|creator`).
-    pub acl: AclMode,
+    pub(crate) acl: AclMode,
     /// The lease was asked for (in the URL, or by an option), not left at the default: then a
     /// server that would grant another session timeout is refused rather than followed.
     lease_given: bool,
@@ -124,8 +131,8 @@ impl std::fmt::Debug for ZkAuth {
 /// ```
 /// use distlock::zookeeper::{ElectionLayout, ZkUrl};
 /// let url = ZkUrl::parse("zk://127.0.0.1:2181?election=selector").unwrap();
-/// assert_eq!(url.election, ElectionLayout::Selector);
-/// assert_eq!(ZkUrl::parse("zk://127.0.0.1:2181").unwrap().election, ElectionLayout::Latch);
+/// assert_eq!(url.election(), ElectionLayout::Selector);
+/// assert_eq!(ZkUrl::parse("zk://127.0.0.1:2181").unwrap().election(), ElectionLayout::Latch);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ElectionLayout {
@@ -138,6 +145,60 @@ pub enum ElectionLayout {
 }
 
 impl ZkUrl {
+    /// The servers, `host:port` each, in the order given.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The chroot every path is relative to, if the URL has a path.
+    pub fn chroot(&self) -> Option<&str> {
+        self.chroot.as_deref()
+    }
+
+    /// The session timeout asked for (`session_timeout=`, or `lease=`; default 10 s): the lease
+    /// of every lock of the client. The server bounds it to 2..20 ticks; a timeout asked for and
+    /// not granted is refused at connect.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The bound on establishing the first connection (`connect_timeout=`, default 10 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How long before the session timeout a lock stops counting itself held when the server has
+    /// not answered (`lease_margin=`); `None` uses the default, 27% of the negotiated timeout
+    /// (see [`lease_deadline`](super::MutexGuard::lease_deadline)).
+    pub fn lease_margin(&self) -> Option<Duration> {
+        self.lease_margin
+    }
+
+    /// The layout of elections (`election=latch|selector`).
+    pub fn election(&self) -> ElectionLayout {
+        self.election
+    }
+
+    /// Whether the connection is TLS, to the secure client port (`zks://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The TLS files (CA, client certificate and key), with [`tls`](Self::tls).
+    pub fn tls_files(&self) -> &crate::tls::TlsFiles {
+        &self.tls_files
+    }
+
+    /// The login, if the URL names a user.
+    pub fn auth(&self) -> Option<&ZkAuth> {
+        self.auth.as_ref()
+    }
+
+    /// Who may touch the nodes distlock creates (`acl=open|creator`).
+    pub fn acl(&self) -> AclMode {
+        self.acl
+    }
+
     /// Whether the lease was asked for (not the default).
     pub(crate) fn lease_given(&self) -> bool {
         self.lease_given
