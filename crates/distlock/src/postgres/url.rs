@@ -570,6 +570,14 @@ impl PgUrl {
     ///
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a TLS file cannot be read.
     pub(crate) fn tls(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(self.tls_client_config()?))
+    }
+
+    /// The TLS client configuration this URL's `sslmode` and files make, as the lock's
+    /// connections use it: for distlock's own benchmark, whose floor connects as the lock does.
+    /// Hidden and outside semver (it names rustls's type): not for applications.
+    #[doc(hidden)]
+    pub fn tls_client_config(&self) -> Result<rustls::ClientConfig> {
         use crate::tls::Verify;
         let verify = match self.ssl_mode {
             SslMode::Disable | SslMode::Prefer if self.tls_files.cacert.is_none() => Verify::Nothing,
@@ -578,7 +586,7 @@ impl PgUrl {
             _ => Verify::Chain,
         };
         let pem = self.tls_files.read()?;
-        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(crate::tls::client_config(&pem, verify)?))
+        crate::tls::client_config(&pem, verify)
     }
 
     /// The session settings of a lock connection: the server ends this session (freeing its
