@@ -201,30 +201,54 @@ pub(crate) fn assert_refused_naming_url<T: std::fmt::Debug>(parse: impl Fn(&str)
 /// refused in one wording naming it, and a duration that is not one names its key.
 #[cfg(test)]
 mod url_keys {
-    type Parse = fn(&str) -> std::result::Result<(), String>;
+    /// A URL's parser, giving the lease it read (or the error's text).
+    type Parse = fn(&str) -> std::result::Result<std::time::Duration, String>;
 
     /// Each compiled backend: a URL of it without a query, its parser, and its own duration keys.
     #[allow(clippy::vec_init_then_push)] // one push a backend, each under its feature
     fn backends() -> Vec<(&'static str, Parse, &'static [&'static str])> {
-        fn text<T>(r: crate::Result<T>) -> std::result::Result<(), String> {
-            r.map(drop).map_err(|e| e.to_string())
+        fn text<T>(r: crate::Result<T>) -> std::result::Result<T, String> {
+            r.map_err(|e| e.to_string())
         }
         let mut all: Vec<(&'static str, Parse, &'static [&'static str])> = Vec::new();
         #[cfg(feature = "zookeeper")]
-        all.push(("zk://h:2181", |u| text(crate::zookeeper::ZkUrl::parse(u)), &["lease_margin"]));
+        all.push((
+            "zk://h:2181",
+            |u| text(crate::zookeeper::ZkUrl::parse(u)).map(|p| p.session_timeout()),
+            &["lease_margin"],
+        ));
         #[cfg(feature = "redis")]
-        all.push(("redis://h:6379", |u| text(crate::redis::RedisUrl::parse(u)), &["replica_timeout"]));
+        all.push((
+            "redis://h:6379",
+            |u| text(crate::redis::RedisUrl::parse(u)).map(|p| p.lease()),
+            &["replica_timeout"],
+        ));
         #[cfg(feature = "postgres")]
-        all.push(("postgres://h/db", |u| text(crate::postgres::PgUrl::parse(u)), &["rescan"]));
+        all.push(("postgres://h/db", |u| text(crate::postgres::PgUrl::parse(u)).map(|p| p.lease()), &["rescan"]));
         #[cfg(feature = "mysql")]
-        all.push(("mysql://h/db", |u| text(crate::mysql::MysqlUrl::parse(u)), &[]));
+        all.push(("mysql://h/db", |u| text(crate::mysql::MysqlUrl::parse(u)).map(|p| p.lease()), &[]));
         #[cfg(feature = "sqlite")]
-        all.push(("sqlite:///tmp/x.db", |u| text(crate::sqlite::SqliteUrl::parse(u)), &["busy_timeout"]));
+        all.push((
+            "sqlite:///tmp/x.db",
+            |u| text(crate::sqlite::SqliteUrl::parse(u)).map(|p| p.lease()),
+            &["busy_timeout"],
+        ));
         #[cfg(feature = "etcd")]
-        all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)), &["timeout"]));
+        all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)).map(|p| p.ttl()), &["timeout"]));
         #[cfg(feature = "memory")]
-        all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)), &[]));
+        all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)).map(|p| p.lease()), &[]));
         all
+    }
+
+    /// `lease`, `session_timeout` and `ttl` mean the same on every scheme (the README promises it).
+    #[test]
+    fn the_lease_under_each_of_its_names_on_every_backend() {
+        for (base, parse, _) in backends() {
+            for key in crate::options::LEASE_KEYS {
+                let lease = parse(&format!("{base}?{key}=5s")).unwrap_or_else(|e| panic!("{base} {key}: {e}"));
+                assert_eq!(lease, std::time::Duration::from_secs(5), "{base} {key}");
+            }
+        }
     }
 
     #[test]

@@ -77,19 +77,6 @@ impl crate::Client {
 
 #[cfg(test)]
 mod contract_tests {
-    /// `lease`, `session_timeout` and `ttl` mean the same here as on every scheme (the README
-    /// promises it).
-    #[test]
-    fn the_lease_under_each_of_its_names() {
-        for key in crate::options::LEASE_KEYS {
-            assert_eq!(
-                super::super::RedisUrl::parse(&format!("redis://h:1?{key}=5s")).unwrap().lease,
-                std::time::Duration::from_secs(5),
-                "{key}"
-            );
-        }
-    }
-
     /// Each typed lock converts into the one lock ([`crate::Lock`]), which the template takes.
     #[test]
     fn typed_locks_convert_into_the_lock() {
