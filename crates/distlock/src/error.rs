@@ -122,8 +122,13 @@ pub enum Error {
         /// Why.
         reason: LostReason,
     },
-    /// The ZooKeeper session expired; every lock of this client is gone. Connect again.
-    #[error("the ZooKeeper session expired; connect again")]
+    /// The client's session ended on the server, and with it every lock the client held; this
+    /// client can take no more: connect again. A contract-level outcome, not one backend's: it is
+    /// returned by a backend whose client lives in one server session that cannot be renewed
+    /// once the server ended it (ZooKeeper today); a backend that can open a new session for
+    /// later acquires (etcd's lease) does so and reports only the holds that were lost, as
+    /// [`LostReason::SessionExpired`].
+    #[error("the client's session ended on the server (every lock it held is gone); connect again")]
     SessionExpired,
     /// The client was closed.
     #[error("the client is closed")]
@@ -159,7 +164,10 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
-    /// Fewer replicas than required confirmed an acquire in time; nothing was taken.
+    /// Fewer replicas than required confirmed an acquire in time; nothing was taken. A
+    /// contract-level outcome of any backend whose URL asks for replicas to confirm a write
+    /// before an acquire counts (Redis's `replicas=` today, by `WAIT`); a backend whose server
+    /// replicates before it answers (ZooKeeper, etcd) never returns it.
     #[error("lock {lock}: only {acked} of {wanted} replicas confirmed the acquire in time; released it")]
     NotReplicated {
         /// The lock.

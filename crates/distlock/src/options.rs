@@ -212,19 +212,21 @@ impl QuerySpec {
     }
 }
 
-/// Options for [`connect_with`](crate::connect_with), honoured by every backend (a value a backend cannot take is
-/// refused with its reason, never ignored).
+/// Options for [`connect_with`](crate::connect_with), honoured by every backend: each value takes
+/// the place of the URL's (under any of its names) and is judged by the backend's own checks as a
+/// URL's would be; a value a backend cannot take is refused with its reason, never ignored. The
+/// options are values handed to the backend's parser, never written into the URL's text.
 ///
 /// # Examples
 ///
-/// ```
+/// ```no_run
+/// # async fn demo() -> distlock::Result<()> {
 /// use distlock::ConnectOptions;
 /// use std::time::Duration;
-/// let o = ConnectOptions::new().lease(Duration::from_secs(20)).connect_timeout(Duration::from_secs(2));
-/// assert_eq!(
-///     o.apply("zk://127.0.0.1:2181?session_timeout=10s").unwrap(),
-///     "zk://127.0.0.1:2181?lease=20000ms&connect_timeout=2000ms"
-/// );
+/// let options = ConnectOptions::new().lease(Duration::from_secs(20)).connect_timeout(Duration::from_secs(2));
+/// // The lease is 20 s, not the URL's 10 s.
+/// let client = distlock::connect_with("zk://127.0.0.1:2181?session_timeout=10s", &options).await?;
+/// # let _ = client; Ok(()) }
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConnectOptions {
@@ -336,44 +338,6 @@ impl ConnectOptions {
             e => e,
         }
     }
-
-    /// `url` with these options in its query.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a zero duration.
-    pub fn apply(&self, url: &str) -> Result<String> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut pairs: Vec<String> = query.split('&').filter(|p| !p.is_empty()).map(str::to_string).collect();
-        let mut set = |keys: &[&str], name: &'static str, value: Option<Duration>| -> Result<()> {
-            let Some(d) = value else { return Ok(()) };
-            if d.is_zero() {
-                return Err(Error::InvalidArgument { what: name, reason: "must be greater than zero".into() });
-            }
-            pairs.retain(|p| !keys.contains(&p.split_once('=').map_or(p.as_str(), |(k, _)| k)));
-            pairs.push(format!("{}={}ms", keys[0], d.as_millis().max(1)));
-            Ok(())
-        };
-        set(LEASE_KEYS, "lease", self.lease)?;
-        set(&["connect_timeout"], "connect timeout", self.connect_timeout)?;
-        self.tls.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
-        for (name, path) in [("cacert", &self.tls.cacert), ("cert", &self.tls.cert), ("key", &self.tls.key)] {
-            let Some(path) = path else { continue };
-            let text = path.to_str().filter(|t| !t.is_empty() && !t.contains(['&', '#', '?', '='])).ok_or_else(|| {
-                Error::InvalidArgument {
-                    what: "TLS file path",
-                    reason: format!("{name} {:?}: empty, not UTF-8, or has one of & # ? = (rename or link the file)", path.display()),
-                }
-            })?;
-            pairs.retain(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) != name);
-            pairs.push(format!("{name}={text}"));
-        }
-        if let Some(setup) = self.setup {
-            pairs.retain(|p| p.split_once('=').map_or(p.as_str(), |(k, _)| k) != "setup");
-            pairs.push(format!("setup={}", if setup { "auto" } else { "no" }));
-        }
-        Ok(if pairs.is_empty() { base.to_string() } else { format!("{base}?{}", pairs.join("&")) })
-    }
 }
 
 /// Whether a URL error's `reason` is about a key that `options` set (rather than about the rest
@@ -442,14 +406,19 @@ mod tests {
 
     #[test]
     fn options_replace_the_keys_and_their_aliases() {
+        const SPEC: QuerySpec =
+            QuerySpec { lease_name: "ttl", keys: &[], tls: TlsKeys::Files(&[]), pairs_need_values: true };
         let o = ConnectOptions::new().lease(Duration::from_secs(3));
-        assert_eq!(o.apply("etcd://h:1?ttl=30s&timeout=1s").unwrap(), "etcd://h:1?timeout=1s&lease=3000ms");
-        assert_eq!(o.apply("redis://h:1/0").unwrap(), "redis://h:1/0?lease=3000ms");
-        assert_eq!(ConnectOptions::new().apply("sqlite:///a.db?lease=2s").unwrap(), "sqlite:///a.db?lease=2s");
+        let (url, _) = SPEC.parse("ttl=30s&connect_timeout=1s").unwrap();
+        let merged = url.overridden(&o.common().unwrap());
+        assert_eq!((merged.lease, merged.lease_key), (Some(Duration::from_secs(3)), "lease"));
+        assert_eq!(merged.connect_timeout, Some(Duration::from_secs(1)), "what the options leave alone stays the URL's");
+        let (url, _) = SPEC.parse("ttl=2s").unwrap();
+        assert_eq!(url.clone().overridden(&ConnectOptions::new().common().unwrap()), url, "no options change nothing");
         let tls = ConnectOptions::new().lease(Duration::from_secs(3)).cert("/c.pem").key("/k.pem");
         assert!(!is_about_options(r#"unknown URL key "x" (known: lease (or session_timeout, ttl), key)"#, &tls));
         assert!(is_about_options("lease=3s must be whole seconds", &tls));
-        let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).apply("zk://h:1").unwrap_err();
+        let zero = ConnectOptions::new().connect_timeout(Duration::ZERO).common().unwrap_err();
         assert!(zero.to_string().contains("connect timeout"), "{zero}");
     }
 }
