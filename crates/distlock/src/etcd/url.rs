@@ -24,8 +24,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 ///
 /// The URL's keys are its configuration: an `EtcdUrl` is made by [`parse`](Self::parse) only, and
 /// read through its accessors ([`endpoints`](Self::endpoints), [`ttl`](Self::ttl), …). Other
-/// settings are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions)
-/// to it ([`apply`](crate::ConnectOptions::apply)), and parse that.
+/// settings are another URL (change its keys), or [`ConnectOptions`](crate::ConnectOptions) given
+/// to [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

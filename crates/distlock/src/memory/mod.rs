@@ -79,11 +79,10 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
 
 /// A parsed `memory://NAME?lease=…` URL.
 ///
-/// The URL's keys are its configuration: a `MemoryUrl` is made by [`parse`](Self::parse) only,
-/// and read through its accessors ([`name`](Self::name), [`lease`](Self::lease),
-/// [`setup`](Self::setup)). Other settings are another URL: change its keys, or apply a
-/// [`ConnectOptions`](crate::ConnectOptions) to it ([`apply`](crate::ConnectOptions::apply)), and
-/// parse that.
+/// The URL's keys are its configuration: a `MemoryUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`name`](Self::name), [`lease`](Self::lease),
+/// [`setup`](Self::setup)). Other settings are another URL (change its keys), or
+/// [`ConnectOptions`](crate::ConnectOptions) given to [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

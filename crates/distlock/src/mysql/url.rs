@@ -29,9 +29,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 ///
 /// The URL's keys are its configuration: a `MysqlUrl` is made by [`parse`](Self::parse) only, and
 /// read through its accessors ([`host`](Self::host), [`database`](Self::database),
-/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL:
-/// change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
-/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL
+/// (change its keys), or [`ConnectOptions`](crate::ConnectOptions) given to
+/// [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

@@ -212,9 +212,9 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 ///
 /// The URL's keys are its configuration: a `PgUrl` is made by [`parse`](Self::parse) only, and
 /// read through its accessors ([`hosts`](Self::hosts), [`database`](Self::database),
-/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL:
-/// change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
-/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+/// [`lease`](Self::lease), [`ssl_mode`](Self::ssl_mode), …). Other settings are another URL
+/// (change its keys), or [`ConnectOptions`](crate::ConnectOptions) given to
+/// [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

@@ -65,8 +65,8 @@ impl std::str::FromStr for Layout {
 ///
 /// The URL's keys are its configuration: a `RedisUrl` is made by [`parse`](Self::parse) only, and
 /// read through its accessors ([`host`](Self::host), [`lease`](Self::lease), …). Other settings
-/// are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions) to it
-/// ([`apply`](crate::ConnectOptions::apply)), and parse that.
+/// are another URL (change its keys), or [`ConnectOptions`](crate::ConnectOptions) given to
+/// [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

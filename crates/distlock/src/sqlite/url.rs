@@ -19,10 +19,10 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// - `connect_timeout`: how long opening the database (and making the table) may take (default
 ///   5 s).
 ///
-/// The URL's keys are its configuration: a `SqliteUrl` is made by [`parse`](Self::parse) only,
-/// and read through its accessors ([`path`](Self::path), [`lease`](Self::lease), …). Other
-/// settings are another URL: change its keys, or apply a [`ConnectOptions`](crate::ConnectOptions)
-/// to it ([`apply`](crate::ConnectOptions::apply)), and parse that.
+/// The URL's keys are its configuration: a `SqliteUrl` is made by [`parse`](Self::parse) only, and
+/// read through its accessors ([`path`](Self::path), [`lease`](Self::lease), …). Other settings
+/// are another URL (change its keys), or [`ConnectOptions`](crate::ConnectOptions) given to
+/// [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///

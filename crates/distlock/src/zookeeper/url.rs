@@ -19,9 +19,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// The URL's keys are its configuration: a `ZkUrl` is made by [`parse`](Self::parse) only, and
 /// read through its accessors ([`hosts`](Self::hosts), [`session_timeout`](Self::session_timeout),
-/// …). Other settings are another URL: change its keys, or apply a
-/// [`ConnectOptions`](crate::ConnectOptions) to it ([`apply`](crate::ConnectOptions::apply)), and
-/// parse that.
+/// …). Other settings are another URL (change its keys), or
+/// [`ConnectOptions`](crate::ConnectOptions) given to [`connect_with`](crate::connect_with).
 ///
 /// # Examples
 ///
