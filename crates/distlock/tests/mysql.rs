@@ -556,3 +556,200 @@ async fn setup_no_makes_nothing_and_names_what_is_missing() {
     Client::connect(&url).await.unwrap().close(Duration::from_secs(2)).await;
     Client::connect(&format!("{url}&setup=no")).await.unwrap().close(Duration::from_secs(2)).await;
 }
+
+/// The connections holding these guards' locks (their `connection:ID` marks).
+fn connections(guards: &[distlock::mysql::MutexGuard]) -> std::collections::HashSet<String> {
+    guards.iter().map(|g| g.holder_id().to_string()).collect()
+}
+
+/// Locks held without waiting share a few connections (`shared_connections`, 4 by default): 120
+/// held locks are on at most 4 server connections (a server as shipped allows 151 in all), the
+/// server names one of them as each lock's holder, another client can take none of them, and
+/// nothing is left held after release. `shared_connections=0` is a connection per lock.
+#[tokio::test]
+async fn many_held_locks_share_four_connections() {
+    let db = connect("?lease=10s").await;
+    let mut raw = raw().await;
+    let names: Vec<String> = (0..120).map(|i| unique(&format!("shared{i}"))).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(db.mutex(name).unwrap().lock().await.unwrap());
+    }
+    let used = connections(&guards);
+    assert!(used.len() <= 4, "{} server connections for 120 held locks", used.len());
+    let other = connect("").await;
+    for (name, g) in names.iter().zip(&guards) {
+        let on_server = holder(&mut raw, name).await.map(|id| format!("connection:{id}"));
+        assert_eq!(on_server.as_deref(), Some(g.holder_id()), "{name}: the server's holder");
+        assert!(other.mutex(name).unwrap().try_lock().await.unwrap().is_none(), "{name} taken by another client");
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    for name in &names {
+        assert_eq!(holder(&mut raw, name).await, None, "{name} left held");
+    }
+    let own = connect("?lease=10s&shared_connections=0").await;
+    let mut guards = Vec::new();
+    for name in &names[..5] {
+        guards.push(own.mutex(name).unwrap().lock().await.unwrap());
+    }
+    assert_eq!(connections(&guards).len(), 5, "shared_connections=0: a connection per lock");
+}
+
+/// `GET_LOCK` is reentrant within a session, so two holders of one name in one client must never
+/// both be granted through one shared connection: with a single shared connection, the second
+/// is refused while the first holds, waits on a connection of its own, and is granted by the
+/// first's release; a release on a shared connection frees only its own lock.
+#[tokio::test]
+async fn two_local_holders_of_one_name_never_share_a_grant() {
+    let mut raw = raw().await;
+    let (own_db, own_url) = own_database(&mut raw, "distlock_twice").await;
+    let db = Client::connect(&format!("{own_url}?lease=10s&shared_connections=1")).await.unwrap();
+    let (name, beside) = (unique("twice"), unique("beside"));
+    let first = db.mutex(&name).unwrap().lock().await.unwrap();
+    let other = db.mutex(&beside).unwrap().lock().await.unwrap();
+    assert_eq!(first.holder_id(), other.holder_id(), "both on the one shared connection");
+    assert!(db.mutex(&name).unwrap().try_lock().await.unwrap().is_none(), "granted twice in one client");
+    let second = {
+        let (db, name) = (db.clone(), name.clone());
+        tokio::spawn(async move { db.mutex(&name).unwrap().lock_timeout(Duration::from_secs(20)).await })
+    };
+    {
+        let raw = tokio::sync::Mutex::new(&mut raw);
+        common::eventually(Duration::from_secs(5), "the second holder waiting on the server", || async {
+            waiting(&mut **raw.lock().await, &own_db).await == 1
+        })
+        .await;
+    }
+    assert!(!second.is_finished(), "the second holder got the lock while the first held it");
+    let first_holder = first.holder_id().to_string();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("granted after the first's release")
+        .unwrap()
+        .unwrap()
+        .expect("granted within its wait");
+    assert_ne!(second.holder_id(), first_holder, "the waiter holds it on a connection of its own");
+    let on_server = holder(&mut raw, &beside).await.map(|id| format!("connection:{id}"));
+    assert_eq!(on_server.as_deref(), Some(other.holder_id()), "the first's release freed another lock");
+    second.release().await.unwrap();
+    other.release().await.unwrap();
+    assert_eq!((holder(&mut raw, &name).await, holder(&mut raw, &beside).await), (None, None), "left held");
+    sqlx::query(&format!("DROP DATABASE {own_db}")).execute(&mut raw).await.unwrap();
+}
+
+/// Fifty locks on one shared connection cut off by a silent partition: every one is told `Lost`
+/// at the connection's lease deadline, before the server frees any of them (its `wait_timeout`
+/// after the last ping it received), and each next holder's token is larger.
+#[tokio::test]
+async fn a_partitioned_shared_connection_loses_every_lock_before_the_server_frees_one() {
+    let target = my_url();
+    let hostport = target.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
+    let proxy = FaultProxy::start(hostport.parse().unwrap()).await.unwrap();
+    let proxied = target.replace(&hostport, &proxy.addr().to_string());
+    let a = Client::connect(&format!("{proxied}?lease=3s&shared_connections=1")).await.unwrap();
+    let names: Vec<String> = (0..50).map(|i| unique(&format!("cut{i}"))).collect();
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(a.mutex(name).unwrap().lock().await.unwrap());
+    }
+    assert_eq!(connections(&held).len(), 1);
+    let raw = Arc::new(tokio::sync::Mutex::new(raw().await));
+    proxy.set(Fault::Blackhole);
+    // The server's side from now on: when any of the fifty is first seen free.
+    let watch = FreeWatch::start(Duration::from_millis(5), {
+        let names = names.clone();
+        move || {
+            let (raw, names) = (raw.clone(), names.clone());
+            async move {
+                let mut raw = raw.lock().await;
+                for name in &names {
+                    if holder(&mut raw, name).await.is_none() {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    });
+    for g in &held {
+        let reason = tokio::time::timeout(Duration::from_secs(10), g.lost()).await.expect("lost within the lease");
+        assert_eq!(reason, LostReason::LeaseExpired, "{}", g.name());
+    }
+    let latest = held.iter().map(|g| g.lease_deadline()).max().unwrap();
+    let freed = watch.freed_at(Duration::from_secs(10)).await;
+    assert!(latest < freed, "the server freed a lock {:?} before a holder's deadline", latest - freed);
+    let b = connect("").await;
+    for g in &held {
+        let next = b.mutex(g.name()).unwrap().lock_timeout(Duration::from_secs(10)).await.unwrap().expect("freed");
+        assert!(next.fencing_token() > g.fencing_token());
+        next.release().await.unwrap();
+    }
+    proxy.heal();
+}
+
+/// A shared connection killed on the server: every lock on it is `Lost` at once (its socket is
+/// watched), a release says so, and the client takes them again on another connection.
+#[tokio::test]
+async fn a_killed_shared_connection_loses_every_lock_on_it() {
+    let db = connect("?lease=10s&shared_connections=1").await;
+    let mut raw = raw().await;
+    let names: Vec<String> = (0..50).map(|i| unique(&format!("kill{i}"))).collect();
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(db.mutex(name).unwrap().lock().await.unwrap());
+    }
+    let id = holder(&mut raw, &names[0]).await.unwrap();
+    sqlx::query(&format!("KILL {id}")).execute(&mut raw).await.unwrap();
+    for g in &held {
+        let reason = tokio::time::timeout(Duration::from_secs(3), g.lost()).await.expect("told at once");
+        assert_eq!(reason, LostReason::ConnectionClosed, "{}", g.name());
+    }
+    for g in held {
+        assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+    }
+    for name in &names {
+        let again = db.mutex(name).unwrap().try_lock().await.unwrap().expect("freed with the connection");
+        assert_ne!(again.holder_id(), format!("connection:{id}"));
+        again.release().await.unwrap();
+    }
+}
+
+/// Acquires dropped at any point of their statement on a shared connection leave nothing held
+/// (a grant no one waits for is released) and disturb no lock held on that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquires_on_a_shared_connection_leave_nothing_behind() {
+    let db = connect("?lease=10s&shared_connections=1").await;
+    let mut raw = raw().await;
+    let kept_name = unique("kept");
+    let kept = db.mutex(&kept_name).unwrap().lock().await.unwrap();
+    let names: Vec<String> = (0..100).map(|i| unique(&format!("drop{i}"))).collect();
+    for (i, name) in names.iter().enumerate() {
+        let lock = db.mutex(name).unwrap();
+        // Cut off after 0–990 µs: before, during or after its statement.
+        let _ = tokio::time::timeout(Duration::from_micros((i as u64 % 100) * 10), lock.try_lock()).await;
+    }
+    {
+        let raw = tokio::sync::Mutex::new(&mut raw);
+        let names = &names;
+        common::eventually(Duration::from_secs(5), "every dropped acquire's lock free", || async {
+            let mut raw = raw.lock().await;
+            for name in names {
+                if holder(&mut raw, name).await.is_some() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+    }
+    assert_eq!(kept.state(), LockState::Held);
+    let on_server = holder(&mut raw, &kept_name).await.map(|id| format!("connection:{id}"));
+    assert_eq!(on_server.as_deref(), Some(kept.holder_id()), "the held lock disturbed");
+    let again = db.mutex(&names[0]).unwrap().try_lock().await.unwrap().expect("the connection still serves");
+    assert_eq!(again.holder_id(), kept.holder_id());
+    again.release().await.unwrap();
+    kept.release().await.unwrap();
+}

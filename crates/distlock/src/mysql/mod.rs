@@ -1,5 +1,5 @@
-//! The MariaDB (and MySQL) backend: `GET_LOCK` user locks, each held on a connection of its own,
-//! fenced by a counter row and honest about loss.
+//! The MariaDB (and MySQL) backend: `GET_LOCK` user locks, many on one shared connection,
+//! fenced by a sequence (or a counter row) and honest about loss.
 //!
 //! # Layout
 //!
@@ -23,9 +23,13 @@
 //!
 //! # Connections
 //!
-//! A held lock owns its connection; after a clean release the connection serves the next acquire.
-//! A wait that is dropped closes its connection, and the server ends a `GET_LOCK` wait whose
-//! client is gone.
+//! Held locks share a few connections (`shared_connections`, default 4): an acquire first asks
+//! `GET_LOCK(name, 0)` on a shared connection, and only a lock that must wait takes a connection of
+//! its own for the wait, which then holds it; after a clean release that connection serves the
+//! next acquire. A shared connection has one lease, which its locks follow: it is lost, and every
+//! lock on it with it, when the connection ends or stays silent past its deadline (see
+//! `shared.rs` for how a name is kept from being granted twice through one session). A wait that
+//! is dropped closes its connection, and the server ends a `GET_LOCK` wait whose client is gone.
 //!
 //! # Examples
 //!
@@ -42,6 +46,7 @@ pub(crate) mod contract;
 mod election;
 mod jobs;
 mod mutex;
+mod shared;
 mod socket_watch;
 mod url;
 
@@ -87,6 +92,8 @@ struct Inner {
     fencing: std::sync::OnceLock<Fencing>,
     /// Renews every held lock's lease with a ping of its connection.
     watchdog: Arc<crate::watchdog::Watchdog>,
+    /// The connections that held locks share.
+    pool: shared::Pool,
 }
 
 impl std::fmt::Debug for Client {
@@ -155,6 +162,7 @@ impl Client {
                 url,
                 idle: StdMutex::new(Vec::new()),
                 fencing: std::sync::OnceLock::new(),
+                pool: shared::Pool::default(),
             }),
         };
         let mut conn = client.open().await?;
@@ -222,6 +230,10 @@ impl Client {
     }
 
     /// The renewals of this client's held locks.
+    pub(crate) fn pool(&self) -> &shared::Pool {
+        &self.inner.pool
+    }
+
     pub(crate) fn watchdog(&self) -> &Arc<crate::watchdog::Watchdog> {
         &self.inner.watchdog
     }

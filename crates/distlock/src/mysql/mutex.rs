@@ -7,7 +7,8 @@ use crate::{LostReason, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
 
-/// An exclusive user lock, held by a connection of its own.
+/// An exclusive user lock, held on a connection shared with the client's other locks, or (after
+/// a wait) on a connection of its own (see [the module docs](crate::mysql#connections)).
 ///
 /// Waiting is done by the server (`GET_LOCK` with a timeout): no polling. Not reentrant: a
 /// second acquire through the same handle waits like anyone else's.
@@ -69,6 +70,13 @@ impl Mutex {
 
     async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
         let name = &self.name;
+        // A lock free now is taken on a shared connection (see `shared`); only a wait needs a
+        // connection of its own.
+        match super::shared::try_lock(&self.client, name).await? {
+            Some(super::shared::Tried::Granted(guard)) => return Ok(Some(guard)),
+            Some(super::shared::Tried::Busy) if wait == Wait::Never => return Ok(None),
+            Some(super::shared::Tried::Busy) | None => {}
+        }
         let mut conn = self.client.checkout().await?;
         let secs = match wait.timeout() {
             None => FOREVER_SECS,
@@ -77,21 +85,7 @@ impl Mutex {
         // Dropped while the server waits: the connection closes with this future, and the
         // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.
         let sent = Instant::now();
-        let granted = match self.client.fencing() {
-            Fencing::Sequence => sqlx::query_scalar(ACQUIRE_SEQUENCE_SQL)
-                .bind(name)
-                .bind(secs)
-                .fetch_one(&mut conn.conn)
-                .await
-                .map(|token: Option<i64>| token.map(|t| t as u64)),
-            Fencing::Row => sqlx::query(ACQUIRE_ROW_SQL)
-                .bind(name)
-                .bind(name)
-                .bind(secs)
-                .execute(&mut conn.conn)
-                .await
-                .map(|done| (done.rows_affected() > 0).then(|| done.last_insert_id())),
-        };
+        let granted = grant(&mut conn.conn, self.client.fencing(), name, secs).await;
         let Some(token) = granted.map_err(|e| backend("acquire", name, e))? else {
             // Not granted in time (or the wait was ended on the server): it holds nothing.
             self.client.put_back(conn);
@@ -107,6 +101,31 @@ impl Mutex {
         };
         let sent = crate::lease::fresh_after_wait(sent, lease, name, ping).await?;
         Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token, sent)))
+    }
+}
+
+/// `GET_LOCK(name, secs)` on `conn` and, only if granted, a fencing token from `fencing`'s
+/// source: the token, or `None` if not granted in time.
+pub(crate) async fn grant(
+    conn: &mut sqlx::MySqlConnection,
+    fencing: Fencing,
+    name: &str,
+    secs: f64,
+) -> std::result::Result<Option<u64>, sqlx::Error> {
+    match fencing {
+        Fencing::Sequence => sqlx::query_scalar(ACQUIRE_SEQUENCE_SQL)
+            .bind(name)
+            .bind(secs)
+            .fetch_one(&mut *conn)
+            .await
+            .map(|token: Option<i64>| token.map(|t| t as u64)),
+        Fencing::Row => sqlx::query(ACQUIRE_ROW_SQL)
+            .bind(name)
+            .bind(name)
+            .bind(secs)
+            .execute(&mut *conn)
+            .await
+            .map(|done| (done.rows_affected() > 0).then(|| done.last_insert_id())),
     }
 }
 
@@ -134,15 +153,21 @@ pub struct MutexGuard {
 
 struct Hold {
     client: Client,
-    conn: Arc<tokio::sync::Mutex<Conn>>,
+    place: Place,
     leased: Leased,
     id: u64,
     /// Our mark, `connection:ID`, as `IS_USED_LOCK(name)` and the process list show it.
     holder: String,
     token: u64,
-    /// Its place in the client's renewals: a ping of the connection every sixth of the lease
-    /// (ended when dropped).
-    _renewals: crate::watchdog::Ticket,
+}
+
+/// Where a lock is held.
+enum Place {
+    /// On a connection of its own (taken after a wait), with its place in the client's
+    /// renewals: a ping of the connection every sixth of the lease (ended when dropped).
+    Own { conn: Arc<tokio::sync::Mutex<Conn>>, _renewals: crate::watchdog::Ticket },
+    /// On a shared connection, whose lease it follows (see `shared`).
+    Shared(Arc<super::shared::Shared>),
 }
 
 impl std::fmt::Debug for Hold {
@@ -150,6 +175,7 @@ impl std::fmt::Debug for Hold {
         f.debug_struct("Hold")
             .field("name", &self.leased.name)
             .field("connection", &self.id)
+            .field("shared", &matches!(self.place, Place::Shared(_)))
             .field("token", &self.token)
             .finish()
     }
@@ -180,7 +206,22 @@ impl MutexGuard {
         let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
         let holder = format!("connection:{id}");
         let leased = Leased::new(name, lease);
-        MutexGuard { hold: Some(Hold { client, conn, leased, id, holder, token, _renewals: renewals }) }
+        let place = Place::Own { conn, _renewals: renewals };
+        MutexGuard { hold: Some(Hold { client, place, leased, id, holder, token }) }
+    }
+
+    /// A lock granted on a shared connection, under `lease` (a follower of the connection's).
+    pub(crate) fn on_shared(
+        client: Client,
+        shared: Arc<super::shared::Shared>,
+        name: String,
+        token: u64,
+        lease: Arc<Lease>,
+    ) -> MutexGuard {
+        let id = shared.id;
+        let holder = format!("connection:{id}");
+        let leased = Leased::new(name, lease);
+        MutexGuard { hold: Some(Hold { client, place: Place::Shared(shared), leased, id, holder, token }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -208,34 +249,51 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, conn, leased: Leased { name, lease }, _renewals, .. } =
+        let Hold { client, place, leased: Leased { name, lease }, .. } =
             self.hold.take().expect("a guard holds until released");
-        drop(_renewals);
-        // A lock lost before: dropping the connection frees it.
-        lease.release(before, name.clone(), unlock(client, conn, name), LostReason::ConnectionClosed).await
+        if let (true, Place::Shared(shared)) = (before.is_lost(), &place) {
+            // Lost on its own (its deadline passed while the connection lives on): the server
+            // may still have it on the shared connection, which outlives this guard. Released
+            // all the same, in the background.
+            let (client, shared, name) = (client.clone(), shared.clone(), name.clone());
+            spawn_unlock(async move { super::shared::unlock(client, shared, name.clone()).await.map(drop) });
+        }
+        // A lock lost before on a connection of its own: dropping the connection frees it.
+        lease.release(before, name.clone(), unlock(client, place, name), LostReason::ConnectionClosed).await
+    }
+}
+
+/// Runs a release in the background where there is a runtime, logging its failure.
+fn spawn_unlock(release: impl std::future::Future<Output = Result<()>> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            if let Err(e) = release.await {
+                tracing::warn!(error = %e, "release on drop failed; closing the connection frees it");
+            }
+        });
     }
 }
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, conn, leased: Leased { name, lease }, _renewals, .. }) = self.hold.take() else {
+        let Some(Hold { client, place, leased: Leased { name, lease }, .. }) = self.hold.take() else {
             return;
         };
-        drop(_renewals);
         lease.end();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(e) = unlock(client, conn, name.clone()).await {
-                    tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
-                }
-            });
-        }
+        spawn_unlock(async move { unlock(client, place, name).await.map(drop) });
     }
 }
 
-/// `RELEASE_LOCK` on the held connection; true if it was held. The connection goes back to the
-/// idle list only after a clean release.
-async fn unlock(client: Client, conn: Arc<tokio::sync::Mutex<Conn>>, name: String) -> Result<bool> {
+/// `RELEASE_LOCK` where the lock is held; true if it was held. A connection of its own goes back
+/// to the idle list only after a clean release.
+async fn unlock(client: Client, place: Place, name: String) -> Result<bool> {
+    let conn = match place {
+        Place::Shared(shared) => return super::shared::unlock(client, shared, name).await,
+        Place::Own { conn, _renewals } => {
+            drop(_renewals);
+            conn
+        }
+    };
     let released: Option<i64> = {
         let mut c = conn.lock().await;
         sqlx::query_scalar("SELECT RELEASE_LOCK(?)")

@@ -1,0 +1,251 @@
+//! Held locks sharing a few connections.
+//!
+//! A `GET_LOCK` lock belongs to the server session (the connection) that took it, and one
+//! session can hold any number of them, so the locks of one client need not cost a connection
+//! each: a server ships with `max_connections` = 151, shared with the application. Up to
+//! `shared_connections` (default 4) connections are *shared*: an acquire first reserves its name on
+//! one of them and asks `GET_LOCK(name, 0)` there, which answers at once. Only an acquire that
+//! must wait takes a connection of its own for the wait (a waiting `GET_LOCK` occupies its
+//! connection until it is granted), and the lock then stays on that connection, as before.
+//!
+//! What keeps each promise:
+//! - **Loss, per connection.** A shared connection has one lease, renewed by one ping every
+//!   sixth of the lease whatever the number of locks on it; each lock's lease *follows* it
+//!   ([`Lease::follower`]): a ping answered moves every lock's deadline on, and the connection
+//!   closed (its socket watched as every lock connection's is), a ping refused or the deadline
+//!   passed without an answer makes every lock on it `Lost` at once. The session's `wait_timeout`
+//!   is the lease, so the server cannot free the locks before that deadline.
+//! - **One holder per name on a connection.** `GET_LOCK` is reentrant within a session (taken
+//!   twice, it needs two `RELEASE_LOCK`s), so two local holders of one name through one
+//!   connection would both be granted. A name is reserved on a connection before its statement
+//!   is sent and kept there until its `RELEASE_LOCK` has been answered; an acquire never uses a
+//!   connection on which its name is reserved, so it asks on another one (where the server says
+//!   busy, as it would to any other client) or waits on a connection of its own.
+//! - **Nothing left behind, nothing disturbed.** The statement on a shared connection runs to its
+//!   answer even if the acquire is dropped (a statement cut off would leave the connection in an
+//!   unknown state, and perhaps a grant no one knows of): a grant nobody waits for any more is
+//!   released at once. Statements on a shared connection never wait on the server, so a ping or
+//!   another lock's release behind one waits a round trip at most.
+//! - **A connection with no locks left** leaves the shared set and goes back to the idle list.
+
+use super::{backend, Client, Conn, MutexGuard};
+use crate::lease::{Lease, Renewal};
+use crate::watchdog::Ticket;
+use crate::{Error, LockState, LostReason, Result};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex as StdMutex};
+use tokio::time::Instant;
+
+/// The shared connections of one client.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    /// The shared connections now in use (at most `shared_connections`), in a lock held across
+    /// opening one, so that a burst of acquires opens no more than that.
+    conns: tokio::sync::Mutex<Vec<Arc<Shared>>>,
+}
+
+/// One shared connection: its lease, and the names reserved or held on it.
+pub(crate) struct Shared {
+    pub(crate) conn: tokio::sync::Mutex<Option<Conn>>,
+    /// `CONNECTION_ID()`.
+    pub(crate) id: u64,
+    /// The connection's lease: every lock on it follows it.
+    pub(crate) lease: Arc<Lease>,
+    /// The names reserved (an acquire in flight) or held on this connection.
+    names: StdMutex<HashSet<String>>,
+    /// The connection's renewals: a ping every sixth of the lease (ended with the connection).
+    renewals: StdMutex<Option<Ticket>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("connection", &self.id).finish()
+    }
+}
+
+impl Shared {
+    fn label(&self) -> String {
+        format!("the shared connection {}", self.id)
+    }
+
+    fn live(&self) -> bool {
+        !self.lease.state(&self.label()).is_lost()
+    }
+
+    fn holds(&self, name: &str) -> bool {
+        self.names.lock().unwrap_or_else(|e| e.into_inner()).contains(name)
+    }
+
+    fn load(&self) -> usize {
+        self.names.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// What a try on a shared connection found.
+pub(crate) enum Tried {
+    /// Granted.
+    Granted(MutexGuard),
+    /// Held by someone else (another client, or a local holder on another connection).
+    Busy,
+}
+
+impl Pool {
+    /// A shared connection on which `name` is now reserved: the least loaded live one that does
+    /// not have it, or a new one while there are fewer than `max`; `None` when every one has
+    /// it (a local holder): the acquire must then wait on a connection of its own.
+    async fn reserve(&self, client: &Client, name: &str, max: usize) -> Result<Option<Arc<Shared>>> {
+        let mut conns = self.conns.lock().await;
+        conns.retain(|s| s.live());
+        let free = conns.iter().filter(|s| !s.holds(name)).min_by_key(|s| s.load()).cloned();
+        let chosen = match free {
+            // A new connection rather than a busy one while there is room: the locks spread.
+            Some(s) if s.load() == 0 || conns.len() >= max => s,
+            _ if conns.len() < max => {
+                let shared = Arc::new(open(client).await?);
+                conns.push(shared.clone());
+                shared
+            }
+            Some(s) => s,
+            None => return Ok(None),
+        };
+        chosen.names.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+        Ok(Some(chosen))
+    }
+
+    /// `name` is no longer reserved or held on `shared`; a connection left with no locks leaves
+    /// the shared set (back to the idle list if it is still good).
+    pub(crate) async fn done(&self, client: &Client, shared: &Arc<Shared>, name: &str) {
+        let mut conns = self.conns.lock().await;
+        let empty = {
+            let mut names = shared.names.lock().unwrap_or_else(|e| e.into_inner());
+            names.remove(name);
+            names.is_empty()
+        };
+        if !empty {
+            return;
+        }
+        conns.retain(|s| !Arc::ptr_eq(s, shared));
+        drop(conns);
+        // Its renewals end; the connection is idle again (the next lock on it makes a new lease).
+        drop(shared.renewals.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if shared.live() {
+            if let Some(conn) = shared.conn.try_lock().ok().and_then(|mut c| c.take()) {
+                client.put_back(conn);
+            }
+        }
+    }
+
+    /// How many shared connections are in use.
+    pub(crate) async fn len(&self) -> usize {
+        self.conns.lock().await.len()
+    }
+}
+
+/// A connection of the idle list (or a new one) made shared: a lease of its own from now, renewed
+/// by a ping every sixth of the lease.
+async fn open(client: &Client) -> Result<Shared> {
+    let conn = client.checkout().await?;
+    let id = conn.id;
+    let lease = Arc::new(Lease::new(Instant::now(), client.lease(), "mysql"));
+    let label = format!("the shared connection {id}");
+    conn.set_holder(&lease, &label);
+    let shared = Shared {
+        conn: tokio::sync::Mutex::new(Some(conn)),
+        id,
+        lease: lease.clone(),
+        names: StdMutex::default(),
+        renewals: StdMutex::new(None),
+    };
+    Ok(shared)
+}
+
+/// Starts the renewals of a shared connection (its first lock was granted).
+fn renew(client: &Client, shared: &Arc<Shared>) {
+    let mut renewals = shared.renewals.lock().unwrap_or_else(|e| e.into_inner());
+    if renewals.is_some() {
+        return;
+    }
+    let weak = Arc::downgrade(shared);
+    let check = move || -> crate::contract::BoxFuture<'static, Renewal> {
+        let weak = weak.clone();
+        Box::pin(async move {
+            use sqlx::Connection;
+            let Some(shared) = weak.upgrade() else { return Renewal::Failed };
+            let gone = |e: &sqlx::Error| {
+                matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)
+            };
+            let mut conn = shared.conn.lock().await;
+            let Some(c) = conn.as_mut() else { return Renewal::Gone(LostReason::ConnectionClosed) };
+            let answer = c.conn.ping().await;
+            Renewal::of_check(answer, gone, &shared.label())
+        })
+    };
+    *renewals = Some(client.watchdog().watch(shared.lease.clone(), shared.label(), Arc::new(check)));
+}
+
+/// `GET_LOCK(name, 0)` (with its token) on a shared connection, run to its answer even if the
+/// caller goes away (then a grant is released at once: the guard made is dropped). `None` when
+/// sharing is off or every shared connection has `name` (a local holder): the caller waits on a
+/// connection of its own.
+pub(crate) async fn try_lock(client: &Client, name: &str) -> Result<Option<Tried>> {
+    let max = client.url().shared;
+    if max == 0 {
+        return Ok(None);
+    }
+    let Some(shared) = client.pool().reserve(client, name, max).await? else { return Ok(None) };
+    let (client, name) = (client.clone(), name.to_string());
+    let attempt = async move {
+        let label = shared.label();
+        let sent = Instant::now();
+        let answer = {
+            let mut conn = shared.conn.lock().await;
+            match conn.as_mut() {
+                Some(c) => super::mutex::grant(&mut c.conn, client.fencing(), &name, 0.0).await,
+                None => Err(sqlx::Error::WorkerCrashed),
+            }
+        };
+        let token = match answer {
+            Ok(Some(token)) => token,
+            Ok(None) => {
+                client.pool().done(&client, &shared, &name).await;
+                return Ok(Some(Tried::Busy));
+            }
+            Err(e) => {
+                if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) {
+                    // The session is gone, and with it every lock on it.
+                    shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &label);
+                }
+                client.pool().done(&client, &shared, &name).await;
+                return Err(backend("acquire", &name, e));
+            }
+        };
+        // The answer proves the session alive at `sent`; the lock follows the connection's lease.
+        shared.lease.confirmed(sent, &label);
+        let Some(lease) = shared.lease.follower() else {
+            client.pool().done(&client, &shared, &name).await;
+            return Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed });
+        };
+        renew(&client, &shared);
+        Ok(Some(Tried::Granted(MutexGuard::on_shared(client, shared, name, token, lease))))
+    };
+    crate::background::detach(attempt).await
+}
+
+/// `RELEASE_LOCK(name)` on a shared connection; true if it was held. The name stays reserved on
+/// the connection until the answer (see the module docs), then leaves it.
+pub(crate) async fn unlock(client: Client, shared: Arc<Shared>, name: String) -> Result<bool> {
+    let released: std::result::Result<Option<i64>, sqlx::Error> = {
+        let mut conn = shared.conn.lock().await;
+        match conn.as_mut() {
+            Some(c) => sqlx::query_scalar("SELECT RELEASE_LOCK(?)").bind(&name).fetch_one(&mut c.conn).await,
+            None => Err(sqlx::Error::WorkerCrashed),
+        }
+    };
+    if let Err(e) = &released {
+        if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) {
+            shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &shared.label());
+        }
+    }
+    client.pool().done(&client, &shared, &name).await;
+    Ok(released.map_err(|e| backend("release", &name, e))? == Some(1))
+}
