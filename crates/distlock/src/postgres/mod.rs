@@ -1,5 +1,5 @@
-//! The PostgreSQL backend: session-level advisory locks, each held on a connection of its own,
-//! fenced by a counter row and honest about loss.
+//! The PostgreSQL backend: session-level advisory locks on a few connections a client's locks
+//! share, fenced by a sequence and honest about loss.
 //!
 //! # Layout
 //!
@@ -16,19 +16,29 @@
 //! `tcp_keepalives_*` and `tcp_user_timeout` so that the server ends a silent session (and so frees
 //! its locks) no sooner and not much later than the *lease* (`?lease=`, default 30 s) after it last
 //! heard from the client, and `client_connection_check_interval` so that a backend busy in a lock
-//! wait notices a closed client too. The guard pings its connection every sixth of the lease; its
-//! [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last answered ping plus
-//! the lease less a drift margin, and [`lost`](MutexGuard::lost) resolves at that deadline if no
-//! ping was answered since: before the server can end the session and give the lock to anyone
-//! else. A connection that closes (the backend was terminated, the server restarted) is `Lost` at
-//! once.
+//! wait notices a closed client too. Each connection that holds locks is pinged every sixth of the
+//! lease; a guard's [`lease_deadline`](MutexGuard::lease_deadline) is the send time of its
+//! connection's last answered ping plus the lease less a drift margin, and
+//! [`lost`](MutexGuard::lost) resolves at that deadline if no ping was answered since: before the
+//! server can end the session and give the lock to anyone else. A connection that closes (the
+//! backend was terminated, the server restarted) loses every lock on it at once.
 //!
 //! # Connections
 //!
-//! A held lock owns its connection (a pool's connection could be handed to other work while the
-//! session holds the lock). A connection whose lock was released cleanly goes back to the client's
-//! idle list and serves the next acquire; one whose acquire was cancelled, timed out uncertainly or
-//! failed is closed instead.
+//! A client's locks share at most `connections` server connections (the URL's key, default 4),
+//! whatever their number. The server counts an advisory lock per session (a session granted a key
+//! twice holds it twice), so the client records which keys each connection holds or is taking,
+//! and never routes a lock to a connection that already has its key: two holders of one name in
+//! one client are two sessions, and the server orders them as it orders anyone. Statements that
+//! do not wait (tries, releases, health checks) are pipelined on any connection; a wait
+//! (`pg_advisory_lock`) runs on a connection that holds nothing, taken for it alone, so that it
+//! holds up no other lock's statements, and granted, that connection holds the lock and carries
+//! other statements again. At most `connections - 1` wait at once; a wait that finds none free
+//! polls (it tries again when a lock of the key is let go in this client, and on a timer up to
+//! `rescan`), without the server's queue order. With `lock_scope=transaction` each held lock has
+//! a connection (and a transaction) of its own instead: one whose lock was released cleanly goes
+//! back to the client's idle list and serves the next acquire; one whose acquire was cancelled,
+//! timed out uncertainly or failed is closed.
 //!
 //! # Examples
 //!
