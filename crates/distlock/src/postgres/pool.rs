@@ -166,7 +166,8 @@ impl std::fmt::Debug for Pool {
 #[derive(Default)]
 #[must_use]
 struct Retired {
-    conns: Vec<(Arc<Conn>, Option<Holding>, Vec<AdvisoryKey>)>,
+    /// Each connection, its holds' lease (and whether it holds any), and its keys.
+    conns: Vec<(Arc<Conn>, Option<(Holding, bool)>, Vec<AdvisoryKey>)>,
     /// Health checks ended (their connection taken for a wait), to drop outside the lock.
     ended: Vec<Holding>,
 }
@@ -244,10 +245,13 @@ impl Pool {
         }
         let mut keys = Vec::new();
         for (conn, holding, k) in retired.conns {
-            conn.kill();
-            if let Some(h) = holding {
-                h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), "lock connection");
+            // Its holds are lost first (an empty connection's lease ends quietly), then it closes.
+            match holding {
+                Some((h, true)) => h.lease.publish(LockState::Lost(LostReason::ConnectionClosed), "lock connection"),
+                Some((h, false)) => h.lease.end(),
+                None => {}
             }
+            conn.kill();
             keys.extend(k);
         }
         self.wake(&keys);
@@ -664,6 +668,7 @@ impl Drop for Borrowed {
 impl Retired {
     fn add(&mut self, slot: Slot) {
         let keys = slot.keys.iter().chain(slot.marks.keys()).copied().collect();
-        self.conns.push((slot.conn, slot.holding, keys));
+        let holds = slot.holds > 0;
+        self.conns.push((slot.conn, slot.holding.map(|h| (h, holds)), keys));
     }
 }
