@@ -8,7 +8,7 @@
 //! - one module per backend for what only it has: `zookeeper` (with `recipes`, `faults` under a
 //!   fault proxy, `wire` counting writes, and `curator` beside Apache Curator), `redis` (and
 //!   `redis_own_servers`: restarts, replicas, Sentinel, Redlock, a cluster), `postgres` (and
-//!   `postgres_peer`, beside DistributedLock), `mysql`, `sqlite`, `etcd`.
+//!   `postgres_peer`, beside DistributedLock, and `postgres_shared`, the shared lock connections), `mysql`, `sqlite`, `etcd`.
 //!
 //! The servers are scripts/test.sh's (`DISTLOCK_TEST_*`); a missing one fails its tests unless
 //! `DISTLOCK_TEST_SKIP_MISSING=1`. A test that needs a server set up otherwise starts its own.
@@ -26,6 +26,7 @@ mod names;
 mod observe;
 mod postgres;
 mod postgres_peer;
+mod postgres_shared;
 mod recipes;
 mod redis;
 mod redis_own_servers;

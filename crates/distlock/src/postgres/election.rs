@@ -67,10 +67,8 @@ impl Election {
         let (classid, objid, objsubid) = self.key.pg_locks_ids();
         let mut all = params.to_vec();
         all.extend([&classid as &(dyn tokio_postgres::types::ToSql + Sync), &objid, &objsubid]);
-        let conn = self.client.checkout().await?;
-        let rows = conn.client.query(sql, &all).await.map_err(|e| backend(op, &self.name, e))?;
-        self.client.put_back(conn);
-        Ok(rows)
+        let conn = self.client.statement_conn().await?;
+        conn.client.query(sql, &all).await.map_err(|e| backend(op, &self.name, e))
     }
 
     /// Announces `value` from the connection that holds `guard`.

@@ -60,7 +60,7 @@ impl Client {
     pub async fn inspect(&self, name: &str) -> Result<LockView> {
         self.session_scope_only(&format!("inspecting {name}"))?;
         let key = self.key(name)?;
-        let conn = self.checkout().await?;
+        let conn = self.statement_conn().await?;
         let (classid, objid, objsubid) = key.pg_locks_ids();
         let rows = conn
             .client
@@ -78,7 +78,6 @@ impl Client {
             .query_opt(&format!("SELECT last_value FROM {FENCING_SEQUENCE} WHERE is_called"), &[])
             .await
             .map_err(|e| backend("inspect", name, e))?;
-        self.put_back(conn);
         let sessions = rows
             .iter()
             .map(|r| Session {
@@ -150,7 +149,7 @@ impl Client {
                 ),
             });
         }
-        let conn = self.checkout().await?;
+        let conn = self.statement_conn().await?;
         let rows = conn
             .client
             .query(
@@ -164,7 +163,6 @@ impl Client {
             )
             .await
             .map_err(|e| backend("list locks", "pg_locks", e))?;
-        self.put_back(conn);
         let guard = AdvisoryKey::Pair(FENCING_GUARD.0, FENCING_GUARD.1).pg_locks_ids();
         let mut listing = Listing {
             backend: "postgres",

@@ -3,7 +3,7 @@
 //! server's time from `clock_timestamp()`. Here: PostgreSQL's dialect, and the SQL layer's
 //! executor over the client's connections (the elections' table is made through it too).
 
-use super::{backend, Client, Conn};
+use super::{backend, Client, Tx};
 use crate::contract::BoxFuture;
 use crate::sql::{Cell, Column, Executor, Now, Param, Placeholders, Statement};
 use crate::{Error, Result};
@@ -67,15 +67,14 @@ fn values<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn tokio_postgres::types::To
 
 impl Executor for Client {
     type Dialect = Dialect;
-    /// Dropped unfinished, the connection is dropped, not put back: the open transaction dies
-    /// with it.
-    type Tx = Conn;
+    /// A connection taken for the transaction alone; dropped unfinished, it is closed: the open
+    /// transaction dies with it.
+    type Tx = Tx;
 
     fn row<'a>(&'a self, s: Statement<'a>, columns: &'a [Column]) -> BoxFuture<'a, Result<Option<Vec<Cell>>>> {
         Box::pin(async move {
-            let conn = self.checkout().await?;
+            let conn = self.statement_conn().await?;
             let row = conn.client.query_opt(s.sql, &values(s.params)).await.map_err(|e| backend(s.op, s.name, e))?;
-            self.put_back(conn);
             let read = |row: &tokio_postgres::Row| {
                 crate::sql::cells(columns, |i, column| match column {
                     Column::Int => row.try_get::<_, Option<i64>>(i).map(Cell::from),
@@ -88,34 +87,35 @@ impl Executor for Client {
 
     fn create<'a>(&'a self, table: &'a str, create: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let conn = self.checkout().await?;
+            let conn = self.statement_conn().await?;
             match conn.client.batch_execute(create).await {
                 Ok(()) => {}
                 Err(e) if super::made_by_another(&e) => {}
                 Err(e) => return Err(backend("create", table, e)),
             }
-            self.put_back(conn);
             Ok(())
         })
     }
 
-    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Conn>> {
+    fn begin<'a>(&'a self, s: Statement<'a>) -> BoxFuture<'a, Result<Tx>> {
         Box::pin(async move {
-            let conn = self.checkout().await?;
-            conn.client.batch_execute(s.sql).await.map_err(|e| backend(s.op, s.name, e))?;
-            Ok(conn)
+            let tx = self.transaction_conn().await?;
+            tx.conn.client.batch_execute(s.sql).await.map_err(|e| backend(s.op, s.name, e))?;
+            Ok(tx)
         })
     }
 
-    fn execute<'a>(&'a self, tx: &'a mut Conn, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move { tx.client.execute(s.sql, &values(s.params)).await.map_err(|e| backend(s.op, s.name, e)) })
+    fn execute<'a>(&'a self, tx: &'a mut Tx, s: Statement<'a>) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(
+            async move { tx.conn.client.execute(s.sql, &values(s.params)).await.map_err(|e| backend(s.op, s.name, e)) },
+        )
     }
 
-    fn finish<'a>(&'a self, tx: Conn, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
+    fn finish<'a>(&'a self, tx: Tx, commit: bool, op: &'static str, name: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let end = if commit { "COMMIT" } else { "ROLLBACK" };
-            tx.client.batch_execute(end).await.map_err(|e| backend(op, name, e))?;
-            self.put_back(tx);
+            tx.conn.client.batch_execute(end).await.map_err(|e| backend(op, name, e))?;
+            tx.finished();
             Ok(())
         })
     }

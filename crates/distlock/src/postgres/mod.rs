@@ -1,5 +1,5 @@
-//! The PostgreSQL backend: session-level advisory locks, each held on a connection of its own,
-//! fenced by a counter row and honest about loss.
+//! The PostgreSQL backend: session-level advisory locks on a few connections a client's locks
+//! share, fenced by a sequence and honest about loss.
 //!
 //! # Layout
 //!
@@ -16,19 +16,29 @@
 //! `tcp_keepalives_*` and `tcp_user_timeout` so that the server ends a silent session (and so frees
 //! its locks) no sooner and not much later than the *lease* (`?lease=`, default 30 s) after it last
 //! heard from the client, and `client_connection_check_interval` so that a backend busy in a lock
-//! wait notices a closed client too. The guard pings its connection every sixth of the lease; its
-//! [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last answered ping plus
-//! the lease less a drift margin, and [`lost`](MutexGuard::lost) resolves at that deadline if no
-//! ping was answered since: before the server can end the session and give the lock to anyone
-//! else. A connection that closes (the backend was terminated, the server restarted) is `Lost` at
-//! once.
+//! wait notices a closed client too. Each connection that holds locks is pinged every sixth of the
+//! lease; a guard's [`lease_deadline`](MutexGuard::lease_deadline) is the send time of its
+//! connection's last answered ping plus the lease less a drift margin, and
+//! [`lost`](MutexGuard::lost) resolves at that deadline if no ping was answered since: before the
+//! server can end the session and give the lock to anyone else. A connection that closes (the
+//! backend was terminated, the server restarted) loses every lock on it at once.
 //!
 //! # Connections
 //!
-//! A held lock owns its connection (a pool's connection could be handed to other work while the
-//! session holds the lock). A connection whose lock was released cleanly goes back to the client's
-//! idle list and serves the next acquire; one whose acquire was cancelled, timed out uncertainly or
-//! failed is closed instead.
+//! A client's locks share at most `connections` server connections (the URL's key, default 4),
+//! whatever their number. The server counts an advisory lock per session (a session granted a key
+//! twice holds it twice), so the client records which keys each connection holds or is taking,
+//! and never routes a lock to a connection that already has its key: two holders of one name in
+//! one client are two sessions, and the server orders them as it orders anyone. Statements that
+//! do not wait (tries, releases, health checks) are pipelined on any connection; a wait
+//! (`pg_advisory_lock`) runs on a connection that holds nothing, taken for it alone, so that it
+//! holds up no other lock's statements, and granted, that connection holds the lock and carries
+//! other statements again. At most `connections - 1` wait at once; a wait that finds none free
+//! polls (it tries again when a lock of the key is let go in this client, and on a timer up to
+//! `rescan`), without the server's queue order. With `lock_scope=transaction` each held lock has
+//! a connection (and a transaction) of its own instead: one whose lock was released cleanly goes
+//! back to the client's idle list and serves the next acquire; one whose acquire was cancelled,
+//! timed out uncertainly or failed is closed.
 //!
 //! # Examples
 //!
@@ -47,6 +57,7 @@ mod election;
 mod inspect;
 mod jobs;
 mod mutex;
+mod pool;
 mod rwlock;
 mod semaphore;
 mod url;
@@ -88,6 +99,10 @@ struct Inner {
     /// The TLS connector of every connection (plaintext when `sslmode` says so or the server
     /// offers no TLS under `prefer`).
     tls: tokio_postgres_rustls::MakeRustlsConnect,
+    /// The lock connections every lock of this client shares (`lock_scope=session`).
+    pool: Arc<pool::Pool>,
+    /// Idle connections for the next transaction-scoped lock (`lock_scope=transaction`: a
+    /// connection, and a transaction, for each held lock).
     idle: StdMutex<Vec<Conn>>,
     /// The connection that `LISTEN`s for semaphore releases, started by the first waiter.
     listener: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
@@ -103,7 +118,7 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Idle connections kept for reuse, at most.
+/// Idle connections kept for reuse (`lock_scope=transaction`), at most.
 const MAX_IDLE: usize = 16;
 
 /// The sequence fencing tokens come from (created on connect if missing).
@@ -142,7 +157,11 @@ fn fencing_floor_sql() -> String {
 /// One lock connection: the client half, and whether its connection task has ended.
 pub(crate) struct Conn {
     pub(crate) client: tokio_postgres::Client,
+    /// Its number in this client (for logs).
+    pub(crate) id: u64,
     closed: watch::Receiver<bool>,
+    /// Ends the connection at once (its task drops it: the server frees its session's locks).
+    kill: Arc<Notify>,
     /// A cancel was sent for a statement of this connection: never reuse it.
     pub(crate) cancelled: Arc<std::sync::atomic::AtomicBool>,
     /// Statements prepared on this connection, by their text.
@@ -153,6 +172,12 @@ pub(crate) struct Conn {
     /// Statements are never prepared (`lock_scope=transaction`: behind a transaction pooler a
     /// prepared statement lives on one server session, and the next transaction may get another).
     pub(crate) unprepared: bool,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("id", &self.id).field("closed", &self.is_closed()).finish()
+    }
 }
 
 impl Conn {
@@ -186,6 +211,16 @@ impl Conn {
         self.holder.set(lease, name);
     }
 
+    /// Closes the connection now, whoever else uses it (the server frees what its session holds).
+    pub(crate) fn kill(&self) {
+        self.kill.notify_one();
+    }
+
+    /// A cancel was sent for one of its statements.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// True once the connection is gone (closed by the server, reset, or dropped).
     pub(crate) fn is_closed(&self) -> bool {
         *self.closed.borrow() || self.client.is_closed()
@@ -196,6 +231,31 @@ impl Conn {
         let mut rx = self.closed.clone();
         async move {
             let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+}
+
+/// A connection taken for one transaction (a job's): back to the pool when finished, closed if
+/// dropped unfinished (the open transaction dies with it).
+pub(crate) struct Tx {
+    pub(crate) conn: Arc<Conn>,
+    pooled: Option<Arc<pool::Pool>>,
+    done: bool,
+}
+
+impl Tx {
+    /// The transaction ended (committed or rolled back): the connection serves others again.
+    pub(crate) fn finished(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        match (&self.pooled, self.done) {
+            (Some(pool), true) => pool.end_exclusive(&self.conn),
+            (Some(pool), false) => pool.retire(&self.conn),
+            (None, _) => self.conn.kill(),
         }
     }
 }
@@ -218,9 +278,11 @@ impl Client {
     pub async fn connect_url(url: PgUrl) -> Result<Client> {
         let tls = url.tls()?;
         url.warn_if_unverified();
+        let watchdog = Arc::new(crate::watchdog::Watchdog::new(url.server_bound() / 6));
         let client = Client {
             inner: Arc::new(Inner {
-                watchdog: Arc::new(crate::watchdog::Watchdog::new(url.server_bound() / 6)),
+                pool: Arc::new(pool::Pool::new(url.connections, url.server_bound(), watchdog.clone())),
+                watchdog,
                 tls,
                 url,
                 idle: StdMutex::new(Vec::new()),
@@ -243,8 +305,9 @@ impl Client {
         let (set_a, set_b) = tokio::join!(client.session_settings(&a), client.session_settings(&b));
         set_a?;
         set_b?;
-        client.put_back(a);
-        client.put_back(b);
+        // The first locks' connections.
+        client.inner.pool.add(a, false);
+        client.inner.pool.add(b, false);
         Ok(client)
     }
 
@@ -354,12 +417,62 @@ impl Client {
         self.inner.url.keys.key(name)
     }
 
-    /// Drops this handle (idle connections close when the last clone is gone).
+    /// Drops this handle: connections that hold nothing close now, the others when their locks
+    /// are released.
     pub async fn close(self, _bound: Duration) {
         self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner.pool.close_empty();
     }
 
-    /// An idle connection, or a new one.
+    /// The shared lock connections.
+    pub(crate) fn pool(&self) -> &Arc<pool::Pool> {
+        &self.inner.pool
+    }
+
+    /// Opens a connection for the pool, into the room `Route::Open` reserved (given back if
+    /// this fails or is dropped unfinished).
+    pub(crate) async fn open_into_pool(&self) -> Result<()> {
+        struct Reservation<'a>(Option<&'a pool::Pool>);
+        impl Drop for Reservation<'_> {
+            fn drop(&mut self) {
+                if let Some(pool) = self.0.take() {
+                    pool.open_failed();
+                }
+            }
+        }
+        let mut reservation = Reservation(Some(&self.inner.pool));
+        let conn = self.open().await?;
+        reservation.0 = None;
+        self.inner.pool.add(conn, true);
+        Ok(())
+    }
+
+    /// A connection for a statement that neither locks nor waits long (inspection, an
+    /// election's queries, a job's reads): one of the shared lock connections, pipelined with
+    /// their statements (one is opened if there is none yet), or, should every one be taken
+    /// for a wait, one of its own.
+    pub(crate) async fn statement_conn(&self) -> Result<pool::Borrowed> {
+        loop {
+            if let Some(conn) = self.inner.pool.any() {
+                return Ok(conn);
+            }
+            if !self.inner.pool.reserve_open() {
+                return Ok(pool::Borrowed::own(self.open().await?));
+            }
+            self.open_into_pool().await?;
+        }
+    }
+
+    /// A connection for a transaction alone (a job's): one of the pool's that holds nothing,
+    /// else one of its own (outside the bound, closed after).
+    pub(crate) async fn transaction_conn(&self) -> Result<Tx> {
+        if let Some(conn) = self.inner.pool.exclusive() {
+            return Ok(Tx { conn, pooled: Some(self.inner.pool.clone()), done: false });
+        }
+        Ok(Tx { conn: Arc::new(self.open().await?), pooled: None, done: false })
+    }
+
+    /// An idle connection, or a new one (`lock_scope=transaction`).
     pub(crate) async fn checkout(&self) -> Result<Conn> {
         loop {
             let conn = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -419,16 +532,29 @@ impl Client {
         let (tx, closed) = watch::channel(false);
         let holder: Arc<crate::lease::HolderSlot> = Arc::default();
         let held = holder.clone();
+        let kill = Arc::new(Notify::new());
+        let killed = kill.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "lock connection ended");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "lock connection ended");
+                },
+                _ = killed.notified() => tracing::debug!("lock connection closed by the client"),
             }
             let _ = tx.send(true);
             held.connection_closed();
         });
         let unprepared = url.scope == LockScope::Transaction;
-        let conn =
-            Conn { client, closed, cancelled: Arc::default(), prepared: StdMutex::default(), holder, unprepared };
+        let conn = Conn {
+            client,
+            id: self.inner.pool.next_id(),
+            closed,
+            kill,
+            cancelled: Arc::default(),
+            prepared: StdMutex::default(),
+            holder,
+            unprepared,
+        };
         let floor_sql = fencing_floor_sql();
         let floor = async {
             match conn.client.batch_execute(&floor_sql).await {

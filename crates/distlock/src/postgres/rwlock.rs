@@ -10,7 +10,8 @@ pub type ReadGuard = MutexGuard;
 pub type WriteGuard = MutexGuard;
 
 /// Readers share, a writer excludes everyone: the shared and the exclusive advisory lock on the
-/// name's key, each taken on a connection of its own. PostgreSQL queues them itself (a waiting
+/// name's key, each hold on its own session (two holds of one name are never on one shared
+/// connection, even two readers'). PostgreSQL queues them itself (a waiting
 /// writer holds back readers that come after it). No upgrade: a reader that wants to write
 /// releases first.
 ///

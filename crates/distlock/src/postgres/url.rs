@@ -12,6 +12,10 @@ const MIN_LEASE: Duration = Duration::from_secs(3);
 const MAX_LEASE: Duration = Duration::from_secs(86_400);
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default number of server connections a client's locks share at most (`connections=`).
+pub const DEFAULT_CONNECTIONS: usize = 4;
+/// The most a URL may ask for.
+const MAX_CONNECTIONS: usize = 1000;
 
 /// An advisory-lock key: one `bigint`, or a pair of `integer`s (a separate key space on the
 /// server: `pg_advisory_lock(bigint)` and `pg_advisory_lock(integer, integer)` never collide).
@@ -188,7 +192,12 @@ fn hex_key(name: &str) -> Option<AdvisoryKey> {
 /// - `keys`: `distributedlock` (default) or `raw` (see [`KeyScheme`]);
 /// - `application_name`: shown in `pg_stat_activity` (default `distlock`);
 /// - `rescan`: how often a semaphore's waiters try its slots again without having been told of a
-///   release (default 500 ms; a permit freed by a dead holder's session is found this way);
+///   release (default 500 ms; a permit freed by a dead holder's session is found this way), and
+///   the longest a lock's wait polls between tries when no connection is free to wait on;
+/// - `connections`: how many server connections the client's locks share at most (default 4,
+///   1 to 1000; see the [module docs](super#connections)): every lock held, waited for or
+///   inspected goes over these, whatever their number (semaphore waiters also `LISTEN` on one
+///   more); with `lock_scope=transaction` each held lock has a connection of its own instead;
 /// - `lock_scope`: `session` (default: session advisory locks) or `transaction` (each lock a
 ///   transaction advisory lock in a transaction held open for its life, for PostgreSQL behind a
 ///   transaction pooler such as PgBouncer's `pool_mode = transaction`; the lease is the server's
@@ -252,6 +261,8 @@ pub struct PgUrl {
     /// Whether connecting may make the fencing sequence where missing (`setup=auto`, the
     /// default) or not (`setup=no`: a missing one is an error).
     pub(crate) setup: bool,
+    /// The most server connections the locks share (`connections=`).
+    pub(crate) connections: usize,
     /// Whether a password goes to another machine (a host not [`is_this_machine`]): then
     /// `prefer` insists on TLS, and an unverified server is warned of.
     ///
@@ -448,6 +459,12 @@ impl PgUrl {
         self.setup
     }
 
+    /// How many server connections the client's locks share at most (`connections=`, default
+    /// 4; `lock_scope=transaction` has a connection for each held lock instead).
+    pub fn connections(&self) -> usize {
+        self.connections
+    }
+
     /// Parses a `postgres://` or `postgresql://` URL.
     pub fn parse(url: &str) -> Result<PgUrl> {
         Self::parse_with(url, &Default::default())
@@ -467,7 +484,8 @@ impl PgUrl {
         let lease = common.lease.unwrap_or(DEFAULT_LEASE);
         let connect_timeout = common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let (tls_files, setup) = (common.tls_files, common.setup.unwrap_or(true));
-        let OwnKeys { keys, application_name, rescan, ssl_mode, scope } = OwnKeys::parse(&own).map_err(bad)?;
+        let OwnKeys { keys, application_name, rescan, ssl_mode, scope, connections } =
+            OwnKeys::parse(&own).map_err(bad)?;
         if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
             return Err(bad(format!("lease={} must be from 3s to 1 day", humantime::format_duration(lease))));
         }
@@ -526,6 +544,7 @@ impl PgUrl {
             tls_files,
             scope,
             setup,
+            connections,
             password_abroad,
             shown: crate::redact_url(url),
         })
@@ -625,6 +644,7 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
         crate::options::Key::new("application_name", ""),
         crate::options::Key::new("rescan", ""),
         crate::options::Key::new("lock_scope", "session|transaction"),
+        crate::options::Key::new("connections", "1-1000"),
         crate::options::Key::new("sslmode", "disable|prefer|require|verify-ca|verify-full"),
     ],
     tls: crate::options::TlsKeys::Files(&[("sslrootcert", "cacert"), ("sslcert", "cert"), ("sslkey", "key")]),
@@ -638,6 +658,7 @@ struct OwnKeys {
     rescan: Duration,
     ssl_mode: Option<SslMode>,
     scope: LockScope,
+    connections: usize,
 }
 
 impl OwnKeys {
@@ -645,6 +666,7 @@ impl OwnKeys {
     fn parse(own: &[crate::options::Pair<'_>]) -> std::result::Result<OwnKeys, String> {
         let (mut keys, mut application_name) = (KeyScheme::DistributedLock, "distlock".to_string());
         let (mut rescan, mut ssl_mode, mut scope) = (Duration::from_millis(500), None, LockScope::Session);
+        let mut connections = DEFAULT_CONNECTIONS;
         for pair in own {
             let v = pair.value;
             match pair.name {
@@ -668,10 +690,21 @@ impl OwnKeys {
                         }
                     }
                 }
+                "connections" => {
+                    connections = match v.parse::<usize>() {
+                        Ok(n) if (1..=MAX_CONNECTIONS).contains(&n) => n,
+                        _ => {
+                            return Err(format!(
+                                "connections={v}: how many server connections the locks share, 1 to {MAX_CONNECTIONS} \
+                                 (default {DEFAULT_CONNECTIONS})"
+                            ))
+                        }
+                    }
+                }
                 _ => rescan = pair.duration()?,
             }
         }
-        Ok(OwnKeys { keys, application_name, rescan, ssl_mode, scope })
+        Ok(OwnKeys { keys, application_name, rescan, ssl_mode, scope, connections })
     }
 }
 
@@ -791,6 +824,8 @@ mod tests {
                 ("postgres:///x", "no host"),
                 ("mysql://127.0.0.1/x", "postgres://"),
                 ("postgres://127.0.0.1/x?lease=soon", "soon"),
+                ("postgres://127.0.0.1/x?connections=0", "connections=0"),
+                ("postgres://127.0.0.1/x?connections=many", "1 to 1000"),
             ],
         );
         let e = PgUrl::parse("postgres://u:hunter2@127.0.0.1/x?nope=1").unwrap_err().to_string();
