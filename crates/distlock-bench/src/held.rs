@@ -206,9 +206,19 @@ pub(super) async fn run(backend: &str, args: &HeldArgs, progress: &Progress) -> 
     };
 
     // The floor, through a proxy of its own, then both hold for the same window.
-    let mut floor = match (&embedded, serverless) {
-        (_, true) if backend_name == "memory" => None,
-        _ => Some(Floor::start(&url, backend_name, &run_id, k, lease, progress).await?),
+    // A floor that cannot connect beside the locks (they took every server connection) is
+    // measured again alone once they are released.
+    let has_floor = backend_name != "memory";
+    let mut floor_beside = None;
+    let mut floor = match has_floor {
+        false => None,
+        true => match Floor::start(&url, backend_name, &run_id, k, lease, progress).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                floor_beside = Some(format!("{e:#}"));
+                None
+            }
+        },
     };
     let hold = lease * args.periods;
     let window_start = Instant::now();
@@ -257,6 +267,20 @@ pub(super) async fn run(backend: &str, args: &HeldArgs, progress: &Progress) -> 
     }
     drop(releases);
     let release_time = release_start.elapsed();
+    let (mut floor_writes_before, mut floor_writes_after) = (floor_writes_before, floor_writes_after);
+    let mut floor_alone = false;
+    if floor.is_none() && floor_beside.is_some() {
+        floor_alone = true;
+        match Floor::start(&url, backend_name, &format!("{run_id}a"), k, lease, progress).await {
+            Ok(mut f) => {
+                floor_writes_before = f.count().await?;
+                tokio::time::sleep(window).await; // the same window, alone
+                floor_writes_after = f.count().await?;
+                floor = Some(f);
+            }
+            Err(e) => floor_beside = Some(format!("{} (and alone: {e:#})", floor_beside.unwrap_or_default())),
+        }
+    }
     let floor_report = match floor.take() {
         Some(f) => Some(f.stop().await),
         None => None,
@@ -315,7 +339,14 @@ pub(super) async fn run(backend: &str, args: &HeldArgs, progress: &Progress) -> 
             extra.push(("floor_heap_bytes_per_lock".into(), format!("{:.0}", f.heap_per_lock)));
             extra.extend(f.error.map(|e| ("floor_error".to_string(), e)));
         }
+        None if has_floor => extra.push(("floor".into(), "not measured".into())),
         None => extra.push(("floor".into(), "none (no server)".into())),
+    }
+    if let Some(e) = floor_beside {
+        extra.push(("floor_error_beside_the_locks".into(), e));
+    }
+    if floor_alone {
+        extra.push(("floor_measured".into(), "alone, after the locks were released".into()));
     }
     extra.push((
         "measured".into(),
