@@ -47,6 +47,10 @@
 //! the server says the lease is gone (revoked or expired). A lost session is not revived: the
 //! client grants a new lease for later acquires.
 //!
+//! Each held key is watched from the revision after its creation, on the client's one watch
+//! stream for all its held keys (`own_keys.rs`): its deletion by anyone is a loss told at once,
+//! `NodeDeleted`, or `SessionExpired` when the session's lease went with it.
+//!
 //! Two acquires of one mutex through one client queue locally first (they would share the key
 //! `name/<lease id hex>`), then in etcd.
 //!
