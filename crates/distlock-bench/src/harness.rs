@@ -37,6 +37,12 @@ pub struct BenchArgs {
     /// Tasks for `many-locks`.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(super) tasks: u32,
+    /// Locks one client holds at once for `held` (all or nothing, as `distlock hold n1 … nK`).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(super) held: u32,
+    /// How many lease periods `held` holds its locks for (the run's lease: the URL's).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(super) held_periods: u32,
     /// Waiting handles for `waiters`.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(super) count: u32,
@@ -57,10 +63,13 @@ pub struct BenchArgs {
     #[arg(long)]
     pub(super) curator: bool,
     /// Workloads: raw, uncontended, contended, many-locks, waiters, herd, optimistic, scaling,
-    /// observe, handover (default: all the backend has but scaling, observe and handover, which
-    /// run only when asked for). `observe` measures what metrics and spans cost, `handover` an
-    /// election's time without a leader (resign, and SIGKILL of the leader), on any backend.
-    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling", "observe", "handover"])]
+    /// observe, handover, held (default: all the backend has but scaling, observe, handover and
+    /// held, which run only when asked for). `observe` measures what metrics and spans cost,
+    /// `handover` an election's time without a leader (resign, and SIGKILL of the leader), and
+    /// `held` the cost per held lock (one client holding `--held` locks for `--held-periods`
+    /// leases: acquire time, server connections, requests per second while holding, heap and RSS
+    /// per lock, beside the server's own floor), on any backend.
+    #[arg(value_name = "WORKLOAD", value_parser = ["raw", "uncontended", "contended", "many-locks", "waiters", "herd", "optimistic", "scaling", "observe", "handover", "held"])]
     pub(super) workloads: Vec<String>,
 }
 
@@ -396,6 +405,16 @@ pub(crate) fn wire_extra(per: &str, writes: Option<u64>, ops: u64) -> Vec<(Strin
 /// Starts a fault proxy in front of `url`'s one server that holds every reply back by `rtt`;
 /// returns it and the URL that goes through it.
 pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(distlock_faults::FaultProxy, String)> {
+    let (upstream, rebuild) = one_server(url).await?;
+    let proxy = distlock_faults::FaultProxy::start(upstream).await?;
+    proxy.set(distlock_faults::Fault::Delay { to_client: rtt, to_upstream: Duration::ZERO });
+    let proxied = rebuild(&proxy.addr().to_string());
+    Ok((proxy, proxied))
+}
+
+/// The address of `url`'s one server, and a function making the same URL with another
+/// `host:port` in its place (a proxy's).
+pub(crate) async fn one_server(url: &str) -> anyhow::Result<(std::net::SocketAddr, impl Fn(&str) -> String)> {
     let bad = |why: &str| anyhow::anyhow!("--rtt: {why} in {}", distlock::redact_url(url));
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme://"))?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -415,10 +434,8 @@ pub(crate) async fn through_proxy(url: &str, rtt: Duration) -> anyhow::Result<(d
         .map_err(|e| bad(&format!("cannot resolve {hostport} ({e})")))?
         .next()
         .ok_or_else(|| bad(&format!("{hostport} resolves to no address")))?;
-    let proxy = distlock_faults::FaultProxy::start(upstream).await?;
-    proxy.set(distlock_faults::Fault::Delay { to_client: rtt, to_upstream: Duration::ZERO });
-    let proxied = format!("{scheme}://{user}{}{tail}", proxy.addr());
-    Ok((proxy, proxied))
+    let (scheme, tail) = (scheme.to_string(), tail.to_string());
+    Ok((upstream, move |addr: &str| format!("{scheme}://{user}{addr}{tail}")))
 }
 
 /// Refuses a workload `backend` does not measure, naming the ones it does.

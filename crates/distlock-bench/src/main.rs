@@ -10,6 +10,7 @@ mod curator;
 mod etcd;
 mod handover;
 mod harness;
+mod held;
 mod observe;
 mod postgres;
 mod postgres_tls;
@@ -44,11 +45,17 @@ struct Cli {
 
 fn main() -> ExitCode {
     // The crash hand-over's leader is this program again (run by the workload, not by a user).
-    let leader = match std::env::args().collect::<Vec<_>>().as_slice() {
+    let argv: Vec<String> = std::env::args().collect();
+    let leader = match argv.as_slice() {
         [_, flag, name] if flag == handover::LEADER_ARG => Some(name.clone()),
         _ => None,
     };
-    let bench = leader.is_none().then(|| <Cli as clap::Parser>::parse().args);
+    // The `held` workload's proxies and embedded server are this program again, too.
+    let held_child = match argv.as_slice() {
+        [_, flag, rest @ ..] if flag == held::CHILD_ARG => Some(rest.to_vec()),
+        _ => None,
+    };
+    let bench = (leader.is_none() && held_child.is_none()).then(|| <Cli as clap::Parser>::parse().args);
     let filter = tracing_subscriber::EnvFilter::try_from_env("DISTLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,zookeeper_client=error"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
@@ -60,10 +67,11 @@ fn main() -> ExitCode {
         }
     };
     let code = rt.block_on(async {
-        match (leader, bench) {
-            (Some(name), _) => handover::lead_until_killed(&name).await.map(|()| 0),
-            (None, Some(args)) => run(args).await,
-            (None, None) => Ok(0),
+        match (leader, held_child, bench) {
+            (Some(name), _, _) => handover::lead_until_killed(&name).await.map(|()| 0),
+            (None, Some(args), _) => held::child(&args).await.map(|()| 0),
+            (None, None, Some(args)) => run(args).await,
+            (None, None, None) => Ok(0),
         }
     });
     rt.shutdown_timeout(Duration::from_millis(200));
@@ -98,12 +106,16 @@ async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     }
     let progress = Progress { on: std::io::stderr().is_terminal() && !args.json };
     let (duration, clients, json) = (args.duration, args.clients, args.json);
-    // `observe` (the cost of metrics and spans) and `handover` (an election's) run on any
-    // backend through the shared API.
-    const SHARED: [&str; 2] = ["observe", "handover"];
+    // `observe` (the cost of metrics and spans), `handover` (an election's) and `held` (the
+    // cost per held lock) run on any backend through the shared API.
+    const SHARED: [&str; 3] = ["observe", "handover", "held"];
     for w in SHARED.iter().filter(|w| args.workloads.iter().any(|a| a == *w)) {
         let r = match *w {
             "observe" => observe::run(backend, duration, &progress).await?,
+            "held" => {
+                let held = held::HeldArgs { held: args.held, periods: args.held_periods };
+                held::run(backend, &held, &progress).await?
+            }
             _ => handover::run(backend, duration, &progress).await?,
         };
         if json {

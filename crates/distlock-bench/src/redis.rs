@@ -596,7 +596,7 @@ print(sum(counts) / (time.monotonic() - start), min(counts), max(counts))
 }
 
 /// Deletes every key of this run (locks, fencing counters, latches).
-async fn remove_run(client: &Client, prefix: &str) -> anyhow::Result<()> {
+pub(crate) async fn remove_run(client: &Client, prefix: &str) -> anyhow::Result<()> {
     let mut conn = client.connection();
     for pattern in [format!("{prefix}*"), format!("*{{{prefix}*")] {
         let mut cursor: u64 = 0;

@@ -78,7 +78,10 @@ impl Db {
 /// server, login and database (sqlx reads them from the URL as distlock does), and the TLS
 /// distlock has in force for it (its `ssl-mode`, CA and client certificate). No statement logging
 /// (a floor pair is not a slow statement).
-fn mysql_options(url: &str, parsed: &distlock::mysql::MysqlUrl) -> anyhow::Result<sqlx::mysql::MySqlConnectOptions> {
+pub(crate) fn mysql_options(
+    url: &str,
+    parsed: &distlock::mysql::MysqlUrl,
+) -> anyhow::Result<sqlx::mysql::MySqlConnectOptions> {
     use distlock::mysql::SslMode;
     use sqlx::mysql::MySqlSslMode as M;
     let rest = url.strip_prefix("mysql://").or_else(|| url.strip_prefix("mariadb://")).unwrap_or(url);

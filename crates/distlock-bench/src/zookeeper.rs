@@ -24,7 +24,7 @@ const PLOTTED: [&str; 2] = ["uncontended", "contended"];
 
 /// Every run works under `/distlock-bench/<run id>`; the run removes its own directory, then this
 /// one if nothing else is left in it.
-const BENCH_ROOT: &str = "/distlock-bench";
+pub(crate) const BENCH_ROOT: &str = "/distlock-bench";
 
 /// Runs `workloads` on ZooKeeper (zk:// or embedded) under a directory of its own, removed at
 /// the end, also when interrupted (SIGINT, SIGTERM).
@@ -232,7 +232,7 @@ async fn measure(
 
 /// Removes `prefix` and everything under it, then [`BENCH_ROOT`] if that is left empty (another
 /// run may still be using it, or have removed it already: both are fine). Gives up after 30 s.
-async fn remove_run(client: &Client, prefix: &str) -> anyhow::Result<()> {
+pub(crate) async fn remove_run(client: &Client, prefix: &str) -> anyhow::Result<()> {
     let zk = client.zookeeper();
     let remove = async {
         // A node can appear while the tree is walked (a release queued by a drop, a task of a

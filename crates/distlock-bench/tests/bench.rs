@@ -373,3 +373,39 @@ fn bench_counts_two_writes_per_uncontended_cycle_on_the_wire() {
         .unwrap();
     assert!((2.0..2.05).contains(&writes), "client writes per cycle: {writes}");
 }
+
+/// The `held` workload's report: the extra field `key` of workload `held-N`.
+fn held_field(lines: &[serde_json::Value], n: u32, key: &str) -> String {
+    let r =
+        lines.iter().find(|l| l["workload"] == format!("held-{n}")).unwrap_or_else(|| panic!("no held-{n}: {lines:?}"));
+    let extra = r["extra"].as_array().unwrap();
+    let pair = extra.iter().find(|p| p[0] == key).unwrap_or_else(|| panic!("no {key} in {r}"));
+    pair[1].as_str().unwrap().to_string()
+}
+
+/// `held` holds its locks on an in-process store (no server: no connections or requests to
+/// count) and on a server (counted at the proxy, beside the server's floor), and reports every
+/// field: how many it held, how long the acquire took, the heap and RSS per lock.
+#[test]
+fn bench_held_reports_the_cost_per_held_lock() {
+    let on_redis = format!("{}?lease=1s", redis());
+    for (backend, server) in [("memory://bench-held?lease=1s", false), (on_redis.as_str(), true)] {
+        let out = bench(backend, &["--json", "--held", "20", "--held-periods", "1", "held"]);
+        let lines = json_lines(&out);
+        assert_eq!(held_field(&lines, 20, "held"), "20", "{backend}");
+        for key in ["acquire_ms", "acquire_us_per_lock", "heap_bytes_per_lock", "rss_bytes_per_lock", "lease_ms"] {
+            let v = held_field(&lines, 20, key);
+            assert!(v.parse::<f64>().is_ok(), "{backend}: {key}={v}");
+        }
+        for key in ["connections", "requests_per_s_per_1000_held"] {
+            let v = held_field(&lines, 20, key);
+            assert_eq!(v.parse::<f64>().is_ok(), server, "{backend}: {key}={v}");
+        }
+        if server {
+            assert!(held_field(&lines, 20, "connections").parse::<u32>().unwrap() >= 1);
+            assert_eq!(held_field(&lines, 20, "floor_held"), "20", "{backend}");
+        } else {
+            assert_eq!(held_field(&lines, 20, "connections"), "n/a");
+        }
+    }
+}

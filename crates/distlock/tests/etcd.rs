@@ -370,6 +370,55 @@ async fn a_holders_key_deleted_by_someone_else_is_a_loss_told_at_once() {
     raw.delete(name.clone(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
 }
 
+/// Many locks held by one client share one watch stream (a watcher per key on it): a key deleted
+/// by someone else is a loss told at once to its own guard only, also when the stream was broken
+/// and opened again meanwhile (the watcher resumes after the last revision it saw), and the
+/// guards released along the way leave the others watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_of_many_held_keys_deleted_by_someone_else_is_its_own_loss() {
+    let proxy = FaultProxy::start(addr().parse().unwrap()).await.unwrap();
+    let a = Client::connect(&format!("etcd://{}?ttl=30s", proxy.addr())).await.unwrap();
+    let mut raw = raw().await;
+    let base = unique("many-held");
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        guards.push(a.mutex(&format!("{base}/l{i}")).unwrap().lock().await.unwrap());
+    }
+    let delete_and_tell = |i: usize, guards: &Vec<distlock::etcd::LockGuard>| {
+        let (key, lost) = (guards[i].key().to_string(), guards[i].lost());
+        let mut raw = raw.clone();
+        async move {
+            raw.delete(key, None).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(10), lost).await.expect("the holder is told")
+        }
+    };
+    assert_eq!(delete_and_tell(3, &guards).await, LostReason::NodeDeleted);
+    for (i, g) in guards.iter().enumerate() {
+        assert_eq!(g.state(), if i == 3 { LockState::Lost(LostReason::NodeDeleted) } else { LockState::Held }, "{i}");
+    }
+    // Released guards leave the rest watched.
+    let released: Vec<_> = guards.drain(10..15).collect();
+    for g in released {
+        g.release().await.unwrap();
+    }
+    assert_eq!(delete_and_tell(12, &guards).await, LostReason::NodeDeleted);
+    // The stream broken: a key deleted while it is down is told once it is open again.
+    proxy.set(Fault::Blackhole);
+    let (key, lost) = (guards[7].key().to_string(), guards[7].lost());
+    raw.delete(key, None).await.unwrap();
+    proxy.reset_all();
+    proxy.heal();
+    let reason = tokio::time::timeout(Duration::from_secs(20), lost).await.expect("told after the stream reopened");
+    assert_eq!(reason, LostReason::NodeDeleted);
+    for (i, g) in guards.iter().enumerate() {
+        let want = if [3, 7, 12].contains(&i) { LockState::Lost(LostReason::NodeDeleted) } else { LockState::Held };
+        assert_eq!(g.state(), want, "{i}");
+    }
+    drop(guards);
+    a.close(Duration::from_secs(5)).await;
+    raw.delete(base.clone(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+}
+
 /// Acquires cut off at every stage (before the create leaves, while it is in flight, after its
 /// answer, while waiting) leave no key behind while the client lives. The cut-offs are spread
 /// over two round trips of the create, 400 of them, so every stage is hit in every run. (A delete

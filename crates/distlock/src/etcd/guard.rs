@@ -41,8 +41,9 @@ struct Hold {
     _session: Arc<Session>,
     /// The local queue of session-named keys, held until the key is deleted.
     gate: Option<OwnedMutexGuard<()>>,
-    /// Watches our key: its deletion by anyone else is a loss, told at once.
-    watcher: tokio::task::JoinHandle<()>,
+    /// Our key's watcher on the client's one watch stream: its deletion by anyone else is a
+    /// loss, told at once. Taken (cancelling it) before our own delete.
+    watch: Option<super::own_keys::OwnWatch>,
 }
 
 impl std::fmt::Debug for Hold {
@@ -61,10 +62,9 @@ impl LockGuard {
         session: Arc<Session>,
         gate: Option<OwnedMutexGuard<()>>,
     ) -> LockGuard {
-        let watcher =
-            tokio::spawn(watch_own_key(client.clone(), name.clone(), key.clone(), rev, session.clone(), lease.clone()));
+        let watch = Some(client.own_keys().watch(&name, &key, rev, session.clone(), &lease));
         let leased = Leased::new(name, lease);
-        LockGuard { hold: Some(Hold { client, leased, key, rev, _session: session, gate, watcher }) }
+        LockGuard { hold: Some(Hold { client, leased, key, rev, _session: session, gate, watch }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -118,8 +118,8 @@ impl LockGuard {
     /// if the lock had been lost before or the key was gone.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let hold = self.hold.take().expect("a guard holds until released");
-        hold.watcher.abort();
+        let mut hold = self.hold.take().expect("a guard holds until released");
+        drop(hold.watch.take());
         hold.leased.lease.end();
         let name = hold.leased.name.clone();
         let held = crate::background::detach(unlock(hold)).await?;
@@ -133,8 +133,8 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(hold) = self.hold.take() else { return };
-        hold.watcher.abort();
+        let Some(mut hold) = self.hold.take() else { return };
+        drop(hold.watch.take());
         hold.leased.lease.end();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
@@ -168,68 +168,4 @@ async fn unlock(hold: Hold) -> Result<bool> {
         .await;
     drop(gate);
     done
-}
-
-/// Watches our key from just after its creation: a deletion, or the key made again by someone
-/// else (another create revision), is a loss at once: `SessionExpired` if our session's lease is
-/// gone with it, else `NodeDeleted`. A broken watch is resumed
-/// after the last revision seen; one that cannot resume (the revisions were compacted) reads the
-/// key instead.
-async fn watch_own_key(client: Client, name: String, key: String, rev: i64, session: Arc<Session>, lease: Arc<Lease>) {
-    use etcd_client::{EventType, GetOptions, WatchOptions};
-    // Gone with our session's lease (revoked, expired), or deleted by someone else?
-    let gone = || async {
-        let expired = match client.etcd().lease_time_to_live(session.id, None).await {
-            Ok(ttl) => ttl.ttl() <= 0,
-            Err(_) => false,
-        };
-        let reason = if expired {
-            // The whole session is gone: later acquires must not use its lease.
-            session.lease.publish(LockState::Lost(LostReason::SessionExpired), "etcd session");
-            LostReason::SessionExpired
-        } else {
-            LostReason::NodeDeleted
-        };
-        lease.publish(LockState::Lost(reason), &name);
-    };
-    let mut from = rev + 1;
-    let mut backoff = std::time::Duration::from_millis(50);
-    loop {
-        let etcd = client.etcd();
-        let watched = async {
-            let options = WatchOptions::new().with_start_revision(from);
-            let mut stream = etcd.clone().watch(key.clone(), Some(options)).await?;
-            while let Some(msg) = stream.message().await? {
-                if msg.compact_revision() > 0 || msg.canceled() {
-                    // Our start is compacted away: look at the key as it is now.
-                    let now = etcd.clone().get(key.clone(), Some(GetOptions::new().with_keys_only())).await?;
-                    let ours = now.kvs().first().is_some_and(|kv| kv.create_revision() == rev);
-                    from = now.header().map_or(from, |h| h.revision() + 1);
-                    return Ok::<bool, etcd_client::Error>(!ours);
-                }
-                for event in msg.events() {
-                    let replaced = event.kv().is_some_and(|kv| kv.create_revision() != rev);
-                    if event.event_type() == EventType::Delete || replaced {
-                        return Ok(true);
-                    }
-                    if let Some(kv) = event.kv() {
-                        from = from.max(kv.mod_revision() + 1);
-                    }
-                }
-            }
-            Err(etcd_client::Error::WatchError("the watch stream ended".into()))
-        };
-        match watched.await {
-            Ok(true) => return gone().await,
-            Ok(false) => backoff = std::time::Duration::from_millis(50),
-            Err(e) => {
-                tracing::debug!(lock = name, error = %e, "watch on our key broke; watching again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
-            }
-        }
-        if lease.state(&name).is_lost() {
-            return;
-        }
-    }
 }

@@ -47,6 +47,10 @@
 //! the server says the lease is gone (revoked or expired). A lost session is not revived: the
 //! client grants a new lease for later acquires.
 //!
+//! Each held key is watched from the revision after its creation, on the client's one watch
+//! stream for all its held keys (`own_keys.rs`): its deletion by anyone is a loss told at once,
+//! `NodeDeleted`, or `SessionExpired` when the session's lease went with it.
+//!
 //! Two acquires of one mutex through one client queue locally first (they would share the key
 //! `name/<lease id hex>`), then in etcd.
 //!
@@ -67,6 +71,7 @@ mod guard;
 mod jobs;
 mod kinds;
 mod mutex;
+mod own_keys;
 mod queue;
 mod rwlock;
 mod semaphore;
@@ -113,6 +118,14 @@ struct Inner {
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     /// Local queues for session-named keys, by key prefix.
     gates: StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    /// The watches on our held keys: one stream for all of them.
+    own_keys: Arc<own_keys::OwnKeys>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.own_keys.stop();
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -172,6 +185,7 @@ impl Client {
             let client = Client {
                 inner: Arc::new(Inner {
                     url: url.clone(),
+                    own_keys: own_keys::OwnKeys::new(etcd.clone()),
                     etcd,
                     session: tokio::sync::Mutex::new(None),
                     gates: StdMutex::new(HashMap::new()),
@@ -287,6 +301,11 @@ impl Client {
         };
         *current = Some(s.clone());
         Ok(s)
+    }
+
+    /// The watches on our held keys.
+    pub(crate) fn own_keys(&self) -> &Arc<own_keys::OwnKeys> {
+        &self.inner.own_keys
     }
 
     /// The local queue for keys named after the session under `prefix`.
