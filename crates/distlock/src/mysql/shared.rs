@@ -134,11 +134,6 @@ impl Pool {
             }
         }
     }
-
-    /// How many shared connections are in use.
-    pub(crate) async fn len(&self) -> usize {
-        self.conns.lock().await.len()
-    }
 }
 
 /// A connection of the idle list (or a new one) made shared: a lease of its own from now, renewed

@@ -162,12 +162,15 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// A retired connection: it, its holds' lease (and whether it holds any), and its keys.
+type RetiredConn = (Arc<Conn>, Option<(Holding, bool)>, Vec<AdvisoryKey>);
+
 /// Connections to close, and leases to tell, once the pool's lock is let go.
 #[derive(Default)]
 #[must_use]
 struct Retired {
-    /// Each connection, its holds' lease (and whether it holds any), and its keys.
-    conns: Vec<(Arc<Conn>, Option<(Holding, bool)>, Vec<AdvisoryKey>)>,
+    /// Each connection retired.
+    conns: Vec<RetiredConn>,
     /// Health checks ended (their connection taken for a wait), to drop outside the lock.
     ended: Vec<Holding>,
 }
