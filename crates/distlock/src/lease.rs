@@ -129,6 +129,7 @@ pub(crate) async fn fresh_after_wait(
 }
 
 /// What one renewal (a ping, an extension) of a lease found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
     /// The server confirmed it: the deadline moves on.
     Renewed,
@@ -139,7 +140,15 @@ pub(crate) enum Renewal {
 }
 
 /// How soon a failed renewal is tried again: a tenth of the lease, at most this.
-const RETRY: Duration = Duration::from_millis(100);
+pub(crate) const RETRY: Duration = Duration::from_millis(100);
+
+/// When a lease's next renewal is due, after one that did not lose it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Next {
+    pub(crate) at: Instant,
+    /// The last one failed: this is its retry, due sooner than a period.
+    pub(crate) retry: bool,
+}
 
 impl Renewal {
     /// What a health check of the holding connection (a ping) found: an answer renews; an error
@@ -348,9 +357,23 @@ impl Lease {
         period: Duration,
         due: Instant,
         renewal: impl std::future::Future<Output = Renewal>,
-    ) -> Option<Instant> {
+    ) -> Option<Next> {
+        self.renew_sent_at(name, period, due, Instant::now(), renewal).await
+    }
+
+    /// [`renew_once`](Lease::renew_once) with its send time read by the caller: `sent` must come
+    /// before anything of `renewal` is sent (the watchdog reads it once for a request that renews
+    /// several holds, before making the request). A lease whose deadline is `sent` or earlier is
+    /// lost without polling `renewal`.
+    pub(crate) async fn renew_sent_at(
+        &self,
+        name: &str,
+        period: Duration,
+        due: Instant,
+        sent: Instant,
+        renewal: impl std::future::Future<Output = Renewal>,
+    ) -> Option<Next> {
         let deadline = self.deadline();
-        let sent = Instant::now();
         let lag = sent.saturating_duration_since(due);
         if sent >= deadline {
             self.publish(LockState::Lost(LostReason::LeaseExpired), name);
@@ -360,11 +383,11 @@ impl Lease {
         let (next, result) = match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Renewal::Renewed) => {
                 self.confirmed(sent, name);
-                (Some(sent + period), "renewed")
+                (Some(Next { at: sent + period, retry: false }), "renewed")
             }
             Ok(Renewal::Failed) => {
                 self.publish(LockState::Suspended, name);
-                (Some(Instant::now() + RETRY.min(self.lease / 10)), "failed")
+                (Some(Next { at: Instant::now() + RETRY.min(self.lease / 10), retry: true }), "failed")
             }
             Ok(Renewal::Gone(reason)) => {
                 self.publish(LockState::Lost(reason), name);
@@ -393,7 +416,7 @@ impl Lease {
             let at = due.min(now + left / 2);
             tokio::time::sleep_until(at).await;
             match self.renew_once(name, period, at, renew()).await {
-                Some(next) => due = next,
+                Some(next) => due = next.at,
                 None => return,
             }
         }

@@ -919,3 +919,149 @@ async fn layouts_and_kinds_on_one_key_refuse_each_other_by_name() {
     let g = redisson.mutex(&key).unwrap().try_lock().await.unwrap().expect("free once the other kind left");
     g.release().await.unwrap();
 }
+
+/// A hold of each kind the watchdog renews, as the batched-renewal tests hold them side by side.
+pub(crate) enum AnyHold {
+    Mutex(distlock::redis::MutexGuard),
+    Simple(distlock::redis::SimpleGuard),
+    Read(distlock::redis::ReadGuard),
+    Write(distlock::redis::WriteGuard),
+    Fair(distlock::redis::FairGuard),
+    Permit(distlock::redis::SemaphorePermit),
+}
+
+macro_rules! on_any_hold {
+    ($hold:expr, |$g:ident| $body:expr) => {
+        match $hold {
+            AnyHold::Mutex($g) => $body,
+            AnyHold::Simple($g) => $body,
+            AnyHold::Read($g) => $body,
+            AnyHold::Write($g) => $body,
+            AnyHold::Fair($g) => $body,
+            AnyHold::Permit($g) => $body,
+        }
+    };
+}
+
+impl AnyHold {
+    /// The hold's key, whose deletion loses it.
+    pub(crate) fn key(&self) -> &str {
+        on_any_hold!(self, |g| g.key())
+    }
+
+    pub(crate) fn state(&self) -> LockState {
+        on_any_hold!(self, |g| g.state())
+    }
+
+    pub(crate) fn lease_deadline(&self) -> std::time::Instant {
+        on_any_hold!(self, |g| g.lease_deadline())
+    }
+
+    pub(crate) fn lost(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = LostReason> + Send>> {
+        on_any_hold!(self, |g| Box::pin(g.lost()))
+    }
+
+    pub(crate) async fn release(self) -> distlock::Result<()> {
+        on_any_hold!(self, |g| g.release().await)
+    }
+}
+
+/// `n` holds through `redis`, on names `{prefix}-{i}`, of every renewed kind in turn: a mutex, a
+/// simple lock, a read hold, a write hold, a fair lock and a semaphore permit.
+pub(crate) async fn hold_every_kind(redis: &Client, prefix: &str, n: usize) -> Vec<AnyHold> {
+    let mut holds = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let hold = match i % 6 {
+            0 => AnyHold::Mutex(redis.mutex(&name).unwrap().lock().await.unwrap()),
+            1 => AnyHold::Simple(redis.simple_lock(&name).unwrap().lock().await.unwrap()),
+            2 => AnyHold::Read(redis.rwlock(&name).unwrap().read().await.unwrap()),
+            3 => AnyHold::Write(redis.rwlock(&name).unwrap().write().await.unwrap()),
+            4 => AnyHold::Fair(redis.fair_lock(&name).unwrap().lock().await.unwrap()),
+            _ => AnyHold::Permit(redis.semaphore(&name, 2).unwrap().acquire().await.unwrap()),
+        };
+        holds.push(hold);
+    }
+    holds
+}
+
+/// Waits (bounded) until every hold of `holds` has been renewed by a request sent after this
+/// call: its lease deadline moved on twice (the second renewal was sent after the first was
+/// confirmed, so after the call, whatever was in flight at it).
+pub(crate) async fn renewed_from_now(holds: &[AnyHold], bound: Duration) {
+    for _ in 0..2 {
+        let before: Vec<std::time::Instant> = holds.iter().map(AnyHold::lease_deadline).collect();
+        eventually(bound, "every hold renewed", || async {
+            holds.iter().zip(&before).all(|(h, d)| h.lease_deadline() > *d)
+        })
+        .await;
+    }
+}
+
+/// Batched renewals: 300 holds of every renewed kind through one client cost the server
+/// ⌈300/100⌉ = 3 renewal scripts per renewal period (a third of the lease), not one each.
+/// Counted as the client's writes through a proxy, over three periods once the holds' renewals
+/// have gone together at least once (a count over a time window is what "per period" means: the
+/// window is the measure, not a stand-in for a condition).
+#[tokio::test]
+async fn renewals_go_a_hundred_holds_to_a_request() {
+    const HOLDS: usize = 300;
+    const PER_PERIOD: u64 = HOLDS.div_ceil(100) as u64;
+    let lease = Duration::from_secs(1);
+    let period = lease / 3;
+    let proxy = FaultProxy::start(redis_addr().parse().unwrap()).await.unwrap();
+    let redis = Client::connect(&format!("redis://{}?lease=1s", proxy.addr())).await.unwrap();
+    let holds = hold_every_kind(&redis, &unique("batched"), HOLDS).await;
+    // Renewed after the last grant: from then on, every hold goes with the rest.
+    renewed_from_now(&holds, Duration::from_secs(10)).await;
+
+    let periods = 3;
+    let before = proxy.writes_to_upstream();
+    tokio::time::sleep(period * periods).await;
+    let writes = proxy.writes_to_upstream() - before;
+    // The allowance: one more round, whose requests may fall on both edges of the window, and two
+    // other requests (the sentry's INFO if it runs late, a retry after a slow answer).
+    let allowed = PER_PERIOD * (periods as u64 + 1) + 2;
+    eprintln!("batched renewals: {writes} writes to the server in {periods} periods for {HOLDS} holds");
+    assert!(
+        writes <= allowed,
+        "{writes} writes in {periods} renewal periods for {HOLDS} holds: at most {allowed} (3 per period, one round and 2 more)"
+    );
+    // (The client may send a round's requests in fewer writes: at least one a period.)
+    assert!(writes >= periods as u64 - 1, "{writes} writes: were the holds renewed at all?");
+    for h in holds {
+        assert_eq!(h.state(), LockState::Held, "{}", h.key());
+        h.release().await.unwrap();
+    }
+}
+
+/// Among batched holds, one of each kind whose key is deleted on the server is told lost
+/// (`KeyDeleted`) at the next renewal; every other hold of the same requests stays held.
+#[tokio::test]
+async fn a_deleted_key_among_batched_holds_loses_that_hold_only() {
+    let lease = Duration::from_secs(1);
+    let period = lease / 3;
+    let redis = connect("?lease=1s").await;
+    let holds = hold_every_kind(&redis, &unique("batched-delete"), 240).await;
+    renewed_from_now(&holds, Duration::from_secs(10)).await;
+    // One hold of each kind, spread over the requests (holds 100..106 are in the second).
+    let doomed: Vec<usize> = (100..106).collect();
+    let mut conn = raw().await;
+    for &i in &doomed {
+        let _: i64 = cmd(&mut conn, &["DEL", holds[i].key()]).await;
+    }
+    for &i in &doomed {
+        let reason = tokio::time::timeout(period + Duration::from_secs(2), holds[i].lost())
+            .await
+            .unwrap_or_else(|_| panic!("{} told lost within a renewal period and 2 s", holds[i].key()));
+        assert_eq!(reason, LostReason::KeyDeleted, "{}", holds[i].key());
+    }
+    // The others were renewed after the deletion, by the same requests, and are held.
+    let others: Vec<AnyHold> =
+        holds.into_iter().enumerate().filter(|(i, _)| !doomed.contains(i)).map(|(_, h)| h).collect();
+    renewed_from_now(&others, Duration::from_secs(10)).await;
+    for h in others {
+        assert_eq!(h.state(), LockState::Held, "{}", h.key());
+        h.release().await.unwrap();
+    }
+}

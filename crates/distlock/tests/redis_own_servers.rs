@@ -164,6 +164,56 @@ async fn a_restart_without_persistence_is_reported_at_once_and_by_every_release(
     again.release().await.unwrap();
 }
 
+/// A server restarted empty under 1,000 holds of every renewed kind, renewed in batches of 100:
+/// every holder is told `KeyDeleted` (the restart sweep's batched renewals find none of them),
+/// no renewal for them goes on afterwards, and their releases (each says the lock was lost)
+/// leave nothing on the server.
+#[tokio::test]
+async fn a_restart_under_a_thousand_batched_holds_loses_every_one_and_leaves_nothing() {
+    let server = Server::start();
+    let redis = Client::connect(&format!("redis://{}?lease=3s", server.addr)).await.unwrap();
+    let holds = crate::redis::hold_every_kind(&redis, "restart-batched", 1000).await;
+    crate::redis::renewed_from_now(&holds, Duration::from_secs(20)).await;
+    server.restart(); // empty: every lock is gone
+    let reasons = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut reasons = Vec::with_capacity(holds.len());
+        for h in &holds {
+            reasons.push(h.lost().await);
+        }
+        reasons
+    })
+    .await
+    .expect("every holder is told within 10 s of the restart");
+    let deleted = reasons.iter().filter(|r| **r == LostReason::KeyDeleted).count();
+    assert_eq!(
+        deleted,
+        holds.len(),
+        "every hold lost as KeyDeleted: {:?}",
+        reasons.iter().find(|r| **r != LostReason::KeyDeleted)
+    );
+    // Nothing renews a lost hold: over two renewal periods the server runs no script at all.
+    let mut conn = raw_conn(&server.addr).await;
+    let before = scripts_run(&mut conn).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // two periods of the 3 s lease: a window, not a condition
+    assert_eq!(scripts_run(&mut conn).await, before, "a script ran for holds already lost");
+    for h in holds {
+        assert!(matches!(h.release().await, Err(Error::LockLost { .. })), "a release after the loss");
+    }
+    let keys: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(keys, 0, "the releases left keys on the restarted server");
+}
+
+/// How many scripts (EVALSHA and EVAL) the server has run since it started.
+async fn scripts_run(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split(&[':', ','][..]).find_map(|f| f.strip_prefix("calls=")).and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
 #[tokio::test]
 async fn an_acquire_no_replica_confirms_fails_and_takes_nothing() {
     let master = Server::start();

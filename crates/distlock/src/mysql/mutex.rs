@@ -203,7 +203,7 @@ impl MutexGuard {
                 })
             }
         };
-        let renewals = client.watchdog().watch(lease.clone(), name.clone(), Arc::new(check));
+        let renewals = client.watchdog().watch(lease.clone(), name.clone(), crate::watchdog::Alone::new(check));
         let holder = format!("connection:{id}");
         let leased = Leased::new(name, lease);
         let place = Place::Own { conn, _renewals: renewals };

@@ -175,7 +175,7 @@ fn renew(client: &Client, shared: &Arc<Shared>) {
             Renewal::of_check(answer, gone, &shared.label())
         })
     };
-    *renewals = Some(client.watchdog().watch(shared.lease.clone(), shared.label(), Arc::new(check)));
+    *renewals = Some(client.watchdog().watch(shared.lease.clone(), shared.label(), crate::watchdog::Alone::new(check)));
 }
 
 /// `GET_LOCK(name, 0)` (with its token) on a shared connection, run to its answer even if the

@@ -837,7 +837,7 @@ impl MutexGuard {
                 })
             }
         };
-        let renewals = client.watchdog().watch(lease.clone(), target.name.clone(), Arc::new(check));
+        let renewals = client.watchdog().watch(lease.clone(), target.name.clone(), crate::watchdog::Alone::new(check));
         let holder = format!("advisory:{}", target.key);
         let leased = Leased::new(target.name.clone(), lease);
         MutexGuard { hold: Some(Hold { client, conn, target, holder, token, leased, _renewals: Some(renewals) }) }

@@ -416,9 +416,9 @@ impl Pool {
 
     /// The health check of `conn`'s holds: a ping, answered before their lease runs out, or
     /// the connection is retired (its holds lost; closed, so the server frees them).
-    fn check(self: &Arc<Self>, conn: &Arc<Conn>) -> Arc<dyn crate::watchdog::Check> {
+    fn check(self: &Arc<Self>, conn: &Arc<Conn>) -> crate::watchdog::Alone {
         let (pool, conn) = (Arc::downgrade(self), Arc::downgrade(conn));
-        Arc::new(move || -> crate::contract::BoxFuture<'static, Renewal> {
+        crate::watchdog::Alone::new(move || -> crate::contract::BoxFuture<'static, Renewal> {
             let (pool, conn) = (pool.clone(), conn.clone());
             Box::pin(async move {
                 let Some(conn) = conn.upgrade() else { return Renewal::Failed };

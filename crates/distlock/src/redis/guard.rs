@@ -3,7 +3,7 @@
 //! The lease deadline is the send time of the last acquire or renewal the server confirmed, plus
 //! the lease, less a drift margin: the server set its TTL after we sent, so it cannot expire the
 //! key before then (clock rates aside, which the margin covers). A watchdog renews every third of
-//! the lease. A failed renewal makes the guard `Suspended` and is retried until the deadline; at
+//! the lease, up to 100 holds of the client in one script ([`Renew`]). A failed renewal makes the guard `Suspended` and is retried until the deadline; at
 //! the deadline the guard is `Lost(LeaseExpired)`, whatever a late answer says. A renewal that
 //! finds the key gone (or someone else's) makes it `Lost(KeyDeleted)` at once. `Lost` is final.
 //! Renewals also run at once, out of turn, when the client sees a sign that the server may have
@@ -73,29 +73,9 @@ impl Hold {
             server: StdMutex::new(client.server_id()),
         });
         client.hold_started();
-        let check = {
-            let (client, key, holder) = (client.clone(), key.clone(), holder.clone());
-            let shared = Arc::downgrade(&shared);
-            move || -> crate::contract::BoxFuture<'static, Renewal> {
-                let (client, key, holder, shared) = (client.clone(), key.clone(), holder.clone(), shared.clone());
-                Box::pin(async move {
-                    match renew(&client, &key, &holder).await {
-                        Ok(true) => {
-                            if let Some(shared) = shared.upgrade() {
-                                *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = client.server_id();
-                            }
-                            Renewal::Renewed
-                        }
-                        Ok(false) => Renewal::Gone(LostReason::KeyDeleted),
-                        Err(e) => {
-                            tracing::debug!(key, error = %e, "renewal failed");
-                            Renewal::Failed
-                        }
-                    }
-                })
-            }
-        };
-        let ticket = client.inner.watchdog.watch(shared.lease.clone(), key.clone(), Arc::new(check));
+        let check =
+            Renew { client: client.clone(), key: key.clone(), holder: holder.clone(), shared: Arc::downgrade(&shared) };
+        let ticket = client.inner.watchdog.watch(shared.lease.clone(), key.clone(), check);
         *shared.ticket.lock().unwrap_or_else(|e| e.into_inner()) = Some(ticket);
         Hold { client, key, holder, token, shared, released: false }
     }
@@ -265,24 +245,97 @@ const LATCH_MARGIN_MS: u64 = 30_000;
 /// Pause between retries of a failed request.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// One renewal: true if the key is still ours (and its TTL was reset to the lease).
-async fn renew(client: &Client, key: &str, holder: &Holder) -> Result<bool> {
-    let lease = client.lease_ms().to_string();
-    let r: i64 = match holder {
-        Holder::Redisson { field, .. } | Holder::Write { field, .. } | Holder::Fair { field, .. } => {
-            client.eval(&scripts::REDISSON_RENEW, &[key], &[lease, field.clone()], "renew", key).await?
+/// At most this many holds in one renewal script: Redisson's batch, and a script of at most 200
+/// keys and 201 arguments, which the server runs in well under a millisecond.
+const RENEW_TOGETHER: usize = 100;
+
+/// A hold's renewal, as the client's watchdog keeps it: renewed with the client's other holds
+/// (on a cluster, those of its hash slot: a script's keys must share one) in one [`scripts::RENEW`]
+/// of up to [`RENEW_TOGETHER`] holds of any kinds, each with its own answer.
+pub(crate) struct Renew {
+    client: Client,
+    key: String,
+    holder: Holder,
+    shared: std::sync::Weak<Shared>,
+}
+
+impl crate::watchdog::Check for Renew {
+    type Group = Option<redis::cluster_routing::Slot>;
+
+    const TOGETHER: usize = RENEW_TOGETHER;
+
+    fn group(&self) -> Self::Group {
+        self.client.sharded().then(|| redis::cluster_routing::Slot::for_key(&self.key))
+    }
+
+    fn renew(&self) -> crate::contract::BoxFuture<'static, Renewal> {
+        let together = Self::renew_together(&[self]);
+        Box::pin(async move { together.await.pop().unwrap_or(Renewal::Failed) })
+    }
+
+    /// One script for them all: a hold whose key is gone or someone else's is `Gone(KeyDeleted)`;
+    /// a failed request (a connection error, no answer in time) fails every one of them.
+    fn renew_together(checks: &[&Self]) -> crate::contract::BoxFuture<'static, Vec<Renewal>> {
+        let client = checks[0].client.clone();
+        let first = checks[0].key.clone();
+        let mut keys: Vec<String> = Vec::with_capacity(checks.len() * 2);
+        let mut args: Vec<String> = Vec::with_capacity(checks.len() * 2 + 1);
+        args.push(client.lease_ms().to_string());
+        for c in checks {
+            let (kind, id) = renewal_of(&c.holder, &c.key, &mut keys);
+            args.push(kind.to_string());
+            args.push(id.to_string());
         }
+        let shared: Vec<std::sync::Weak<Shared>> = checks.iter().map(|c| c.shared.clone()).collect();
+        Box::pin(async move {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let answer: Result<Vec<i64>> = client.eval(&scripts::RENEW, &keys, &args, "renew", &first).await;
+            match answer {
+                Ok(answers) if answers.len() == shared.len() => {
+                    let server = client.server_id();
+                    answers
+                        .into_iter()
+                        .zip(shared)
+                        .map(|(ours, shared)| {
+                            if ours != 1 {
+                                return Renewal::Gone(LostReason::KeyDeleted);
+                            }
+                            if let Some(shared) = shared.upgrade() {
+                                *shared.server.lock().unwrap_or_else(|e| e.into_inner()) = server.clone();
+                            }
+                            Renewal::Renewed
+                        })
+                        .collect()
+                }
+                Ok(answers) => {
+                    tracing::debug!(key = first, holds = shared.len(), ?answers, "unexpected answer to a renewal");
+                    vec![Renewal::Failed; shared.len()]
+                }
+                Err(e) => {
+                    tracing::debug!(key = first, holds = shared.len(), error = %e, "renewal failed");
+                    vec![Renewal::Failed; shared.len()]
+                }
+            }
+        })
+    }
+}
+
+/// A hold's part of a [`scripts::RENEW`]: its keys pushed on `keys`, its kind and identity
+/// returned.
+fn renewal_of<'a>(holder: &'a Holder, key: &str, keys: &mut Vec<String>) -> (&'static str, &'a str) {
+    keys.push(key.to_string());
+    match holder {
+        Holder::Redisson { field, .. } | Holder::Write { field, .. } | Holder::Fair { field, .. } => ("h", field),
         Holder::Read { field, timeouts, .. } => {
-            client.eval(&scripts::READ_RENEW, &[key, timeouts], &[lease, field.clone()], "renew", key).await?
+            keys.push(timeouts.clone());
+            ("r", field)
         }
         Holder::Permit { id, permits_key, .. } => {
-            client.eval(&scripts::SEMAPHORE_RENEW, &[key, permits_key], &[id.clone(), lease], "renew", key).await?
+            keys.push(permits_key.clone());
+            ("p", id)
         }
-        Holder::Simple { value, .. } => {
-            client.eval(&scripts::SIMPLE_RENEW, &[key], &[value.clone(), lease], "renew", key).await?
-        }
-    };
-    Ok(r == 1)
+        Holder::Simple { value, .. } => ("s", value),
+    }
 }
 
 /// A handle's hold in progress on one side of a lock (all of a mutex or fair lock; the reads,

@@ -24,7 +24,9 @@
 //! # Leases and loss
 //!
 //! A held lock expires on the server one lease (default 30 s, `?lease=`) after the last
-//! acquire or renewal; a watchdog renews it every third of the lease. The guard's
+//! acquire or renewal; a watchdog renews it every third of the lease, up to 100 holds of the
+//! client in one script (on a cluster, those of one hash slot), each with its own answer. The
+//! guard's
 //! [`lease_deadline`](MutexGuard::lease_deadline) is the send time of the last confirmed
 //! renewal plus the lease less a drift margin, and [`lost`](MutexGuard::lost) resolves at that
 //! deadline if no renewal was confirmed by then: before the server can expire the key and give
@@ -163,7 +165,7 @@ struct Inner {
     master: tokio::sync::Mutex<(String, Option<Instant>)>,
     wake: Arc<wake::Wakeups>,
     /// Renews every hold of this client.
-    watchdog: Arc<crate::watchdog::Watchdog>,
+    watchdog: Arc<crate::watchdog::Watchdog<guard::Renew>>,
     /// `clientId` of Redisson's fields: one per client.
     id: String,
     /// The same without dashes (the simple layout's values start with it).

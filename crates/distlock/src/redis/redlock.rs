@@ -228,16 +228,16 @@ impl RedlockGuard {
         let ttl = self.redlock.ttl;
         let start = Instant::now();
         let replies = join_all(self.redlock.nodes.iter().map(|node| async move {
-            let r: Result<i64> = node
+            let r: Result<Vec<i64>> = node
                 .eval(
-                    &scripts::SIMPLE_RENEW,
+                    &scripts::RENEW,
                     &[&self.name],
-                    &[self.value.clone(), (ttl.as_millis() as u64).to_string()],
+                    &[(ttl.as_millis() as u64).to_string(), "s".to_string(), self.value.clone()],
                     "extend",
                     &self.name,
                 )
                 .await;
-            matches!(r, Ok(1))
+            matches!(r.as_deref(), Ok([1]))
         }))
         .await;
         let confirmed = replies.into_iter().filter(|ok| *ok).count();

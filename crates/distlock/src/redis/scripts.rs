@@ -143,18 +143,6 @@ return 1
 "#
 );
 
-/// Redisson's watchdog renewal. KEYS: lock. ARGV: lease ms, field. 1 if renewed, 0 if not ours
-/// (also when the key is of another type: someone else's, in another layout).
-pub(crate) static REDISSON_RENEW: LazyLock<redis::Script> = script!(
-    r#"
-if redis.pcall('hexists', KEYS[1], ARGV[2]) == 1 then
-  redis.call('pexpire', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"#
-);
-
 /// The plain `SET K v NX PX lease` plus a fencing token. KEYS: lock, token counter. ARGV:
 /// value, lease ms. `{GRANTED, token}` or `{HELD, pttl}`; finding our own value (an earlier
 /// attempt of this acquire whose answer was lost) is granted again.
@@ -183,15 +171,76 @@ return nil
 "#
 );
 
-/// Compare-and-pexpire. KEYS: lock. ARGV: value, lease ms. 1 if renewed, 0 if not ours (also
-/// for a key of another type).
-pub(crate) static SIMPLE_RENEW: LazyLock<redis::Script> = script!(
+/// The watchdog's renewal of up to 100 holds of any kinds at once (Redisson renews up to 100
+/// locks per script too; its single renewals are `HEXISTS` then `PEXPIRE`, as the first kind
+/// here). ARGV: lease ms, then per hold its kind and its identity; KEYS: each hold's keys in turn:
+///
+/// - `h` (Redisson's hash: the mutex, the fair lock, a write hold): the lock; our field;
+/// - `r` (a read hold, as Redisson's ReadLockTask): the lock and our timeout keys' prefix
+///   (`{K}:F:rwlock_timeout`); our field F, whose count says how many timeout keys we have;
+/// - `p` (a semaphore permit, expiring by the server's clock): the permit set and the permit
+///   count key; our permit id;
+/// - `s` (the simple layout, and Redlock's extension): the lock; our value.
+///
+/// One answer per hold, in order: 1 if it was ours and now runs for another lease, 0 if not (gone,
+/// someone else's, a permit already expired, or a key of another type).
+pub(crate) static RENEW: LazyLock<redis::Script> = script!(
     r#"
-if redis.pcall('get', KEYS[1]) == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
+local lease = ARGV[1]
+local now
+local function renew_hash(lock, field)
+  if redis.pcall('hexists', lock, field) ~= 1 then return 0 end
+  redis.call('pexpire', lock, lease)
   return 1
 end
-return 0
+local function renew_read(lock, timeouts, field)
+  local n = redis.pcall('hget', lock, field)
+  if type(n) ~= 'string' then return 0 end
+  redis.call('pexpire', lock, lease)
+  for i = tonumber(n), 1, -1 do
+    redis.call('pexpire', timeouts .. ':' .. i, lease)
+  end
+  return 1
+end
+local function renew_permit(permits, count, id)
+  if now == nil then
+    local t = redis.call('time')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local expiry = redis.pcall('zscore', permits, id)
+  if type(expiry) ~= 'string' or tonumber(expiry) <= now then return 0 end
+  redis.call('zadd', permits, now + tonumber(lease), id)
+  redis.call('pexpire', permits, lease)
+  redis.call('pexpire', count, lease)
+  return 1
+end
+local function renew_simple(lock, value)
+  if redis.pcall('get', lock) ~= value then return 0 end
+  redis.call('pexpire', lock, lease)
+  return 1
+end
+local answers, k = {}, 1
+for i = 2, #ARGV, 2 do
+  local kind, id = ARGV[i], ARGV[i + 1]
+  local ours
+  if kind == 'h' then
+    ours = renew_hash(KEYS[k], id)
+    k = k + 1
+  elseif kind == 'r' then
+    ours = renew_read(KEYS[k], KEYS[k + 1], id)
+    k = k + 2
+  elseif kind == 'p' then
+    ours = renew_permit(KEYS[k], KEYS[k + 1], id)
+    k = k + 2
+  elseif kind == 's' then
+    ours = renew_simple(KEYS[k], id)
+    k = k + 1
+  else
+    return redis.error_reply('RENEW: unknown kind ' .. tostring(kind))
+  end
+  answers[#answers + 1] = ours
+end
+return answers
 "#
 );
 
@@ -289,20 +338,6 @@ return 1
 "#
 );
 
-/// Read renewal (Redisson's ReadLockTask). KEYS: lock, this handle's timeout key prefix.
-/// ARGV: lease ms, F. 1 if renewed, 0 if not ours (also for a key of another type).
-pub(crate) static READ_RENEW: LazyLock<redis::Script> = script!(
-    r#"
-local n = redis.pcall('hget', KEYS[1], ARGV[2])
-if type(n) ~= 'string' then return 0 end
-redis.call('pexpire', KEYS[1], ARGV[1])
-for i = tonumber(n), 1, -1 do
-  redis.call('pexpire', KEYS[2] .. ':' .. i, ARGV[1])
-end
-return 1
-"#
-);
-
 /// Redisson RReadWriteLock write acquire plus a fencing token. KEYS: lock, token counter.
 /// ARGV: lease ms, the write field (`F:write`), mode. Answers as [`REDISSON_LOCK`].
 pub(crate) static WRITE_LOCK: LazyLock<redis::Script> = acquire_script!(
@@ -372,22 +407,6 @@ if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then
 end
 local first = redis.call('zrange', KEYS[1], 0, 0, 'withscores')
 return {HELD, math.max(1, tonumber(first[2]) - now)}
-"#
-);
-
-/// Semaphore renewal. KEYS: permit set, permit count key. ARGV: permit id, lease ms. 1 if our
-/// permit was still valid (and now runs for another lease), 0 if it expired or was removed (or
-/// the key is of another type).
-pub(crate) static SEMAPHORE_RENEW: LazyLock<redis::Script> = script!(
-    r#"
-local t = redis.call('time')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expiry = redis.pcall('zscore', KEYS[1], ARGV[1])
-if type(expiry) ~= 'string' or tonumber(expiry) <= now then return 0 end
-redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('pexpire', KEYS[1], ARGV[2])
-redis.call('pexpire', KEYS[2], ARGV[2])
-return 1
 "#
 );
 
