@@ -75,7 +75,7 @@ impl Mutex {
         match super::shared::try_lock(&self.client, name).await? {
             Some(super::shared::Tried::Granted(guard)) => return Ok(Some(guard)),
             Some(super::shared::Tried::Busy) if wait == Wait::Never => return Ok(None),
-            Some(super::shared::Tried::Busy) | None => {}
+            Some(super::shared::Tried::Busy | super::shared::Tried::Stale) | None => {}
         }
         let mut conn = self.client.checkout().await?;
         let secs = match wait.timeout() {

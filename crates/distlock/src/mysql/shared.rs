@@ -87,6 +87,9 @@ pub(crate) enum Tried {
     Granted(MutexGuard),
     /// Held by someone else (another client, or a local holder on another connection).
     Busy,
+    /// The connection had ended unseen (an idle one the server closed, its close not yet seen):
+    /// it held no other lock, so the try is made again on another.
+    Stale,
 }
 
 impl Pool {
@@ -183,6 +186,20 @@ fn renew(client: &Client, shared: &Arc<Shared>) {
 /// sharing is off or every shared connection has `name` (a local holder): the caller waits on a
 /// connection of its own.
 pub(crate) async fn try_lock(client: &Client, name: &str) -> Result<Option<Tried>> {
+    for _ in 0..2 {
+        match try_once(client, name).await? {
+            Some(Tried::Stale) => continue,
+            tried => return Ok(tried),
+        }
+    }
+    try_once(client, name).await.map(|tried| match tried {
+        Some(Tried::Stale) => None,
+        tried => tried,
+    })
+}
+
+/// One try of [`try_lock`].
+async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
     let max = client.url().shared;
     if max == 0 {
         return Ok(None);
@@ -206,11 +223,16 @@ pub(crate) async fn try_lock(client: &Client, name: &str) -> Result<Option<Tried
                 return Ok(Some(Tried::Busy));
             }
             Err(e) => {
-                if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) {
+                let ended = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed);
+                let alone = shared.load() == 1;
+                if ended {
                     // The session is gone, and with it every lock on it.
                     shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &label);
                 }
                 client.pool().done(&client, &shared, &name).await;
+                if ended && alone {
+                    return Ok(Some(Tried::Stale));
+                }
                 return Err(backend("acquire", &name, e));
             }
         };
