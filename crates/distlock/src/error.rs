@@ -128,7 +128,7 @@ pub enum Error {
     /// once the server ended it (ZooKeeper today); a backend that can open a new session for
     /// later acquires (etcd's lease) does so and reports only the holds that were lost, as
     /// [`LostReason::SessionExpired`].
-    #[error("the client's session ended on the server (every lock it held is gone); connect again")]
+    #[error("the client's session expired on the server (every lock it held is gone); connect again")]
     SessionExpired,
     /// The client was closed.
     #[error("the client is closed")]

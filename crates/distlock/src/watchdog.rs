@@ -305,6 +305,9 @@ async fn renew_batch<C: Check>(watchdog: Arc<Watchdog<C>>, batch: Vec<(Due<C>, I
         // No answer (a request that gave fewer than asked for): a failure.
         answers.push(async move { rx.await.unwrap_or(Renewal::Failed) });
     }
+    // The request itself ends by the last deadline it serves: a request stuck behind a silent
+    // server (a ping holding a shared connection) must not outlive every hold it was for.
+    let until = batch.iter().map(|(due, _)| due.lease.deadline()).max().unwrap_or(sent);
     let holds = futures::future::join_all(batch.into_iter().zip(answers).map(|((due, at), answer)| {
         let watchdog = watchdog.clone();
         async move {
@@ -315,9 +318,10 @@ async fn renew_batch<C: Check>(watchdog: Arc<Watchdog<C>>, batch: Vec<(Due<C>, I
     }));
     let ask = async move {
         if let Some(request) = request {
-            let renewals = request.await;
-            for (tx, renewal) in send_to.into_iter().zip(renewals) {
-                let _ = tx.send(renewal);
+            if let Ok(renewals) = tokio::time::timeout_at(until, request).await {
+                for (tx, renewal) in send_to.into_iter().zip(renewals) {
+                    let _ = tx.send(renewal);
+                }
             }
         }
     };

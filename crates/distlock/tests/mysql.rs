@@ -753,3 +753,23 @@ async fn dropped_acquires_on_a_shared_connection_leave_nothing_behind() {
     again.release().await.unwrap();
     kept.release().await.unwrap();
 }
+
+/// A guard dropped on a thread outside any runtime still releases its lock (through the
+/// client's runtime): on a shared connection, which outlives the guard, it would otherwise stay
+/// held as long as the connection lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_outside_the_runtime_releases_its_lock() {
+    let db = connect("?lease=10s&shared_connections=1").await;
+    let mut raw = raw().await;
+    let (name, kept) = (unique("off-runtime"), unique("kept"));
+    let other = db.mutex(&kept).unwrap().lock().await.unwrap();
+    let g = db.mutex(&name).unwrap().lock().await.unwrap();
+    assert_eq!(g.holder_id(), other.holder_id(), "both on one shared connection");
+    std::thread::spawn(move || drop(g)).join().unwrap();
+    let raw = tokio::sync::Mutex::new(&mut raw);
+    common::eventually(Duration::from_secs(5), "the lock dropped off the runtime released", || async {
+        holder(&mut **raw.lock().await, &name).await.is_none()
+    })
+    .await;
+    other.release().await.unwrap();
+}

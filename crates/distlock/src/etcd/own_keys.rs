@@ -180,36 +180,7 @@ async fn serve(keys: Arc<OwnKeys>) {
         let ended: etcd_client::Error = loop {
             tokio::select! {
                 () = keys.wake.notified() => {
-                    let out: Vec<(Out, Option<(String, WatchOptions)>)> = {
-                        let mut st = keys.lock();
-                        let (out, stream) = (std::mem::take(&mut st.outbox), st.stream);
-                        out.into_iter()
-                            .map(|o| match o {
-                                // Not yet watched on this stream (and not released meanwhile).
-                                Out::Create(id) => {
-                                    let w = st.watched.get_mut(&id).filter(|w| w.on_stream != stream);
-                                    (o, w.map(|w| {
-                                        w.on_stream = stream;
-                                        (w.key.clone(), w.options(id))
-                                    }))
-                                }
-                                Out::Cancel(_) => (o, None),
-                            })
-                            .collect()
-                    };
-                    let mut failed = None;
-                    for (o, create) in out {
-                        let sent = match (o, create) {
-                            (Out::Create(_), Some((key, options))) => tx.watch(key, Some(options)).await,
-                            (Out::Create(_), None) => Ok(()), // released, or watched on this stream already
-                            (Out::Cancel(id), _) => tx.cancel(id).await,
-                        };
-                        if let Err(e) = sent {
-                            failed = Some(e);
-                            break;
-                        }
-                    }
-                    if let Some(e) = failed {
+                    if let Err(e) = send_outbox(&keys, &mut tx).await {
                         break e;
                     }
                 }
@@ -227,6 +198,38 @@ async fn serve(keys: Arc<OwnKeys>) {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Sends what the guards asked for since the last look: a watcher for each new key (not yet
+/// watched on this stream, and not released meanwhile), a cancel for each released one.
+async fn send_outbox(keys: &Arc<OwnKeys>, tx: &mut etcd_client::WatchRequestSender) -> Result<(), etcd_client::Error> {
+    let out: Vec<(Out, Option<(String, WatchOptions)>)> = {
+        let mut st = keys.lock();
+        let (out, stream) = (std::mem::take(&mut st.outbox), st.stream);
+        out.into_iter()
+            .map(|o| match o {
+                Out::Create(id) => {
+                    let w = st.watched.get_mut(&id).filter(|w| w.on_stream != stream);
+                    (
+                        o,
+                        w.map(|w| {
+                            w.on_stream = stream;
+                            (w.key.clone(), w.options(id))
+                        }),
+                    )
+                }
+                Out::Cancel(_) => (o, None),
+            })
+            .collect()
+    };
+    for (o, create) in out {
+        match (o, create) {
+            (Out::Create(_), Some((key, options))) => tx.watch(key, Some(options)).await?,
+            (Out::Create(_), None) => {} // released, or watched on this stream already
+            (Out::Cancel(id), _) => tx.cancel(id).await?,
+        }
+    }
+    Ok(())
 }
 
 /// One message of the stream: the losses it tells are published (in a task of their own: the

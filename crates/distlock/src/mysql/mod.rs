@@ -94,6 +94,9 @@ struct Inner {
     watchdog: Arc<crate::watchdog::Watchdog>,
     /// The connections that held locks share.
     pool: shared::Pool,
+    /// The runtime the client was made on: releases of guards dropped outside any runtime run
+    /// there.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Client {
@@ -163,6 +166,7 @@ impl Client {
                 idle: StdMutex::new(Vec::new()),
                 fencing: std::sync::OnceLock::new(),
                 pool: shared::Pool::default(),
+                runtime: tokio::runtime::Handle::current(),
             }),
         };
         let mut conn = client.open().await?;
@@ -230,6 +234,10 @@ impl Client {
     }
 
     /// The renewals of this client's held locks.
+    pub(crate) fn runtime(&self) -> tokio::runtime::Handle {
+        self.inner.runtime.clone()
+    }
+
     pub(crate) fn pool(&self) -> &shared::Pool {
         &self.inner.pool
     }

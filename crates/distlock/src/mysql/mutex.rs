@@ -255,23 +255,27 @@ impl MutexGuard {
             // Lost on its own (its deadline passed while the connection lives on): the server
             // may still have it on the shared connection, which outlives this guard. Released
             // all the same, in the background.
-            let (client, shared, name) = (client.clone(), shared.clone(), name.clone());
-            spawn_unlock(async move { super::shared::unlock(client, shared, name.clone()).await.map(drop) });
+            let (runtime, client, shared, name) = (client.runtime(), client.clone(), shared.clone(), name.clone());
+            spawn_unlock(runtime, async move { super::shared::unlock(client, shared, name.clone()).await.map(drop) });
         }
         // A lock lost before on a connection of its own: dropping the connection frees it.
         lease.release(before, name.clone(), unlock(client, place, name), LostReason::ConnectionClosed).await
     }
 }
 
-/// Runs a release in the background where there is a runtime, logging its failure.
-fn spawn_unlock(release: impl std::future::Future<Output = Result<()>> + Send + 'static) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            if let Err(e) = release.await {
-                tracing::warn!(error = %e, "release on drop failed; closing the connection frees it");
-            }
-        });
-    }
+/// Runs a release in the background, on the current runtime or else on the client's (a guard
+/// dropped on a thread of its own: a lock on a shared connection would otherwise stay held as
+/// long as the connection lives), logging its failure.
+fn spawn_unlock(
+    client_runtime: tokio::runtime::Handle,
+    release: impl std::future::Future<Output = Result<()>> + Send + 'static,
+) {
+    let runtime = tokio::runtime::Handle::try_current().unwrap_or(client_runtime);
+    runtime.spawn(async move {
+        if let Err(e) = release.await {
+            tracing::warn!(error = %e, "release on drop failed; closing the connection frees it");
+        }
+    });
 }
 
 impl Drop for MutexGuard {
@@ -280,7 +284,7 @@ impl Drop for MutexGuard {
             return;
         };
         lease.end();
-        spawn_unlock(async move { unlock(client, place, name).await.map(drop) });
+        spawn_unlock(client.runtime(), async move { unlock(client, place, name).await.map(drop) });
     }
 }
 

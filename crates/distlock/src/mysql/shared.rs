@@ -209,13 +209,17 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
     let attempt = async move {
         let label = shared.label();
         let sent = Instant::now();
-        let answer = {
+        // Bounded by the connection's deadline: a statement stuck behind a silent server (or a
+        // ping stuck there) must not hold the acquire past the point where the connection is lost.
+        let answer = tokio::time::timeout_at(shared.lease.deadline(), async {
             let mut conn = shared.conn.lock().await;
             match conn.as_mut() {
                 Some(c) => super::mutex::grant(&mut c.conn, client.fencing(), &name, 0.0).await,
                 None => Err(sqlx::Error::WorkerCrashed),
             }
-        };
+        })
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
         let token = match answer {
             Ok(Some(token)) => token,
             Ok(None) => {
@@ -223,11 +227,25 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
                 return Ok(Some(Tried::Busy));
             }
             Err(e) => {
-                let ended = matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed);
                 let alone = shared.load() == 1;
+                let ended = ends_session(&e);
                 if ended {
-                    // The session is gone, and with it every lock on it.
-                    shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &label);
+                    // The session is gone (or silent past its deadline), and every lock on it.
+                    end(&shared).await;
+                } else {
+                    // The statement failed after `GET_LOCK` may have granted (its token's
+                    // `NEXTVAL` or row write failed): released while the name is still reserved
+                    // here, or the connection ended, so that no grant outlives the error.
+                    let undone = {
+                        let mut conn = shared.conn.lock().await;
+                        match conn.as_mut() {
+                            Some(c) => release_lock(&mut c.conn, &name).await.is_ok(),
+                            None => true,
+                        }
+                    };
+                    if !undone {
+                        end(&shared).await;
+                    }
                 }
                 client.pool().done(&client, &shared, &name).await;
                 if ended && alone {
@@ -239,6 +257,8 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
         // The answer proves the session alive at `sent`; the lock follows the connection's lease.
         shared.lease.confirmed(sent, &label);
         let Some(lease) = shared.lease.follower() else {
+            // Granted on a connection already lost: ended, so the server frees the grant.
+            end(&shared).await;
             client.pool().done(&client, &shared, &name).await;
             return Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed });
         };
@@ -249,20 +269,39 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
 }
 
 /// `RELEASE_LOCK(name)` on a shared connection; true if it was held. The name stays reserved on
-/// the connection until the answer (see the module docs), then leaves it.
+/// the connection until the answer (see the module docs), then leaves it. A release that fails
+/// (or gets no answer within the lease) ends the connection, so the server frees what it held:
+/// the lock cannot stay held with its reservation gone.
 pub(crate) async fn unlock(client: Client, shared: Arc<Shared>, name: String) -> Result<bool> {
-    let released: std::result::Result<Option<i64>, sqlx::Error> = {
+    let released = tokio::time::timeout(client.lease(), async {
         let mut conn = shared.conn.lock().await;
         match conn.as_mut() {
-            Some(c) => sqlx::query_scalar("SELECT RELEASE_LOCK(?)").bind(&name).fetch_one(&mut c.conn).await,
+            Some(c) => release_lock(&mut c.conn, &name).await,
             None => Err(sqlx::Error::WorkerCrashed),
         }
-    };
-    if let Err(e) = &released {
-        if matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed) {
-            shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &shared.label());
-        }
+    })
+    .await
+    .unwrap_or_else(|_| Err(sqlx::Error::PoolTimedOut));
+    if released.is_err() {
+        end(&shared).await;
     }
     client.pool().done(&client, &shared, &name).await;
     Ok(released.map_err(|e| backend("release", &name, e))? == Some(1))
+}
+
+/// `RELEASE_LOCK(name)` on `conn`: 1 if it was held, 0 if another's, NULL if no one's.
+async fn release_lock(conn: &mut sqlx::MySqlConnection, name: &str) -> std::result::Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT RELEASE_LOCK(?)").bind(name).fetch_one(conn).await
+}
+
+/// Whether error `e` of a statement means the session is gone (or silent past its deadline).
+fn ends_session(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed | sqlx::Error::PoolTimedOut)
+}
+
+/// The shared connection ends: every lock on it is told lost first, then the connection is
+/// dropped (its socket shut), so the server frees whatever it still holds there.
+async fn end(shared: &Shared) {
+    shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &shared.label());
+    drop(shared.conn.lock().await.take());
 }
