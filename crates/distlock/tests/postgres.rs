@@ -51,8 +51,9 @@ async fn raw_to(conninfo: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Advisory locks on `key` as `pg_locks` shows them: (pid, granted).
-async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bool)> {
+/// Advisory locks on `key` as `pg_locks` shows them: (pid, granted), holders first (also the
+/// shared-connection tests').
+pub(crate) async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bool)> {
     let (classid, objid, objsubid) = key.pg_locks_ids();
     raw.query(
         "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 \

@@ -7,7 +7,7 @@
 #![cfg(feature = "postgres")]
 
 use crate::common::{eventually, unique};
-use distlock::postgres::{AdvisoryKey, Client, MutexGuard};
+use distlock::postgres::{Client, MutexGuard};
 use distlock::{Error, LockState, LostReason};
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
 use std::time::Duration;
@@ -52,20 +52,7 @@ async fn advisory_of(raw: &tokio_postgres::Client, app: &str) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// Advisory locks on `key` as `pg_locks` shows them: (pid, granted), holders first.
-async fn holders(raw: &tokio_postgres::Client, key: AdvisoryKey) -> Vec<(i32, bool)> {
-    let (classid, objid, objsubid) = key.pg_locks_ids();
-    raw.query(
-        "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 \
-         AND objid::bigint = $2 AND objsubid::bigint = $3 ORDER BY granted DESC",
-        &[&classid, &objid, &objsubid],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
-}
+use crate::postgres::holders;
 
 /// Takes every lock of `names` on `pg`, all at once.
 async fn take_all(pg: &Client, names: &[String]) -> Vec<MutexGuard> {
