@@ -263,19 +263,49 @@ mod url_keys {
         }
     }
 
+    #[test]
+    fn connections_is_one_rule_where_it_is_taken_and_refused_alike_elsewhere() {
+        for (base, parse, _) in backends() {
+            let shares = base.starts_with("postgres") || base.starts_with("mysql");
+            let ok = parse(&format!("{base}?connections=2"));
+            let bad = parse(&format!("{base}?connections=0")).unwrap_err();
+            if shares {
+                ok.unwrap_or_else(|e| panic!("{base}: {e}"));
+                assert!(bad.contains("connections=0: ") && bad.contains("1 to 1000"), "{base}: {bad}");
+            } else {
+                let e = ok.unwrap_err();
+                assert!(e.contains("connections: ") && e.contains("PostgreSQL and MariaDB"), "{base}: {e}");
+            }
+        }
+    }
+
     #[cfg(all(feature = "memory", feature = "postgres"))]
     #[test]
     fn connect_options_take_the_place_of_the_urls_values_under_any_name() {
         use std::time::Duration;
-        let over = crate::ConnectOptions::new().lease(Duration::from_secs(20)).cacert("/b.pem").setup(false);
-        let over = over.common().unwrap();
-        let m = crate::memory::MemoryUrl::parse_with("memory://t?ttl=5s&setup=auto", &over).unwrap();
+        let options = crate::ConnectOptions::new().lease(Duration::from_secs(20)).setup(false);
+        let m =
+            crate::memory::MemoryUrl::parse_with("memory://t?ttl=5s&setup=auto", &options.clone().common().unwrap())
+                .unwrap();
         assert_eq!((m.lease(), m.setup()), (Duration::from_secs(20), false));
-        let p = crate::postgres::PgUrl::parse_with("postgres://h/db?sslrootcert=/a.pem&lease=4s", &over).unwrap();
+        let over = options.cacert("/b.pem").connections(7).common().unwrap();
+        let p = crate::postgres::PgUrl::parse_with("postgres://h/db?sslrootcert=/a.pem&lease=4s&connections=2", &over)
+            .unwrap();
         assert_eq!(
-            (p.lease, p.tls_files.cacert.as_deref()),
-            (Duration::from_secs(20), Some(std::path::Path::new("/b.pem")))
+            (p.lease, p.tls_files.cacert.as_deref(), p.connections),
+            (Duration::from_secs(20), Some(std::path::Path::new("/b.pem")), 7)
         );
+        // What a backend refuses in its URL it refuses from the options too, never ignored.
+        for (refused, key) in [("cacert", "cacert"), ("connections", "connections")] {
+            let o = match refused {
+                "cacert" => crate::ConnectOptions::new().cacert("/b.pem"),
+                _ => crate::ConnectOptions::new().connections(2),
+            };
+            let e = crate::memory::MemoryUrl::parse_with("memory://t", &o.common().unwrap()).unwrap_err().to_string();
+            assert!(e.contains(&format!("{key}: ")), "{e}");
+        }
+        let e = crate::ConnectOptions::new().connections(0).common().unwrap_err().to_string();
+        assert!(e.contains("1 to 1000"), "{e}");
         // The backend's own checks judge them as a URL's.
         let short = crate::ConnectOptions::new().lease(Duration::from_millis(50)).common().unwrap();
         assert!(crate::memory::MemoryUrl::parse_with("memory://t", &short).unwrap_err().to_string().contains("lease"));

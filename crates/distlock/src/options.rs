@@ -42,6 +42,25 @@ pub(crate) fn canonical_key(key: &str) -> &str {
     }
 }
 
+/// How many server connections a client's locks share at most when the URL does not say
+/// (`connections=`), on the backends whose locks live in server sessions (PostgreSQL, MariaDB).
+pub(crate) const DEFAULT_CONNECTIONS: usize = 4;
+
+/// The most connections a URL or [`ConnectOptions::connections`] may ask for.
+pub(crate) const MAX_CONNECTIONS: usize = 1000;
+
+/// The `connections` URL key: how many server connections a client's locks share at most, or
+/// the reason `value` is refused.
+pub(crate) fn parse_connections(value: &str) -> std::result::Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if (1..=MAX_CONNECTIONS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "connections={value}: how many server connections the locks share at most, 1 to {MAX_CONNECTIONS} \
+             (default {DEFAULT_CONNECTIONS})"
+        )),
+    }
+}
+
 /// How every backend's "unknown key" error begins (the key follows, quoted).
 const UNKNOWN_KEY: &str = "unknown URL key ";
 
@@ -72,6 +91,15 @@ pub(crate) enum TlsKeys {
     Refused(&'static str),
 }
 
+/// How a backend's URL takes `connections`.
+#[derive(Debug)]
+pub(crate) enum ConnectionKeys {
+    /// Taken: the locks live in server sessions, and the client keeps at most this many.
+    Shared,
+    /// Refused, for this reason (the locks share one session already, or there is no server).
+    Refused(&'static str),
+}
+
 /// What a backend's URL query takes: the [`Common`] keys, read here for every backend, and the
 /// backend's own keys, one table ([`QuerySpec::keys`]) from which the list of known keys of its
 /// "unknown URL key" error is made.
@@ -83,6 +111,8 @@ pub(crate) struct QuerySpec {
     pub(crate) keys: &'static [Key],
     /// Its TLS keys.
     pub(crate) tls: TlsKeys,
+    /// Whether it takes `connections`.
+    pub(crate) connections: ConnectionKeys,
     /// Whether a pair without `=` is refused (else it is the key with an empty value).
     pub(crate) pairs_need_values: bool,
 }
@@ -98,6 +128,8 @@ pub(crate) struct Common {
     pub(crate) connect_timeout: Option<Duration>,
     /// `setup` (`Some(false)`: `setup=no`).
     pub(crate) setup: Option<bool>,
+    /// `connections` (checked: 1 to 1000).
+    pub(crate) connections: Option<usize>,
     /// The TLS files, under their names or the backend's aliases.
     pub(crate) tls_files: crate::tls::TlsFiles,
 }
@@ -128,6 +160,7 @@ impl Common {
         }
         self.connect_timeout = over.connect_timeout.or(self.connect_timeout);
         self.setup = over.setup.or(self.setup);
+        self.connections = over.connections.or(self.connections);
         let files = &over.tls_files;
         for (mine, theirs) in [
             (&mut self.tls_files.cacert, &files.cacert),
@@ -143,11 +176,32 @@ impl Common {
 }
 
 impl QuerySpec {
+    /// A URL's common values `url` with what the options give in their place ([`Common::overridden`]),
+    /// and refused as the URL's own would be where this backend refuses them (a TLS file where
+    /// there is no TLS, `connections` where the locks share one session).
+    ///
+    /// # Errors
+    ///
+    /// The reason, naming the key.
+    pub(crate) fn merge(&self, url: Common, over: &Common) -> std::result::Result<Common, String> {
+        let common = url.overridden(over);
+        if let (TlsKeys::Refused(reason), Some(k)) = (&self.tls, common.tls_files.first_given()) {
+            return Err(format!("{k}: {reason}"));
+        }
+        if let (ConnectionKeys::Refused(reason), Some(_)) = (&self.connections, common.connections) {
+            return Err(format!("connections: {reason}"));
+        }
+        Ok(common)
+    }
+
     /// The keys this backend's URL takes, in words (`lease (or session_timeout, ttl), …`).
     pub(crate) fn known(&self) -> String {
         let others: Vec<&str> = LEASE_KEYS.iter().copied().filter(|k| *k != self.lease_name).collect();
         let mut known = vec![format!("{} (or {})", self.lease_name, others.join(", ")), "connect_timeout".into()];
         known.push("setup".into());
+        if let ConnectionKeys::Shared = self.connections {
+            known.push(format!("connections (1-{MAX_CONNECTIONS})"));
+        }
         for key in self.keys {
             let mut text = key.name.to_string();
             if !key.aliases.is_empty() {
@@ -202,6 +256,10 @@ impl QuerySpec {
                     common.connect_timeout = Some(crate::duration::url_duration(k, v).map_err(|e| e.to_string())?)
                 }
                 "setup" => common.setup = Some(parse_setup(v)?),
+                "connections" => match self.connections {
+                    ConnectionKeys::Shared => common.connections = Some(parse_connections(v)?),
+                    ConnectionKeys::Refused(reason) => return Err(format!("connections: {reason}")),
+                },
                 _ => match self.keys.iter().find(|key| key.name == k || key.aliases.contains(&k)) {
                     Some(key) => own.push(Pair { name: key.name, key: k, value: v }),
                     None => return Err(format!("{UNKNOWN_KEY}{k:?} (known: {})", self.known())),
@@ -235,6 +293,7 @@ pub struct ConnectOptions {
     tls: crate::tls::TlsFiles,
     /// `Some(false)`: `setup=no`.
     setup: Option<bool>,
+    connections: Option<usize>,
 }
 
 impl ConnectOptions {
@@ -286,6 +345,15 @@ impl ConnectOptions {
         self
     }
 
+    /// At most this many server connections for the client's locks (held, waited for or
+    /// inspected), whatever their number: the URL's `connections` (default 4, 1 to 1000). Taken by the backends whose locks live in server
+    /// sessions (PostgreSQL, MariaDB); refused by the others, whose locks share one session or
+    /// connection already.
+    pub fn connections(mut self, connections: usize) -> ConnectOptions {
+        self.connections = Some(connections);
+        self
+    }
+
     /// The options set, in words (`lease 500ms`, `cacert ca.pem`).
     fn given(&self) -> Vec<String> {
         let mut given = Vec::new();
@@ -303,6 +371,9 @@ impl ConnectOptions {
         if self.setup == Some(false) {
             given.push("setup no".into());
         }
+        if let Some(n) = self.connections {
+            given.push(format!("connections {n}"));
+        }
         given
     }
 
@@ -318,11 +389,15 @@ impl ConnectOptions {
             }
         }
         self.tls.check().map_err(|reason| Error::InvalidArgument { what: "TLS files", reason })?;
+        if let Some(n) = self.connections {
+            parse_connections(&n.to_string()).map_err(|reason| Error::InvalidArgument { what: "connections", reason })?;
+        }
         Ok(Common {
             lease: self.lease,
             lease_key: "lease",
             connect_timeout: self.connect_timeout,
             setup: self.setup,
+            connections: self.connections,
             tls_files: self.tls.clone(),
         })
     }
@@ -353,6 +428,7 @@ fn is_about_options(reason: &str, options: &ConnectOptions) -> bool {
         (&["connect_timeout"], options.connect_timeout.is_some()),
         (&["cacert", "cert", "key"], options.tls != crate::tls::TlsFiles::default()),
         (&["setup"], options.setup.is_some()),
+        (&["connections"], options.connections.is_some()),
     ];
     keys.iter().any(|(names, set)| *set && names.iter().any(|k| reason.contains(k)))
 }
@@ -385,11 +461,12 @@ mod tests {
             lease_name: "ttl",
             keys: &[Key { name: "mode", aliases: &["mode_"], hint: "a|b" }],
             tls: TlsKeys::Files(&[("ca", "cacert")]),
+            connections: ConnectionKeys::Shared,
             pairs_need_values: false,
         };
         assert_eq!(
             SPEC.known(),
-            "ttl (or lease, session_timeout), connect_timeout, setup, mode (or mode_) (a|b), ca (or cacert), cert, key"
+            "ttl (or lease, session_timeout), connect_timeout, setup, connections (1-1000), mode (or mode_) (a|b), ca (or cacert), cert, key"
         );
         let (common, own) = SPEC.parse("session_timeout=3s&mode_=a&ca=/ca.pem&setup=no&connect_timeout=1s").unwrap();
         assert_eq!((common.lease, common.lease_key), (Some(Duration::from_secs(3)), "session_timeout"));
@@ -407,7 +484,7 @@ mod tests {
     #[test]
     fn options_replace_the_keys_and_their_aliases() {
         const SPEC: QuerySpec =
-            QuerySpec { lease_name: "ttl", keys: &[], tls: TlsKeys::Files(&[]), pairs_need_values: true };
+            QuerySpec { lease_name: "ttl", keys: &[], tls: TlsKeys::Files(&[]), connections: ConnectionKeys::Shared, pairs_need_values: true };
         let o = ConnectOptions::new().lease(Duration::from_secs(3));
         let (url, _) = SPEC.parse("ttl=30s&connect_timeout=1s").unwrap();
         let merged = url.overridden(&o.common().unwrap());

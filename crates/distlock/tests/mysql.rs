@@ -562,10 +562,10 @@ fn connections(guards: &[distlock::mysql::MutexGuard]) -> std::collections::Hash
     guards.iter().map(|g| g.holder_id().to_string()).collect()
 }
 
-/// Locks held without waiting share a few connections (`shared_connections`, 4 by default): 120
-/// held locks are on at most 4 server connections (a server as shipped allows 151 in all), the
-/// server names one of them as each lock's holder, another client can take none of them, and
-/// nothing is left held after release. `shared_connections=0` is a connection per lock.
+/// A client's locks use a few connections (`connections`, 4 by default): 120 held locks are on
+/// at most 4 server connections (a server as shipped allows 151 in all), the server names one of
+/// them as each lock's holder, another client can take none of them, and nothing is left held
+/// after release.
 #[tokio::test]
 async fn many_held_locks_share_four_connections() {
     let db = connect("?lease=10s").await;
@@ -589,41 +589,90 @@ async fn many_held_locks_share_four_connections() {
     for name in &names {
         assert_eq!(holder(&mut raw, name).await, None, "{name} left held");
     }
-    let own = connect("?lease=10s&shared_connections=0").await;
-    let mut guards = Vec::new();
-    for name in &names[..5] {
-        guards.push(own.mutex(name).unwrap().lock().await.unwrap());
+}
+
+/// The server connections of the client using database `db` (the process list's).
+async fn sessions(raw: &mut MySqlConnection, db: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ?")
+        .bind(db)
+        .fetch_one(raw)
+        .await
+        .unwrap()
+}
+
+/// Waits count against the bound (`connections=2`): with six locks held by another client and
+/// six local acquires waiting for them, at most one waits on the server (one connection always
+/// serves the tries), the others poll; every one is granted once the holder lets go, and the
+/// client never has more than two connections open.
+#[tokio::test]
+async fn waits_count_against_the_connection_bound() {
+    let mut raw = raw().await;
+    let (own_db, own_url) = own_database(&mut raw, "distlock_bound").await;
+    // User locks are the server's, not a database's: the holder uses another database, so that
+    // the process list's count of `own_db` is the waiting client's alone.
+    let holder_client = connect("?lease=10s").await;
+    let db = Client::connect(&format!("{own_url}?lease=10s&connections=2")).await.unwrap();
+    let names: Vec<String> = (0..6).map(|i| unique(&format!("bound{i}"))).collect();
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(holder_client.mutex(name).unwrap().lock().await.unwrap());
     }
-    assert_eq!(connections(&guards).len(), 5, "shared_connections=0: a connection per lock");
+    let waits: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let (db, name) = (db.clone(), name.clone());
+            tokio::spawn(async move { db.mutex(&name).unwrap().lock_timeout(Duration::from_secs(30)).await })
+        })
+        .collect();
+    {
+        let raw = tokio::sync::Mutex::new(&mut raw);
+        common::eventually(Duration::from_secs(5), "one acquire waiting on the server", || async {
+            waiting(&mut **raw.lock().await, &own_db).await == 1
+        })
+        .await;
+    }
+    let mut most = 0;
+    for g in held {
+        most = most.max(sessions(&mut raw, &own_db).await);
+        g.release().await.unwrap();
+    }
+    let mut granted = Vec::new();
+    for w in waits {
+        let g = tokio::time::timeout(Duration::from_secs(20), w).await.expect("granted once freed").unwrap();
+        granted.push(g.unwrap().expect("granted within its wait"));
+        most = most.max(sessions(&mut raw, &own_db).await);
+    }
+    assert!(most <= 2, "{most} connections open with connections=2");
+    assert!(connections(&granted).len() <= 2, "{:?}", connections(&granted));
+    for g in granted {
+        g.release().await.unwrap();
+    }
+    for name in &names {
+        assert_eq!(holder(&mut raw, name).await, None, "{name} left held");
+    }
+    sqlx::query(&format!("DROP DATABASE {own_db}")).execute(&mut raw).await.unwrap();
 }
 
 /// `GET_LOCK` is reentrant within a session, so two holders of one name in one client must never
-/// both be granted through one shared connection: with a single shared connection, the second
-/// is refused while the first holds, waits on a connection of its own, and is granted by the
-/// first's release; a release on a shared connection frees only its own lock.
+/// both be granted through one shared connection: with a single connection (`connections=1`),
+/// the second is refused while the first holds, its wait polls (no connection is free to wait
+/// on) and is granted after the first's release; a release frees only its own lock.
 #[tokio::test]
 async fn two_local_holders_of_one_name_never_share_a_grant() {
     let mut raw = raw().await;
-    let (own_db, own_url) = own_database(&mut raw, "distlock_twice").await;
-    let db = Client::connect(&format!("{own_url}?lease=10s&shared_connections=1")).await.unwrap();
+    let db = connect("?lease=10s&connections=1").await;
     let (name, beside) = (unique("twice"), unique("beside"));
     let first = db.mutex(&name).unwrap().lock().await.unwrap();
     let other = db.mutex(&beside).unwrap().lock().await.unwrap();
     assert_eq!(first.holder_id(), other.holder_id(), "both on the one shared connection");
     assert!(db.mutex(&name).unwrap().try_lock().await.unwrap().is_none(), "granted twice in one client");
-    let second = {
+    let mut second = {
         let (db, name) = (db.clone(), name.clone());
         tokio::spawn(async move { db.mutex(&name).unwrap().lock_timeout(Duration::from_secs(20)).await })
     };
-    {
-        let raw = tokio::sync::Mutex::new(&mut raw);
-        common::eventually(Duration::from_secs(5), "the second holder waiting on the server", || async {
-            waiting(&mut **raw.lock().await, &own_db).await == 1
-        })
-        .await;
-    }
-    assert!(!second.is_finished(), "the second holder got the lock while the first held it");
-    let first_holder = first.holder_id().to_string();
+    // A bounded look: the poll must not be granted while the first holds.
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
+    assert!(early.is_err(), "the second holder got the lock while the first held it: {early:?}");
     first.release().await.unwrap();
     let second = tokio::time::timeout(Duration::from_secs(10), second)
         .await
@@ -631,13 +680,13 @@ async fn two_local_holders_of_one_name_never_share_a_grant() {
         .unwrap()
         .unwrap()
         .expect("granted within its wait");
-    assert_ne!(second.holder_id(), first_holder, "the waiter holds it on a connection of its own");
     let on_server = holder(&mut raw, &beside).await.map(|id| format!("connection:{id}"));
     assert_eq!(on_server.as_deref(), Some(other.holder_id()), "the first's release freed another lock");
+    let on_server = holder(&mut raw, &name).await.map(|id| format!("connection:{id}"));
+    assert_eq!(on_server.as_deref(), Some(second.holder_id()), "the second's lock on the server");
     second.release().await.unwrap();
     other.release().await.unwrap();
     assert_eq!((holder(&mut raw, &name).await, holder(&mut raw, &beside).await), (None, None), "left held");
-    sqlx::query(&format!("DROP DATABASE {own_db}")).execute(&mut raw).await.unwrap();
 }
 
 /// Fifty locks on one shared connection cut off by a silent partition: every one is told `Lost`
@@ -649,7 +698,7 @@ async fn a_partitioned_shared_connection_loses_every_lock_before_the_server_free
     let hostport = target.split('@').nth(1).unwrap().split('/').next().unwrap().to_string();
     let proxy = FaultProxy::start(hostport.parse().unwrap()).await.unwrap();
     let proxied = target.replace(&hostport, &proxy.addr().to_string());
-    let a = Client::connect(&format!("{proxied}?lease=3s&shared_connections=1")).await.unwrap();
+    let a = Client::connect(&format!("{proxied}?lease=3s&connections=1")).await.unwrap();
     let names: Vec<String> = (0..50).map(|i| unique(&format!("cut{i}"))).collect();
     let mut held = Vec::new();
     for name in &names {
@@ -694,7 +743,7 @@ async fn a_partitioned_shared_connection_loses_every_lock_before_the_server_free
 /// watched), a release says so, and the client takes them again on another connection.
 #[tokio::test]
 async fn a_killed_shared_connection_loses_every_lock_on_it() {
-    let db = connect("?lease=10s&shared_connections=1").await;
+    let db = connect("?lease=10s&connections=1").await;
     let mut raw = raw().await;
     let names: Vec<String> = (0..50).map(|i| unique(&format!("kill{i}"))).collect();
     let mut held = Vec::new();
@@ -721,7 +770,7 @@ async fn a_killed_shared_connection_loses_every_lock_on_it() {
 /// (a grant no one waits for is released) and disturb no lock held on that connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_on_a_shared_connection_leave_nothing_behind() {
-    let db = connect("?lease=10s&shared_connections=1").await;
+    let db = connect("?lease=10s&connections=1").await;
     let mut raw = raw().await;
     let kept_name = unique("kept");
     let kept = db.mutex(&kept_name).unwrap().lock().await.unwrap();
@@ -759,7 +808,7 @@ async fn dropped_acquires_on_a_shared_connection_leave_nothing_behind() {
 /// held as long as the connection lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_dropped_outside_the_runtime_releases_its_lock() {
-    let db = connect("?lease=10s&shared_connections=1").await;
+    let db = connect("?lease=10s&connections=1").await;
     let mut raw = raw().await;
     let (name, kept) = (unique("off-runtime"), unique("kept"));
     let other = db.mutex(&kept).unwrap().lock().await.unwrap();

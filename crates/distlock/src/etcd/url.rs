@@ -167,7 +167,7 @@ impl EtcdUrl {
         // setup is taken and means nothing here: connecting makes nothing on etcd (the
         // session's lease ends with the client).
         let (common, own) = QUERY.parse(query).map_err(bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(format!("{k} is a TLS file: write etcds:// to connect with TLS")));
         }
@@ -204,6 +204,9 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
     lease_name: "ttl",
     keys: &[crate::options::Key::new("timeout", "")],
     tls: crate::options::TlsKeys::Files(&[]),
+    connections: crate::options::ConnectionKeys::Refused(
+        "an etcd client's locks share one gRPC channel and one lease (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
+    ),
     pairs_need_values: false,
 };
 

@@ -74,6 +74,9 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
     lease_name: "lease",
     keys: &[],
     tls: crate::options::TlsKeys::Refused("an in-process store is reached without a network, so without TLS"),
+    connections: crate::options::ConnectionKeys::Refused(
+        "an in-process store is reached without server connections (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
+    ),
     pairs_need_values: false,
 };
 
@@ -139,7 +142,7 @@ impl MemoryUrl {
         }
         // connect_timeout is taken, and met at once.
         let (common, _) = QUERY.parse(query).map_err(&bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         let out = MemoryUrl {
             name: name.to_string(),
             lease: common.lease.unwrap_or(DEFAULT_LEASE),

@@ -23,10 +23,12 @@
 //!
 //! # Connections
 //!
-//! Held locks share a few connections (`shared_connections`, default 4): an acquire first asks
-//! `GET_LOCK(name, 0)` on a shared connection, and only a lock that must wait takes a connection of
-//! its own for the wait, which then holds it; after a clean release that connection serves the
-//! next acquire. A shared connection has one lease, which its locks follow: it is lost, and every
+//! A client's locks use at most `connections` server connections (default 4, waits included),
+//! whatever their number: an acquire first asks `GET_LOCK(name, 0)` on a shared connection, and a
+//! lock that must wait waits on the server on a connection that holds nothing (at most
+//! `connections - 1` at once), which joins the shared ones once granted; with none free, the
+//! acquire polls (woken when a local holder lets the name go, and on a timer, 5 ms doubling to
+//! 500 ms). A shared connection has one lease, which its locks follow: it is lost, and every
 //! lock on it with it, when the connection ends or stays silent past its deadline (see
 //! `shared.rs` for how a name is kept from being granted twice through one session). A wait that
 //! is dropped closes its connection, and the server ends a `GET_LOCK` wait whose client is gone.
@@ -162,10 +164,10 @@ impl Client {
         let client = Client {
             inner: Arc::new(Inner {
                 watchdog: Arc::new(crate::watchdog::Watchdog::new(url.lease / 6)),
+                pool: shared::Pool::new(url.connections),
                 url,
                 idle: StdMutex::new(Vec::new()),
                 fencing: std::sync::OnceLock::new(),
-                pool: shared::Pool::default(),
                 runtime: tokio::runtime::Handle::current(),
             }),
         };
@@ -294,10 +296,11 @@ impl Client {
         }
     }
 
-    /// Keeps a connection that holds nothing for the next acquire.
+    /// Keeps a connection that holds nothing for the next acquire, within the bound of lock
+    /// connections (`connections`: idle ones count too), else closes it.
     pub(crate) fn put_back(&self, conn: Conn) {
         let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE {
+        if idle.len() < MAX_IDLE && self.inner.pool.may_keep_idle(idle.len()) {
             idle.push(conn);
         }
     }

@@ -1,10 +1,11 @@
 //! A `GET_LOCK` mutex, fenced by a sequence (or a counter row).
 
-use super::{backend, Client, Conn, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
+use super::{backend, Client, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
 use crate::contract::Wait;
-use crate::lease::{Lease, Leased, Renewal};
+use crate::lease::{Lease, Leased};
 use crate::{LostReason, Result};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// An exclusive user lock, held on a connection shared with the client's other locks, or (after
@@ -69,40 +70,99 @@ impl Mutex {
     crate::contract::wait_methods!(MutexGuard, "the lock", |l, w| l.acquire(w); lock, try_lock, lock_timeout);
 
     async fn acquire(&self, wait: Wait) -> Result<Option<MutexGuard>> {
-        let name = &self.name;
-        // A lock free now is taken on a shared connection (see `shared`); only a wait needs a
-        // connection of its own.
-        match super::shared::try_lock(&self.client, name).await? {
-            Some(super::shared::Tried::Granted(guard)) => return Ok(Some(guard)),
-            Some(super::shared::Tried::Busy) if wait == Wait::Never => return Ok(None),
-            Some(super::shared::Tried::Busy | super::shared::Tried::Stale) | None => {}
+        use super::shared::Tried;
+        let (client, name) = (&self.client, &self.name);
+        let pool = client.pool();
+        let deadline = wait.deadline();
+        // Made once the acquire has to poll (most never do).
+        let mut wake: Option<Arc<tokio::sync::Notify>> = None;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            // Listening before the try: a release after the try's look wakes this.
+            let now_waking = wake.clone();
+            let listening = now_waking.as_ref().map(|w| {
+                let mut all = [Box::pin(w.notified()), Box::pin(pool.freed().notified())];
+                for n in &mut all {
+                    n.as_mut().enable();
+                }
+                all
+            });
+            // A lock free now is taken on a shared connection (see `shared`).
+            match super::shared::try_lock(client, name).await? {
+                Some(Tried::Granted(guard)) => return Ok(Some(guard)),
+                // Every shared connection has the name (local holders): busy too.
+                Some(Tried::Busy) | None if wait == Wait::Never => return Ok(None),
+                Some(Tried::Busy | Tried::Stale) | None => {}
+            }
+            if let Some(slot) = pool.claim_wait(client).await {
+                return self.wait_on_server(slot, deadline).await;
+            }
+            // No connection free to wait on: poll.
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let Some([named, freed]) = listening else {
+                // Listen, then look again at once.
+                wake = Some(pool.wake_for(name));
+                continue;
+            };
+            let until = deadline.map_or(now + pause, |d| d.min(now + pause));
+            pause = (pause * 2).min(MAX_POLL_PAUSE);
+            tokio::select! {
+                _ = named => {}
+                _ = freed => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
         }
-        let mut conn = self.client.checkout().await?;
-        let secs = match wait.timeout() {
+    }
+
+    /// `GET_LOCK(name, timeout)` on a connection that holds nothing (`slot`'s), until
+    /// `deadline`; granted, the connection joins the shared ones with the lock on it.
+    async fn wait_on_server(
+        &self,
+        slot: super::shared::WaitSlot,
+        deadline: Option<Instant>,
+    ) -> Result<Option<MutexGuard>> {
+        let (client, name) = (&self.client, &self.name);
+        let mut conn = client.checkout().await?;
+        let secs = match deadline {
             None => FOREVER_SECS,
-            Some(w) => w.as_secs_f64().min(FOREVER_SECS),
+            Some(d) => d.saturating_duration_since(Instant::now()).as_secs_f64().min(FOREVER_SECS),
         };
         // Dropped while the server waits: the connection closes with this future, and the
         // server ends a `GET_LOCK` wait whose client is gone (tested), so nothing is left waiting.
         let sent = Instant::now();
-        let granted = grant(&mut conn.conn, self.client.fencing(), name, secs).await;
+        let granted = grant(&mut conn.conn, client.fencing(), name, secs).await;
         let Some(token) = granted.map_err(|e| backend("acquire", name, e))? else {
             // Not granted in time (or the wait was ended on the server): it holds nothing.
-            self.client.put_back(conn);
+            drop(slot);
+            client.put_back(conn);
             return Ok(None);
         };
         // Held. The lease runs from the statement's send, unless the wait was long: then a ping
         // confirms the session first (else the guard would be born lost); a failure drops the
         // connection, which frees the lock.
-        let lease = self.client.lease();
         let ping = async {
             use sqlx::Connection;
             conn.conn.ping().await.map_err(|e| backend("acquire (session check after the wait)", name, e))
         };
-        let sent = crate::lease::fresh_after_wait(sent, lease, name, ping).await?;
-        Ok(Some(MutexGuard::new(self.client.clone(), conn, name.clone(), token, sent)))
+        let sent = crate::lease::fresh_after_wait(sent, client.lease(), name, ping).await?;
+        let shared = client.pool().adopt(client, slot, conn, name, sent).await;
+        let Some(lease) = shared.lease.follower() else {
+            // Cannot be: the lease was made now. Ended all the same, which frees the lock.
+            super::shared::end(&shared).await;
+            client.pool().done(client, &shared, name).await;
+            return Err(crate::Error::LockLost { lock: name.clone(), reason: LostReason::ConnectionClosed });
+        };
+        super::shared::renew(client, &shared);
+        Ok(Some(MutexGuard::on_shared(client.clone(), shared, name.clone(), token, lease)))
     }
 }
+
+/// The longest an acquire that polls (no connection free to wait on) waits between tries
+/// without having been told of a local release.
+const MAX_POLL_PAUSE: Duration = Duration::from_millis(500);
 
 /// `GET_LOCK(name, secs)` on `conn` and, only if granted, a fencing token from `fencing`'s
 /// source: the token, or `None` if not granted in time.
@@ -153,7 +213,8 @@ pub struct MutexGuard {
 
 struct Hold {
     client: Client,
-    place: Place,
+    /// The shared connection it is held on, whose lease it follows (see `shared`).
+    shared: Arc<super::shared::Shared>,
     leased: Leased,
     id: u64,
     /// Our mark, `connection:ID`, as `IS_USED_LOCK(name)` and the process list show it.
@@ -161,55 +222,17 @@ struct Hold {
     token: u64,
 }
 
-/// Where a lock is held.
-enum Place {
-    /// On a connection of its own (taken after a wait), with its place in the client's
-    /// renewals: a ping of the connection every sixth of the lease (ended when dropped).
-    Own { conn: Arc<tokio::sync::Mutex<Conn>>, _renewals: crate::watchdog::Ticket },
-    /// On a shared connection, whose lease it follows (see `shared`).
-    Shared(Arc<super::shared::Shared>),
-}
-
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold")
             .field("name", &self.leased.name)
             .field("connection", &self.id)
-            .field("shared", &matches!(self.place, Place::Shared(_)))
             .field("token", &self.token)
             .finish()
     }
 }
 
 impl MutexGuard {
-    fn new(client: Client, conn: Conn, name: String, token: u64, sent: Instant) -> MutexGuard {
-        let lease = Arc::new(Lease::new(sent, client.lease(), "mysql"));
-        conn.set_holder(&lease, &name);
-        let id = conn.id;
-        let conn = Arc::new(tokio::sync::Mutex::new(conn));
-        let check = {
-            let (conn, name) = (Arc::downgrade(&conn), name.clone());
-            move || -> crate::contract::BoxFuture<'static, Renewal> {
-                let (conn, name) = (conn.clone(), name.clone());
-                Box::pin(async move {
-                    use sqlx::Connection;
-                    // Gone: released while this renewal was due; nothing left to renew.
-                    let Some(conn) = conn.upgrade() else { return Renewal::Failed };
-                    let gone = |e: &sqlx::Error| {
-                        matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)
-                    };
-                    let answer = conn.lock().await.conn.ping().await;
-                    Renewal::of_check(answer, gone, &name)
-                })
-            }
-        };
-        let renewals = client.watchdog().watch(lease.clone(), name.clone(), crate::watchdog::Alone::new(check));
-        let holder = format!("connection:{id}");
-        let leased = Leased::new(name, lease);
-        let place = Place::Own { conn, _renewals: renewals };
-        MutexGuard { hold: Some(Hold { client, place, leased, id, holder, token }) }
-    }
-
     /// A lock granted on a shared connection, under `lease` (a follower of the connection's).
     pub(crate) fn on_shared(
         client: Client,
@@ -221,7 +244,7 @@ impl MutexGuard {
         let id = shared.id;
         let holder = format!("connection:{id}");
         let leased = Leased::new(name, lease);
-        MutexGuard { hold: Some(Hold { client, place: Place::Shared(shared), leased, id, holder, token }) }
+        MutexGuard { hold: Some(Hold { client, shared, leased, id, holder, token }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -249,17 +272,17 @@ impl MutexGuard {
     /// the server no longer had it.
     pub async fn release(mut self) -> Result<()> {
         let before = self.state();
-        let Hold { client, place, leased: Leased { name, lease }, .. } =
+        let Hold { client, shared, leased: Leased { name, lease }, .. } =
             self.hold.take().expect("a guard holds until released");
-        if let (true, Place::Shared(shared)) = (before.is_lost(), &place) {
+        if before.is_lost() {
             // Lost on its own (its deadline passed while the connection lives on): the server
             // may still have it on the shared connection, which outlives this guard. Released
             // all the same, in the background.
             let (runtime, client, shared, name) = (client.runtime(), client.clone(), shared.clone(), name.clone());
             spawn_unlock(runtime, async move { super::shared::unlock(client, shared, name.clone()).await.map(drop) });
         }
-        // A lock lost before on a connection of its own: dropping the connection frees it.
-        lease.release(before, name.clone(), unlock(client, place, name), LostReason::ConnectionClosed).await
+        let unlock = super::shared::unlock(client, shared, name.clone());
+        lease.release(before, name, unlock, LostReason::ConnectionClosed).await
     }
 }
 
@@ -280,37 +303,11 @@ fn spawn_unlock(
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, place, leased: Leased { name, lease }, .. }) = self.hold.take() else {
+        let Some(Hold { client, shared, leased: Leased { name, lease }, .. }) = self.hold.take() else {
             return;
         };
         lease.end();
-        spawn_unlock(client.runtime(), async move { unlock(client, place, name).await.map(drop) });
+        let runtime = client.runtime();
+        spawn_unlock(runtime, async move { super::shared::unlock(client, shared, name).await.map(drop) });
     }
-}
-
-/// `RELEASE_LOCK` where the lock is held; true if it was held. A connection of its own goes back
-/// to the idle list only after a clean release.
-async fn unlock(client: Client, place: Place, name: String) -> Result<bool> {
-    let conn = match place {
-        Place::Shared(shared) => return super::shared::unlock(client, shared, name).await,
-        Place::Own { conn, _renewals } => {
-            drop(_renewals);
-            conn
-        }
-    };
-    let released: Option<i64> = {
-        let mut c = conn.lock().await;
-        sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
-            .bind(&name)
-            .fetch_one(&mut c.conn)
-            .await
-            .map_err(|e| backend("release", &name, e))?
-    };
-    let held = released == Some(1);
-    if held {
-        if let Ok(conn) = Arc::try_unwrap(conn) {
-            client.put_back(conn.into_inner());
-        }
-    }
-    Ok(held)
 }

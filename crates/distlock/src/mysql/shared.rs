@@ -1,12 +1,16 @@
-//! Held locks sharing a few connections.
+//! The lock connections of a client, shared by every lock it holds: at most `connections` of
+//! them (the URL's key, default 4), waits included, for any number of locks.
 //!
 //! A `GET_LOCK` lock belongs to the server session (the connection) that took it, and one
 //! session can hold any number of them, so the locks of one client need not cost a connection
-//! each: a server ships with `max_connections` = 151, shared with the application. Up to
-//! `shared_connections` (default 4) connections are *shared*: an acquire first reserves its name on
-//! one of them and asks `GET_LOCK(name, 0)` there, which answers at once. Only an acquire that
-//! must wait takes a connection of its own for the wait (a waiting `GET_LOCK` occupies its
-//! connection until it is granted), and the lock then stays on that connection, as before.
+//! each: a server ships with `max_connections` = 151, shared with the application. An acquire
+//! first reserves its name on a shared connection and asks `GET_LOCK(name, 0)` there, which
+//! answers at once. A waiting `GET_LOCK` occupies its connection until it is granted, so a lock
+//! that must wait waits on a connection that holds nothing, taken for it alone (at most
+//! `connections - 1` at once, so that one always serves the tries); granted, that connection
+//! joins the shared ones. With no connection free for a wait, the acquire polls: it tries again
+//! when a local holder of the name lets it go, when a connection is freed, and on a timer
+//! (doubling from 5 ms to half a second), as PostgreSQL's pool does.
 //!
 //! What keeps each promise:
 //! - **Loss, per connection.** A shared connection has one lease, renewed by one ping every
@@ -20,28 +24,55 @@
 //!   connection would both be granted. A name is reserved on a connection before its statement
 //!   is sent and kept there until its `RELEASE_LOCK` has been answered; an acquire never uses a
 //!   connection on which its name is reserved, so it asks on another one (where the server says
-//!   busy, as it would to any other client) or waits on a connection of its own.
+//!   busy, as it would to any other client) or waits.
 //! - **Nothing left behind, nothing disturbed.** The statement on a shared connection runs to its
 //!   answer even if the acquire is dropped (a statement cut off would leave the connection in an
 //!   unknown state, and perhaps a grant no one knows of): a grant nobody waits for any more is
 //!   released at once. Statements on a shared connection never wait on the server, so a ping or
-//!   another lock's release behind one waits a round trip at most.
-//! - **A connection with no locks left** leaves the shared set and goes back to the idle list.
+//!   another lock's release behind one waits a round trip at most. A wait that is dropped closes
+//!   its connection, and the server ends a `GET_LOCK` wait whose client is gone.
+//! - **The bound.** Shared connections, connections taken for a wait and idle ones kept for
+//!   reuse are counted together: no more than `connections` are open for locks at once.
 
 use super::{backend, Client, Conn, MutexGuard};
 use crate::lease::{Lease, Renewal};
 use crate::watchdog::Ticket;
 use crate::{Error, LockState, LostReason, Result};
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The shared connections of one client.
-#[derive(Debug, Default)]
+/// The lock connections of one client.
+#[derive(Debug)]
 pub(crate) struct Pool {
-    /// The shared connections now in use (at most `shared_connections`), in a lock held across
-    /// opening one, so that a burst of acquires opens no more than that.
+    /// At most this many connections for locks (shared, waiting, idle).
+    cap: usize,
+    /// The shared connections now in use, in a lock held across opening one, so that a burst of
+    /// acquires opens no more than the bound.
     conns: tokio::sync::Mutex<Vec<Arc<Shared>>>,
+    /// How many connections of `conns` there are (read without its lock, for the bound).
+    shared: AtomicUsize,
+    /// Connections taken for a wait on the server (claimed under `conns`' lock).
+    waiting: AtomicUsize,
+    /// Wakes acquires polling for a name, when a local holder lets it go.
+    wakes: StdMutex<HashMap<String, Weak<Notify>>>,
+    /// Wakes acquires polling for a connection to wait on.
+    freed: Notify,
+}
+
+/// A connection taken for a wait on the server: it counts against the bound until dropped.
+pub(crate) struct WaitSlot {
+    client: Client,
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        let pool = self.client.pool();
+        pool.waiting.fetch_sub(1, Ordering::AcqRel);
+        pool.freed.notify_waiters();
+    }
 }
 
 /// One shared connection: its lease, and the names reserved or held on it.
@@ -93,19 +124,48 @@ pub(crate) enum Tried {
 }
 
 impl Pool {
-    /// A shared connection on which `name` is now reserved: the least loaded live one that does
-    /// not have it, or a new one while there are fewer than `max`; `None` when every one has
-    /// it (a local holder): the acquire must then wait on a connection of its own.
-    async fn reserve(&self, client: &Client, name: &str, max: usize) -> Result<Option<Arc<Shared>>> {
-        let mut conns = self.conns.lock().await;
+    pub(crate) fn new(cap: usize) -> Pool {
+        Pool {
+            cap: cap.max(1),
+            conns: tokio::sync::Mutex::default(),
+            shared: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            wakes: StdMutex::default(),
+            freed: Notify::new(),
+        }
+    }
+
+    /// Connections in use for locks (shared, or taken for a wait).
+    pub(crate) fn in_use(&self) -> usize {
+        self.shared.load(Ordering::Acquire) + self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Whether an idle connection may be kept beside `idle` others (all count against the bound).
+    pub(crate) fn may_keep_idle(&self, idle: usize) -> bool {
+        idle + self.in_use() < self.cap
+    }
+
+    fn retain_live(&self, conns: &mut Vec<Arc<Shared>>) {
         conns.retain(|s| s.live());
+        self.shared.store(conns.len(), Ordering::Release);
+    }
+
+    /// A shared connection on which `name` is now reserved: the least loaded live one that does
+    /// not have it, or a new one while the bound leaves room (and one more, for a wait); `None` when every one has it (a
+    /// local holder) or there is no room: the acquire must then wait.
+    async fn reserve(&self, client: &Client, name: &str) -> Result<Option<Arc<Shared>>> {
+        let mut conns = self.conns.lock().await;
+        self.retain_live(&mut conns);
         let free = conns.iter().filter(|s| !s.holds(name)).min_by_key(|s| s.load()).cloned();
+        // One connection of the bound is kept for a wait on the server (unless it is 1).
+        let room = conns.len() + self.waiting.load(Ordering::Acquire) < (self.cap - 1).max(1);
         let chosen = match free {
             // A new connection rather than a busy one while there is room: the locks spread.
-            Some(s) if s.load() == 0 || conns.len() >= max => s,
-            _ if conns.len() < max => {
+            Some(s) if s.load() == 0 || !room => s,
+            _ if room => {
                 let shared = Arc::new(open(client).await?);
                 conns.push(shared.clone());
+                self.shared.store(conns.len(), Ordering::Release);
                 shared
             }
             Some(s) => s,
@@ -113,6 +173,66 @@ impl Pool {
         };
         chosen.names.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
         Ok(Some(chosen))
+    }
+
+    /// A connection for a wait on the server, if the bound leaves one: fewer than
+    /// `connections - 1` taken for waits (one always serves the tries), and room for one more.
+    pub(crate) async fn claim_wait(&self, client: &Client) -> Option<WaitSlot> {
+        let mut conns = self.conns.lock().await;
+        self.retain_live(&mut conns);
+        let waiting = self.waiting.load(Ordering::Acquire);
+        if waiting + 1 >= self.cap || conns.len() + waiting >= self.cap {
+            return None;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Some(WaitSlot { client: client.clone() })
+    }
+
+    /// The connection of a granted wait (`slot`'s) joins the shared ones, with `name` held on it
+    /// under a lease from `sent` (the statement's send, or the ping that confirmed the session
+    /// after a long wait).
+    pub(crate) async fn adopt(
+        &self,
+        client: &Client,
+        slot: WaitSlot,
+        conn: Conn,
+        name: &str,
+        sent: Instant,
+    ) -> Arc<Shared> {
+        let shared = Arc::new(shared_from(client, conn, sent));
+        shared.names.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+        let mut conns = self.conns.lock().await;
+        conns.push(shared.clone());
+        self.shared.store(conns.len(), Ordering::Release);
+        drop(conns);
+        drop(slot);
+        shared
+    }
+
+    /// The wake-up of acquires polling for `name`.
+    pub(crate) fn wake_for(&self, name: &str) -> Arc<Notify> {
+        let mut map = self.wakes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get(name).and_then(Weak::upgrade) {
+            return n;
+        }
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let n = Arc::new(Notify::new());
+        map.insert(name.to_string(), Arc::downgrade(&n));
+        n
+    }
+
+    /// The wake-up of acquires polling for a connection to wait on.
+    pub(crate) fn freed(&self) -> &Notify {
+        &self.freed
+    }
+
+    fn wake(&self, name: &str) {
+        let n = self.wakes.lock().unwrap_or_else(|e| e.into_inner()).get(name).and_then(Weak::upgrade);
+        if let Some(n) = n {
+            n.notify_waiters();
+        }
     }
 
     /// `name` is no longer reserved or held on `shared`; a connection left with no locks leaves
@@ -125,9 +245,12 @@ impl Pool {
             names.is_empty()
         };
         if !empty {
+            drop(conns);
+            self.wake(name);
             return;
         }
         conns.retain(|s| !Arc::ptr_eq(s, shared));
+        self.shared.store(conns.len(), Ordering::Release);
         drop(conns);
         // Its renewals end; the connection is idle again (the next lock on it makes a new lease).
         drop(shared.renewals.lock().unwrap_or_else(|e| e.into_inner()).take());
@@ -136,6 +259,8 @@ impl Pool {
                 client.put_back(conn);
             }
         }
+        self.wake(name);
+        self.freed.notify_waiters();
     }
 }
 
@@ -143,22 +268,26 @@ impl Pool {
 /// by a ping every sixth of the lease.
 async fn open(client: &Client) -> Result<Shared> {
     let conn = client.checkout().await?;
+    Ok(shared_from(client, conn, Instant::now()))
+}
+
+/// `conn` made shared, with a lease from `sent`.
+fn shared_from(client: &Client, conn: Conn, sent: Instant) -> Shared {
     let id = conn.id;
-    let lease = Arc::new(Lease::new(Instant::now(), client.lease(), "mysql"));
+    let lease = Arc::new(Lease::new(sent, client.lease(), "mysql"));
     let label = format!("the shared connection {id}");
     conn.set_holder(&lease, &label);
-    let shared = Shared {
+    Shared {
         conn: tokio::sync::Mutex::new(Some(conn)),
         id,
         lease: lease.clone(),
         names: StdMutex::default(),
         renewals: StdMutex::new(None),
-    };
-    Ok(shared)
+    }
 }
 
 /// Starts the renewals of a shared connection (its first lock was granted).
-fn renew(client: &Client, shared: &Arc<Shared>) {
+pub(crate) fn renew(client: &Client, shared: &Arc<Shared>) {
     let mut renewals = shared.renewals.lock().unwrap_or_else(|e| e.into_inner());
     if renewals.is_some() {
         return;
@@ -183,8 +312,8 @@ fn renew(client: &Client, shared: &Arc<Shared>) {
 
 /// `GET_LOCK(name, 0)` (with its token) on a shared connection, run to its answer even if the
 /// caller goes away (then a grant is released at once: the guard made is dropped). `None` when
-/// sharing is off or every shared connection has `name` (a local holder): the caller waits on a
-/// connection of its own.
+/// every shared connection has `name` (a local holder) and the bound leaves no room for
+/// another: the caller waits.
 pub(crate) async fn try_lock(client: &Client, name: &str) -> Result<Option<Tried>> {
     for _ in 0..2 {
         match try_once(client, name).await? {
@@ -200,11 +329,7 @@ pub(crate) async fn try_lock(client: &Client, name: &str) -> Result<Option<Tried
 
 /// One try of [`try_lock`].
 async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
-    let max = client.url().shared;
-    if max == 0 {
-        return Ok(None);
-    }
-    let Some(shared) = client.pool().reserve(client, name, max).await? else { return Ok(None) };
+    let Some(shared) = client.pool().reserve(client, name).await? else { return Ok(None) };
     let (client, name) = (client.clone(), name.to_string());
     let attempt = async move {
         let label = shared.label();
@@ -301,7 +426,7 @@ fn ends_session(e: &sqlx::Error) -> bool {
 
 /// The shared connection ends: every lock on it is told lost first, then the connection is
 /// dropped (its socket shut), so the server frees whatever it still holds there.
-async fn end(shared: &Shared) {
+pub(crate) async fn end(shared: &Shared) {
     shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &shared.label());
     drop(shared.conn.lock().await.take());
 }

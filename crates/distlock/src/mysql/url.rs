@@ -7,9 +7,6 @@ use std::time::Duration;
 /// connection (and so frees its locks).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// How many server connections the locks held without waiting share, by default.
-pub const DEFAULT_SHARED_CONNECTIONS: usize = 4;
-
 /// A parsed `mysql://[user[:password]@]host[:port]/database[?lease=30s&connect_timeout=10s]`
 /// (`mariadb://` too).
 ///
@@ -21,11 +18,11 @@ pub const DEFAULT_SHARED_CONNECTIONS: usize = 4;
 ///   `distlock_fencing_seq`, read in the acquire statement; a server without sequences, such as
 ///   MySQL, falls back to `row`) or `row` (a counter row per lock name in `distlock_fencing`,
 ///   written by the acquire statement, about half the sequence's speed);
-/// - `shared_connections`: how many server connections the locks held without waiting share
-///   (default 4; `0`: a connection of its own for every held lock). `GET_LOCK` locks belong to
-///   the connection, so many locks live on one: an acquire first tries on a shared connection
-///   (without waiting), and only a lock that must wait waits on a connection of its own, which
-///   then holds it (see [the module docs](crate::mysql#connections));
+/// - `connections`: how many server connections the client's locks use at most, waits included
+///   (default 4, 1 to 1000). `GET_LOCK` locks belong to the connection, so many locks live on
+///   one: an acquire tries on a shared connection without waiting; a lock that must wait waits
+///   on the server on a connection that holds nothing (at most `connections - 1` at once), or
+///   polls when none is free (see [the module docs](crate::mysql#connections));
 /// - `ssl-mode` (MySQL's names, any case): `DISABLED` (plaintext; the default without TLS
 ///   files), `PREFERRED` (TLS if the server offers it, the certificate unchecked), `REQUIRED` (TLS,
 ///   the certificate unchecked), `VERIFY_IDENTITY` (TLS, the chain and the host's name checked;
@@ -62,8 +59,8 @@ pub struct MysqlUrl {
     pub(crate) connect_timeout: Duration,
     /// See the query keys above.
     pub(crate) fencing: Fencing,
-    /// See the query keys above (`shared_connections`).
-    pub(crate) shared: usize,
+    /// See the query keys above (`connections`).
+    pub(crate) connections: usize,
     /// The TLS files (CA, client certificate and key).
     pub(crate) tls_files: crate::tls::TlsFiles,
     /// The `ssl-mode` in force.
@@ -182,10 +179,10 @@ impl MysqlUrl {
         self.fencing
     }
 
-    /// How many connections held locks share (`shared_connections=`, default 4; 0: none, a
-    /// connection per held lock).
-    pub fn shared_connections(&self) -> usize {
-        self.shared
+    /// How many server connections the client's locks use at most, waits included
+    /// (`connections=`, default 4; see the [module docs](super#connections)).
+    pub fn connections(&self) -> usize {
+        self.connections
     }
 
     /// The `ssl-mode` in force: the URL's, else [`VerifyIdentity`](SslMode::VerifyIdentity)
@@ -249,10 +246,11 @@ impl MysqlUrl {
             .ok_or_else(|| bad("a MariaDB URL starts with mysql:// or mariadb://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (common, own) = QUERY.parse(query).map_err(&bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         let (lease, connect_timeout) =
             (common.lease.unwrap_or(DEFAULT_LEASE), common.connect_timeout.unwrap_or(Duration::from_secs(10)));
-        let (fencing, ssl_mode, shared) = own_keys(&own).map_err(&bad)?;
+        let (fencing, ssl_mode) = own_keys(&own).map_err(&bad)?;
+        let connections = common.connections.unwrap_or(crate::options::DEFAULT_CONNECTIONS);
         if !(Duration::from_secs(3)..=Duration::from_secs(86_400)).contains(&lease) || lease.subsec_nanos() != 0 {
             return Err(bad(format!(
                 "lease={} must be whole seconds from 3s to 1 day (it is the session's wait_timeout)",
@@ -307,7 +305,7 @@ impl MysqlUrl {
             lease,
             connect_timeout,
             fencing,
-            shared,
+            connections,
             tls_files,
             ssl_mode: SslMode::of(ssl_mode),
             tls,
@@ -324,33 +322,27 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
     lease_name: "lease",
     keys: &[
         crate::options::Key::new("fencing", "sequence|row"),
-        crate::options::Key::new("shared_connections", "N"),
         crate::options::Key { name: "ssl-mode", aliases: &["ssl_mode"], hint: "" },
     ],
     tls: crate::options::TlsKeys::Files(&[("ssl-ca", "cacert"), ("ssl-cert", "cert"), ("ssl-key", "key")]),
+    connections: crate::options::ConnectionKeys::Shared,
     pairs_need_values: false,
 };
 
-/// The values of the URL's own keys (see [`QUERY`]): `fencing`, `ssl-mode` and
-/// `shared_connections`.
+/// The values of the URL's own keys (see [`QUERY`]): `fencing` and `ssl-mode`.
 fn own_keys(
     own: &[crate::options::Pair<'_>],
-) -> std::result::Result<(Fencing, Option<sqlx::mysql::MySqlSslMode>, usize), String> {
-    let (mut fencing, mut ssl_mode, mut shared) = (Fencing::Sequence, None, DEFAULT_SHARED_CONNECTIONS);
+) -> std::result::Result<(Fencing, Option<sqlx::mysql::MySqlSslMode>), String> {
+    let (mut fencing, mut ssl_mode) = (Fencing::Sequence, None);
     for pair in own {
         match (pair.name, pair.value) {
             ("ssl-mode", v) => ssl_mode = Some(ssl_mode_of(v)?),
-            ("shared_connections", v) => {
-                shared = v.parse().ok().filter(|n| *n <= 64).ok_or_else(|| {
-                    format!("shared_connections={v:?}: give a number from 0 (a connection per lock) to 64")
-                })?
-            }
             (_, "sequence") => fencing = Fencing::Sequence,
             (_, "row") => fencing = Fencing::Row,
             (_, v) => return Err(format!("fencing={v:?}: give sequence or row")),
         }
     }
-    Ok((fencing, ssl_mode, shared))
+    Ok((fencing, ssl_mode))
 }
 
 /// The `ssl-mode` value `v` (MySQL's names, any case, `-` or `_`).

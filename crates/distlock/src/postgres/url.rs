@@ -12,10 +12,6 @@ const MIN_LEASE: Duration = Duration::from_secs(3);
 const MAX_LEASE: Duration = Duration::from_secs(86_400);
 /// Default bound on establishing a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default number of server connections a client's locks share at most (`connections=`).
-pub const DEFAULT_CONNECTIONS: usize = 4;
-/// The most a URL may ask for.
-const MAX_CONNECTIONS: usize = 1000;
 
 /// An advisory-lock key: one `bigint`, or a pair of `integer`s (a separate key space on the
 /// server: `pg_advisory_lock(bigint)` and `pg_advisory_lock(integer, integer)` never collide).
@@ -480,12 +476,11 @@ impl PgUrl {
             .ok_or_else(|| bad("a PostgreSQL URL starts with postgres:// or postgresql://".into()))?;
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (common, own) = QUERY.parse(query).map_err(bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         let lease = common.lease.unwrap_or(DEFAULT_LEASE);
         let connect_timeout = common.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         let (tls_files, setup) = (common.tls_files, common.setup.unwrap_or(true));
-        let OwnKeys { keys, application_name, rescan, ssl_mode, scope, connections } =
-            OwnKeys::parse(&own).map_err(bad)?;
+        let OwnKeys { keys, application_name, rescan, ssl_mode, scope } = OwnKeys::parse(&own).map_err(bad)?;
         if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
             return Err(bad(format!("lease={} must be from 3s to 1 day", humantime::format_duration(lease))));
         }
@@ -544,7 +539,7 @@ impl PgUrl {
             tls_files,
             scope,
             setup,
-            connections,
+            connections: common.connections.unwrap_or(crate::options::DEFAULT_CONNECTIONS),
             password_abroad,
             shown: crate::redact_url(url),
         })
@@ -644,10 +639,10 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
         crate::options::Key::new("application_name", ""),
         crate::options::Key::new("rescan", ""),
         crate::options::Key::new("lock_scope", "session|transaction"),
-        crate::options::Key::new("connections", "1-1000"),
         crate::options::Key::new("sslmode", "disable|prefer|require|verify-ca|verify-full"),
     ],
     tls: crate::options::TlsKeys::Files(&[("sslrootcert", "cacert"), ("sslcert", "cert"), ("sslkey", "key")]),
+    connections: crate::options::ConnectionKeys::Shared,
     pairs_need_values: false,
 };
 
@@ -658,7 +653,6 @@ struct OwnKeys {
     rescan: Duration,
     ssl_mode: Option<SslMode>,
     scope: LockScope,
-    connections: usize,
 }
 
 impl OwnKeys {
@@ -666,7 +660,6 @@ impl OwnKeys {
     fn parse(own: &[crate::options::Pair<'_>]) -> std::result::Result<OwnKeys, String> {
         let (mut keys, mut application_name) = (KeyScheme::DistributedLock, "distlock".to_string());
         let (mut rescan, mut ssl_mode, mut scope) = (Duration::from_millis(500), None, LockScope::Session);
-        let mut connections = DEFAULT_CONNECTIONS;
         for pair in own {
             let v = pair.value;
             match pair.name {
@@ -690,21 +683,10 @@ impl OwnKeys {
                         }
                     }
                 }
-                "connections" => {
-                    connections = match v.parse::<usize>() {
-                        Ok(n) if (1..=MAX_CONNECTIONS).contains(&n) => n,
-                        _ => {
-                            return Err(format!(
-                                "connections={v}: how many server connections the locks share, 1 to {MAX_CONNECTIONS} \
-                                 (default {DEFAULT_CONNECTIONS})"
-                            ))
-                        }
-                    }
-                }
                 _ => rescan = pair.duration()?,
             }
         }
-        Ok(OwnKeys { keys, application_name, rescan, ssl_mode, scope, connections })
+        Ok(OwnKeys { keys, application_name, rescan, ssl_mode, scope })
     }
 }
 

@@ -350,7 +350,7 @@ impl RedisUrl {
         };
         // setup is taken and means nothing here: connecting makes nothing on Redis.
         let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(format!("{k} is a TLS file: write rediss:// to connect with TLS")));
         }
@@ -524,6 +524,9 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
         crate::options::Key::new("sentinel_password", ""),
     ],
     tls: crate::options::TlsKeys::Files(&[]),
+    connections: crate::options::ConnectionKeys::Refused(
+        "a Redis client's locks share one multiplexed connection per server (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
+    ),
     pairs_need_values: true,
 };
 

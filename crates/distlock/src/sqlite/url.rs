@@ -110,7 +110,7 @@ impl SqliteUrl {
             ));
         }
         let (common, own) = QUERY.parse(query).map_err(&bad)?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(&bad)?;
         let mut out = SqliteUrl {
             path: PathBuf::from(path),
             lease: common.lease.unwrap_or(DEFAULT_LEASE),
@@ -152,6 +152,9 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
     lease_name: "lease",
     keys: &[crate::options::Key::new("table", ""), crate::options::Key::new("busy_timeout", "")],
     tls: crate::options::TlsKeys::Refused("a SQLite database is a local file, reached without TLS"),
+    connections: crate::options::ConnectionKeys::Refused(
+        "a SQLite database is a local file, reached without server connections (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
+    ),
     pairs_need_values: false,
 };
 

@@ -269,7 +269,7 @@ impl ZkUrl {
         // setup is taken and means nothing here: connecting makes nothing on ZooKeeper (a
         // lock's parents are made with the lock).
         let (common, own) = QUERY.parse(query.unwrap_or("")).map_err(|e| bad(&e))?;
-        let common = common.overridden(over);
+        let common = QUERY.merge(common, over).map_err(|r| bad(&r))?;
         if let (false, Some(k)) = (tls, common.tls_files.first_given()) {
             return Err(bad(&format!("{k} is a TLS file: write zks:// to connect to the secure client port")));
         }
@@ -397,6 +397,9 @@ const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
         crate::options::Key::new("acl", "open|creator"),
     ],
     tls: crate::options::TlsKeys::Files(&[]),
+    connections: crate::options::ConnectionKeys::Refused(
+        "a ZooKeeper client's locks share its one session (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
+    ),
     pairs_need_values: true,
 };
 
