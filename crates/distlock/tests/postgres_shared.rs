@@ -622,16 +622,17 @@ async fn a_lost_connection_is_closed_at_once() {
 }
 
 /// A try granted on a connection that has a lease already gets a lease confirmed by its own
-/// answer: here the connection's health checks are late (the runtime stalled for 60% of the
-/// lease), and the new guard's deadline is still a lease (less the margin) from its try, not
-/// the connection's old one.
+/// answer: here the connection's lease is 400 ms old (its first health check is due at a sixth
+/// of the lease, 500 ms), and the new guard's deadline is still a lease (less the margin) from
+/// its try, not the connection's, 400 ms nearer.
 #[tokio::test]
 async fn a_grant_on_a_leased_connection_gets_a_fresh_lease() {
     let app = app("fresh");
     let pg = client_as(&app, "&lease=3s&connections=1").await;
     let first = pg.mutex(&unique("first")).unwrap().lock().await.unwrap();
     let old = first.lease_deadline();
-    std::thread::sleep(Duration::from_millis(1800));
+    // The connection's lease ages (no condition to wait for: the age is the point).
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let before = std::time::Instant::now();
     let second = pg.mutex(&unique("second")).unwrap().try_lock().await.unwrap().expect("free");
     let left = second.lease_deadline().saturating_duration_since(before);
