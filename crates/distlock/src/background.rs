@@ -18,12 +18,25 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    Detach { fut: Some(Box::pin(fut)) }
+    Detach { fut: Some(Box::pin(fut)), runtime: None }
+}
+
+/// [`detach`], finished on `runtime` if dropped outside any runtime (on a thread of its own):
+/// for a future whose work must reach the server whoever drops it (a statement on a connection
+/// other locks share).
+pub(crate) fn detach_on<F>(runtime: tokio::runtime::Handle, fut: F) -> Detach<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    Detach { fut: Some(Box::pin(fut)), runtime: Some(runtime) }
 }
 
 /// See [`detach`].
 pub(crate) struct Detach<T: Send + 'static> {
     fut: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    /// Where to finish it if dropped outside any runtime ([`detach_on`]).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<T: Send + 'static> Future for Detach<T> {
@@ -41,7 +54,8 @@ impl<T: Send + 'static> Future for Detach<T> {
 
 impl<T: Send + 'static> Drop for Detach<T> {
     fn drop(&mut self) {
-        if let (Some(fut), Ok(runtime)) = (self.fut.take(), tokio::runtime::Handle::try_current()) {
+        let Some(fut) = self.fut.take() else { return };
+        if let Some(runtime) = tokio::runtime::Handle::try_current().ok().or_else(|| self.runtime.take()) {
             runtime.spawn(fut);
         }
     }

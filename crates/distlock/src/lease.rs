@@ -260,7 +260,14 @@ impl Lease {
             followers: StdMutex::default(),
             backend: self.backend,
         });
-        followers.retain(|f| f.strong_count() > 0);
+        // Those gone are dropped only when the list is full, and room is kept for as many again
+        // as are left: a look at each (there may be thousands, a shared connection's holds) is
+        // paid once per as many followers made, not at every one.
+        if followers.len() == followers.capacity() {
+            followers.retain(|f| f.strong_count() > 0);
+            let live = followers.len();
+            followers.reserve(live.max(4));
+        }
         followers.push(std::sync::Arc::downgrade(&lease));
         Some(lease)
     }

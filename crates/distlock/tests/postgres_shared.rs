@@ -474,3 +474,174 @@ async fn permits_share_connections_and_the_kind_rule_holds_in_one_client() {
     assert_eq!(advisory_of(&raw, &app).await, (0, 0), "permits and markers let go");
     pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("the name is free for a mutex").release().await.unwrap();
 }
+
+/// The kind markers held (shared) by sessions named `app`: their second integers (the first is
+/// the markers' class), as `pg_advisory_lock` takes them.
+async fn markers_of(raw: &tokio_postgres::Client, app: &str) -> Vec<i32> {
+    raw.query(
+        "SELECT l.objid::bigint FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock' AND l.objsubid = 2 \
+         AND l.classid::bigint = $1 AND a.application_name = $2",
+        &[&(MARKER_CLASS as i64), &app],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<_, i64>(0) as u32 as i32)
+    .collect()
+}
+
+/// The first integer of the kind markers' advisory keys ("dlkn").
+const MARKER_CLASS: i32 = 0x646c_6b6e;
+
+/// A guard dropped on a thread outside any runtime is released on the client's runtime: its
+/// connection stays open for the client's other locks, so a release skipped there would leave
+/// the lock held on the server for as long as the connection lives.
+#[tokio::test]
+async fn a_guard_dropped_outside_the_runtime_releases_its_lock() {
+    let (raw, app) = (raw().await, app("offrt"));
+    let pg = client_as(&app, "&lease=10s&connections=1").await;
+    let (name, kept) = (unique("off-runtime"), unique("kept"));
+    let other = pg.mutex(&kept).unwrap().lock().await.unwrap();
+    let g = pg.mutex(&name).unwrap().lock().await.unwrap();
+    let key = pg.key(&name).unwrap();
+    assert_eq!(holders(&raw, key).await.len(), 1);
+    std::thread::spawn(move || drop(g)).join().unwrap();
+    eventually(Duration::from_secs(5), "the lock dropped off the runtime to be released", || async {
+        holders(&raw, key).await.is_empty()
+    })
+    .await;
+    assert_eq!(advisory_of(&raw, &app).await, (2, 0), "the other lock (and its marker) alone");
+    assert_eq!(other.state(), LockState::Held);
+    other.release().await.unwrap();
+    assert_eq!(advisory_of(&raw, &app).await, (0, 0));
+}
+
+/// Acquires dropped on a thread outside any runtime while their statements run leave nothing: a
+/// try on the connection of the client's other lock (finished on the client's runtime: a grant
+/// is let go), and a wait queued on the server (cancelled there from the client's runtime, so
+/// it is never granted to nobody once the holder lets go).
+#[tokio::test]
+async fn acquires_dropped_outside_the_runtime_leave_nothing() {
+    let (raw, app) = (raw().await, app("offrt-acq"));
+    let pg = client_as(&app, "&lease=10s&connections=2").await;
+    let other = Client::connect(&pg_url()).await.unwrap();
+    let kept = pg.mutex(&unique("kept")).unwrap().lock().await.unwrap();
+    // A try, its statement sent, dropped off the runtime.
+    let free = unique("free");
+    let fkey = pg.key(&free).unwrap();
+    let lock = pg.mutex(&free).unwrap();
+    let mut attempt = Box::pin(async move { lock.try_lock().await });
+    assert!(futures::poll!(attempt.as_mut()).is_pending(), "the try's statement is in flight");
+    std::thread::spawn(move || drop(attempt)).join().unwrap();
+    eventually(Duration::from_secs(5), "the dropped try to leave nothing", || async {
+        holders(&raw, fkey).await.is_empty() && advisory_of(&raw, &app).await == (2, 0)
+    })
+    .await;
+    pg.mutex(&free).unwrap().try_lock().await.unwrap().expect("free for the client again").release().await.unwrap();
+    // A wait queued on the server, dropped off the runtime.
+    let busy = unique("busy");
+    let bkey = pg.key(&busy).unwrap();
+    let held = other.mutex(&busy).unwrap().lock().await.unwrap();
+    let lock = pg.mutex(&busy).unwrap();
+    let mut wait = Box::pin(async move { lock.lock().await });
+    async fn queued_on(raw: &tokio_postgres::Client, key: distlock::postgres::AdvisoryKey) -> bool {
+        holders(raw, key).await.iter().any(|(_, granted)| !granted)
+    }
+    let queued = |raw| queued_on(raw, bkey);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !queued(&raw).await {
+        assert!(futures::poll!(wait.as_mut()).is_pending());
+        assert!(tokio::time::Instant::now() < deadline, "the wait did not queue on the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::thread::spawn(move || drop(wait)).join().unwrap();
+    eventually(Duration::from_secs(5), "the dropped wait to leave the server's queue", || async {
+        !queued(&raw).await
+    })
+    .await;
+    held.release().await.unwrap();
+    assert!(holders(&raw, bkey).await.is_empty(), "granted to the dropped wait");
+    pg.mutex(&busy).unwrap().try_lock().await.unwrap().expect("free").release().await.unwrap();
+    assert_eq!(kept.state(), LockState::Held);
+    kept.release().await.unwrap();
+    assert_eq!(advisory_of(&raw, &app).await, (0, 0));
+}
+
+/// A statement on a lock connection that waits on the server (here a try whose name's kind
+/// marker another session holds exclusively, as a job's `CREATE TABLE` or an election's
+/// announcement can wait on another's lock) gives up within a sixth of the lease, with an error,
+/// rather than holding up the connection's health check until every lock on it is lost.
+#[tokio::test]
+async fn a_statement_waiting_on_the_server_costs_no_lock_on_its_connection() {
+    let (raw, app) = (raw().await, app("stuck"));
+    let pg = client_as(&app, "&lease=3s&connections=1").await;
+    let name = unique("stuck");
+    // The name's kind marker, as the server shows it while the lock is held.
+    let g = pg.mutex(&name).unwrap().lock().await.unwrap();
+    let marker = markers_of(&raw, &app).await;
+    assert_eq!(marker.len(), 1, "{marker:?}");
+    g.release().await.unwrap();
+    let kept = pg.mutex(&unique("kept")).unwrap().lock().await.unwrap();
+    raw.execute("SELECT pg_advisory_lock($1, $2)", &[&MARKER_CLASS, &marker[0]]).await.unwrap();
+    let started = std::time::Instant::now();
+    let tried = tokio::time::timeout(Duration::from_secs(2), pg.mutex(&name).unwrap().try_lock())
+        .await
+        .expect("the try gave up within a sixth of the lease");
+    assert!(matches!(tried, Err(Error::Backend { .. })), "{:?}", tried.map(|g| g.is_some()));
+    println!("the stuck try gave up after {:?}", started.elapsed());
+    // The lock beside it outlives a lease: its health checks were answered.
+    assert!(tokio::time::timeout(Duration::from_secs(4), kept.lost()).await.is_err(), "the lock beside it was lost");
+    assert_eq!(kept.state(), LockState::Held);
+    raw.execute("SELECT pg_advisory_unlock($1, $2)", &[&MARKER_CLASS, &marker[0]]).await.unwrap();
+    pg.mutex(&name).unwrap().try_lock().await.unwrap().expect("free").release().await.unwrap();
+    kept.release().await.unwrap();
+    assert_eq!(advisory_of(&raw, &app).await, (0, 0), "nothing left by the failed try");
+}
+
+/// A connection whose lease is lost while it stays open (here the client's runtime stalled past
+/// the deadline, so no health check was sent in time) is closed as soon as its locks are told
+/// `lost()`: the server frees them then, not at the client's next acquire.
+#[tokio::test]
+async fn a_lost_connection_is_closed_at_once() {
+    let (raw, app) = (raw().await, app("stall"));
+    let pg = client_as(&app, "&lease=3s&connections=1").await;
+    let g = pg.mutex(&unique("stall")).unwrap().lock().await.unwrap();
+    let key = g.key();
+    // The fault itself: the whole (current-thread) runtime stalls past the lease deadline.
+    std::thread::sleep(Duration::from_secs(4));
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost()).await.expect("told at once");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    eventually(Duration::from_secs(3), "the server to free the lock of the lost connection", || async {
+        holders(&raw, key).await.is_empty()
+    })
+    .await;
+    assert_eq!(connections(&raw, &app).await, 0, "the lost connection closed");
+    assert!(matches!(g.release().await, Err(Error::LockLost { .. })));
+    pg.mutex(&unique("after")).unwrap().try_lock().await.unwrap().expect("a new connection").release().await.unwrap();
+}
+
+/// A try granted on a connection that has a lease already gets a lease confirmed by its own
+/// answer: here the connection's lease is 400 ms old (its first health check is due at a sixth
+/// of the lease, 500 ms), and the new guard's deadline is still a lease (less the margin) from
+/// its try, not the connection's, 400 ms nearer.
+#[tokio::test]
+async fn a_grant_on_a_leased_connection_gets_a_fresh_lease() {
+    let app = app("fresh");
+    let pg = client_as(&app, "&lease=3s&connections=1").await;
+    let first = pg.mutex(&unique("first")).unwrap().lock().await.unwrap();
+    let old = first.lease_deadline();
+    // The connection's lease ages (no condition to wait for: the age is the point).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let before = std::time::Instant::now();
+    let second = pg.mutex(&unique("second")).unwrap().try_lock().await.unwrap().expect("free");
+    let left = second.lease_deadline().saturating_duration_since(before);
+    assert!(
+        left > Duration::from_millis(2800),
+        "born {left:?} from its deadline (the connection's was {:?} away)",
+        old.saturating_duration_since(before)
+    );
+    assert_eq!(second.state(), LockState::Held);
+    second.release().await.unwrap();
+    first.release().await.unwrap();
+}

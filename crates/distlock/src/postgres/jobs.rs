@@ -39,8 +39,10 @@ impl crate::sql::Dialect for Dialect {
         Ok(())
     }
     // The client's connections commit asynchronously; a start must be durable before it is run
-    // (a crash must not forget it and give the slot again).
-    const BEGIN: &'static str = "BEGIN; SET LOCAL synchronous_commit = on";
+    // (a crash must not forget it and give the slot again). The transaction has its connection
+    // to itself (no lock on it), so its statements may wait on others' rows as long as they hold
+    // them: the lock connections' bound on waits (`lock_timeout`) is lifted for it.
+    const BEGIN: &'static str = "BEGIN; SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = 0";
     const LOCK_TEXT: &'static str = "s.lock_until::text || '|' || s.locked_at::text || '|' || s.locked_by";
     fn now() -> Now {
         Now::Sql("floor(extract(epoch FROM clock_timestamp() AT TIME ZONE 'UTC') * 1000)::bigint")
@@ -85,10 +87,20 @@ impl Executor for Client {
         })
     }
 
+    /// On a connection that holds no lock (taken for it alone, or one of its own): a `CREATE`
+    /// may wait on the server (for another's `CREATE` of the table to commit, or a migration's
+    /// lock on it) for as long as that takes, which on a shared connection would hold up the
+    /// health check of every lock on it. It runs once per table and client, so an empty
+    /// connection costs nothing that matters; the wait is not bounded (`lock_timeout` lifted
+    /// for its implicit transaction).
     fn create<'a>(&'a self, table: &'a str, create: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let conn = self.statement_conn().await?;
-            match conn.client.batch_execute(create).await {
+            let tx = self.transaction_conn().await?;
+            let sql = format!("SELECT set_config('lock_timeout', '0', true); {create}");
+            let created = tx.conn.client.batch_execute(&sql).await;
+            // Answered (even with an error): the implicit transaction ended, the connection is idle.
+            tx.finished();
+            match created {
                 Ok(()) => {}
                 Err(e) if super::made_by_another(&e) => {}
                 Err(e) => return Err(backend("create", table, e)),

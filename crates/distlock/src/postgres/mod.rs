@@ -110,6 +110,10 @@ struct Inner {
     waiters: StdMutex<HashMap<String, Weak<Notify>>>,
     /// Renews every held lock's lease with a health check of its connection.
     watchdog: Arc<crate::watchdog::Watchdog>,
+    /// The runtime the client was made on: a guard (or an acquire in flight) dropped outside any
+    /// runtime is let go on it, since a lock on a shared connection would otherwise stay held
+    /// for as long as the connection lives.
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for Client {
@@ -288,6 +292,7 @@ impl Client {
                 idle: StdMutex::new(Vec::new()),
                 listener: tokio::sync::Mutex::new(None),
                 waiters: StdMutex::new(HashMap::new()),
+                runtime: tokio::runtime::Handle::current(),
             }),
         };
         if client.inner.url.scope == LockScope::Transaction {
@@ -314,6 +319,12 @@ impl Client {
     /// The TLS connector of this client's connections (for cancel requests too).
     pub(crate) fn tls(&self) -> tokio_postgres_rustls::MakeRustlsConnect {
         self.inner.tls.clone()
+    }
+
+    /// The runtime to finish a release (or a dropped acquire) on: the current one, else the
+    /// client's own (a guard dropped on a thread outside any runtime).
+    pub(crate) fn runtime(&self) -> tokio::runtime::Handle {
+        tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.inner.runtime.clone())
     }
 
     /// The renewals of this client's held locks.

@@ -359,7 +359,7 @@ impl Mutex {
             let xact = target.xact.as_ref().expect("a transaction-scoped lock");
             acquire_in_transaction(client, conn, target.clone(), xact, wait).await
         };
-        Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel) }.await
+        Cancelling { fut: Some(Box::pin(attempt)), cancel: Some(cancel), runtime: self.client.runtime() }.await
     }
 }
 
@@ -423,12 +423,14 @@ async fn acquire_shared(client: Client, target: Arc<Target>, wait: Wait) -> Resu
             Route::On(r) if r.exclusive => {
                 let cancel = (r.conn.client.cancel_token(), r.conn.cancelled.clone(), client.tls());
                 let step = wait_on(client.clone(), target.clone(), r, wait);
-                return Cancelling { fut: Some(Box::pin(step)), cancel: Some(cancel) }.await;
+                let runtime = client.runtime();
+                return Cancelling { fut: Some(Box::pin(step)), cancel: Some(cancel), runtime }.await;
             }
             Route::On(r) => {
                 // Never cancelled (the connection's other statements could be hit): finished in
                 // the background if dropped.
-                if let Some(g) = crate::background::detach(try_on(client.clone(), target.clone(), r)).await? {
+                let attempt = try_on(client.clone(), target.clone(), r);
+                if let Some(g) = crate::background::detach_on(client.runtime(), attempt).await? {
                     if first {
                         target.contended.store(false, Ordering::Relaxed);
                     }
@@ -442,7 +444,7 @@ async fn acquire_shared(client: Client, target: Arc<Target>, wait: Wait) -> Resu
                 how = How::Wait;
             }
             Route::Open => {
-                crate::background::detach({
+                crate::background::detach_on(client.runtime(), {
                     let client = client.clone();
                     async move { client.open_into_pool().await }
                 })
@@ -723,6 +725,10 @@ async fn granted(
 struct Cancelling<T: Send + 'static> {
     fut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
     cancel: Option<(tokio_postgres::CancelToken, Arc<AtomicBool>, tokio_postgres_rustls::MakeRustlsConnect)>,
+    /// Where the cancel and the attempt's end run: the current runtime, else the client's (an
+    /// acquire dropped on a thread outside any runtime would otherwise leave its wait queued on
+    /// the server, and a grant nobody releases).
+    runtime: tokio::runtime::Handle,
 }
 
 impl<T: Send + 'static> std::future::Future for Cancelling<T> {
@@ -740,20 +746,19 @@ impl<T: Send + 'static> Drop for Cancelling<T> {
     fn drop(&mut self) {
         let (Some(fut), Some((cancel, cancelled, tls))) = (self.fut.take(), self.cancel.take()) else { return };
         cancelled.store(true, Ordering::SeqCst);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let mut attempt = tokio::spawn(fut);
-                for _ in 0..50 {
-                    let _ = cancel.cancel_query(tls.clone()).await;
-                    if tokio::time::timeout(Duration::from_millis(200), &mut attempt).await.is_ok() {
-                        return;
-                    }
+        let runtime = tokio::runtime::Handle::try_current().unwrap_or_else(|_| self.runtime.clone());
+        runtime.spawn(async move {
+            let mut attempt = tokio::spawn(fut);
+            for _ in 0..50 {
+                let _ = cancel.cancel_query(tls.clone()).await;
+                if tokio::time::timeout(Duration::from_millis(200), &mut attempt).await.is_ok() {
+                    return;
                 }
-                // Still not done after 10 s: drop it, which closes its connection (the server
-                // notices within client_connection_check_interval and frees what it holds).
-                attempt.abort();
-            });
-        }
+            }
+            // Still not done after 10 s: drop it, which closes its connection (the server
+            // notices within client_connection_check_interval and frees what it holds).
+            attempt.abort();
+        });
     }
 }
 
@@ -925,7 +930,8 @@ impl MutexGuard {
             let_go_of_lost(client, conn, target);
             return Err(Error::LockLost { lock: name, reason });
         }
-        match crate::background::detach(unlock(client, conn, target)).await {
+        let runtime = client.runtime();
+        match crate::background::detach_on(runtime, unlock(client, conn, target)).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::LockLost { lock: name, reason: LostReason::ConnectionClosed }),
             Err(e) => Err(e),
@@ -945,11 +951,9 @@ fn let_go_of_lost(client: Client, conn: Arc<Conn>, target: Arc<Target>) {
         client.pool().retire(&conn);
         return;
     }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            let _ = unlock(client, conn, target).await;
-        });
-    }
+    client.runtime().spawn(async move {
+        let _ = unlock(client, conn, target).await;
+    });
 }
 
 impl Drop for MutexGuard {
@@ -963,14 +967,14 @@ impl Drop for MutexGuard {
         if lost {
             return let_go_of_lost(client, conn, target);
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let name = target.name.clone();
-                if let Err(e) = unlock(client, conn, target).await {
-                    tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
-                }
-            });
-        }
+        // On the client's runtime if dropped outside any: the lock would otherwise stay held on
+        // a connection other locks keep open.
+        client.runtime().spawn(async move {
+            let name = target.name.clone();
+            if let Err(e) = unlock(client, conn, target).await {
+                tracing::warn!(lock = name, error = %e, "release on drop failed; closing the connection frees it");
+            }
+        });
     }
 }
 
@@ -985,11 +989,13 @@ async fn unlock(client: Client, conn: Arc<Conn>, target: Arc<Target>) -> Result<
     let Some(with_mark) = pool.release_begin(&conn, &target.want) else { return Ok(false) };
     let sql = if with_mark { &target.sql.unlock_marked } else { &target.sql.unlock_plain };
     let params = target.unlock_params(with_mark);
-    let mut answer = conn.query(sql, &params).await.map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
+    let held = |rows: Vec<tokio_postgres::Row>| rows.first().is_some_and(|r| r.get::<_, bool>(0));
+    let mut answer = conn.query(sql, &params).await.map(held);
     if answer.is_err() && !conn.is_closed() {
         // Once more: no other hold on this connection has the key (or, if this lets it go, the
-        // marker), so a second unlock after one that did run only says `false`.
-        answer = conn.query(sql, &params).await.map(|_| true);
+        // marker), so a second unlock is safe. Its answer is the release's: `false` (the first
+        // did run, or the lock was not held) cannot be told from a lock lost, and is reported so.
+        answer = conn.query(sql, &params).await.map(held);
     }
     match answer {
         Ok(held) => {

@@ -380,8 +380,29 @@ impl Pool {
 
     /// The acquire reserved in `r` was granted by a statement sent at `sent`: the lease its guard
     /// follows (the connection's), or `None` if the connection went meanwhile (or its acquire
-    /// was cancelled: then it is closed, which frees what it got).
+    /// was cancelled: then it is closed, which frees what it got), or its lease is lost.
+    ///
+    /// The grant's answer proves the session alive at `sent`, so the guard's lease runs from
+    /// `sent`, whatever the connection's last health check: a guard is never born near its
+    /// deadline. The connection's lease is confirmed by it too when it is older than a renewal
+    /// period (so that confirming every hold on it costs a look at each at most that often).
     pub(crate) fn granted(self: &Arc<Self>, r: &Reserved, want: &Want, sent: Instant) -> Option<Arc<Lease>> {
+        let name = format!("lock connection {}", r.conn.id);
+        let lease = self.granted_in(r, want, sent, &name)?;
+        if lease.state(&name).is_lost() {
+            return None;
+        }
+        let fresh = sent + self.bound - crate::lease::drift(self.bound);
+        if lease.deadline() + self.bound / 6 < fresh {
+            lease.confirmed(sent, &name);
+        }
+        let follower = lease.follower()?;
+        follower.confirmed(sent, &name);
+        Some(follower)
+    }
+
+    /// The record of a grant: the connection's lease (made now if it has none), or `None`.
+    fn granted_in(self: &Arc<Self>, r: &Reserved, want: &Want, sent: Instant, name: &str) -> Option<Arc<Lease>> {
         let mut retired = Retired::default();
         let lease = {
             let mut s = self.lock();
@@ -401,12 +422,12 @@ impl Pool {
                     slot.holds += 1;
                     if slot.holding.is_none() {
                         let lease = Arc::new(Lease::new(sent, self.bound, "postgres"));
-                        let name = format!("lock connection {}", r.conn.id);
-                        r.conn.set_holder(&lease, &name);
-                        let renewals = self.watchdog.watch(lease.clone(), name, self.check(&r.conn));
+                        r.conn.set_holder(&lease, name);
+                        let renewals = self.watchdog.watch(lease.clone(), name.to_string(), self.check(&r.conn));
+                        self.retire_when_lost(&r.conn, &lease, name);
                         slot.holding = Some(Holding { lease, _renewals: renewals });
                     }
-                    slot.holding.as_ref().and_then(|h| h.lease.follower())
+                    slot.holding.as_ref().map(|h| h.lease.clone())
                 }
             }
         };
@@ -435,6 +456,32 @@ impl Pool {
                 }
             })
         })
+    }
+
+    /// Watches `lease`, the holds' lease of `conn`: once it is lost (a health check refused or
+    /// unanswered, or its deadline passed with none confirmed, however late the renewals run),
+    /// every hold on it has been told, and the connection is retired at once, so that the server
+    /// frees its locks now rather than at the next acquire's look.
+    fn retire_when_lost(self: &Arc<Self>, conn: &Arc<Conn>, lease: &Arc<Lease>, name: &str) {
+        let (pool, conn, lease, name) = (Arc::downgrade(self), Arc::downgrade(conn), lease.clone(), name.to_string());
+        tokio::spawn(async move {
+            let reason = Lease::lost(lease.clone(), name, std::future::pending()).await;
+            let (Some(pool), Some(conn)) = (pool.upgrade(), conn.upgrade()) else { return };
+            let mut retired = Retired::default();
+            {
+                let mut s = pool.lock();
+                // Still its lease (not ended by a wait taking the connection, nor retired).
+                let at = s.slots.iter().position(|slot| {
+                    Arc::ptr_eq(&slot.conn, &conn)
+                        && slot.holding.as_ref().is_some_and(|h| Arc::ptr_eq(&h.lease, &lease))
+                });
+                if let Some(i) = at {
+                    tracing::debug!(connection = conn.id, %reason, "lock connection lost; closing it");
+                    retired.add(s.slots.swap_remove(i));
+                }
+            }
+            pool.finish(retired);
+        });
     }
 
     fn deadline_of(&self, conn: &Arc<Conn>) -> Option<Instant> {

@@ -606,6 +606,12 @@ impl PgUrl {
     /// The session settings of a lock connection: the server ends this session (freeing its
     /// locks) once it has not heard from us for at most the lease, and a backend waiting for a
     /// lock checks every second whether we are still there.
+    ///
+    /// No statement on a lock connection waits on the server for longer than a sixth of the
+    /// lease (`lock_timeout`, see [`PgUrl::statement_bound`]) unless it says so itself (a lock's
+    /// wait, on a connection that holds nothing else; a job's transaction): the statements
+    /// pipelined behind one include the connection's health check, which must be answered
+    /// before the deadline of every lock on it.
     pub(crate) fn session_settings(&self) -> String {
         // idle + count × interval = the lease exactly, in whole seconds, idle at least half.
         let lease = self.server_bound().as_secs();
@@ -617,10 +623,22 @@ impl PgUrl {
             "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; \
              SET tcp_keepalives_count = {count}; SET tcp_user_timeout = {}; \
              SET client_connection_check_interval = 1000; SET statement_timeout = 0; \
+             SET lock_timeout = {}; \
              SET synchronous_commit = off; SET default_transaction_isolation = 'read committed'; \
              SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0",
-            bound.as_millis()
+            bound.as_millis(),
+            self.statement_bound().as_millis()
         )
+    }
+
+    /// The longest a statement on a shared lock connection may wait for a server lock (a job's
+    /// `CREATE TABLE`, an election's announcement waiting on another's row, a try's token
+    /// waiting on the fencing guard): a sixth of the lease, the health checks' period. A health
+    /// check sent behind such a statement is answered at most that late, and the connection's
+    /// deadline is never nearer than five sixths of the lease (less the margin) after the check
+    /// before it was sent.
+    pub(crate) fn statement_bound(&self) -> Duration {
+        (self.server_bound() / 6).max(Duration::from_millis(1))
     }
 
     /// The soonest the server may end a session it has not heard from, counted from the last
