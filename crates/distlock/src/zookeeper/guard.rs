@@ -53,7 +53,7 @@ impl HeldNode {
     /// Resolves once someone has asked this holder to release (data `__REVOKE__` on our node).
     pub(crate) fn revocation_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let _ = self.watch(); // make sure the monitor follows our node
-        let mut rx = self.node.revoke.subscribe();
+        let mut rx = self.node.revoke().subscribe();
         async move {
             if rx.wait_for(|r| *r).await.is_err() {
                 std::future::pending::<()>().await;

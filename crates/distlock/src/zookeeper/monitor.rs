@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::runtime::Handle;
@@ -38,7 +38,9 @@ pub(crate) struct Node {
     /// The node's path.
     pub(crate) path: String,
     pub(crate) tx: watch::Sender<LockState>,
-    pub(crate) revoke: watch::Sender<bool>,
+    /// Whether someone asked the holder to release; made when first asked for or first seen (a
+    /// channel costs some 400 bytes, and few holders ever await it).
+    revoke: OnceLock<watch::Sender<bool>>,
     /// Registered with the monitor (once; a node that left it is not registered again).
     registered: AtomicBool,
     /// Set when the node leaves the monitor (released, dropped or lost): its pending step ends.
@@ -52,11 +54,16 @@ impl Node {
         Node {
             path,
             tx: watch::channel(LockState::Held).0,
-            revoke: watch::channel(false).0,
+            revoke: OnceLock::new(),
             registered: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             step: AtomicWaker::new(),
         }
+    }
+
+    /// The channel of revocation requests.
+    pub(crate) fn revoke(&self) -> &watch::Sender<bool> {
+        self.revoke.get_or_init(|| watch::channel(false).0)
     }
 
     fn stop(&self) {
@@ -321,7 +328,7 @@ impl<'a> Run<'a> {
             Outcome::Stopped => {}
             Outcome::Armed(data, watcher) => {
                 if data == REVOKE {
-                    node.revoke.send_replace(true);
+                    node.revoke().send_replace(true);
                 }
                 self.steps.push(await_event(node, watcher));
             }
