@@ -4,6 +4,7 @@ use crate::common;
 use crate::common::zk::*;
 use distlock::zookeeper::{Client, LockState, QueueStatus};
 use distlock::{Error, LostReason};
+use futures::FutureExt;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -269,8 +270,14 @@ async fn many_watched_guards_each_told_of_their_own_node_and_all_of_the_session(
     let mut losses: Vec<_> = guards.iter().map(|g| Some(Box::pin(g.lost()))).collect();
     assert_eq!(holder.watched_nodes(), HELD);
 
-    // Someone else deletes one node: that guard alone is lost, and leaves the monitor.
+    // Someone asks one holder to release: that guard alone is told. The monitor learns of the
+    // request only from a reply to its getData, so the node's watch is armed on the server once
+    // the guard is told.
     let admin = connect().await;
+    admin.revoke(guards[VICTIM].node_path()).await.unwrap();
+    tokio::time::timeout(BOUND, guards[VICTIM].revocation_requested()).await.expect("the request seen");
+    // Someone else deletes that node: its guard alone is lost (told by its watch), and leaves
+    // the monitor.
     admin.zookeeper().delete(guards[VICTIM].node_path(), None).await.unwrap();
     let victim = losses[VICTIM].take().unwrap();
     assert_eq!(tokio::time::timeout(BOUND, victim).await.expect("the victim told"), LostReason::NodeDeleted);
@@ -281,6 +288,8 @@ async fn many_watched_guards_each_told_of_their_own_node_and_all_of_the_session(
         assert_eq!(g.state(), expected, "guard {i}");
     }
     assert_eq!(holder.watched_nodes(), HELD - 1, "the lost node left the monitor");
+    let asked = guards.iter().filter(|g| g.revocation_requested().now_or_never().is_some()).count();
+    assert_eq!(asked, 1, "only the one asked is told to release");
 
     // A released guard and a dropped one leave it too, and nothing else is lost.
     let victim = guards.remove(VICTIM);

@@ -149,10 +149,9 @@ impl HeldNode {
         // In a task of its own: a caller that stops waiting (a timeout, a select) does not stop
         // the delete.
         let (client, path) = (self.client.clone(), self.node.path.clone());
-        let outcome =
-            self.handle.spawn(async move { delete_own(&client, &path).await }).await.unwrap_or_else(|e| {
-                Err(Error::Backend { op: "delete", path: self.node.path.clone(), source: Box::new(e) })
-            })?;
+        let outcome = self.handle.spawn(async move { delete_own(&client, &path).await }).await.unwrap_or_else(|e| {
+            Err(Error::Backend { op: "delete", path: self.node.path.clone(), source: Box::new(e) })
+        })?;
         let lost = |reason| Err(Error::LockLost { lock: self.lock.clone(), reason });
         match (before, outcome) {
             (LockState::Lost(reason), _) => lost(reason),
