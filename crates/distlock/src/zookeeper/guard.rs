@@ -87,7 +87,7 @@ impl HeldNode {
 
     /// The state now. Besides what the monitor has published, it reads the clock against the
     /// lease deadline and the session's state itself, so that no caller is told `Held` after the
-    /// deadline, however late the monitor task runs (or on the very first call, which starts it).
+    /// deadline, however late the monitor runs (or on the very first call, which registers the node).
     pub(crate) fn state(&self) -> LockState {
         let _ = self.watch();
         self.state_now()
