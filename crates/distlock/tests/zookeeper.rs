@@ -4,6 +4,7 @@ use crate::common;
 use crate::common::zk::*;
 use distlock::zookeeper::{Client, LockState, QueueStatus};
 use distlock::{Error, LostReason};
+use futures::FutureExt;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -250,6 +251,71 @@ async fn node_deleted_by_someone_else_is_loss() {
     let state = tokio::time::timeout(BOUND, states.wait_for(|s| s.is_lost())).await.unwrap().unwrap().to_owned();
     assert_eq!(state, LockState::Lost(LostReason::NodeDeleted));
     assert!(matches!(guard.release().await, Err(Error::LockLost { reason: LostReason::NodeDeleted, .. })));
+}
+
+/// Many guards watched at once share the session's one monitor: a node deleted by someone else
+/// is the loss of its own guard only, a released or dropped guard leaves the monitor, and the
+/// session's expiry is every guard's loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_watched_guards_each_told_of_their_own_node_and_all_of_the_session() {
+    const HELD: usize = 200;
+    const VICTIM: usize = 137;
+    let root = unique_path("many");
+    let (net, holder) = proxied("10s").await;
+    let mut guards = Vec::new();
+    for i in 0..HELD {
+        guards.push(holder.mutex(&format!("{root}/l{i:03}")).unwrap().lock().await.unwrap());
+    }
+    assert_eq!(holder.watched_nodes(), 0, "nothing is watched before it is asked for");
+    let mut losses: Vec<_> = guards.iter().map(|g| Some(Box::pin(g.lost()))).collect();
+    assert_eq!(holder.watched_nodes(), HELD);
+
+    // Someone asks one holder to release: that guard alone is told. The monitor learns of the
+    // request only from a reply to its getData, so the node's watch is armed on the server once
+    // the guard is told.
+    let admin = connect().await;
+    admin.revoke(guards[VICTIM].node_path()).await.unwrap();
+    tokio::time::timeout(BOUND, guards[VICTIM].revocation_requested()).await.expect("the request seen");
+    // Someone else deletes that node: its guard alone is lost (told by its watch), and leaves
+    // the monitor.
+    admin.zookeeper().delete(guards[VICTIM].node_path(), None).await.unwrap();
+    let victim = losses[VICTIM].take().unwrap();
+    assert_eq!(tokio::time::timeout(BOUND, victim).await.expect("the victim told"), LostReason::NodeDeleted);
+    // A round trip of the holder's after the deletion: any event of it has been handled by now.
+    holder.zookeeper().sync("/").await.unwrap();
+    for (i, g) in guards.iter().enumerate() {
+        let expected = if i == VICTIM { LockState::Lost(LostReason::NodeDeleted) } else { LockState::Held };
+        assert_eq!(g.state(), expected, "guard {i}");
+    }
+    assert_eq!(holder.watched_nodes(), HELD - 1, "the lost node left the monitor");
+    let asked = guards.iter().filter(|g| g.revocation_requested().now_or_never().is_some()).count();
+    assert_eq!(asked, 1, "only the one asked is told to release");
+
+    // A released guard and a dropped one leave it too, and nothing else is lost.
+    let victim = guards.remove(VICTIM);
+    losses.remove(VICTIM);
+    assert!(matches!(victim.release().await, Err(Error::LockLost { reason: LostReason::NodeDeleted, .. })));
+    guards.pop().unwrap().release().await.unwrap();
+    drop(guards.pop());
+    losses.truncate(guards.len());
+    assert_eq!(holder.watched_nodes(), guards.len());
+    assert!(guards.iter().all(|g| g.state() == LockState::Held));
+
+    // The session ends on the server while the holder is cut off (a thief takes it over and
+    // closes it): when the holder comes back, every guard is lost, as the session expired.
+    cut_off(&net);
+    let session = holder.zookeeper().session().clone();
+    let thief = zookeeper_client::Client::connector().with_session(session).connect(&zk_addr()).await.unwrap();
+    drop(thief);
+    wait_empty(&admin, &format!("{root}/l000"), BOUND).await;
+    net.heal();
+    let all = futures::future::join_all(losses.into_iter().map(|l| l.unwrap()));
+    let reasons = tokio::time::timeout(BOUND, all).await.expect("every guard told");
+    assert!(reasons.iter().all(|r| *r == LostReason::SessionExpired), "{reasons:?}");
+    assert_eq!(holder.watched_nodes(), 0, "nothing left in the monitor");
+    for g in guards {
+        assert!(matches!(g.release().await, Err(Error::LockLost { reason: LostReason::SessionExpired, .. })));
+    }
 }
 
 #[tokio::test]

@@ -6,16 +6,13 @@
 //! Only a session the client knows to be gone, a deletion seen on the server, or the lease
 //! deadline make a guard `Lost`; a failed connection of any kind makes it `Suspended`.
 
+use super::monitor::{self, Node};
 use super::session::{delete_own, is_connection_loss, Deleted, Failure};
 use super::{backend, Client};
 use crate::{Error, LockState, LostReason, Result};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -25,19 +22,11 @@ pub(crate) struct HeldNode {
     client: Client,
     /// The lock (directory) path, for messages.
     lock: String,
-    /// Our node.
-    path: String,
     token: u64,
     handle: Handle,
-    shared: Arc<Shared>,
+    /// Our node, as the session's monitor follows it.
+    node: Arc<Node>,
     released: bool,
-}
-
-#[derive(Debug)]
-struct Shared {
-    tx: watch::Sender<LockState>,
-    revoke: watch::Sender<bool>,
-    monitor: OnceLock<AbortHandle>,
 }
 
 /// Data a revoker writes into a holder's node to ask it to release (Curator's value).
@@ -46,16 +35,13 @@ pub(crate) const REVOKE: &[u8] = b"__REVOKE__";
 impl HeldNode {
     /// A held node with fencing token `token` (the creation zxid of the node that began the hold).
     pub(crate) fn new(client: Client, lock: String, path: String, token: i64) -> HeldNode {
-        let (tx, _) = watch::channel(LockState::Held);
-        let (revoke, _) = watch::channel(false);
         client.lease().hold();
         HeldNode {
             client,
             lock,
-            path,
             token: token as u64,
             handle: Handle::current(),
-            shared: Arc::new(Shared { tx, revoke, monitor: OnceLock::new() }),
+            node: Arc::new(Node::new(path)),
             released: false,
         }
     }
@@ -66,8 +52,8 @@ impl HeldNode {
 
     /// Resolves once someone has asked this holder to release (data `__REVOKE__` on our node).
     pub(crate) fn revocation_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let _ = self.watch(); // make sure the monitor runs
-        let mut rx = self.shared.revoke.subscribe();
+        let _ = self.watch(); // make sure the monitor follows our node
+        let mut rx = self.node.revoke().subscribe();
         async move {
             if rx.wait_for(|r| *r).await.is_err() {
                 std::future::pending::<()>().await;
@@ -80,7 +66,7 @@ impl HeldNode {
     }
 
     pub(crate) fn node_path(&self) -> &str {
-        &self.path
+        &self.node.path
     }
 
     pub(crate) fn lock_path(&self) -> &str {
@@ -91,34 +77,39 @@ impl HeldNode {
         self.client.lease().deadline().into_std()
     }
 
-    /// Starts watching our node and the session (once); returns a receiver of the state.
+    /// Has the session's monitor follow our node (once); returns a receiver of the state.
     pub(crate) fn watch(&self) -> watch::Receiver<LockState> {
-        self.shared.monitor.get_or_init(|| {
-            let task =
-                monitor(self.client.clone(), self.path.clone(), self.shared.tx.clone(), self.shared.revoke.clone());
-            self.handle.spawn(task).abort_handle()
-        });
-        self.shared.tx.subscribe()
+        if !self.released {
+            monitor::watch(&self.client, &self.node, &self.handle);
+        }
+        self.node.tx.subscribe()
     }
 
     /// The state now. Besides what the monitor has published, it reads the clock against the
     /// lease deadline and the session's state itself, so that no caller is told `Held` after the
-    /// deadline, however late the monitor task runs (or on the very first call, which starts it).
+    /// deadline, however late the monitor runs (or on the very first call, which registers the node).
     pub(crate) fn state(&self) -> LockState {
         let _ = self.watch();
         self.state_now()
     }
 
-    /// [`HeldNode::state`] without starting the monitor (for a release, whose delete finds out
-    /// itself whether the node is still there).
+    /// [`HeldNode::state`] without registering with the monitor (for a release, whose delete
+    /// finds out itself whether the node is still there).
     fn state_now(&self) -> LockState {
-        let published = *self.shared.tx.borrow();
+        let published = *self.node.tx.borrow();
         if published.is_lost() {
             return published;
         }
         if Instant::now() >= self.client.lease().deadline() {
-            // Final: published, so that a late renewal cannot turn it back.
-            publish_lost(&self.shared.tx, &self.path, LostReason::LeaseExpired);
+            // Final: published, so that a late renewal cannot turn it back. Found here first, the
+            // node leaves the monitor and is deleted as the monitor would have.
+            if self.node.publish_lost(LostReason::LeaseExpired)
+                && !self.released
+                && monitor::unwatch(&self.client, &self.node)
+            {
+                let (client, path) = (self.client.clone(), self.node.path.clone());
+                self.handle.spawn(async move { monitor::delete_after_lease(&client, &path).await });
+            }
             return LockState::Lost(LostReason::LeaseExpired);
         }
         match self.client.zk().state_watcher().peek_state() {
@@ -152,16 +143,15 @@ impl HeldNode {
     /// someone else, the session ended, or the lease deadline passed while the server was
     /// unreachable): the caller's work under it was not protected to the end.
     pub(crate) async fn release(mut self) -> Result<()> {
-        let before = self.state_now();
         self.released = true;
-        self.stop_monitor();
+        monitor::unwatch(&self.client, &self.node);
+        let before = self.state_now();
         // In a task of its own: a caller that stops waiting (a timeout, a select) does not stop
         // the delete.
-        let (client, path) = (self.client.clone(), self.path.clone());
-        let outcome =
-            self.handle.spawn(async move { delete_own(&client, &path).await }).await.unwrap_or_else(|e| {
-                Err(Error::Backend { op: "delete", path: self.path.clone(), source: Box::new(e) })
-            })?;
+        let (client, path) = (self.client.clone(), self.node.path.clone());
+        let outcome = self.handle.spawn(async move { delete_own(&client, &path).await }).await.unwrap_or_else(|e| {
+            Err(Error::Backend { op: "delete", path: self.node.path.clone(), source: Box::new(e) })
+        })?;
         let lost = |reason| Err(Error::LockLost { lock: self.lock.clone(), reason });
         match (before, outcome) {
             (LockState::Lost(reason), _) => lost(reason),
@@ -170,17 +160,11 @@ impl HeldNode {
             (_, Deleted::WithSession(reason)) => lost(reason),
         }
     }
-
-    fn stop_monitor(&self) {
-        if let Some(m) = self.shared.monitor.get() {
-            m.abort();
-        }
-    }
 }
 
 impl Drop for HeldNode {
     fn drop(&mut self) {
-        self.stop_monitor();
+        monitor::unwatch(&self.client, &self.node);
         self.client.lease().unhold();
         if self.released {
             return;
@@ -190,7 +174,7 @@ impl Drop for HeldNode {
         // awaited in the background, and the delete retried until the server confirms or the
         // session is gone.
         let client = self.client.clone();
-        let path = std::mem::take(&mut self.path);
+        let path = self.node.path.clone();
         client.inner.metrics.sent_background(1);
         let sent = tokio::time::Instant::now();
         let first = client.zk().delete(&path, None);
@@ -209,152 +193,6 @@ impl Drop for HeldNode {
                 tracing::warn!(node = %path, error = %e, "could not delete lock node on drop");
             }
         });
-    }
-}
-
-/// After a loss by lease expiry the session may still be alive: delete our node, so that a holder
-/// that gave up does not keep others waiting.
-async fn delete_after_lease(client: &Client, path: &str) {
-    if let Err(e) = delete_own(client, path).await {
-        tracing::warn!(node = %path, error = %e, "could not delete our lock node after the lease expired");
-    }
-}
-
-/// Publishes a final loss (unless one is published already).
-fn publish_lost(tx: &watch::Sender<LockState>, path: &str, reason: LostReason) {
-    tx.send_if_modified(|cur| {
-        if cur.is_lost() {
-            false
-        } else {
-            tracing::debug!(node = %path, from = ?*cur, ?reason, "lock lost");
-            *cur = LockState::Lost(reason);
-            true
-        }
-    });
-}
-
-/// Watches our node, the session and the lease deadline, publishing the guard's state until it
-/// is lost. After a loss by lease expiry the session may still be alive: our node is then
-/// deleted, so that a holder that gave up does not keep others waiting.
-async fn monitor(client: Client, path: String, tx: watch::Sender<LockState>, revoke: watch::Sender<bool>) {
-    let zk = client.zk();
-    let mut states = zk.state_watcher();
-    let session_state = |s: zk::SessionState| match s {
-        zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => LockState::Held,
-        zk::SessionState::Disconnected => LockState::Suspended,
-        zk::SessionState::Expired => LockState::Lost(LostReason::SessionExpired),
-        zk::SessionState::Closed => LockState::Lost(LostReason::SessionClosed),
-        zk::SessionState::AuthFailed => LockState::Lost(LostReason::AuthFailed),
-    };
-    let publish = |s: LockState| {
-        tx.send_if_modified(|cur| {
-            if cur.is_lost() || *cur == s {
-                false
-            } else {
-                tracing::debug!(node = %path, from = ?*cur, to = ?s, "lock state changed");
-                *cur = s;
-                true
-            }
-        });
-        s.is_lost()
-    };
-    type Arm<'a> =
-        Pin<Box<dyn Future<Output = Result<(Vec<u8>, zk::Stat, zk::OneshotWatcher), zk::Error>> + Send + 'a>>;
-    type Change = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
-    let mut arming: Option<Arm<'_>> = None;
-    let mut watching: Option<Change> = None;
-    let mut session = states.state();
-    if publish(session_state(session)) {
-        return;
-    }
-    let lease = client.lease();
-    let mut published = tx.subscribe();
-    loop {
-        let connected = matches!(session, zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly);
-        if connected && arming.is_none() && watching.is_none() {
-            // Arm a watch on our own node (getData + watch); re-armed after data changes, which
-            // is how a revoker's request arrives.
-            client.inner.metrics.sent_background(1);
-            arming = Some(Box::pin(zk.get_and_watch_data(&path)));
-        }
-        let deadline = lease.deadline();
-        tokio::select! {
-            armed = async { arming.as_mut().expect("guarded").await }, if arming.is_some() => {
-                arming = None;
-                match armed {
-                    Ok((data, _, watcher)) => {
-                        if data == REVOKE {
-                            revoke.send_replace(true);
-                        }
-                        watching = Some(Box::pin(watcher.changed()));
-                    }
-                    Err(zk::Error::NoNode) => {
-                        publish(LockState::Lost(LostReason::NodeDeleted));
-                        return;
-                    }
-                    Err(e) => match Failure::of(&e) {
-                        // The session watcher reports the disconnection; arm again once connected.
-                        Failure::Connection => {
-                            // The client marks the session disconnected before it fails requests;
-                            // arm again once it is connected (perhaps already).
-                            session = states.state();
-                            publish(session_state(session));
-                        }
-                        Failure::SessionGone(reason) => {
-                            publish(LockState::Lost(reason));
-                            return;
-                        }
-                        Failure::Server | Failure::Local => {
-                            tracing::warn!(node = %path, error = %e, "cannot watch our lock node; retrying in 1 s");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            session = states.state();
-                        }
-                    },
-                }
-            }
-            event = async { watching.as_mut().expect("guarded").await }, if watching.is_some() => {
-                watching = None;
-                match event.event_type {
-                    zk::EventType::NodeDeleted => {
-                        publish(LockState::Lost(LostReason::NodeDeleted));
-                        return;
-                    }
-                    zk::EventType::Session => {
-                        session = event.session_state;
-                        if publish(session_state(session)) {
-                            return;
-                        }
-                    }
-                    _ => {} // data changed: re-arm, reading the new data
-                }
-            }
-            state = states.changed() => {
-                session = state;
-                if publish(session_state(state)) {
-                    return;
-                }
-            }
-            // `state()` may have found the lease over first and published the loss.
-            _ = async {
-                let found = published.wait_for(|s| *s == LockState::Lost(LostReason::LeaseExpired)).await.is_ok();
-                if !found {
-                    std::future::pending::<()>().await;
-                }
-            } => {
-                drop((arming, watching));
-                delete_after_lease(&client, &path).await;
-                return;
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                if Instant::now() >= lease.deadline() {
-                    tracing::warn!(node = %path, "no answer from the server within the lease; the lock may be handed on");
-                    publish(LockState::Lost(LostReason::LeaseExpired));
-                    drop((arming, watching));
-                    delete_after_lease(&client, &path).await;
-                    return;
-                }
-            }
-        }
     }
 }
 

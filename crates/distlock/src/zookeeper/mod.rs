@@ -6,6 +6,7 @@
 //! - [`url`](ZkUrl): `zk://` URLs and path rules;
 //! - `queue`: the queue of EPHEMERAL_SEQUENTIAL nodes, written once and used by every recipe;
 //! - `guard`: a held lock node, its fencing token and its state machine (held, suspended, lost);
+//! - `monitor`: one per session, following the session and every watched lock node for the guards;
 //! - [`Mutex`]: the exclusive lock (Curator's InterProcessMutex node layout);
 //! - [`inspect`](Client::inspect): who holds and who waits.
 
@@ -14,6 +15,7 @@ mod election;
 mod guard;
 mod inspect;
 mod jobs;
+mod monitor;
 mod multi;
 mod mutex;
 mod naive;
@@ -75,6 +77,8 @@ struct Inner {
     /// waiters queueing at once, each listing up to 10,000 names, ran Apache ZooKeeper (512 MB
     /// heap) out of memory.
     listings: tokio::sync::Semaphore,
+    /// Follows the session and every lock node whose guard is watched (see `monitor`).
+    monitor: monitor::Monitor,
 }
 
 /// See `Inner::listings`.
@@ -358,6 +362,7 @@ impl Client {
             metrics: Metrics::default(),
             lease,
             listings: tokio::sync::Semaphore::new(LISTINGS_IN_FLIGHT),
+            monitor: monitor::Monitor::default(),
         });
         tokio::spawn(session::heartbeat(Arc::downgrade(&inner)));
         Ok(Client { inner })
@@ -440,6 +445,15 @@ impl Client {
     /// while the server is unreachable.
     pub fn lease_deadline(&self) -> std::time::Instant {
         self.inner.lease.deadline().into_std()
+    }
+
+    /// How many lock nodes of this session the session's monitor follows now: one per held guard
+    /// whose state was asked for (`state()`, `lost()`, `state_changes()`,
+    /// `revocation_requested()`), until it is released, dropped or lost. For tests; hidden and
+    /// outside semver.
+    #[doc(hidden)]
+    pub fn watched_nodes(&self) -> usize {
+        self.inner.monitor.watched()
     }
 
     /// The URL this client connected with.
