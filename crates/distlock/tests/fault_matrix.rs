@@ -14,6 +14,10 @@
 //! backend's nature (a Redis without persistence restarted empty forgets its locks) is judged
 //! the same way, and the table says so.
 //!
+//! Every network backend (and the in-process store) also runs the cells of `many.rs`: one client
+//! holding a hundred locks on its one session or few shared connections, partitioned or reset,
+//! while a competitor waits for all of them (each lock judged by a fenced resource of its own).
+//!
 //! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
 //! only the scenarios whose names contain TEXT, `DISTLOCK_MATRIX_RECIPE=TEXT` only the recipes
 //! whose names do (`election`).
@@ -33,8 +37,11 @@
 //! Results go to stdout and to `DISTLOCK_MATRIX_OUT` (default `.tmp/fault-matrix`), one Markdown
 //! table per server.
 
+mod many;
+
 use crate::common;
 use crate::common::backends::on_every_backend;
+use many::ManyFault;
 
 use distlock::{Client, Guard};
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
@@ -176,6 +183,10 @@ struct Row {
     by_nature: bool,
     /// A paused holder keeps the lock on this backend (its connection stays up: nothing to fence).
     pause_holds: bool,
+    /// How many of the holder's locks the fault must have lost (0: any number).
+    must_lose: usize,
+    /// The fault must have lost none (a loss would be false).
+    must_keep: bool,
 }
 
 fn faults_per_cell() -> usize {
@@ -725,6 +736,8 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         by_nature: (scenario == Scenario::ServerRestart && target.restart_forgets)
             || (scenario == Scenario::Reset && target.connection_bound && recipe != Recipe::Job),
         pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds && recipe != Recipe::Job,
+        must_lose: 0,
+        must_keep: false,
     }
 }
 
@@ -817,6 +830,12 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
         if r.acquisitions == 0 {
             bad.push(format!("{what}: no acquisition at all"));
         }
+        if r.losses < r.must_lose {
+            bad.push(format!("{what}: {} of {} locks reported lost", r.losses, r.must_lose));
+        }
+        if r.must_keep && r.losses > 0 {
+            bad.push(format!("{what}: {} false losses (the lease outlives the fault)", r.losses));
+        }
         if r.pause_holds {
             // Nothing to catch: the lock stayed with the paused holder until it resumed.
             if r.overlaps > 0 || r.stale_accepted > 0 {
@@ -844,8 +863,9 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
     bad
 }
 
-/// Runs every scenario × every recipe the backend has.
-async fn run_matrix(target: Target, scenarios: &[Scenario]) {
+/// Runs every scenario × every recipe the backend has, then the cells of many locks on one
+/// client (`many`).
+async fn run_matrix(target: Target, scenarios: &[Scenario], many: &[ManyFault]) {
     let probe = distlock::connect(&target.direct_url()).await.expect("connect to the backend");
     let only_recipe = std::env::var("DISTLOCK_MATRIX_RECIPE").unwrap_or_default();
     let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election, Recipe::Job]
@@ -873,6 +893,16 @@ async fn run_matrix(target: Target, scenarios: &[Scenario]) {
                 tokio::time::timeout(Duration::from_secs(180), cell(&target, scenario, recipe)).await.unwrap_or_else(
                     |_| panic!("{}: cell {} / {} did not finish", target.server, scenario.name(), recipe.name()),
                 );
+            println!("{}: {:?} in {:.1?}", target.server, row, started.elapsed());
+            rows.push(row);
+        }
+    }
+    if recipes.contains(&Recipe::Mutex) {
+        for &fault in many.iter().filter(|f| f.name().contains(&only)) {
+            let started = std::time::Instant::now();
+            let row = tokio::time::timeout(Duration::from_secs(240), many::cell(&target, fault))
+                .await
+                .unwrap_or_else(|_| panic!("{}: cell {} did not finish", target.server, fault.name()));
             println!("{}: {:?} in {:.1?}", target.server, row, started.elapsed());
             rows.push(row);
         }
@@ -941,7 +971,7 @@ async fn zookeeper_matrix() {
         pause_holds: false,
         connection_bound: false,
     };
-    run_matrix(target, &scenarios).await;
+    run_matrix(target, &scenarios, &[ManyFault::Partition, ManyFault::Reset]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -962,7 +992,7 @@ async fn matrix_ensemble() {
         pause_holds: false,
         connection_bound: false,
     };
-    run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower]).await;
+    run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower], &[]).await;
 }
 
 /// A network backend's matrix on the server its variable gives: `url` has `{addr}` for the server's address; `env` names its address's variable, whose
@@ -993,7 +1023,7 @@ async fn backend_matrix(
         pause_holds: nature.pause_holds,
         connection_bound: nature.connection_bound,
     };
-    run_matrix(target, &network_scenarios(dir.is_some())).await;
+    run_matrix(target, &network_scenarios(dir.is_some()), &[ManyFault::Partition, ManyFault::Reset]).await;
 }
 
 async fn redis_matrix() {
@@ -1061,6 +1091,7 @@ async fn sqlite_matrix() {
     run_matrix(
         target,
         &[Scenario::None, Scenario::Pause { fenced: true }, Scenario::Pause { fenced: false }, Scenario::Kill],
+        &[],
     )
     .await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -1080,7 +1111,8 @@ async fn memory_matrix() {
         pause_holds: false,
         connection_bound: false,
     };
-    run_matrix(target, &[Scenario::None, Scenario::BlackholeShort, Scenario::BlackholeLong]).await;
+    run_matrix(target, &[Scenario::None, Scenario::BlackholeShort, Scenario::BlackholeLong], &[ManyFault::Partition])
+        .await;
 }
 
 /// The cells that touch the connection (partitions shorter and longer than the lease, a reset,
@@ -1115,7 +1147,7 @@ async fn tls_matrix(
         connection_bound: nature.connection_bound,
     };
     let scenarios = [Scenario::BlackholeShort, Scenario::BlackholeLong, Scenario::Reset, Scenario::ServerRestart];
-    run_matrix(target, &scenarios).await;
+    run_matrix(target, &scenarios, &[]).await;
     drop(own);
 }
 

@@ -645,3 +645,48 @@ async fn a_grant_on_a_leased_connection_gets_a_fresh_lease() {
     second.release().await.unwrap();
     first.release().await.unwrap();
 }
+
+/// Many acquires waiting beyond the connections free for waits (`connections=2`: one waits on
+/// the server, the rest poll) are all granted soon after the holder lets go.
+#[tokio::test]
+async fn polling_waiters_are_all_granted_once_freed() {
+    let holder = client_as(&app("poll-holder"), "&lease=10s").await;
+    let waiter = client_as(&app("poll-waiter"), "&lease=10s&connections=2").await;
+    let names: Vec<String> = (0..30).map(|i| unique(&format!("poll{i}"))).collect();
+    let held = take_all(&holder, &names).await;
+    let waits: Vec<_> = names
+        .iter()
+        .map(|name| {
+            let lock = waiter.mutex(name).unwrap();
+            tokio::spawn(async move { lock.lock_timeout(Duration::from_secs(30)).await })
+        })
+        .collect();
+    // One of them waits on the server (the others poll, unseen there).
+    let raw = raw().await;
+    let keys: Vec<_> = names.iter().map(|n| holder.key(n).unwrap()).collect();
+    eventually(Duration::from_secs(10), "a waiter queued on the server", || async {
+        for &key in &keys {
+            if holders(&raw, key).await.iter().any(|(_, granted)| !granted) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let freed = std::time::Instant::now();
+    for g in held {
+        g.release().await.unwrap();
+    }
+    let mut granted = Vec::new();
+    for w in waits {
+        let g = tokio::time::timeout(Duration::from_secs(30), w).await.expect("granted").unwrap().unwrap();
+        granted.push(g.expect("granted within its wait"));
+    }
+    println!("30 polling waiters granted {:?} after the release", freed.elapsed());
+    for g in granted {
+        g.release().await.unwrap();
+    }
+    for &key in &keys {
+        assert!(holders(&raw, key).await.is_empty(), "left held");
+    }
+}
