@@ -456,8 +456,10 @@ async fn many_holds_are_extended_by_one_statement_and_a_deleted_row_loses_only_i
     tokio::time::sleep(period * 2).await;
     sqlx::query("DELETE FROM extensions").execute(&mut raw).await.unwrap();
     tokio::time::sleep(period * 4).await;
-    let (rows, statements): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(DISTINCT lock_until) FROM extensions").fetch_one(&mut raw).await.unwrap();
+    let (rows, statements): (i64, i64) = sqlx::query_as("SELECT count(*), count(DISTINCT lock_until) FROM extensions")
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
     assert!(rows >= 3 * HELD as i64, "{rows} extensions of {HELD} holds in four periods");
     assert!((3..=6).contains(&statements), "{statements} statements extended {rows} rows in four periods");
     assert!(guards.iter().all(|g| g.state() == LockState::Held));

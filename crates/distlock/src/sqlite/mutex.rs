@@ -356,7 +356,15 @@ impl crate::watchdog::Check for Renew {
                 Ok(rows) => {
                     let rows: std::collections::HashSet<(String, String)> = rows.into_iter().collect();
                     ours.iter()
-                        .map(|row| if rows.contains(row) { Renewal::Renewed } else { Renewal::Gone(LostReason::KeyDeleted) })
+                        .map(
+                            |row| {
+                                if rows.contains(row) {
+                                    Renewal::Renewed
+                                } else {
+                                    Renewal::Gone(LostReason::KeyDeleted)
+                                }
+                            },
+                        )
                         .collect()
                 }
                 Err(e) => {
