@@ -2,8 +2,8 @@
 //! client's watchdog renews every lease it holds every third of the lease, all in one change of
 //! the store ([`Renew`]), as the server-backed backends renew theirs, so a cut-off client
 //! ([`super::Client::partition`]) loses its locks at their deadlines, before the store's leases
-//! end. A cut-off client's requests wait for the heal, as
-//! they would wait out a silent partition, except a try, which cannot wait.
+//! end. A cut-off client's requests wait for the heal, as they would wait out a silent
+//! partition, except a try, which cannot wait.
 
 use super::store::{Entry, Store};
 use super::Client;

@@ -355,17 +355,11 @@ impl crate::watchdog::Check for Renew {
             match extended {
                 Ok(rows) => {
                     let rows: std::collections::HashSet<(String, String)> = rows.into_iter().collect();
-                    ours.iter()
-                        .map(
-                            |row| {
-                                if rows.contains(row) {
-                                    Renewal::Renewed
-                                } else {
-                                    Renewal::Gone(LostReason::KeyDeleted)
-                                }
-                            },
-                        )
-                        .collect()
+                    let answer = |row: &(String, String)| match rows.contains(row) {
+                        true => Renewal::Renewed,
+                        false => Renewal::Gone(LostReason::KeyDeleted),
+                    };
+                    ours.iter().map(answer).collect()
                 }
                 Err(e) => {
                     tracing::debug!(lock = ours[0].0, holds = ours.len(), error = %e, "lease extension failed");
