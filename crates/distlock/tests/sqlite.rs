@@ -476,8 +476,9 @@ async fn many_holds_are_extended_by_one_statement_and_a_deleted_row_loses_only_i
         let reason = tokio::time::timeout(period * 2, guards[i].lost()).await.expect("lost at its next extension");
         assert_eq!(reason, LostReason::KeyDeleted);
     }
-    // The deleted lock is free, and this process's queue for it opened at the loss.
-    let again = a.mutex(&deleted).unwrap().try_lock().await.unwrap().expect("the queue opened at the loss");
+    // The deleted lock is free, and this process's queue for it opens at the loss (just after the
+    // guard is told; without that, not before the old guard is dropped).
+    let again = a.mutex(&deleted).unwrap().lock_timeout(period).await.unwrap().expect("the queue opened at the loss");
     tokio::time::sleep(period * 2).await;
     let held = guards.iter().filter(|g| g.state() == LockState::Held).count();
     assert_eq!(held, HELD - 2, "only the two holds whose rows went are lost");
