@@ -101,6 +101,12 @@ pub(crate) trait Check: Send + Sync + Sized + 'static {
         let each: Vec<_> = checks.iter().map(|c| c.renew()).collect();
         Box::pin(futures::future::join_all(each))
     }
+
+    /// The renewal step found this hold lost (its lock gone, or its deadline passed without a
+    /// confirmed renewal): called once, when the watchdog stops renewing it, unless the hold
+    /// ended first (SQLite: this process's next acquire of the lock need not wait for a
+    /// release). The default does nothing.
+    fn lost(&self) {}
 }
 
 /// A check renewed alone: a backend's renewal of one hold as a function (PostgreSQL's and
@@ -311,8 +317,10 @@ async fn renew_batch<C: Check>(watchdog: Arc<Watchdog<C>>, batch: Vec<(Due<C>, I
     let holds = futures::future::join_all(batch.into_iter().zip(answers).map(|((due, at), answer)| {
         let watchdog = watchdog.clone();
         async move {
-            if let Some(next) = due.lease.renew_sent_at(&due.name, due.period, at, sent, answer).await {
-                watchdog.reschedule(due, next);
+            match due.lease.renew_sent_at(&due.name, due.period, at, sent, answer).await {
+                Some(next) => watchdog.reschedule(due, next),
+                None if !due.entry.ended.load(Ordering::SeqCst) => due.check.lost(),
+                None => {}
             }
         }
     }));

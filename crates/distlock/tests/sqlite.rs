@@ -423,3 +423,65 @@ async fn setup_no_makes_nothing_and_names_what_is_missing() {
     assert!(looking.mutex("setup").unwrap().try_lock().await.unwrap().is_some());
     assert!(Client::connect(&format!("{url}&setup=maybe")).await.unwrap_err().to_string().contains("setup=maybe"));
 }
+
+/// A client's holds are extended together: 300 locks taken at their own times are extended by a
+/// bounded number of statements per period, not one per hold. Counted in the file: a trigger logs
+/// every extended row's new `lock_until`, and SQLite's clock is one instant per statement, so the
+/// rows of one statement share one value (a statement per hold would give each its own). A row
+/// deleted from outside among them, and another taken over, lose those two holds alone, at their
+/// next extension, and this process's next acquire of a lost lock does not wait for a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_holds_are_extended_by_one_statement_and_a_deleted_row_loses_only_its_own() {
+    const HELD: usize = 300;
+    let (url, _dir) = db("?lease=3s");
+    let period = Duration::from_secs(1);
+    let a = Client::connect(&url).await.unwrap();
+    let mut raw = raw(&url).await;
+    for statement in [
+        "CREATE TABLE extensions (lock_until TEXT NOT NULL)",
+        "CREATE TRIGGER log_extensions AFTER UPDATE OF lock_until ON distlock_leases \
+         BEGIN INSERT INTO extensions VALUES (NEW.lock_until); END",
+    ] {
+        sqlx::query(statement).execute(&mut raw).await.unwrap();
+    }
+    let mut guards = Vec::new();
+    // Taken over more than a period, each at its own time.
+    let started = Instant::now();
+    for i in 0..HELD {
+        guards.push(a.mutex(&format!("h{i:03}")).unwrap().lock().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(4)).await;
+    }
+    assert!(started.elapsed() > period, "the holds were taken over more than a period");
+    // From a period after the last grant on, each round of extensions is one statement.
+    tokio::time::sleep(period * 2).await;
+    sqlx::query("DELETE FROM extensions").execute(&mut raw).await.unwrap();
+    tokio::time::sleep(period * 4).await;
+    let (rows, statements): (i64, i64) = sqlx::query_as("SELECT count(*), count(DISTINCT lock_until) FROM extensions")
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+    assert!(rows >= 3 * HELD as i64, "{rows} extensions of {HELD} holds in four periods");
+    assert!((3..=6).contains(&statements), "{statements} statements extended {rows} rows in four periods");
+    assert!(guards.iter().all(|g| g.state() == LockState::Held));
+
+    // One row deleted from outside, another taken over: those two holds are lost, no other.
+    let (deleted, taken) = (guards[150].name().to_string(), guards[7].name().to_string());
+    sqlx::query("DELETE FROM distlock_leases WHERE name = ?1").bind(&deleted).execute(&mut raw).await.unwrap();
+    sqlx::query("UPDATE distlock_leases SET locked_by = 'someone:1:else' WHERE name = ?1")
+        .bind(&taken)
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    for i in [150, 7] {
+        let reason = tokio::time::timeout(period * 2, guards[i].lost()).await.expect("lost at its next extension");
+        assert_eq!(reason, LostReason::KeyDeleted);
+    }
+    // The deleted lock is free, and this process's queue for it opens at the loss (just after the
+    // guard is told; without that, not before the old guard is dropped).
+    let again = a.mutex(&deleted).unwrap().lock_timeout(period).await.unwrap().expect("the queue opened at the loss");
+    tokio::time::sleep(period * 2).await;
+    let held = guards.iter().filter(|g| g.state() == LockState::Held).count();
+    assert_eq!(held, HELD - 2, "only the two holds whose rows went are lost");
+    assert_eq!(again.state(), LockState::Held);
+    again.release().await.unwrap();
+}

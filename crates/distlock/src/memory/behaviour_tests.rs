@@ -135,3 +135,37 @@ async fn names_and_urls_are_checked() {
     let e = crate::connect("memory://never-connected?setup=no").await.unwrap_err();
     assert!(matches!(e, crate::Error::NotSetUp { .. }), "{e}");
 }
+
+/// A client's holds are renewed together: 300 locks taken at their own times are renewed in a
+/// bounded number of changes of the store per period (the store's change counter, which every
+/// change moves), not one per hold; an entry taken out of the store among them loses that hold
+/// alone, at its next renewal.
+#[tokio::test(start_paused = true)]
+async fn many_holds_are_renewed_in_one_change_and_a_gone_entry_loses_only_its_own() {
+    const HELD: usize = 300;
+    let period = Duration::from_secs(10) / 3;
+    let c = client("many").await;
+    let store = cut(&c).store.clone();
+    let mut guards = Vec::new();
+    // Taken over a period and a half, each at its own time.
+    for i in 0..HELD {
+        guards.push(c.mutex(&format!("m{i}")).unwrap().lock().await.unwrap());
+        tokio::time::sleep(period / 200).await;
+    }
+    // From a period after the last grant on, every renewal round is one change.
+    tokio::time::sleep(period * 2).await;
+    let before = *store.subscribe().borrow();
+    tokio::time::sleep(period * 6).await;
+    let changes = *store.subscribe().borrow() - before;
+    assert!((5..=8).contains(&changes), "{changes} changes of the store in six periods of {HELD} holds");
+    assert!(guards.iter().all(|g| g.state() == crate::LockState::Held));
+
+    // One entry goes (as if the store lost it): that hold is lost at its next renewal, no other.
+    let (name, id) = ("m150".to_string(), guards[150].holder_id().to_string());
+    store.change(|s, now| s.locks.get_mut(&name).unwrap().remove(&id, now));
+    let reason = tokio::time::timeout(period * 2, guards[150].lost()).await.expect("lost at its next renewal");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    tokio::time::sleep(period * 2).await;
+    let held = guards.iter().filter(|g| g.state() == crate::LockState::Held).count();
+    assert_eq!(held, HELD - 1, "only the hold whose entry went is lost");
+}

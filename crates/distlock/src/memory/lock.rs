@@ -1,8 +1,9 @@
 //! A lock of the in-process store as the contract's [`Recipe`], and its guard as [`Held`]: the
-//! guard renews its lease every third of it through [`Lease::keep`], as the server-backed
-//! backends do, so a cut-off client ([`super::Client::partition`]) loses its lock at its
-//! deadline, before the store's lease ends. A cut-off client's requests wait for the heal, as
-//! they would wait out a silent partition, except a try, which cannot wait.
+//! client's watchdog renews every lease it holds every third of the lease, all in one change of
+//! the store ([`Renew`]), as the server-backed backends renew theirs, so a cut-off client
+//! ([`super::Client::partition`]) loses its locks at their deadlines, before the store's leases
+//! end. A cut-off client's requests wait for the heal, as they would wait out a silent
+//! partition, except a try, which cannot wait.
 
 use super::store::{Entry, Store};
 use super::Client;
@@ -154,7 +155,8 @@ struct Hold {
     leased: Leased,
     id: String,
     token: u64,
-    keeper: tokio::task::JoinHandle<()>,
+    /// The hold's place in the client's renewals (dropped: renewed no more).
+    renewals: crate::watchdog::Ticket,
 }
 
 impl MemGuard {
@@ -162,9 +164,10 @@ impl MemGuard {
         // The lease runs from the grant, which the store dated; the guard's deadline is that
         // less the drift margin, so it is lost before the store hands the lock on.
         let lease = Arc::new(Lease::new(entry.since, entry.lease, "memory"));
-        let keeper = tokio::spawn(keep(client.clone(), name.clone(), entry.id.clone(), lease.clone()));
+        let check = Renew { client: client.clone(), name: name.clone(), id: entry.id.clone(), lease: lease.clone() };
+        let renewals = client.watchdog.watch(lease.clone(), name.clone(), check);
         let leased = Leased::new(name, lease);
-        MemGuard { hold: Some(Hold { client, leased, id: entry.id, token: entry.token, keeper }) }
+        MemGuard { hold: Some(Hold { client, leased, id: entry.id, token: entry.token, renewals }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -172,19 +175,51 @@ impl MemGuard {
     }
 }
 
-/// Renews every third of the lease until it is lost; a renewal from a cut-off client does not
-/// arrive, and one that finds the entry gone is a loss.
-async fn keep(client: Client, name: String, id: String, lease: Arc<Lease>) {
-    lease
-        .keep(&name, client.lease() / 3, || async {
-            // Bounded by the lease's deadline (`Lease::renew_once`).
+/// A hold's renewal, as the client's watchdog keeps it: with every other hold of the client due,
+/// in one change of the store, each with its own answer. A renewal from a cut-off client arrives
+/// at the heal (each hold's wait is bounded by its own deadline, by the watchdog); one that finds
+/// its entry gone is a loss of that hold alone.
+pub(crate) struct Renew {
+    client: Client,
+    name: String,
+    id: String,
+    lease: Arc<Lease>,
+}
+
+impl crate::watchdog::Check for Renew {
+    type Group = ();
+
+    /// Every hold of the client: one change of the store renews them all.
+    const TOGETHER: usize = usize::MAX;
+
+    fn group(&self) {}
+
+    fn renew(&self) -> BoxFuture<'static, Renewal> {
+        let together = Self::renew_together(&[self]);
+        Box::pin(async move { together.await.pop().unwrap_or(Renewal::Failed) })
+    }
+
+    fn renew_together(checks: &[&Self]) -> BoxFuture<'static, Vec<Renewal>> {
+        let client = checks[0].client.clone();
+        let ours: Vec<(String, String, Arc<Lease>)> =
+            checks.iter().map(|c| (c.name.clone(), c.id.clone(), c.lease.clone())).collect();
+        Box::pin(async move {
             client.arrive().await;
-            match client.store.change(|s, now| s.locks.entry(name.clone()).or_default().renew(&id, now)) {
-                true => Renewal::Renewed,
-                false => Renewal::Gone(LostReason::LeaseExpired),
-            }
+            client.store.change(|s, now| {
+                let renew = |(name, id, lease): &(String, String, Arc<Lease>)| {
+                    // A hold whose guard gave up meanwhile (the heal came after its deadline) is
+                    // not renewed: the store lets it go at its lease.
+                    let ours = now < lease.deadline() && s.locks.get_mut(name).is_some_and(|row| row.renew(id, now));
+                    if ours {
+                        Renewal::Renewed
+                    } else {
+                        Renewal::Gone(LostReason::LeaseExpired)
+                    }
+                };
+                ours.iter().map(renew).collect()
+            })
         })
-        .await;
+    }
 }
 
 /// Takes the holder out of the store once the request arrives; whether it still held.
@@ -213,9 +248,9 @@ impl Held for MemGuard {
         Box::pin(self.hold().leased.lost())
     }
     fn release(mut self: Box<Self>) -> BoxFuture<'static, Result<()>> {
-        let Hold { client, leased: Leased { name, lease }, id, keeper, .. } =
+        let Hold { client, leased: Leased { name, lease }, id, renewals, .. } =
             self.hold.take().expect("a guard holds until released");
-        keeper.abort();
+        drop(renewals);
         Box::pin(async move {
             let (before, lock, deadline) = (lease.state(&name), name.clone(), lease.deadline());
             // From a cut-off client the release waits for the heal, at most until the lease is
@@ -233,8 +268,8 @@ impl Held for MemGuard {
 
 impl Drop for MemGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, leased: Leased { name, lease }, id, keeper, .. }) = self.hold.take() else { return };
-        keeper.abort();
+        let Some(Hold { client, leased: Leased { name, lease }, id, renewals, .. }) = self.hold.take() else { return };
+        drop(renewals);
         lease.end();
         // Given back at once (a test sees the lock free right after the drop); from a cut-off
         // client, once it heals (or never, outside a runtime: then its lease runs out).

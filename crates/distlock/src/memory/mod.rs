@@ -170,6 +170,8 @@ pub struct Client {
     /// `true` from [`Client::partition`] to [`Client::heal`]: nothing this client sends
     /// reaches the store meanwhile.
     cut: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Renews every lock this client (and its clones) holds, in one change of the store.
+    watchdog: Arc<crate::watchdog::Watchdog<lock::Renew>>,
 }
 
 impl Client {
@@ -200,7 +202,8 @@ impl Client {
                 None => stores.entry(url.name.clone()).or_insert_with(|| Arc::new(Store::new())).clone(),
             }
         };
-        Ok(Client { store, url, cut: Arc::new(tokio::sync::watch::channel(false).0) })
+        let watchdog = Arc::new(crate::watchdog::Watchdog::new(url.lease / 3));
+        Ok(Client { store, url, cut: Arc::new(tokio::sync::watch::channel(false).0), watchdog })
     }
 
     /// The URL this client was made from.

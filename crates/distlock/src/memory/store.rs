@@ -114,6 +114,10 @@ impl LockRow {
             let next = self.queue.pop_front().expect("the front is there");
             self.grant(next, now);
         }
+        // Most locks are held with nobody waiting: their rows keep no room for waiters.
+        if self.queue.is_empty() {
+            self.queue.shrink_to_fit();
+        }
     }
 
     /// `Ok` unless the name is in use as the other kind (a semaphore, or a mutex or read/write
@@ -160,6 +164,10 @@ impl LockRow {
         entry.token = self.last_token;
         entry.since = now;
         entry.until = now + entry.lease;
+        // Room for one holder (not the four a first push makes): a mutex never has more.
+        if self.holders.capacity() == 0 {
+            self.holders.reserve_exact(1);
+        }
         self.holders.push(entry);
     }
 

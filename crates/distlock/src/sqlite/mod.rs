@@ -22,9 +22,10 @@
 //! millisecond and jump to the clock across milliseconds).
 //!
 //! A lock is free when `lock_until <= now`. Taking it is one upsert that succeeds only if the row
-//! is missing or expired, and advances the token; the guard's watchdog extends `lock_until` every
-//! third of the lease while the row is still ours; a release sets `lock_until` to now. Rows are
-//! never deleted by distlock.
+//! is missing or expired, and advances the token; the client's watchdog extends `lock_until` of
+//! every row it holds every third of the lease, in one statement for up to 10,000 rows, while
+//! each row is still ours; a release sets `lock_until` to now. Rows are never deleted by
+//! distlock.
 //!
 //! # Leases and loss
 //!
@@ -91,6 +92,8 @@ struct Inner {
     url: SqliteUrl,
     pool: SqlitePool,
     sql: Statements,
+    /// Renews every hold of this client, a statement for up to [`mutex::RENEW_TOGETHER`] of them.
+    watchdog: Arc<crate::watchdog::Watchdog<mutex::Renew>>,
     /// The database file itself, however its path was written (relative, through a link): the
     /// key of this process's queues.
     file: std::path::PathBuf,
@@ -159,8 +162,15 @@ impl Statements {
                  WHERE {t}.lock_until <= excluded.locked_at \
                  RETURNING fencing_token, {UNTIL_MS}"
             ),
+            // ?1 a JSON array of [name, holder] pairs, ?2 the lease as a modifier: every row of
+            // the list still ours (unexpired, our holder) extended at one instant, in one
+            // statement; the rows extended come back.
             extend: format!(
-                "UPDATE {t} SET lock_until = {UNTIL} WHERE name = ?1 AND locked_by = ?2 AND lock_until > {NOW}"
+                "UPDATE {t} SET lock_until = strftime('%Y-%m-%d %H:%M:%f', 'now', ?2) \
+                 FROM (SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS h \
+                 FROM json_each(?1)) AS ours \
+                 WHERE {t}.name = ours.n AND {t}.locked_by = ours.h AND {t}.lock_until > {NOW} \
+                 RETURNING {t}.name, {t}.locked_by"
             ),
             release: format!(
                 "UPDATE {t} SET lock_until = {NOW} WHERE name = ?1 AND locked_by = ?2 AND lock_until > {NOW}"
@@ -280,7 +290,8 @@ impl Client {
         }
         let sql = Statements::new(t);
         let file = std::fs::canonicalize(&url.path).unwrap_or_else(|_| url.path.clone());
-        Ok(Client { inner: Arc::new(Inner { url, pool, sql, file }) })
+        let watchdog = Arc::new(crate::watchdog::Watchdog::new(url.lease / 3));
+        Ok(Client { inner: Arc::new(Inner { url, pool, sql, watchdog, file }) })
     }
 
     /// The connection pool (for the election's statements).
@@ -322,13 +333,22 @@ impl Client {
     /// again queues behind the others instead of winning the row back at once, and only the
     /// queue's head asks the database.
     fn gate(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        static GATES: OnceLock<StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+        /// The queues by file, table and name, and the size at which the unused ones go next.
+        type Gates = (HashMap<String, Weak<tokio::sync::Mutex<()>>>, usize);
+        static GATES: OnceLock<StdMutex<Gates>> = OnceLock::new();
         let key = format!("{}\0{}\0{name}", self.inner.file.display(), self.inner.url.table);
-        let mut map = GATES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        let mut gates = GATES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        let (map, prune_at) = &mut *gates;
         if let Some(g) = map.get(&key).and_then(Weak::upgrade) {
             return g;
         }
-        map.retain(|_, w| w.strong_count() > 0);
+        // The unused queues go once the map has doubled since the last sweep: a sweep at every
+        // new name would cost each acquire a pass over every lock held (10,000 held, 10,000
+        // entries a pass).
+        if map.len() >= *prune_at {
+            map.retain(|_, w| w.strong_count() > 0);
+            *prune_at = (map.len() * 2).max(64);
+        }
         let g = Arc::new(tokio::sync::Mutex::new(()));
         map.insert(key, Arc::downgrade(&g));
         g

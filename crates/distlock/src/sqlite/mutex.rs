@@ -1,4 +1,4 @@
-//! A mutex on a lease row, with a watchdog that extends it.
+//! A mutex on a lease row, extended by its client's watchdog with the client's other rows.
 
 use super::{backend, Client};
 use crate::contract::Wait;
@@ -213,7 +213,8 @@ struct Hold {
     leased: Leased,
     holder: String,
     token: u64,
-    watchdog: tokio::task::JoinHandle<()>,
+    /// The hold's place in the client's renewals (dropped: renewed no more).
+    renewals: crate::watchdog::Ticket,
     /// This process's queue for the lock: the next local acquire goes once our release is done,
     /// or at once when the lease is lost (the watchdog opens it then).
     gate: Gate,
@@ -238,9 +239,9 @@ impl MutexGuard {
     ) -> MutexGuard {
         let lease = Arc::new(Lease::new(sent, client.lease(), "sqlite"));
         let gate = Arc::new(std::sync::Mutex::new(Some(gate)));
-        let watchdog =
-            tokio::spawn(watchdog(client.clone(), name.clone(), holder.clone(), lease.clone(), gate.clone()));
-        MutexGuard { hold: Some(Hold { client, leased: Leased::new(name, lease), holder, token, watchdog, gate }) }
+        let check = Renew { client: client.clone(), name: name.clone(), holder: holder.clone(), gate: gate.clone() };
+        let renewals = client.inner.watchdog.watch(lease.clone(), name.clone(), check);
+        MutexGuard { hold: Some(Hold { client, leased: Leased::new(name, lease), holder, token, renewals, gate }) }
     }
 
     fn hold(&self) -> &Hold {
@@ -266,9 +267,9 @@ impl MutexGuard {
 
     /// Ends the lease now; [`Error::LockLost`](crate::Error::LockLost) if it had been lost or taken over before.
     pub async fn release(mut self) -> Result<()> {
-        let Hold { client, leased: Leased { name, lease }, holder, watchdog, gate, .. } =
+        let Hold { client, leased: Leased { name, lease }, holder, renewals, gate, .. } =
             self.hold.take().expect("a guard holds until released");
-        watchdog.abort();
+        drop(renewals);
         let (before, lock) = (lease.state(&name), name.clone());
         // The queue opens once the release has reached the file, also when nobody waits for it
         // any more (the release then finishes on its own); at once if it is not sent (lost).
@@ -283,10 +284,10 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(Hold { client, leased: Leased { name, lease }, holder, watchdog, gate, .. }) = self.hold.take() else {
+        let Some(Hold { client, leased: Leased { name, lease }, holder, renewals, gate, .. }) = self.hold.take() else {
             return;
         };
-        watchdog.abort();
+        drop(renewals);
         lease.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -311,23 +312,65 @@ async fn release(client: Client, name: String, holder: String) -> Result<bool> {
     Ok(done.rows_affected() == 1)
 }
 
-/// Extends the lease every third of it (see [`Lease::keep`]); an extension that finds the row no
-/// longer ours (expired and taken, or released by someone else) is a loss.
-async fn watchdog(client: Client, name: String, holder: String, lease: Arc<Lease>, gate: Gate) {
-    let inner = &client.inner;
-    lease
-        .keep(&name, client.lease() / 3, || async {
-            let extend = sqlx::query(&inner.sql.extend).bind(&name).bind(&holder).bind(inner.url.lease_modifier());
-            match extend.execute(&inner.pool).await {
-                Ok(done) if done.rows_affected() == 1 => Renewal::Renewed,
-                Ok(_) => Renewal::Gone(LostReason::KeyDeleted),
+/// At most this many rows in one extension: a statement of 10,000 rows runs in well under a
+/// second (its list is one JSON parameter, so SQLite's limit on parameters does not apply).
+pub(crate) const RENEW_TOGETHER: usize = 10_000;
+
+/// A hold's extension, as the client's watchdog keeps it: every third of the lease, with the
+/// client's other holds, in one statement for up to [`RENEW_TOGETHER`] rows, each with its own
+/// answer; a row that the statement did not extend (expired and taken, or released or deleted by
+/// someone else) is a loss of that hold alone.
+pub(crate) struct Renew {
+    client: Client,
+    name: String,
+    holder: String,
+    gate: Gate,
+}
+
+impl crate::watchdog::Check for Renew {
+    type Group = ();
+
+    const TOGETHER: usize = RENEW_TOGETHER;
+
+    fn group(&self) {}
+
+    fn renew(&self) -> crate::contract::BoxFuture<'static, Renewal> {
+        let together = Self::renew_together(&[self]);
+        Box::pin(async move { together.await.pop().unwrap_or(Renewal::Failed) })
+    }
+
+    /// One statement for them all: each row it extended comes back (by name and holder); a hold
+    /// whose row did not is `Gone(KeyDeleted)`; a failed statement fails every one of them.
+    fn renew_together(checks: &[&Self]) -> crate::contract::BoxFuture<'static, Vec<Renewal>> {
+        let client = checks[0].client.clone();
+        let ours: Vec<(String, String)> = checks.iter().map(|c| (c.name.clone(), c.holder.clone())).collect();
+        let list = serde_json::to_string(&ours).unwrap_or_default();
+        Box::pin(async move {
+            let inner = &client.inner;
+            let extended: std::result::Result<Vec<(String, String)>, _> = sqlx::query_as(&inner.sql.extend)
+                .bind(list)
+                .bind(inner.url.lease_modifier())
+                .fetch_all(&inner.pool)
+                .await;
+            match extended {
+                Ok(rows) => {
+                    let rows: std::collections::HashSet<(String, String)> = rows.into_iter().collect();
+                    let answer = |row: &(String, String)| match rows.contains(row) {
+                        true => Renewal::Renewed,
+                        false => Renewal::Gone(LostReason::KeyDeleted),
+                    };
+                    ours.iter().map(answer).collect()
+                }
                 Err(e) => {
-                    tracing::debug!(lock = name, error = %e, "lease extension failed");
-                    Renewal::Failed
+                    tracing::debug!(lock = ours[0].0, holds = ours.len(), error = %e, "lease extension failed");
+                    vec![Renewal::Failed; ours.len()]
                 }
             }
         })
-        .await;
-    // Lost: the next local acquire need not wait for our release.
-    open(&gate);
+    }
+
+    /// Lost: the next local acquire need not wait for our release.
+    fn lost(&self) {
+        open(&self.gate);
+    }
 }
