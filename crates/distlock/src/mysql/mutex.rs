@@ -4,6 +4,7 @@ use super::{backend, Client, Fencing, FENCING_SEQUENCE, FENCING_TABLE};
 use crate::contract::Wait;
 use crate::lease::{Lease, Leased};
 use crate::{LostReason, Result};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -29,6 +30,9 @@ use tokio::time::Instant;
 pub struct Mutex {
     client: Client,
     name: String,
+    /// This lock's last acquire had to wait: the next one that may wait waits on the server at
+    /// once (if a connection is free for it), without a try first that would cost a round trip.
+    contended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `GET_LOCK`'s timeout for "forever" (DistributedLock's choice; −1 is refused by MariaDB).
@@ -59,7 +63,7 @@ const ACQUIRE_ROW_SQL: &str = "INSERT INTO distlock_fencing (name, token) \
 impl Mutex {
     pub(crate) fn new(client: Client, name: String) -> Mutex {
         debug_assert!(ACQUIRE_ROW_SQL.contains(FENCING_TABLE) && ACQUIRE_SEQUENCE_SQL.contains(FENCING_SEQUENCE));
-        Mutex { client, name }
+        Mutex { client, name, contended: Arc::default() }
     }
 
     /// The lock's name.
@@ -77,6 +81,13 @@ impl Mutex {
         // Made once the acquire has to poll (most never do).
         let mut wake: Option<Arc<tokio::sync::Notify>> = None;
         let mut pause = Duration::from_millis(5);
+        let contended = &self.contended;
+        if wait != Wait::Never && contended.load(Ordering::Relaxed) {
+            if let Some(slot) = pool.claim_wait(client).await {
+                return self.wait_on_server(slot, deadline).await;
+            }
+        }
+        let mut first = true;
         loop {
             // Listening before the try: a release after the try's look wakes this.
             let now_waking = wake.clone();
@@ -89,11 +100,18 @@ impl Mutex {
             });
             // A lock free now is taken on a shared connection (see `shared`).
             match super::shared::try_lock(client, name).await? {
-                Some(Tried::Granted(guard)) => return Ok(Some(guard)),
+                Some(Tried::Granted(guard)) => {
+                    if std::mem::take(&mut first) {
+                        contended.store(false, Ordering::Relaxed);
+                    }
+                    return Ok(Some(guard));
+                }
                 // Every shared connection has the name (local holders): busy too.
                 Some(Tried::Busy) | None if wait == Wait::Never => return Ok(None),
                 Some(Tried::Busy | Tried::Stale) | None => {}
             }
+            first = false;
+            contended.store(true, Ordering::Relaxed);
             if let Some(slot) = pool.claim_wait(client).await {
                 return self.wait_on_server(slot, deadline).await;
             }

@@ -164,9 +164,6 @@ impl Pool {
             Some(s) if s.load() == 0 || !room => s,
             _ if room => {
                 let shared = Arc::new(open(client).await?);
-                // Renewed from now, not from its first grant: a connection on which every try
-                // is refused (many acquires polling) must not reach its deadline unrenewed.
-                renew(client, &shared);
                 conns.push(shared.clone());
                 self.shared.store(conns.len(), Ordering::Release);
                 shared
@@ -351,7 +348,9 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
         let token = match answer {
             Ok(Some(token)) => token,
             Ok(None) => {
-                // A refusal proves the session alive at `sent` as much as a grant does.
+                // A refusal proves the session alive at `sent` as much as a grant does: a
+                // connection on which every try is refused (many acquires polling, none granted
+                // yet, so no renewals yet) must not reach its deadline for want of a ping.
                 shared.lease.confirmed(sent, &label);
                 client.pool().done(&client, &shared, &name).await;
                 return Ok(Some(Tried::Busy));
