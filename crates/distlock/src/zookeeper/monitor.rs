@@ -286,11 +286,12 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Takes `node` out of the map, lost for `reason`.
+    /// Takes `node` out of the map, lost for `reason` (out of the map first: whoever is told of
+    /// the loss finds the monitor no longer following it).
     fn lose(&self, node: &Arc<Node>, reason: LostReason) {
-        node.publish_lost(reason);
-        node.stop();
         self.monitor().nodes().watched.remove(&key(node));
+        node.stop();
+        node.publish_lost(reason);
     }
 
     /// Starts following the nodes registered since the last look; false when none is left.
