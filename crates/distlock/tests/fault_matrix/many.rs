@@ -4,8 +4,8 @@
 //! from its grant until it is told `lost()` (writing with its token meanwhile), the competitor
 //! from its grant on; the checker then says whether any lock had two believed holders at once.
 //! After a silent partition longer than the lease every one of the hundred must be lost, and
-//! lost before the competitor got any of them (the overlap check per lock, and the latest loss
-//! before the earliest grant across all); after a reset the locks that survive it are released
+//! lost before the competitor got it (the overlap check per lock) and, where the locks share one
+//! lease (a session, a connection, an etcd lease), the latest loss before the earliest grant; after a reset the locks that survive it are released
 //! by the holder and taken by the competitor. Nothing may be left on the server afterwards.
 
 use super::{leaked_after, Recipe, Row, Target, BOUND, WRITE_EVERY};
@@ -195,9 +195,10 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
     let reports: Vec<_> = helds.iter().map(|h| h.resource.report()).collect();
     let mut overlaps: usize = reports.iter().map(|r| r.overlaps.len()).sum();
     // Across all, where the locks share one lease (a session, a connection, an etcd lease):
-    // after a partition the last loss comes before the first grant elsewhere. Redis keeps a
-    // key, with its own expiry, per lock: there each lock is judged alone.
-    let one_lease = !target.url.starts_with("redis");
+    // after a partition the last loss comes before the first grant elsewhere. Redis and the
+    // in-process store keep an entry, with its own expiry, per lock: there each lock is judged
+    // alone (its loss before its own next grant).
+    let one_lease = !target.url.starts_with("redis") && !target.url.starts_with("memory");
     if fault == ManyFault::Partition && one_lease && last_loss.zip(first_grant).is_some_and(|(l, g)| l >= g) {
         overlaps += 1;
     }
