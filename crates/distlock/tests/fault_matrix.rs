@@ -711,15 +711,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         .unwrap_or(0);
     let report = shared.resource.report();
     let now = distlock_faults::mono_now();
-    let longest_overlap_us = report
-        .overlaps
-        .iter()
-        .map(|(a, b)| {
-            let end = |h: &distlock_faults::Hold| if h.is_open() { now } else { h.end_ns };
-            end(a).min(end(b)).saturating_sub(a.start_ns.max(b.start_ns)) / 1_000
-        })
-        .max()
-        .unwrap_or(0);
+    let longest_overlap_us = longest_overlap_us(report.overlaps.iter(), now);
     Row {
         scenario: scenario.name(),
         recipe: recipe.name(),
@@ -739,6 +731,15 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         must_lose: 0,
         must_keep: false,
     }
+}
+
+/// The longest of `overlaps`, in microseconds; a hold still open counts until `now`.
+fn longest_overlap_us<'a>(
+    overlaps: impl Iterator<Item = &'a (distlock_faults::Hold, distlock_faults::Hold)>,
+    now: u64,
+) -> u64 {
+    let end = |h: &distlock_faults::Hold| if h.is_open() { now } else { h.end_ns };
+    overlaps.map(|(a, b)| end(a).min(end(b)).saturating_sub(a.start_ns.max(b.start_ns)) / 1_000).max().unwrap_or(0)
 }
 
 /// What is left of the lock after waiting up to `bound` for clients that ended to be cleaned

@@ -316,11 +316,13 @@ async fn waiting(raw: &mut MySqlConnection, db: &str) -> i64 {
     // By the thread's state, not its statement's text: reading another thread's INFO while the
     // server kills that thread crashed MariaDB 10.11 once (a segfault in this very query, in a
     // full run of scripts/test.sh).
-    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? AND STATE = 'User lock'")
-        .bind(db)
-        .fetch_one(raw)
-        .await
-        .unwrap()
+    processes(raw, db, "AND STATE = 'User lock'").await
+}
+
+/// The server sessions using database `db` (the process list's), those matching `and` only.
+async fn processes(raw: &mut MySqlConnection, db: &str, and: &str) -> i64 {
+    let sql = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? {and}");
+    sqlx::query_scalar(&sql).bind(db).fetch_one(raw).await.unwrap()
 }
 
 /// The seed's account on MariaDB (balance 1000, version 1; +100 and −50 read at once): one write
@@ -591,15 +593,6 @@ async fn many_held_locks_share_four_connections() {
     }
 }
 
-/// The server connections of the client using database `db` (the process list's).
-async fn sessions(raw: &mut MySqlConnection, db: &str) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ?")
-        .bind(db)
-        .fetch_one(raw)
-        .await
-        .unwrap()
-}
-
 /// Waits count against the bound (`connections=2`): with six locks held by another client and
 /// six local acquires waiting for them, at most one waits on the server (one connection always
 /// serves the tries), the others poll; every one is granted once the holder lets go, and the
@@ -633,14 +626,14 @@ async fn waits_count_against_the_connection_bound() {
     }
     let mut most = 0;
     for g in held {
-        most = most.max(sessions(&mut raw, &own_db).await);
+        most = most.max(processes(&mut raw, &own_db, "").await);
         g.release().await.unwrap();
     }
     let mut granted = Vec::new();
     for w in waits {
         let g = tokio::time::timeout(Duration::from_secs(20), w).await.expect("granted once freed").unwrap();
         granted.push(g.unwrap().expect("granted within its wait"));
-        most = most.max(sessions(&mut raw, &own_db).await);
+        most = most.max(processes(&mut raw, &own_db, "").await);
     }
     assert!(most <= 2, "{most} connections open with connections=2");
     assert!(connections(&granted).len() <= 2, "{:?}", connections(&granted));

@@ -202,15 +202,7 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
     if fault == ManyFault::Partition && one_lease && last_loss.zip(first_grant).is_some_and(|(l, g)| l >= g) {
         overlaps += 1;
     }
-    let longest_overlap_us = reports
-        .iter()
-        .flat_map(|r| r.overlaps.iter())
-        .map(|(a, b)| {
-            let end = |h: &distlock_faults::Hold| if h.is_open() { released_at } else { h.end_ns };
-            end(a).min(end(b)).saturating_sub(a.start_ns.max(b.start_ns)) / 1_000
-        })
-        .max()
-        .unwrap_or(0);
+    let longest_overlap_us = super::longest_overlap_us(reports.iter().flat_map(|r| r.overlaps.iter()), released_at);
     Row {
         scenario: fault.name(),
         recipe: "mutex",
