@@ -16,7 +16,9 @@
 //!
 //! Every network backend (and the in-process store) also runs the cells of `many.rs`: one client
 //! holding a hundred locks on its one session or few shared connections, partitioned or reset,
-//! while a competitor waits for all of them (each lock judged by a fenced resource of its own).
+//! while a competitor waits for all of them (each lock judged by a fenced resource of its own);
+//! SQLite, a file with no connection to cut, runs its analogs: a process holding a hundred locks
+//! paused past the lease, or killed.
 //!
 //! Size: `DISTLOCK_MATRIX_FAULTS` faults per cell (default 2); `DISTLOCK_MATRIX_ONLY=TEXT` runs
 //! only the scenarios whose names contain TEXT, `DISTLOCK_MATRIX_RECIPE=TEXT` only the recipes
@@ -1074,7 +1076,7 @@ async fn etcd_matrix() {
 }
 
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
-/// the lease running out under them).
+/// the lease running out under them; the same with a hundred locks in the holder).
 async fn sqlite_matrix() {
     let dir = std::env::temp_dir().join(format!("distlock-matrix-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1092,7 +1094,9 @@ async fn sqlite_matrix() {
     run_matrix(
         target,
         &[Scenario::None, Scenario::Pause { fenced: true }, Scenario::Pause { fenced: false }, Scenario::Kill],
-        &[],
+        // A file has no connection to cut or reset: a hundred locks held by a process paused or
+        // killed in their place.
+        &[ManyFault::Pause, ManyFault::Kill],
     )
     .await;
     let _ = std::fs::remove_dir_all(&dir);

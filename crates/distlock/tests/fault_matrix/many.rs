@@ -7,13 +7,20 @@
 //! lost before the competitor got it (the overlap check per lock) and, where the locks share one
 //! lease (a session, a connection, an etcd lease), the latest loss before the earliest grant; after a reset the locks that survive it are released
 //! by the holder and taken by the competitor. Nothing may be left on the server afterwards.
+//!
+//! A file (SQLite) has no connection to cut: there the holder is a process of its own, with its
+//! hundred locks, paused past the lease (resumed, it must find every one lost, and the fence
+//! must refuse whatever it writes first) or killed (no lock may be granted before the kill, and
+//! every one must be granted after it).
 
-use super::{leaked_after, Recipe, Row, Target, BOUND, WRITE_EVERY};
+use super::{leaked_after, say, Recipe, Row, Target, BOUND, WRITE_EVERY};
+use crate::common;
 use distlock::Guard;
-use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, Mode};
+use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, HoldId, Mode};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
 
 /// How many locks the holder takes.
 pub(super) const LOCKS: usize = 100;
@@ -25,6 +32,12 @@ pub(super) enum ManyFault {
     Partition,
     /// The holder's connections reset and reconnecting refused for 0.5 s.
     Reset,
+    /// The holder, a process of its own, stopped (SIGSTOP) for one and a half leases and until
+    /// the competitor has every lock, then resumed: what a file backend (SQLite) has in place
+    /// of a partition, its holder silent while the lease runs out.
+    Pause,
+    /// The holder, a process of its own, killed (SIGKILL) with its hundred locks.
+    Kill,
 }
 
 impl ManyFault {
@@ -32,7 +45,14 @@ impl ManyFault {
         match self {
             ManyFault::Partition => format!("{LOCKS} locks on one client, partitioned 1½ leases (silent)"),
             ManyFault::Reset => format!("{LOCKS} locks on one client, reset, reconnect refused 0.5 s"),
+            ManyFault::Pause => format!("{LOCKS} locks in one process, paused 1½ leases (SIGSTOP), fenced"),
+            ManyFault::Kill => format!("{LOCKS} locks in one process, killed (SIGKILL)"),
         }
+    }
+
+    /// Whether the holder is a child process (the faults made with signals).
+    fn in_child(self) -> bool {
+        matches!(self, ManyFault::Pause | ManyFault::Kill)
     }
 }
 
@@ -69,20 +89,29 @@ fn hold(guard: Arc<Guard>, held: Arc<Held>, seq: Arc<AtomicU64>, stop: Arc<Atomi
     })
 }
 
+/// The names' common start, new for each cell.
+fn prefix(target: &Target) -> String {
+    let name = format!("matrix-many-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    if target.is_zk() {
+        format!("/distlock-test/{name}")
+    } else {
+        name
+    }
+}
+
+/// The `LOCKS` names of a cell.
+fn names(prefix: &str) -> Vec<String> {
+    (0..LOCKS).map(|i| format!("{prefix}-{i}")).collect()
+}
+
 /// One cell: the holder takes `LOCKS` mutexes, a competitor waits for all of them, `fault`
 /// strikes the holder.
 pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
-    let tag = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
-    let names: Vec<String> = (0..LOCKS)
-        .map(|i| {
-            let name = format!("matrix-many-{tag}-{i}");
-            if target.is_zk() {
-                format!("/distlock-test/{name}")
-            } else {
-                name
-            }
-        })
-        .collect();
+    let prefix = prefix(target);
+    let names = names(&prefix);
+    if fault.in_child() {
+        return child_cell(target, fault, &prefix, &names).await;
+    }
     let proxy = match &target.addr {
         Some(addr) => Some(FaultProxy::start(addr.parse().unwrap()).await.unwrap()),
         None => None,
@@ -102,23 +131,8 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         guards.push(guard);
         helds.push(held);
     }
-    // The competitor waits for every one; once granted it holds (and writes once) until the end.
-    let granted_at: Arc<StdMutex<Vec<u64>>> = Arc::default();
-    let waits: Vec<_> = names
-        .iter()
-        .zip(&helds)
-        .map(|(name, held)| {
-            let (lock, held, granted_at, seq) =
-                (competitor.mutex(name).unwrap(), held.clone(), granted_at.clone(), seq.clone());
-            tokio::spawn(async move {
-                let g = lock.lock_timeout(BOUND).await.expect("the competitor's acquire").expect("granted in time");
-                let id = held.resource.begin(1, Mode::Exclusive, g.fencing_token());
-                granted_at.lock().unwrap().push(mono_now());
-                held.resource.write(1, g.fencing_token(), seq.fetch_add(1, Ordering::SeqCst));
-                (g, id)
-            })
-        })
-        .collect();
+    let resources: Vec<_> = helds.iter().map(|h| h.resource.clone()).collect();
+    let (granted_at, waits) = compete(&competitor, &names, &resources, &seq);
     let cut = |on: bool| match &proxy {
         Some(p) if on => p.set(Fault::Blackhole),
         Some(p) => p.heal(),
@@ -148,6 +162,7 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
             }
             cut(false);
         }
+        ManyFault::Pause | ManyFault::Kill => unreachable!("a child process holds in these cells"),
         ManyFault::Reset => {
             let p = proxy.as_ref().expect("a reset needs the proxy");
             p.set(Fault::RefuseNew);
@@ -173,22 +188,11 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
             losses += 1;
         }
     }
-    let mut granted = Vec::new();
-    for w in waits {
-        granted.push(tokio::time::timeout(BOUND, w).await.expect("the competitor is granted every lock").unwrap());
-    }
-    let released_at = mono_now();
-    for ((g, id), held) in granted.into_iter().zip(&helds) {
-        held.resource.end(id);
-        g.release().await.expect("the competitor releases");
-    }
+    let released_at = let_go(waits, &resources).await;
     drop(proxy);
     holder.close(Duration::from_secs(2)).await;
     competitor.close(Duration::from_secs(2)).await;
-    let mut leaked = 0;
-    for name in &names {
-        leaked += leaked_after(target, Recipe::Mutex, name, Duration::from_secs(8)).await;
-    }
+    let leaked = leaked(target, &names).await;
     let grants = granted_at.lock().unwrap().clone();
     let (first_grant, last_grant) = (grants.iter().min().copied(), grants.iter().max().copied());
     let last_loss = helds.iter().filter_map(|h| *h.lost_at.lock().unwrap()).max();
@@ -224,4 +228,246 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         // connection): a loss reported there would be false.
         must_keep: fault == ManyFault::Reset && !target.connection_bound,
     }
+}
+
+/// The competitor waits for every lock of `names`; once granted it holds (and writes once to the
+/// lock's resource) until [`let_go`]. Returns the grants' times and the waits.
+#[allow(clippy::type_complexity)]
+fn compete(
+    competitor: &distlock::Client,
+    names: &[String],
+    resources: &[Arc<FencedResource>],
+    seq: &Arc<AtomicU64>,
+) -> (Arc<StdMutex<Vec<u64>>>, Vec<tokio::task::JoinHandle<(Guard, HoldId)>>) {
+    let granted_at: Arc<StdMutex<Vec<u64>>> = Arc::default();
+    let waits = names
+        .iter()
+        .zip(resources)
+        .map(|(name, resource)| {
+            let (lock, resource, granted_at, seq) =
+                (competitor.mutex(name).unwrap(), resource.clone(), granted_at.clone(), seq.clone());
+            tokio::spawn(async move {
+                let g = lock.lock_timeout(BOUND).await.expect("the competitor's acquire").expect("granted in time");
+                let id = resource.begin(1, Mode::Exclusive, g.fencing_token());
+                granted_at.lock().unwrap().push(mono_now());
+                resource.write(1, g.fencing_token(), seq.fetch_add(1, Ordering::SeqCst));
+                (g, id)
+            })
+        })
+        .collect();
+    (granted_at, waits)
+}
+
+/// Waits (bounded) for the competitor to be granted every lock, then releases them all; returns
+/// when the releases began.
+async fn let_go(waits: Vec<tokio::task::JoinHandle<(Guard, HoldId)>>, resources: &[Arc<FencedResource>]) -> u64 {
+    let mut granted = Vec::new();
+    for w in waits {
+        granted.push(tokio::time::timeout(BOUND, w).await.expect("the competitor is granted every lock").unwrap());
+    }
+    let released_at = mono_now();
+    for ((g, id), resource) in granted.into_iter().zip(resources) {
+        resource.end(id);
+        g.release().await.expect("the competitor releases");
+    }
+    released_at
+}
+
+/// How many of `names` are left held once every client has ended (bounded).
+async fn leaked(target: &Target, names: &[String]) -> usize {
+    let mut leaked = 0;
+    for name in names {
+        leaked += leaked_after(target, Recipe::Mutex, name, Duration::from_secs(8)).await;
+    }
+    leaked
+}
+
+/// What the parent knows of the child holder's locks, from its reports.
+#[derive(Default)]
+struct ChildLocks {
+    /// Per lock: (token, start) while the child reports it held.
+    open: Vec<Option<(u64, u64)>>,
+    /// How many locks the child reported granted.
+    held: usize,
+    /// How many the child reported lost.
+    lost: usize,
+}
+
+/// The cells whose holder is a child process: it takes the `LOCKS` locks and reports on its
+/// stdout (`HELD i token start`, `WRITE i token seq`, `END i start end lost|released`); the
+/// parent pauses or kills it while a competitor waits for every lock.
+async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[String]) -> Row {
+    let resources: Vec<_> = (0..LOCKS).map(|_| FencedResource::new(true, 1)).collect();
+    let state = Arc::new(StdMutex::new(ChildLocks { open: vec![None; LOCKS], ..ChildLocks::default() }));
+    let killed_at: Arc<StdMutex<Option<u64>>> = Arc::default();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--exact", &common::test_name(module_path!(), "child_many_holder"), "--include-ignored", "--nocapture"])
+        .arg("--test-threads=1")
+        .env("DISTLOCK_CHILD_URL", target.direct_url())
+        .env("DISTLOCK_CHILD_MANY", prefix)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the child holder");
+    let pid = child.id().unwrap();
+    let reader = {
+        let (stdout, state, resources, killed_at) =
+            (child.stdout.take().unwrap(), state.clone(), resources.clone(), killed_at.clone());
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                // The test harness starts its own line before the first report.
+                let at = ["HELD ", "WRITE ", "END "].iter().filter_map(|w| line.find(w)).min().unwrap_or(0);
+                let f: Vec<&str> = line[at..].split_whitespace().collect();
+                let num = |s: &str| s.parse::<u64>().unwrap();
+                let mut st = state.lock().unwrap();
+                match f.as_slice() {
+                    ["HELD", i, token, start] => {
+                        st.open[num(i) as usize] = Some((num(token), num(start)));
+                        st.held += 1;
+                    }
+                    ["WRITE", i, token, seq] => {
+                        resources[num(i) as usize].write(0, num(token), num(seq));
+                    }
+                    ["END", i, _, end, how] => {
+                        let i = num(i) as usize;
+                        if let Some((token, start)) = st.open[i].take() {
+                            resources[i].record_hold(0, Mode::Exclusive, token, start, num(end));
+                        }
+                        st.lost += usize::from(*how == "lost");
+                    }
+                    _ => {}
+                }
+            }
+            // The child died holding: killed, its holds ended at the SIGKILL (it runs nothing
+            // after it); otherwise with its output.
+            let end = killed_at.lock().unwrap().unwrap_or_else(mono_now);
+            let mut st = state.lock().unwrap();
+            for (i, open) in st.open.iter_mut().enumerate() {
+                if let Some((token, start)) = open.take() {
+                    resources[i].record_hold(0, Mode::Exclusive, token, start, end);
+                }
+            }
+        })
+    };
+    let until = |what: &'static str, done: Box<dyn Fn(&ChildLocks) -> bool + Send>| {
+        let state = state.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + BOUND;
+            while !done(&state.lock().unwrap()) {
+                assert!(tokio::time::Instant::now() < deadline, "the child holder: {what} within {BOUND:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    until("every lock granted", Box::new(|st| st.held == LOCKS)).await;
+    let competitor = distlock::connect(&target.direct_url()).await.expect("the competitor connects");
+    let seq = Arc::new(AtomicU64::new(1 << 40));
+    let (granted_at, waits) = compete(&competitor, names, &resources, &seq);
+    let fault_at = mono_now();
+    match fault {
+        ManyFault::Kill => {
+            *killed_at.lock().unwrap() = Some(mono_now());
+            distlock_faults::kill(pid).unwrap();
+        }
+        _ => {
+            distlock_faults::pause(pid).unwrap();
+            tokio::time::sleep(target.lease * 3 / 2).await;
+            // Stopped until the competitor has every lock (bounded): then the child, resumed,
+            // has a hundred stale holds to find lost before it writes (or to be fenced off).
+            let deadline = tokio::time::Instant::now() + BOUND;
+            while granted_at.lock().unwrap().len() < LOCKS && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            distlock_faults::resume(pid).unwrap();
+            until("every lock found lost after the pause", Box::new(|st| st.open.iter().all(Option::is_none))).await;
+        }
+    }
+    let released_at = let_go(waits, &resources).await;
+    // Its stdin closed, the child lets go of what it still holds and exits.
+    drop(child.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(15), child.wait()).await.is_err() {
+        distlock_faults::kill(pid).ok();
+    }
+    tokio::time::timeout(BOUND, reader).await.expect("the child's output ends").unwrap();
+    competitor.close(Duration::from_secs(2)).await;
+    let leaked = leaked(target, names).await;
+    let grants = granted_at.lock().unwrap().clone();
+    let reports: Vec<_> = resources.iter().map(|r| r.report()).collect();
+    let losses = state.lock().unwrap().lost;
+    Row {
+        scenario: fault.name(),
+        recipe: "mutex",
+        acquisitions: reports.iter().map(|r| r.holds).sum(),
+        faults: 1,
+        overlaps: reports.iter().map(|r| r.overlaps.len()).sum(),
+        longest_overlap_us: super::longest_overlap_us(reports.iter().flat_map(|r| r.overlaps.iter()), released_at),
+        stale_accepted: reports.iter().map(|r| r.stale_accepted).sum(),
+        stale_rejected: reports.iter().map(|r| r.stale_rejected).sum(),
+        leaked,
+        recovery_ms: grants.iter().max().map_or(0, |g| g.saturating_sub(fault_at) / 1_000_000),
+        losses,
+        by_nature: false,
+        pause_holds: false,
+        // Resumed, the child must find every one of its locks lost (a killed child says nothing).
+        must_lose: if fault == ManyFault::Pause { LOCKS } else { 0 },
+        must_keep: false,
+    }
+}
+
+/// The child process of [`child_cell`]: takes the `LOCKS` mutexes named from
+/// `DISTLOCK_CHILD_MANY`, reports each grant, writes with each lock's token every few
+/// `WRITE_EVERY` while it is not lost, reports each loss, and lets go of the rest once its stdin
+/// closes. Does nothing when started by hand.
+#[test]
+#[ignore = "run by the fault matrix as a child process"]
+fn child_many_holder() {
+    let (Ok(url), Ok(prefix)) = (std::env::var("DISTLOCK_CHILD_URL"), std::env::var("DISTLOCK_CHILD_MANY")) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let done = Arc::new(AtomicBool::new(false));
+        let stdin_done = done.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(_)) = lines.next_line().await {}
+            stdin_done.store(true, Ordering::SeqCst);
+        });
+        let client = distlock::connect(&url).await.expect("the child connects");
+        let mut out = std::io::stdout();
+        let mut held = Vec::new();
+        for (i, name) in names(&prefix).iter().enumerate() {
+            let g =
+                client.mutex(name).unwrap().lock_timeout(BOUND).await.expect("acquire").expect("a new lock is free");
+            let start = mono_now();
+            say(&mut out, &format!("HELD {i} {} {start}", g.fencing_token()));
+            held.push(Some((g, start)));
+        }
+        let mut seq = 0u64;
+        while !done.load(Ordering::SeqCst) {
+            for (i, slot) in held.iter_mut().enumerate() {
+                let Some((g, start)) = slot else { continue };
+                // A careful holder checks before each write; the fence covers what it cannot.
+                if g.state().is_lost() {
+                    say(&mut out, &format!("END {i} {start} {} lost", mono_now()));
+                    *slot = None;
+                    continue;
+                }
+                seq += 1;
+                say(&mut out, &format!("WRITE {i} {} {seq}", g.fencing_token()));
+            }
+            tokio::time::sleep(WRITE_EVERY * 5).await;
+        }
+        for (i, slot) in held.into_iter().enumerate() {
+            if let Some((g, start)) = slot {
+                say(&mut out, &format!("END {i} {start} {} released", mono_now()));
+                let _ = tokio::time::timeout(Duration::from_secs(10), g.release()).await;
+            }
+        }
+        client.close(Duration::from_secs(2)).await;
+    });
 }
