@@ -244,6 +244,16 @@ impl Client {
         &self.inner.pool
     }
 
+    /// A handle that does not keep the client alive (a shared connection's renewals hold it).
+    fn downgrade(&self) -> std::sync::Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The client of [`downgrade`](Self::downgrade)'s handle, while it lives.
+    fn upgrade(weak: &std::sync::Weak<Inner>) -> Option<Client> {
+        weak.upgrade().map(|inner| Client { inner })
+    }
+
     pub(crate) fn watchdog(&self) -> &Arc<crate::watchdog::Watchdog> {
         &self.inner.watchdog
     }
@@ -271,6 +281,8 @@ impl Client {
 
     /// Drops this handle's idle connections.
     pub async fn close(self, bound: Duration) {
+        // The shared connections kept for the next acquire are idle ones now.
+        self.inner.pool.retire_empty(&self).await;
         let idle = std::mem::take(&mut *self.inner.idle.lock().unwrap_or_else(|e| e.into_inner()));
         // A silent server would keep each polite close waiting: past the bound, the rest are
         // dropped, which closes their sockets all the same.

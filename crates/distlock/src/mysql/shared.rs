@@ -31,6 +31,10 @@
 //!   released at once. Statements on a shared connection never wait on the server, so a ping or
 //!   another lock's release behind one waits a round trip at most. A wait that is dropped closes
 //!   its connection, and the server ends a `GET_LOCK` wait whose client is gone.
+//! - **No churn.** A connection whose last lock is released stays shared, with its lease and
+//!   renewals, so that a lock taken and released in a loop makes no new lease, renewal or
+//!   connection each time; at most one empty one stays, and only until its next renewal finds it
+//!   still empty, when it goes back to the idle list (where the server's `wait_timeout` ends it).
 //! - **The bound.** Shared connections, connections taken for a wait and idle ones kept for
 //!   reuse are counted together: no more than `connections` are open for locks at once.
 
@@ -86,6 +90,8 @@ pub(crate) struct Shared {
     names: StdMutex<HashSet<String>>,
     /// The connection's renewals: a ping every sixth of the lease (ended with the connection).
     renewals: StdMutex<Option<Ticket>>,
+    /// "the shared connection ID", its name in the lease's log lines (made once).
+    label: String,
 }
 
 impl std::fmt::Debug for Shared {
@@ -95,12 +101,12 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn label(&self) -> String {
-        format!("the shared connection {}", self.id)
+    fn label(&self) -> &str {
+        &self.label
     }
 
     fn live(&self) -> bool {
-        !self.lease.state(&self.label()).is_lost()
+        !self.lease.state(self.label()).is_lost()
     }
 
     fn holds(&self, name: &str) -> bool {
@@ -235,31 +241,64 @@ impl Pool {
         }
     }
 
-    /// `name` is no longer reserved or held on `shared`; a connection left with no locks leaves
-    /// the shared set (back to the idle list if it is still good).
+    /// `name` is no longer reserved or held on `shared`. A connection left with no locks stays
+    /// shared for the next acquire (its lease and renewals go on, so a lock taken and released
+    /// in a loop costs no new lease, renewal or connection each time) unless another empty one
+    /// does already; it leaves at its next renewal if it is still empty then ([`retire`]).
     pub(crate) async fn done(&self, client: &Client, shared: &Arc<Shared>, name: &str) {
-        let mut conns = self.conns.lock().await;
+        let conns = self.conns.lock().await;
         let empty = {
             let mut names = shared.names.lock().unwrap_or_else(|e| e.into_inner());
             names.remove(name);
             names.is_empty()
         };
-        if !empty {
+        let kept = !empty
+            || (shared.live()
+                && conns.iter().any(|s| Arc::ptr_eq(s, shared))
+                && !conns.iter().any(|s| !Arc::ptr_eq(s, shared) && s.load() == 0));
+        if kept {
             drop(conns);
             self.wake(name);
+            if empty {
+                self.freed.notify_waiters();
+            }
             return;
         }
+        self.leave(client, conns, shared);
+        self.wake(name);
+    }
+
+    /// `shared` leaves the set if it still holds nothing (its renewal found it empty): true if
+    /// it left.
+    async fn retire(&self, client: &Client, shared: &Arc<Shared>) -> bool {
+        let conns = self.conns.lock().await;
+        if shared.load() > 0 || !conns.iter().any(|s| Arc::ptr_eq(s, shared)) {
+            return false;
+        }
+        self.leave(client, conns, shared);
+        true
+    }
+
+    /// Every shared connection that holds nothing leaves the set (the client closes).
+    pub(crate) async fn retire_empty(&self, client: &Client) {
+        let empty: Vec<_> = self.conns.lock().await.iter().filter(|s| s.load() == 0).cloned().collect();
+        for shared in empty {
+            self.retire(client, &shared).await;
+        }
+    }
+
+    /// `shared`, which holds nothing, leaves the set (`conns`, locked): its renewals end and the
+    /// connection is idle again (the next lock on it makes a new lease).
+    fn leave(&self, client: &Client, mut conns: tokio::sync::MutexGuard<'_, Vec<Arc<Shared>>>, shared: &Arc<Shared>) {
         conns.retain(|s| !Arc::ptr_eq(s, shared));
         self.shared.store(conns.len(), Ordering::Release);
         drop(conns);
-        // Its renewals end; the connection is idle again (the next lock on it makes a new lease).
         drop(shared.renewals.lock().unwrap_or_else(|e| e.into_inner()).take());
         if shared.live() {
             if let Some(conn) = shared.conn.try_lock().ok().and_then(|mut c| c.take()) {
                 client.put_back(conn);
             }
         }
-        self.wake(name);
         self.freed.notify_waiters();
     }
 }
@@ -283,31 +322,46 @@ fn shared_from(client: &Client, conn: Conn, sent: Instant) -> Shared {
         lease: lease.clone(),
         names: StdMutex::default(),
         renewals: StdMutex::new(None),
+        label,
     }
 }
 
-/// Starts the renewals of a shared connection (its first lock was granted).
+/// Starts the renewals of a shared connection (its first lock was granted). A renewal that
+/// finds the connection empty takes it out of the set instead ([`Pool::retire`]).
 pub(crate) fn renew(client: &Client, shared: &Arc<Shared>) {
     let mut renewals = shared.renewals.lock().unwrap_or_else(|e| e.into_inner());
     if renewals.is_some() {
         return;
     }
     let weak = Arc::downgrade(shared);
+    let owner = client.downgrade();
     let check = move || -> crate::contract::BoxFuture<'static, Renewal> {
-        let weak = weak.clone();
+        let (weak, owner) = (weak.clone(), owner.clone());
         Box::pin(async move {
             use sqlx::Connection;
             let Some(shared) = weak.upgrade() else { return Renewal::Failed };
+            if shared.load() == 0 {
+                if let Some(client) = Client::upgrade(&owner) {
+                    if client.pool().retire(&client, &shared).await {
+                        // Out of the set, its renewals ended: nothing follows its lease.
+                        return Renewal::Renewed;
+                    }
+                }
+            }
             let gone = |e: &sqlx::Error| {
                 matches!(e, sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed)
             };
             let mut conn = shared.conn.lock().await;
             let Some(c) = conn.as_mut() else { return Renewal::Gone(LostReason::ConnectionClosed) };
             let answer = c.conn.ping().await;
-            Renewal::of_check(answer, gone, &shared.label())
+            Renewal::of_check(answer, gone, shared.label())
         })
     };
-    *renewals = Some(client.watchdog().watch(shared.lease.clone(), shared.label(), crate::watchdog::Alone::new(check)));
+    *renewals = Some(client.watchdog().watch(
+        shared.lease.clone(),
+        shared.label().to_string(),
+        crate::watchdog::Alone::new(check),
+    ));
 }
 
 /// `GET_LOCK(name, 0)` (with its token) on a shared connection, run to its answer even if the
@@ -332,7 +386,6 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
     let Some(shared) = client.pool().reserve(client, name).await? else { return Ok(None) };
     let (client, name) = (client.clone(), name.to_string());
     let attempt = async move {
-        let label = shared.label();
         let sent = Instant::now();
         // Bounded by the connection's deadline: a statement stuck behind a silent server (or a
         // ping stuck there) must not hold the acquire past the point where the connection is lost.
@@ -351,7 +404,7 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
                 // A refusal proves the session alive at `sent` as much as a grant does: a
                 // connection on which every try is refused (many acquires polling, none granted
                 // yet, so no renewals yet) must not reach its deadline for want of a ping.
-                shared.lease.confirmed(sent, &label);
+                shared.lease.confirmed(sent, shared.label());
                 client.pool().done(&client, &shared, &name).await;
                 return Ok(Some(Tried::Busy));
             }
@@ -384,7 +437,7 @@ async fn try_once(client: &Client, name: &str) -> Result<Option<Tried>> {
             }
         };
         // The answer proves the session alive at `sent`; the lock follows the connection's lease.
-        shared.lease.confirmed(sent, &label);
+        shared.lease.confirmed(sent, shared.label());
         let Some(lease) = shared.lease.follower() else {
             // Granted on a connection already lost: ended, so the server frees the grant.
             end(&shared).await;
@@ -431,6 +484,6 @@ fn ends_session(e: &sqlx::Error) -> bool {
 /// The shared connection ends: every lock on it is told lost first, then the connection is
 /// dropped (its socket shut), so the server frees whatever it still holds there.
 pub(crate) async fn end(shared: &Shared) {
-    shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), &shared.label());
+    shared.lease.publish(LockState::Lost(LostReason::ConnectionClosed), shared.label());
     drop(shared.conn.lock().await.take());
 }
