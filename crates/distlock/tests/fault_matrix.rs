@@ -31,7 +31,8 @@
 //! - `matrix_ensemble`: on the running `scripts/zk-ensemble.sh` ensemble that
 //!   `DISTLOCK_TEST_ENSEMBLE_DIR` names.
 //! - `matrix::redis`, `::postgres`, `::mysql`, `::etcd`, `::sqlite`, `::memory` and
-//!   `matrix_over_tls::*`, once, beside each other: on the servers of `DISTLOCK_TEST_REDIS`,
+//!   `matrix_over_tls::*`, once, beside each other (and `matrix::redis` again on Valkey when
+//!   `DISTLOCK_REDIS_FLAVOUR=valkey`): on the servers of `DISTLOCK_TEST_REDIS`,
 //!   `_POSTGRES`, `_MYSQL`, `_ETCD` (and their `_DIR`s for the restart cells); SQLite on a file
 //!   of its own; the TLS ones on TLS-only servers of their own (the shared server's variable
 //!   must still be set, as for every test per backend, though only its backend is used).
@@ -1031,7 +1032,12 @@ async fn backend_matrix(
 
 async fn redis_matrix() {
     let url = |addr: &str| format!("redis://{addr}?lease={LEASE}");
-    let server = "Redis 7 (standalone, no persistence)";
+    // `scripts/test.sh` runs this matrix on Redis and on Valkey (its server from `scripts/redis.sh`
+    // with `DISTLOCK_REDIS_FLAVOUR=valkey`, which the restart cells' calls of the script inherit).
+    let server = match std::env::var("DISTLOCK_REDIS_FLAVOUR").as_deref() {
+        Ok("valkey") => "Valkey 9 (standalone, no persistence)",
+        _ => "Redis 7 (standalone, no persistence)",
+    };
     backend_matrix(
         server,
         "DISTLOCK_TEST_REDIS",
