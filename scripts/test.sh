@@ -76,7 +76,7 @@ cleanup() {
     stop_hogs
     rm -rf "$run_tmp" || true
     scripts/redis.sh stop .tmp/test-redis
-    scripts/redis.sh stop .tmp/test-valkey
+    scripts/redis.sh stop .tmp/test-valkey || true
     scripts/postgres.sh stop .tmp/test-postgres
     scripts/mariadb.sh stop .tmp/test-mariadb
     scripts/etcd.sh stop .tmp/test-etcd

@@ -187,8 +187,14 @@ impl Pool {
         let mut conns = self.conns.lock().await;
         self.retain_live(&mut conns);
         let waiting = self.waiting.load(Ordering::Acquire);
-        if waiting + 1 >= self.cap || conns.len() + waiting >= self.cap {
+        if waiting + 1 >= self.cap {
             return None;
+        }
+        if conns.len() + waiting >= self.cap {
+            // An empty connection kept for the next acquire gives way to the wait (it goes back
+            // to the idle list, where the wait takes it).
+            let empty = conns.iter().find(|s| s.load() == 0).cloned()?;
+            self.leave(client, &mut conns, &empty);
         }
         self.waiting.fetch_add(1, Ordering::AcqRel);
         Some(WaitSlot { client: client.clone() })
@@ -246,7 +252,7 @@ impl Pool {
     /// in a loop costs no new lease, renewal or connection each time) unless another empty one
     /// does already; it leaves at its next renewal if it is still empty then ([`retire`]).
     pub(crate) async fn done(&self, client: &Client, shared: &Arc<Shared>, name: &str) {
-        let conns = self.conns.lock().await;
+        let mut conns = self.conns.lock().await;
         let empty = {
             let mut names = shared.names.lock().unwrap_or_else(|e| e.into_inner());
             names.remove(name);
@@ -258,24 +264,28 @@ impl Pool {
                 && !conns.iter().any(|s| !Arc::ptr_eq(s, shared) && s.load() == 0));
         if kept {
             drop(conns);
-            self.wake(name);
             if empty {
+                // Kept empty after a refused try too, which started no renewals: its next
+                // renewal is what retires it.
+                renew(client, shared);
                 self.freed.notify_waiters();
             }
+            self.wake(name);
             return;
         }
-        self.leave(client, conns, shared);
+        self.leave(client, &mut conns, shared);
+        drop(conns);
         self.wake(name);
     }
 
     /// `shared` leaves the set if it still holds nothing (its renewal found it empty): true if
     /// it left.
     async fn retire(&self, client: &Client, shared: &Arc<Shared>) -> bool {
-        let conns = self.conns.lock().await;
+        let mut conns = self.conns.lock().await;
         if shared.load() > 0 || !conns.iter().any(|s| Arc::ptr_eq(s, shared)) {
             return false;
         }
-        self.leave(client, conns, shared);
+        self.leave(client, &mut conns, shared);
         true
     }
 
@@ -287,12 +297,11 @@ impl Pool {
         }
     }
 
-    /// `shared`, which holds nothing, leaves the set (`conns`, locked): its renewals end and the
-    /// connection is idle again (the next lock on it makes a new lease).
-    fn leave(&self, client: &Client, mut conns: tokio::sync::MutexGuard<'_, Vec<Arc<Shared>>>, shared: &Arc<Shared>) {
+    /// `shared`, which holds nothing, leaves the set (`conns`, locked by the caller): its
+    /// renewals end and the connection is idle again (the next lock on it makes a new lease).
+    fn leave(&self, client: &Client, conns: &mut Vec<Arc<Shared>>, shared: &Arc<Shared>) {
         conns.retain(|s| !Arc::ptr_eq(s, shared));
         self.shared.store(conns.len(), Ordering::Release);
-        drop(conns);
         drop(shared.renewals.lock().unwrap_or_else(|e| e.into_inner()).take());
         if shared.live() {
             if let Some(conn) = shared.conn.try_lock().ok().and_then(|mut c| c.take()) {

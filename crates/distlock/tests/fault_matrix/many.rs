@@ -132,7 +132,7 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         helds.push(held);
     }
     let resources: Vec<_> = helds.iter().map(|h| h.resource.clone()).collect();
-    let (granted_at, waits) = compete(&competitor, &names, &resources, &seq);
+    let (grants, waits) = compete(&competitor, &names, &resources, &seq);
     let cut = |on: bool| match &proxy {
         Some(p) if on => p.set(Fault::Blackhole),
         Some(p) => p.heal(),
@@ -193,7 +193,7 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
     holder.close(Duration::from_secs(2)).await;
     competitor.close(Duration::from_secs(2)).await;
     let leaked = leaked(target, &names).await;
-    let grants = granted_at.lock().unwrap().clone();
+    let grants: Vec<u64> = grants.lock().unwrap().iter().map(|g| g.1).collect();
     let (first_grant, last_grant) = (grants.iter().min().copied(), grants.iter().max().copied());
     let last_loss = helds.iter().filter_map(|h| *h.lost_at.lock().unwrap()).max();
     let reports: Vec<_> = helds.iter().map(|h| h.resource.report()).collect();
@@ -227,35 +227,51 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         // A reset the lease outlives loses nothing (a session, a lease or a key outlives its
         // connection): a loss reported there would be false.
         must_keep: fault == ManyFault::Reset && !target.connection_bound,
+        violations: Vec::new(),
     }
 }
 
+/// Each grant of the competitor: the lock's index, when (`mono_now`), its token.
+type Grants = Arc<StdMutex<Vec<(usize, u64, u64)>>>;
+
 /// The competitor waits for every lock of `names`; once granted it holds (and writes once to the
-/// lock's resource) until [`let_go`]. Returns the grants' times and the waits.
-#[allow(clippy::type_complexity)]
+/// lock's resource) until [`let_go`]. An acquire that fails (a server or file busy while the
+/// holder is stopped or cut off) is made again, within `BOUND`. Returns the grants and the waits.
 fn compete(
     competitor: &distlock::Client,
     names: &[String],
     resources: &[Arc<FencedResource>],
     seq: &Arc<AtomicU64>,
-) -> (Arc<StdMutex<Vec<u64>>>, Vec<tokio::task::JoinHandle<(Guard, HoldId)>>) {
-    let granted_at: Arc<StdMutex<Vec<u64>>> = Arc::default();
+) -> (Grants, Vec<tokio::task::JoinHandle<(Guard, HoldId)>>) {
+    let grants: Grants = Arc::default();
     let waits = names
         .iter()
         .zip(resources)
-        .map(|(name, resource)| {
-            let (lock, resource, granted_at, seq) =
-                (competitor.mutex(name).unwrap(), resource.clone(), granted_at.clone(), seq.clone());
+        .enumerate()
+        .map(|(i, (name, resource))| {
+            let (lock, resource, grants, seq, name) =
+                (competitor.mutex(name).unwrap(), resource.clone(), grants.clone(), seq.clone(), name.clone());
             tokio::spawn(async move {
-                let g = lock.lock_timeout(BOUND).await.expect("the competitor's acquire").expect("granted in time");
+                let deadline = tokio::time::Instant::now() + BOUND;
+                let g = loop {
+                    match lock.lock_timeout(deadline - tokio::time::Instant::now()).await {
+                        Ok(Some(g)) => break g,
+                        Ok(None) => panic!("the competitor was not granted {name} within {BOUND:?}"),
+                        Err(e) if tokio::time::Instant::now() + Duration::from_millis(100) < deadline => {
+                            tracing::info!(lock = name, error = %e, "the competitor's acquire failed; again");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(e) => panic!("the competitor's acquire of {name}: {e}"),
+                    }
+                };
                 let id = resource.begin(1, Mode::Exclusive, g.fencing_token());
-                granted_at.lock().unwrap().push(mono_now());
+                grants.lock().unwrap().push((i, mono_now(), g.fencing_token()));
                 resource.write(1, g.fencing_token(), seq.fetch_add(1, Ordering::SeqCst));
                 (g, id)
             })
         })
         .collect();
-    (granted_at, waits)
+    (grants, waits)
 }
 
 /// Waits (bounded) for the competitor to be granted every lock, then releases them all; returns
@@ -291,14 +307,28 @@ struct ChildLocks {
     held: usize,
     /// How many the child reported lost.
     lost: usize,
+    /// Per lock: the child's token.
+    token: Vec<u64>,
+    /// Per lock: the latest lease deadline the child reported (`mono_now` ns).
+    deadline: Vec<u64>,
 }
 
 /// The cells whose holder is a child process: it takes the `LOCKS` locks and reports on its
-/// stdout (`HELD i token start`, `WRITE i token seq`, `END i start end lost|released`); the
-/// parent pauses or kills it while a competitor waits for every lock.
+/// stdout (`HELD i token start deadline`, `WRITE i token seq deadline`, `END i start end
+/// lost|released`, a deadline being the hold's lease deadline as the child knows it, in
+/// `mono_now` ns); the parent pauses or kills it while a competitor waits for every lock. Beside
+/// the fenced resources, the cell checks that no lock was granted to the competitor before the
+/// child's last reported deadline for it, that the competitor's token is above the child's, and,
+/// after a pause, that at most one stale write reached the resources (the one whose check came
+/// just before the stop).
 async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[String]) -> Row {
     let resources: Vec<_> = (0..LOCKS).map(|_| FencedResource::new(true, 1)).collect();
-    let state = Arc::new(StdMutex::new(ChildLocks { open: vec![None; LOCKS], ..ChildLocks::default() }));
+    let state = Arc::new(StdMutex::new(ChildLocks {
+        open: vec![None; LOCKS],
+        token: vec![0; LOCKS],
+        deadline: vec![0; LOCKS],
+        ..ChildLocks::default()
+    }));
     let killed_at: Arc<StdMutex<Option<u64>>> = Arc::default();
     let exe = std::env::current_exe().unwrap();
     let mut child = tokio::process::Command::new(exe)
@@ -325,12 +355,17 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
                 let num = |s: &str| s.parse::<u64>().unwrap();
                 let mut st = state.lock().unwrap();
                 match f.as_slice() {
-                    ["HELD", i, token, start] => {
-                        st.open[num(i) as usize] = Some((num(token), num(start)));
+                    ["HELD", i, token, start, deadline] => {
+                        let i = num(i) as usize;
+                        st.open[i] = Some((num(token), num(start)));
+                        st.token[i] = num(token);
+                        st.deadline[i] = st.deadline[i].max(num(deadline));
                         st.held += 1;
                     }
-                    ["WRITE", i, token, seq] => {
-                        resources[num(i) as usize].write(0, num(token), num(seq));
+                    ["WRITE", i, token, seq, deadline] => {
+                        let i = num(i) as usize;
+                        st.deadline[i] = st.deadline[i].max(num(deadline));
+                        resources[i].write(0, num(token), num(seq));
                     }
                     ["END", i, _, end, how] => {
                         let i = num(i) as usize;
@@ -366,7 +401,9 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
     until("every lock granted", Box::new(|st| st.held == LOCKS)).await;
     let competitor = distlock::connect(&target.direct_url()).await.expect("the competitor connects");
     let seq = Arc::new(AtomicU64::new(1 << 40));
-    let (granted_at, waits) = compete(&competitor, names, &resources, &seq);
+    let (grants, waits) = compete(&competitor, names, &resources, &seq);
+    // The competitor waits half a lease while the child holds: a grant meanwhile overlaps.
+    tokio::time::sleep(target.lease / 2).await;
     let fault_at = mono_now();
     match fault {
         ManyFault::Kill => {
@@ -379,7 +416,7 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
             // Stopped until the competitor has every lock (bounded): then the child, resumed,
             // has a hundred stale holds to find lost before it writes (or to be fenced off).
             let deadline = tokio::time::Instant::now() + BOUND;
-            while granted_at.lock().unwrap().len() < LOCKS && tokio::time::Instant::now() < deadline {
+            while grants.lock().unwrap().len() < LOCKS && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             distlock_faults::resume(pid).unwrap();
@@ -395,9 +432,27 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
     tokio::time::timeout(BOUND, reader).await.expect("the child's output ends").unwrap();
     competitor.close(Duration::from_secs(2)).await;
     let leaked = leaked(target, names).await;
-    let grants = granted_at.lock().unwrap().clone();
+    let grants = grants.lock().unwrap().clone();
     let reports: Vec<_> = resources.iter().map(|r| r.report()).collect();
-    let losses = state.lock().unwrap().lost;
+    let st = state.lock().unwrap();
+    let mut violations = Vec::new();
+    for &(i, at, token) in &grants {
+        if at < st.deadline[i] {
+            let early = (st.deadline[i] - at) / 1_000_000;
+            violations.push(format!("lock {i} granted {early} ms before the holder's lease deadline"));
+        }
+        if token <= st.token[i] {
+            violations
+                .push(format!("lock {i}: the competitor's token {token} is not above the holder's {}", st.token[i]));
+        }
+    }
+    let stale: usize = reports.iter().map(|r| r.stale_rejected + r.stale_accepted).sum();
+    if fault == ManyFault::Pause && stale > 1 {
+        violations.push(format!("{stale} stale writes after the pause (one can straddle the stop)"));
+    }
+    let losses = st.lost;
+    drop(st);
+    let grants: Vec<u64> = grants.iter().map(|g| g.1).collect();
     Row {
         scenario: fault.name(),
         recipe: "mutex",
@@ -415,6 +470,7 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
         // Resumed, the child must find every one of its locks lost (a killed child says nothing).
         must_lose: if fault == ManyFault::Pause { LOCKS } else { 0 },
         must_keep: false,
+        violations,
     }
 }
 
@@ -444,7 +500,7 @@ fn child_many_holder() {
             let g =
                 client.mutex(name).unwrap().lock_timeout(BOUND).await.expect("acquire").expect("a new lock is free");
             let start = mono_now();
-            say(&mut out, &format!("HELD {i} {} {start}", g.fencing_token()));
+            say(&mut out, &format!("HELD {i} {} {start} {}", g.fencing_token(), deadline_ns(&g)));
             held.push(Some((g, start)));
         }
         let mut seq = 0u64;
@@ -458,7 +514,7 @@ fn child_many_holder() {
                     continue;
                 }
                 seq += 1;
-                say(&mut out, &format!("WRITE {i} {} {seq}", g.fencing_token()));
+                say(&mut out, &format!("WRITE {i} {} {seq} {}", g.fencing_token(), deadline_ns(g)));
             }
             tokio::time::sleep(WRITE_EVERY * 5).await;
         }
@@ -470,4 +526,9 @@ fn child_many_holder() {
         }
         client.close(Duration::from_secs(2)).await;
     });
+}
+
+/// `guard`'s lease deadline as a `mono_now` timestamp.
+fn deadline_ns(guard: &Guard) -> u64 {
+    mono_now() + guard.lease_deadline().saturating_duration_since(std::time::Instant::now()).as_nanos() as u64
 }
