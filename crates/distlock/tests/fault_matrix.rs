@@ -479,6 +479,28 @@ fn child_holder() {
     });
 }
 
+/// This test binary run again as a child process, running only the ignored test `test` (its
+/// full name), with `envs`; its stdin and stdout piped to us, killed if dropped.
+fn spawn_test_child(test: &str, envs: &[(&str, &str)]) -> tokio::process::Child {
+    tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn the child {test}: {e}"))
+}
+
+/// The words of a child holder's report line (`HELD …`, `WRITE …`, `END …`), read from where its
+/// first word begins: the test harness starts its own line ("test child_holder ... ") before
+/// the first report.
+fn report_words(line: &str) -> Vec<&str> {
+    let at = ["HELD ", "WRITE ", "END "].iter().filter_map(|w| line.find(w)).min().unwrap_or(0);
+    line[at..].split_whitespace().collect()
+}
+
 fn say(out: &mut std::io::Stdout, line: &str) {
     use std::io::Write;
     let _ = writeln!(out, "{line}");
@@ -493,29 +515,20 @@ async fn spawn_child(
     recipe: Recipe,
     shared: Arc<Shared>,
 ) -> (u32, tokio::process::Child) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--exact", &common::test_name(module_path!(), "child_holder"), "--include-ignored", "--nocapture"])
-        .arg("--test-threads=1")
-        .env("DISTLOCK_CHILD_URL", url)
-        .env("DISTLOCK_CHILD_PATH", name)
-        .env("DISTLOCK_CHILD_RECIPE", recipe.name())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn child holder");
+    let test = common::test_name(module_path!(), "child_holder");
+    let envs = [
+        ("DISTLOCK_CHILD_URL", url.as_str()),
+        ("DISTLOCK_CHILD_PATH", &name),
+        ("DISTLOCK_CHILD_RECIPE", recipe.name()),
+    ];
+    let mut child = spawn_test_child(&test, &envs);
     let pid = child.id().unwrap();
     let stdout = child.stdout.take().unwrap();
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let mut open: Option<(u64, u64)> = None;
         while let Ok(Some(line)) = lines.next_line().await {
-            // The test harness starts its own line ("test child_holder ... ") before the first
-            // report: a report is read from where its word begins.
-            let at = ["HELD ", "WRITE ", "END "].iter().filter_map(|w| line.find(w)).min().unwrap_or(0);
-            let f: Vec<&str> = line[at..].split_whitespace().collect();
+            let f = report_words(&line);
             match f.as_slice() {
                 ["HELD", token, start] => {
                     let (token, start) = (token.parse().unwrap(), start.parse().unwrap());

@@ -9,11 +9,12 @@
 //! by the holder and taken by the competitor. Nothing may be left on the server afterwards.
 //!
 //! A file (SQLite) has no connection to cut: there the holder is a process of its own, with its
-//! hundred locks, paused past the lease (resumed, it must find every one lost, and the fence
-//! must refuse whatever it writes first) or killed (no lock may be granted before the kill, and
-//! every one must be granted after it).
+//! hundred locks, paused past the lease (resumed, it must find every one lost, at most one stale
+//! write may reach the resources, and the fence must refuse it) or killed; either way no lock may
+//! be granted before the lease deadline the holder last reported for it, and every one must be
+//! granted after.
 
-use super::{leaked_after, say, Recipe, Row, Target, BOUND, WRITE_EVERY};
+use super::{leaked_after, report_words, say, spawn_test_child, Recipe, Row, Target, BOUND, WRITE_EVERY};
 use crate::common;
 use distlock::Guard;
 use distlock_faults::{mono_now, Fault, FaultProxy, FencedResource, HoldId, Mode};
@@ -330,18 +331,8 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
         ..ChildLocks::default()
     }));
     let killed_at: Arc<StdMutex<Option<u64>>> = Arc::default();
-    let exe = std::env::current_exe().unwrap();
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--exact", &common::test_name(module_path!(), "child_many_holder"), "--include-ignored", "--nocapture"])
-        .arg("--test-threads=1")
-        .env("DISTLOCK_CHILD_URL", target.direct_url())
-        .env("DISTLOCK_CHILD_MANY", prefix)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the child holder");
+    let (test, url) = (common::test_name(module_path!(), "child_many_holder"), target.direct_url());
+    let mut child = spawn_test_child(&test, &[("DISTLOCK_CHILD_URL", url.as_str()), ("DISTLOCK_CHILD_MANY", prefix)]);
     let pid = child.id().unwrap();
     let reader = {
         let (stdout, state, resources, killed_at) =
@@ -349,9 +340,7 @@ async fn child_cell(target: &Target, fault: ManyFault, prefix: &str, names: &[St
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                // The test harness starts its own line before the first report.
-                let at = ["HELD ", "WRITE ", "END "].iter().filter_map(|w| line.find(w)).min().unwrap_or(0);
-                let f: Vec<&str> = line[at..].split_whitespace().collect();
+                let f = report_words(&line);
                 let num = |s: &str| s.parse::<u64>().unwrap();
                 let mut st = state.lock().unwrap();
                 match f.as_slice() {
