@@ -228,6 +228,10 @@ pub(crate) struct Lease {
     followers: StdMutex<Vec<std::sync::Weak<Lease>>>,
     /// The backend's name, for the renewal metrics.
     backend: &'static str,
+    /// A lease that carries others (a shared connection's, a session's): its own changes are
+    /// logged at debug level, each lock on it logs its own, so that one ending with no lock
+    /// on it (a client dropped) is not reported as a lock lost.
+    carrier: bool,
 }
 
 impl Lease {
@@ -240,7 +244,13 @@ impl Lease {
             lease,
             followers: StdMutex::default(),
             backend,
+            carrier: false,
         }
+    }
+
+    /// A lease that carries others ([`Lease::follower`]), confirmed by a request sent at `sent`.
+    pub(crate) fn carrier(sent: Instant, lease: Duration, backend: &'static str) -> Lease {
+        Lease { carrier: true, ..Lease::new(sent, lease, backend) }
     }
 
     /// A lease that follows this one: same deadline and state now, confirmed, suspended and lost
@@ -259,6 +269,7 @@ impl Lease {
             lease: self.lease,
             followers: StdMutex::default(),
             backend: self.backend,
+            carrier: false,
         });
         // Those gone are dropped only when the list is full, and room is kept for as many again
         // as are left: a look at each (there may be thousands, a shared connection's holds) is
@@ -316,6 +327,10 @@ impl Lease {
                 return false;
             }
             match state {
+                LockState::Lost(reason) if self.carrier => tracing::debug!(lease = name, %reason, "lease ended"),
+                LockState::Suspended | LockState::Held if self.carrier => {
+                    tracing::debug!(lease = name, ?state, "lease state")
+                }
                 LockState::Lost(reason) => tracing::warn!(lock = name, %reason, "lock lost"),
                 LockState::Suspended => tracing::info!(lock = name, "the server did not answer; lock suspended"),
                 LockState::Held => tracing::info!(lock = name, "the server answered again; lock held"),
@@ -516,6 +531,39 @@ mod tests {
         assert_eq!(late.state("g"), LockState::Lost(LostReason::SessionExpired));
         assert_eq!(guard.state("g"), LockState::Lost(LostReason::KeyDeleted), "a loss keeps its first reason");
         assert!(session.follower().is_none(), "no follower of a lost lease");
+    }
+
+    /// Counts the warnings logged while `f` runs.
+    fn warnings(f: impl FnOnce()) -> usize {
+        use tracing_subscriber::layer::SubscriberExt;
+        struct Count(Arc<AtomicU32>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+            fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                if *e.metadata().level() == tracing::Level::WARN {
+                    self.0.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let n = Arc::new(AtomicU32::new(0));
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(Count(n.clone())), f);
+        n.load(Ordering::Relaxed) as usize
+    }
+
+    #[test]
+    fn a_carrier_ending_warns_once_per_lock_on_it_and_not_for_itself() {
+        let now = Instant::now();
+        // A shared connection whose locks were all released ends quietly (a client dropped).
+        let empty = Lease::carrier(now, LEASE, "test");
+        assert_eq!(warnings(|| empty.publish(LockState::Lost(LostReason::ConnectionClosed), "c")), 0);
+        assert!(empty.state("c").is_lost(), "still lost, only quiet");
+        // With two locks on it: one warning each.
+        let carrier = Lease::carrier(now, LEASE, "test");
+        let (a, b) = (carrier.follower().unwrap(), carrier.follower().unwrap());
+        assert_eq!(warnings(|| carrier.publish(LockState::Lost(LostReason::ConnectionClosed), "c")), 2);
+        assert!(a.state("a").is_lost() && b.state("b").is_lost());
+        // A lease of one lock warns as before.
+        let single = Lease::new(now, LEASE, "test");
+        assert_eq!(warnings(|| single.publish(LockState::Lost(LostReason::ConnectionClosed), "s")), 1);
     }
 
     #[tokio::test(start_paused = true)]

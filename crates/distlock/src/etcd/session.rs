@@ -45,7 +45,7 @@ impl Session {
                 etcd_client::Error::LeaseKeepAliveError(format!("no answer to the lease grant in {timeout:?}"))
             })??;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
-        let lease = Arc::new(Lease::new(sent, ttl, "etcd"));
+        let lease = Arc::new(Lease::carrier(sent, ttl, "etcd"));
         let keeper = tokio::spawn(keep(etcd, granted.id(), lease.clone(), ttl, timeout));
         Ok(Arc::new(Session { id: granted.id(), ttl, lease, keeper: StdMutex::new(Some(keeper)) }))
     }

@@ -322,7 +322,7 @@ async fn open(client: &Client) -> Result<Shared> {
 /// `conn` made shared, with a lease from `sent`.
 fn shared_from(client: &Client, conn: Conn, sent: Instant) -> Shared {
     let id = conn.id;
-    let lease = Arc::new(Lease::new(sent, client.lease(), "mysql"));
+    let lease = Arc::new(Lease::carrier(sent, client.lease(), "mysql"));
     let label = format!("the shared connection {id}");
     conn.set_holder(&lease, &label);
     Shared {
