@@ -15,4 +15,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg distlock_sim --cfg tokio_unstable"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/sim"
-exec cargo test -p distlock-sim --test simulation -- --nocapture --test-threads 1 "$@"
+exec cargo test --release -p distlock-sim --test simulation -- --nocapture --test-threads 1 "$@"

@@ -295,12 +295,24 @@ async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let zk = zookeeper_client::Client::connect("server:2181").await?;
-    let left = match zk.list_children(LOCK_PATH).await {
-        Ok(children) => children,
-        Err(zookeeper_client::Error::NoNode) => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    let mut left: Vec<String> = left.into_iter().filter(|c| !c.starts_with("leases")).collect();
+    // The lock's nodes, and the semaphore's under its `leases` and `locks` directories (Curator's
+    // layout: directories, not holders).
+    let mut left = Vec::new();
+    let mut dirs = vec![LOCK_PATH.to_string()];
+    while let Some(dir) = dirs.pop() {
+        let children = match zk.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        for c in children {
+            if dir == LOCK_PATH && (c == "leases" || c == "locks") {
+                dirs.push(format!("{dir}/{c}"));
+            } else {
+                left.push(format!("{dir}/{c}"));
+            }
+        }
+    }
     left.sort();
     shared.record(usize::MAX, 0, Kind::Audit(left));
     *shared.audited.lock().unwrap() = true;
@@ -651,3 +663,32 @@ fn simulation_same_seed_same_trace() {
         assert_eq!(a.hash, b.hash, "seed {seed}: different traces");
     }
 }
+
+/// The planted defects (docs/reliability.md): each found within its number of seeds, in a child
+/// run of this binary with `DISTLOCK_SIM_PLANT` set. A regression check on the simulation itself.
+#[test]
+fn simulation_finds_planted_defects() {
+    if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    for (plant, seeds) in PLANTS {
+        let started = Instant::now();
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "simulation_mutex", "--nocapture", "--test-threads", "1"])
+            .env("DISTLOCK_SIM_PLANT", plant)
+            .env("DISTLOCK_SIM_SEEDS", seeds.to_string())
+            .output()
+            .expect("the child run");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let found = text.lines().find(|l| l.contains("schedules failed")).unwrap_or("").to_string();
+        println!("plant {plant}: {found} ({:.1} s)", started.elapsed().as_secs_f64());
+        assert!(
+            !out.status.success() && text.contains("replay: DISTLOCK_SIM_SEED="),
+            "DISTLOCK_SIM_PLANT={plant} was not found in {seeds} seeds:\n{text}"
+        );
+    }
+}
+
+/// Each planted defect and the seeds (from 1) within which `simulation_mutex` must find it.
+const PLANTS: &[(&str, u64)] = &[("release-leak", 40), ("snapshot-session", 60)];
