@@ -241,4 +241,9 @@ if [[ -n "$stress" ]]; then
     done
     echo "test.sh: demo.sh passed $demos of $demos runs under stress"
 fi
+say "=== the deterministic simulation (scripts/sim.sh; docs/reliability.md) ==="
+scripts/sim.sh
+# The same seed, the same trace, in two processes.
+hashes=$(for run in 1 2; do DISTLOCK_SIM_SEED=7 scripts/sim.sh simulation_mutex 2> /dev/null | grep '^simulation trace hash:'; done | sort -u | wc -l)
+[[ "$hashes" == 1 ]] || { echo "test.sh: seed 7 gave two different simulation traces in two runs" >&2; exit 1; }
 say "all passed ($servers${stress:+, under stress})"

@@ -30,17 +30,27 @@ mod outbox;
 pub mod persist;
 pub mod proto;
 mod server;
+mod sim;
 mod state;
 pub mod tls;
+
+/// The sockets: tokio's, or turmoil's simulated ones in the deterministic simulation (the tests'
+/// `--cfg distlock_sim`, never a shipped build).
+mod net {
+    #[cfg(not(distlock_sim))]
+    pub use tokio::net::{TcpListener, TcpStream};
+    #[cfg(distlock_sim)]
+    pub use turmoil::net::{TcpListener, TcpStream};
+}
 mod tree;
 
 pub use metrics::Metrics;
+use net::TcpListener;
 pub use persist::Fsync;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 /// Server settings.
 ///

@@ -263,6 +263,12 @@ impl Persist {
             }
             running.store(false, Ordering::SeqCst);
         })?);
+        // The deterministic simulation writes the snapshot before going on: a thread's timing
+        // must not decide whether the next snapshot may start.
+        #[cfg(distlock_sim)]
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! Connections: framing, the handshake, four-letter words, and the timers.
 
+use crate::net::{TcpListener, TcpStream};
 use crate::outbox::{Outbox, Outgoing};
 use crate::proto::ConnectRequest;
 use crate::state::State;
@@ -9,7 +10,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 pub type Shared = Arc<Mutex<State>>;
 
@@ -73,7 +73,7 @@ impl Drop for Slot {
 /// Tells a refused connection why, in plaintext (before any TLS: the client reads it on a raw
 /// socket), then closes it. Bounded by [`REFUSAL_TIME`]; what the client sent is read and dropped
 /// meanwhile, so that closing sends a FIN after the line, not a reset that could discard it.
-async fn refuse(mut socket: tokio::net::TcpStream, line: String) {
+async fn refuse(mut socket: TcpStream, line: String) {
     let _ = tokio::time::timeout(REFUSAL_TIME, async {
         socket.write_all(line.as_bytes()).await?;
         socket.shutdown().await?;

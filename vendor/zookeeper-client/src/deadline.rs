@@ -1,10 +1,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_io::Timer;
 use futures::future::{Fuse, FusedFuture, FutureExt};
+
+// distlock patch: the clock and timers of crate::runtime (simulation seam).
+use crate::runtime::{Instant, Timer};
 
 pub struct Deadline {
     timer: Fuse<Timer>,

@@ -1,7 +1,8 @@
 use std::fmt::{self, Display, Formatter};
 use std::time::Duration;
 
-use async_io::Timer;
+// distlock patch: the timers of crate::runtime (simulation seam).
+use crate::runtime::Timer;
 
 use crate::chroot::Chroot;
 use crate::error::Error;

@@ -40,6 +40,8 @@ mod endpoint;
 mod error;
 mod proto;
 mod record;
+// distlock patch: the clock, timers and TCP stream, swapped for the simulation's under cfg(distlock_sim).
+mod runtime;
 #[cfg(any(feature = "sasl-digest-md5", feature = "sasl-gssapi"))]
 mod sasl;
 mod session;

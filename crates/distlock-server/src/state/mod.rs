@@ -21,7 +21,9 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+// tokio's clock: the real one, except in the deterministic simulation (tests: `--cfg distlock_sim`).
+use tokio::time::Instant;
 
 pub use sessions::{Session, EXPIRE_PER_ROUND};
 use watches::Watches;

@@ -5,7 +5,9 @@ use crate::outbox::{Outbox, Outgoing};
 use crate::proto::{self, event, Writer};
 use crate::tree::{parent_of, Mutation};
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the real one, except in the deterministic simulation (tests: `--cfg distlock_sim`).
+use tokio::time::Instant;
 
 /// The most sessions one round of expiry ends while holding the state.
 pub const EXPIRE_PER_ROUND: usize = 256;
@@ -53,25 +55,33 @@ impl State {
             self.next_session += 1;
             let password: Vec<u8> = (0..16).map(|_| rand::random::<u8>()).collect();
             let deadline = Instant::now() + Duration::from_millis(timeout as u64);
-            // In the session table before the commit: a snapshot the commit triggers must hold it.
-            self.sessions.insert(
+            let session = Session {
                 id,
-                Session {
-                    id,
-                    password: password.clone(),
-                    timeout_ms: timeout,
-                    deadline,
-                    conn: Some(conn),
-                    auth: Vec::new(),
-                    addr,
-                },
-            );
+                password: password.clone(),
+                timeout_ms: timeout,
+                deadline,
+                conn: Some(conn),
+                auth: Vec::new(),
+                addr,
+            };
+            // The simulation's planted defect `snapshot-session` puts the session in the table
+            // after the commit, as this server once did: a snapshot the commit triggers lacks it.
+            // In the session table before the commit: a snapshot the commit triggers must hold it.
+            let late = if crate::sim::planted("snapshot-session") {
+                Some(session)
+            } else {
+                self.sessions.insert(id, session);
+                None
+            };
             self.zxid += 1;
             self.commit(
                 0,
                 vec![Mutation::OpenSession { id, password: password.clone(), timeout_ms: timeout }],
                 now_ms(),
             );
+            if let Some(session) = late {
+                self.sessions.insert(id, session);
+            }
             w.i32(0).i32(timeout).i64(id).buffer(&password);
             // readOnly: answered when asked (3.4+ clients), left out for older ones, as ZooKeeper does.
             if req.read_only.is_some() {
@@ -145,7 +155,8 @@ impl State {
             return;
         }
         let mut owned = self.quotas.ephemerals_of(sid);
-        owned.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        // Deepest first; equal depths by name, so the same nodes go the same way every time.
+        owned.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         self.watches.remove_session(sid);
         self.delete_in_one_txn(owned, vec![Mutation::CloseSession { id: sid }], now_ms());
         tracing::debug!(session = format!("{sid:#x}"), why, "session closed");
@@ -176,7 +187,10 @@ impl State {
     /// The sessions whose clients have been silent longer than their timeout.
     pub fn due_sessions(&self) -> Vec<i64> {
         let now = Instant::now();
-        self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect()
+        let mut due: Vec<i64> = self.sessions.values().filter(|s| s.deadline <= now).map(|s| s.id).collect();
+        // Expired in session order, not the table's: the same state expires the same way.
+        due.sort_unstable();
+        due
     }
 
     /// Expires those of `sids` still due (one may have been heard from since it was found due).

@@ -152,6 +152,10 @@ impl State {
                     p = parent_of(p);
                 }
             }
+            // In session order, not the set's: the same events notify in the same order (the
+            // deterministic simulation's traces depend on it).
+            let mut targets: Vec<i64> = targets.into_iter().collect();
+            targets.sort_unstable();
             for sid in targets {
                 self.notify(sid, typ, &path);
             }

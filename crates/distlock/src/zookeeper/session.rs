@@ -141,6 +141,11 @@ pub(crate) async fn delete_own(client: &Client, path: &str) -> Result<Deleted> {
             Err(zk::Error::NoNode) if retried => return Ok(Deleted::Now),
             Err(zk::Error::NoNode) => return Ok(Deleted::AlreadyGone),
             Err(e) => match Failure::of(&e) {
+                // The simulation's planted defect: a release whose reply was lost gives up,
+                // leaving its node for the session's life, as before 98085a8 and cece324.
+                Failure::Connection if super::sim::planted("release-leak") => {
+                    return Err(super::backend("delete", path, e));
+                }
                 Failure::Connection => {
                     retried = true;
                     if let Err(e) = await_connected(zk).await {
@@ -215,6 +220,11 @@ impl Lease {
     /// The last instant at which the server cannot yet have expired our session.
     pub(crate) fn deadline(&self) -> Instant {
         let acked = self.base + Duration::from_nanos(self.last_ack.load(Ordering::Acquire));
+        if super::sim::planted("no-lease-deadline") {
+            // The simulation's planted defect: no lease deadline of our own, as before 98085a8;
+            // a holder learns of its loss only from the server.
+            return acked + Duration::from_secs(86_400);
+        }
         acked + self.timeout.saturating_sub(self.margin)
     }
 

@@ -3,9 +3,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use async_io::Timer;
-use async_net::TcpStream;
-use asyncs::select;
 use bytes::buf::BufMut;
 use futures::io::BufReader;
 use futures::prelude::*;
@@ -17,6 +14,8 @@ use tracing::{debug, trace};
 
 use crate::deadline::Deadline;
 use crate::endpoint::{EndpointRef, IterableEndpoints};
+// distlock patch: the clock, timers, stream and select! of crate::runtime (simulation seam).
+use crate::runtime::{select, TcpStream, Timer};
 #[cfg(feature = "tls")]
 use crate::tls::TlsClient;
 

@@ -8,10 +8,9 @@ mod xid;
 
 use std::pin::pin;
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_io::Timer;
-use asyncs::{select, sync};
+use asyncs::sync;
 use futures::channel::mpsc;
 use futures::{AsyncWriteExt, StreamExt};
 use ignore_result::Ignore;
@@ -33,6 +32,8 @@ pub use self::request::{
 pub use self::types::{EventType, SessionId, SessionInfo, SessionState, WatchedEvent};
 use self::watch::WatchManager;
 pub use self::watch::{OneshotReceiver, PersistentReceiver, WatchReceiver};
+// distlock patch: the clock, timers and select! of crate::runtime (simulation seam).
+use crate::runtime::{select, Instant, Timer};
 use crate::deadline::Deadline;
 use crate::endpoint::IterableEndpoints;
 use crate::error::Error;

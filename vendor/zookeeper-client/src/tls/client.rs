@@ -1,6 +1,7 @@
 use std::sync::{Arc, RwLock};
 
-use async_net::TcpStream;
+// distlock patch: the stream of crate::runtime (simulation seam).
+use crate::runtime::TcpStream;
 use futures_rustls::client::TlsStream;
 use futures_rustls::TlsConnector;
 use rustls::client::WebPkiServerVerifier;

@@ -1,0 +1,694 @@
+//! Deterministic simulation of distlock's ZooKeeper recipes, the vendored ZooKeeper client and the
+//! embedded server (issue 54).
+//!
+//! One process, one thread per simulation: an embedded server and a few clients, each a turmoil
+//! host running distlock's real lock code over the real client, on turmoil's simulated network and
+//! tokio's paused clock. A seed decides everything: the fault schedule (partitions in one or both
+//! directions, held links, client crashes, server crashes with and without the data directory),
+//! the message latencies, the workload's waits and holds, and every runtime's random choices (with
+//! `--cfg tokio_unstable`). The checker reads the events in the order they happened and asserts
+//! exclusion before `lost()`, permits, rising fencing tokens, nothing left behind, and liveness
+//! once the faults stop.
+//!
+//! Only built with `--cfg distlock_sim` (scripts/sim.sh). Environment:
+//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (default 120 per workload);
+//! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
+//! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
+//! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores).
+#![cfg(distlock_sim)]
+
+use distlock::zookeeper::Client;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const LOCK_PATH: &str = "/sim/lock";
+/// The session timeout the clients ask for (the server's tick is 500 ms: 1 s to 10 s allowed).
+const LEASE: Duration = Duration::from_secs(2);
+/// Faults happen in the first FAULTS of simulated time; then everything heals.
+const FAULTS: Duration = Duration::from_secs(30);
+/// After healing, every client must be granted within this (liveness).
+const QUIET: Duration = Duration::from_secs(25);
+/// The whole simulation's bound: stopping and the audit must be done by then.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// A small deterministic generator (SplitMix64) for schedules and workloads.
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `lo..hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo).max(1)
+    }
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.range(lo, hi))
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.range(0, 100) < percent
+    }
+}
+
+/// Which recipe the clients contend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    Mutex,
+    /// A semaphore of this many permits.
+    Semaphore(u32),
+}
+
+/// What a client or the harness saw, in the order it happened (one thread runs everything).
+// The texts are read through `Debug`: the trace, its hash and the printed events.
+#[allow(dead_code)]
+#[derive(Clone, Debug)]
+enum Kind {
+    Connected,
+    Granted(u64),
+    /// The holder decided to release (its hold ends here, before the request is sent).
+    Releasing,
+    ReleaseFailed(String),
+    Lost(String),
+    AcquireFailed(String),
+    Crashed,
+    ServerDown {
+        wiped: bool,
+    },
+    ServerUp,
+    Healed,
+    Idle,
+    Audit(Vec<String>),
+}
+
+#[derive(Clone, Debug)]
+struct Event {
+    at: Duration,
+    client: usize,
+    incarnation: u64,
+    kind: Kind,
+}
+
+/// What the harness and the hosts share (all on one thread; the mutex only satisfies `Send`).
+struct Shared {
+    seed: u64,
+    workload: Workload,
+    events: Mutex<Vec<Event>>,
+    incarnations: Mutex<Vec<u64>>,
+    stopping: Mutex<bool>,
+    quiet: Mutex<bool>,
+    idle: Mutex<Vec<bool>>,
+    audited: Mutex<bool>,
+}
+
+impl Shared {
+    fn record(&self, client: usize, incarnation: u64, kind: Kind) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        self.events.lock().unwrap().push(Event { at, client, incarnation, kind });
+    }
+    fn flag(m: &Mutex<bool>) -> bool {
+        *m.lock().unwrap()
+    }
+}
+
+/// One fault of a schedule, applied at `at` and undone `lasting` later.
+#[derive(Clone, Debug)]
+enum Fault {
+    /// Both directions between the client and the server: nothing passes.
+    Partition(usize),
+    /// Only the client's packets to the server are dropped.
+    PartitionToServer(usize),
+    /// Only the server's packets to the client are dropped.
+    PartitionFromServer(usize),
+    /// Packets held both ways and delivered afterwards (a stalled link or a host paused past
+    /// its lease, as the network sees it).
+    Hold(usize),
+    /// The client host crashes; it restarts (a new process) when the fault ends.
+    CrashClient(usize),
+    /// The server crashes and restarts when the fault ends (on its data directory, if any).
+    CrashServer,
+    /// Every link's latency up to this many milliseconds for the fault's length.
+    Slow(u64),
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    at: Duration,
+    lasting: Duration,
+    fault: Fault,
+}
+
+/// The schedule a seed stands for.
+#[derive(Clone, Debug)]
+struct Schedule {
+    clients: usize,
+    data_dir: bool,
+    snapshot_every: u64,
+    steps: Vec<Step>,
+}
+
+fn schedule(seed: u64) -> Schedule {
+    let mut rng = Rng::new(seed);
+    let clients = rng.range(2, 5) as usize;
+    // Mostly with a data directory: a server restarted without one has forgotten every session
+    // and node, which no lock can survive (the checker judges those runs by epochs).
+    let data_dir = rng.chance(75);
+    let snapshot_every = rng.range(3, 40);
+    let mut steps = Vec::new();
+    let mut at = rng.ms(500, 3000);
+    while at < FAULTS {
+        let c = rng.range(0, clients as u64) as usize;
+        let (fault, lasting) = match rng.range(0, 100) {
+            0..=21 => (Fault::Partition(c), rng.ms(200, 3 * LEASE.as_millis() as u64)),
+            22..=31 => (Fault::PartitionToServer(c), rng.ms(200, 3 * LEASE.as_millis() as u64)),
+            32..=41 => (Fault::PartitionFromServer(c), rng.ms(200, 3 * LEASE.as_millis() as u64)),
+            42..=59 => (Fault::Hold(c), rng.ms(100, 2 * LEASE.as_millis() as u64)),
+            60..=71 => (Fault::CrashClient(c), rng.ms(10, 2000)),
+            72..=85 => (Fault::CrashServer, rng.ms(10, 3000)),
+            _ => (Fault::Slow(rng.range(5, 400)), rng.ms(500, 5000)),
+        };
+        steps.push(Step { at, lasting, fault });
+        at += lasting + rng.ms(0, 2500);
+    }
+    Schedule { clients, data_dir, snapshot_every, steps }
+}
+
+fn name(c: usize) -> String {
+    format!("c{c}")
+}
+
+/// A client host: connects (again after a lost session), then contends until told to stop.
+async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
+    let incarnation = {
+        let mut all = shared.incarnations.lock().unwrap();
+        all[id] += 1;
+        all[id]
+    };
+    shared.idle.lock().unwrap()[id] = false;
+    let mut rng = Rng::new(shared.seed.wrapping_mul(31).wrapping_add((id as u64) << 20 | incarnation));
+    let url = format!("zk://server:2181?lease={}ms&connect_timeout=5s", LEASE.as_millis());
+    let record = |kind| shared.record(id, incarnation, kind);
+    'session: loop {
+        let client = match Client::connect(&url).await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+        };
+        record(Kind::Connected);
+        loop {
+            if Shared::flag(&shared.stopping) {
+                shared.idle.lock().unwrap()[id] = true;
+                record(Kind::Idle);
+                while !Shared::flag(&shared.audited) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                client.close(Duration::from_secs(2)).await;
+                return Ok(());
+            }
+            // Once the faults stop, waiters wait for good: every one must be granted.
+            let wait = (!Shared::flag(&shared.quiet)).then(|| rng.ms(100, 5000));
+            let hold = rng.ms(5, 1500);
+            let outcome = match shared.workload {
+                Workload::Mutex => {
+                    let lock = client.mutex(LOCK_PATH).expect("lock path");
+                    let got = match wait {
+                        Some(w) => lock.lock_timeout(w).await,
+                        None => lock.lock().await.map(Some),
+                    };
+                    match got {
+                        Ok(Some(guard)) => {
+                            record(Kind::Granted(guard.fencing_token()));
+                            hold_then_release(&record, hold, guard.lost(), guard.release()).await;
+                            Ok(())
+                        }
+                        Ok(None) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+                Workload::Semaphore(permits) => {
+                    let sem = client.semaphore(LOCK_PATH, permits).expect("semaphore path");
+                    let got = match wait {
+                        Some(w) => sem.acquire_timeout(1, w).await,
+                        None => sem.acquire().await.map(Some),
+                    };
+                    match got {
+                        Ok(Some(permit)) => {
+                            record(Kind::Granted(0));
+                            hold_then_release(&record, hold, permit.lost(), permit.release()).await;
+                            Ok(())
+                        }
+                        Ok(None) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            if let Err(e) = outcome {
+                let gone = matches!(e, distlock::Error::SessionExpired | distlock::Error::Closed);
+                record(Kind::AcquireFailed(e.to_string()));
+                if gone {
+                    continue 'session;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Holds for `hold` unless told of a loss first; then releases (or drops a lost guard).
+async fn hold_then_release<R>(
+    record: &impl Fn(Kind),
+    hold: Duration,
+    lost: impl std::future::Future<Output = distlock::LostReason>,
+    release: impl std::future::Future<Output = distlock::Result<R>>,
+) {
+    tokio::select! {
+        biased;
+        why = lost => record(Kind::Lost(format!("{why:?}"))),
+        _ = tokio::time::sleep(hold) => {
+            record(Kind::Releasing);
+            if let Err(e) = release.await {
+                record(Kind::ReleaseFailed(e.to_string()));
+            }
+        }
+    }
+}
+
+/// The auditor: once every client is idle, lists what is left under the lock's path.
+async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
+    loop {
+        let all_idle = shared.idle.lock().unwrap().iter().take(clients).all(|i| *i);
+        if Shared::flag(&shared.stopping) && all_idle {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let zk = zookeeper_client::Client::connect("server:2181").await?;
+    // The lock's nodes, and the semaphore's under its `leases` and `locks` directories (Curator's
+    // layout: directories, not holders).
+    let mut left = Vec::new();
+    let mut dirs = vec![LOCK_PATH.to_string()];
+    while let Some(dir) = dirs.pop() {
+        let children = match zk.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        for c in children {
+            if dir == LOCK_PATH && (c == "leases" || c == "locks") {
+                dirs.push(format!("{dir}/{c}"));
+            } else {
+                left.push(format!("{dir}/{c}"));
+            }
+        }
+    }
+    left.sort();
+    shared.record(usize::MAX, 0, Kind::Audit(left));
+    *shared.audited.lock().unwrap() = true;
+    Ok(())
+}
+
+/// The outcome of one schedule.
+struct Outcome {
+    seed: u64,
+    simulated: Duration,
+    hash: u64,
+    violations: Vec<String>,
+    events: Vec<Event>,
+}
+
+fn plant() -> Option<String> {
+    std::env::var("DISTLOCK_SIM_PLANT").ok().filter(|p| !p.is_empty())
+}
+
+/// Runs the schedule of `seed` under `workload` and checks it.
+fn run(seed: u64, workload: Workload) -> Outcome {
+    let plan = schedule(seed);
+    // The client's endpoint shuffling and back-off jitter draw from fastrand's thread-local
+    // generator: seeded here, on the thread that runs the whole simulation.
+    fastrand::seed(seed);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let shared = Arc::new(Shared {
+        seed,
+        workload,
+        events: Mutex::new(Vec::new()),
+        incarnations: Mutex::new(vec![0; plan.clients]),
+        stopping: Mutex::new(false),
+        quiet: Mutex::new(false),
+        idle: Mutex::new(vec![false; plan.clients]),
+        audited: Mutex::new(false),
+    });
+    let mut sim = turmoil::Builder::new()
+        .simulation_duration(LIMIT + Duration::from_secs(30))
+        .tick_duration(Duration::from_millis(2))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(8))
+        .ephemeral_ports(1024..=65535)
+        .rng_seed(seed)
+        .build();
+    let config = distlock_server::Config {
+        tick: Duration::from_millis(500),
+        data_dir: plan.data_dir.then(|| dir.path().to_path_buf()),
+        fsync: distlock_server::persist::Fsync::Never,
+        snapshot_every: plan.snapshot_every,
+        ..Default::default()
+    };
+    sim.host("server", move || {
+        let config = config.clone();
+        async move {
+            let listener = turmoil::net::TcpListener::bind("0.0.0.0:2181").await?;
+            distlock_server::Server::open(config)?.serve(listener, std::future::pending()).await;
+            Ok(())
+        }
+    });
+    for c in 0..plan.clients {
+        let shared = shared.clone();
+        sim.host(name(c), move || client_host(c, shared.clone()));
+    }
+    {
+        let shared = shared.clone();
+        sim.client("auditor", auditor(shared, plan.clients));
+    }
+    let mut violations = Vec::new();
+    // (when, do or undo, the step)
+    let mut actions: Vec<(Duration, bool, Step)> = Vec::new();
+    for s in &plan.steps {
+        actions.push((s.at, true, s.clone()));
+        actions.push((s.at + s.lasting, false, s.clone()));
+    }
+    actions.sort_by_key(|(at, doing, _)| (*at, *doing));
+    let mut next = 0;
+    let heal_at = FAULTS + Duration::from_secs(6);
+    let stop_at = heal_at + QUIET;
+    let (mut healed, mut stopped) = (false, false);
+    loop {
+        let now = sim.elapsed();
+        while next < actions.len() && actions[next].0 <= now && now < heal_at {
+            let (_, doing, step) = &actions[next];
+            apply(&mut sim, &shared, step, *doing, plan.data_dir);
+            next += 1;
+        }
+        if !healed && now >= heal_at {
+            healed = true;
+            heal(&mut sim, &shared, &plan);
+            *shared.quiet.lock().unwrap() = true;
+            shared.record(usize::MAX, 0, Kind::Healed);
+        }
+        if !stopped && now >= stop_at {
+            stopped = true;
+            *shared.stopping.lock().unwrap() = true;
+        }
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => {
+                violations.push(format!("the simulation failed: {e}"));
+                break;
+            }
+        }
+        if now > LIMIT {
+            violations.push(format!("liveness: not every client was idle by {LIMIT:?}"));
+            break;
+        }
+    }
+    let simulated = sim.elapsed();
+    let events = shared.events.lock().unwrap().clone();
+    violations.extend(check(&events, workload, &plan, heal_at));
+    let hash = trace_hash(&events);
+    Outcome { seed, simulated, hash, violations, events }
+}
+
+fn apply(sim: &mut turmoil::Sim<'_>, shared: &Shared, step: &Step, doing: bool, data_dir: bool) {
+    match (&step.fault, doing) {
+        (Fault::Partition(c), true) => sim.partition(name(*c), "server"),
+        (Fault::Partition(c), false) => sim.repair(name(*c), "server"),
+        (Fault::PartitionToServer(c), true) => sim.partition_oneway(name(*c), "server"),
+        (Fault::PartitionToServer(c), false) => sim.repair_oneway(name(*c), "server"),
+        (Fault::PartitionFromServer(c), true) => sim.partition_oneway("server", name(*c)),
+        (Fault::PartitionFromServer(c), false) => sim.repair_oneway("server", name(*c)),
+        (Fault::Hold(c), true) => sim.hold(name(*c), "server"),
+        (Fault::Hold(c), false) => sim.release(name(*c), "server"),
+        (Fault::CrashClient(c), true) => {
+            if sim.is_host_running(name(*c)) {
+                sim.crash(name(*c));
+                let inc = shared.incarnations.lock().unwrap()[*c];
+                shared.record(*c, inc, Kind::Crashed);
+            }
+        }
+        (Fault::CrashClient(c), false) => {
+            if !sim.is_host_running(name(*c)) {
+                sim.bounce(name(*c));
+            }
+        }
+        (Fault::CrashServer, true) => {
+            if sim.is_host_running("server") {
+                sim.crash("server");
+                shared.record(usize::MAX, 0, Kind::ServerDown { wiped: !data_dir });
+            }
+        }
+        (Fault::CrashServer, false) => {
+            if !sim.is_host_running("server") {
+                sim.bounce("server");
+                shared.record(usize::MAX, 0, Kind::ServerUp);
+            }
+        }
+        (Fault::Slow(ms), true) => sim.set_max_message_latency(Duration::from_millis(*ms)),
+        (Fault::Slow(_), false) => sim.set_max_message_latency(Duration::from_millis(8)),
+    }
+}
+
+/// Every fault undone: links repaired and released, crashed hosts restarted.
+fn heal(sim: &mut turmoil::Sim<'_>, shared: &Shared, plan: &Schedule) {
+    for c in 0..plan.clients {
+        sim.repair(name(c), "server");
+        sim.release(name(c), "server");
+        if !sim.is_host_running(name(c)) {
+            sim.bounce(name(c));
+        }
+    }
+    sim.set_max_message_latency(Duration::from_millis(8));
+    if !sim.is_host_running("server") {
+        sim.bounce("server");
+        shared.record(usize::MAX, 0, Kind::ServerUp);
+    }
+}
+
+/// The verdict on one run's events.
+fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duration) -> Vec<String> {
+    let mut bad = Vec::new();
+    let permits = match workload {
+        Workload::Mutex => 1,
+        Workload::Semaphore(n) => n as usize,
+    };
+    // Holders now: (client, incarnation) -> token. A wiped server starts a new epoch: what was
+    // held before it is judged no more (the server forgot it), and tokens start again.
+    let mut holders: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let mut last_token = 0u64;
+    let mut granted_after_heal = vec![false; plan.clients];
+    let mut audit = None;
+    for e in events {
+        let who = (e.client, e.incarnation);
+        match &e.kind {
+            Kind::Granted(token) => {
+                if holders.len() >= permits {
+                    bad.push(format!(
+                        "at {:?}: c{}.{} granted while {:?} still held (not told lost): {} holders for {permits} permit(s)",
+                        e.at,
+                        e.client,
+                        e.incarnation,
+                        holders.keys().map(|(c, i)| format!("c{c}.{i}")).collect::<Vec<_>>(),
+                        holders.len() + 1
+                    ));
+                }
+                if workload == Workload::Mutex {
+                    if *token <= last_token {
+                        bad.push(format!(
+                            "at {:?}: c{}.{} got fencing token {token}, not above the last one, {last_token}",
+                            e.at, e.client, e.incarnation
+                        ));
+                    }
+                    last_token = last_token.max(*token);
+                }
+                holders.insert(who, *token);
+                if e.at >= heal_at && e.client < plan.clients {
+                    granted_after_heal[e.client] = true;
+                }
+            }
+            Kind::Releasing | Kind::Lost(_) | Kind::Crashed => {
+                holders.remove(&who);
+            }
+            Kind::ServerDown { wiped: true } => {
+                holders.clear();
+                last_token = 0;
+            }
+            Kind::Audit(left) => audit = Some(left.clone()),
+            _ => {}
+        }
+    }
+    for (c, granted) in granted_after_heal.iter().enumerate() {
+        if !granted {
+            bad.push(format!("liveness: c{c} was never granted in the {QUIET:?} after the faults stopped"));
+        }
+    }
+    match audit {
+        None => bad.push("no audit: the run did not reach its end".into()),
+        Some(left) if !left.is_empty() => {
+            bad.push(format!("left behind after every release: {left:?}"));
+        }
+        Some(_) => {}
+    }
+    bad
+}
+
+/// FNV-1a over the events' text: the same seed must give the same hash.
+fn trace_hash(events: &[Event]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for e in events {
+        for b in format!("{e:?}\n").bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn env_u64(key: &str) -> Option<u64> {
+    std::env::var(key).ok().map(|v| v.trim().parse().unwrap_or_else(|_| panic!("{key}={v} is not a number")))
+}
+
+/// Runs `seeds` on a few threads side by side; returns the outcomes in seed order.
+fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
+    let threads = env_u64("DISTLOCK_SIM_THREADS")
+        .map(|n| n as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let seeds = Arc::new(seeds);
+    let next = Arc::new(AtomicUsize::new(0));
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (seeds, next, outcomes) = (seeds.clone(), next.clone(), outcomes.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(&seed) = seeds.get(i) else { break };
+                let outcome = run(seed, workload);
+                outcomes.lock().unwrap().push(outcome);
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a simulation thread panicked");
+    }
+    let mut all = std::mem::take(&mut *outcomes.lock().unwrap());
+    all.sort_by_key(|o| o.seed);
+    all
+}
+
+/// The test body: one seed (`DISTLOCK_SIM_SEED`) or many; prints the summary line and every
+/// failing seed's replay command.
+fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64) {
+    let started = Instant::now();
+    let one = env_u64("DISTLOCK_SIM_SEED");
+    let seeds: Vec<u64> = match one {
+        Some(s) => vec![s],
+        None => {
+            let n = env_u64("DISTLOCK_SIM_SEEDS").unwrap_or(default_seeds);
+            (first_seed..first_seed + n).collect()
+        }
+    };
+    let outcomes = run_many(seeds, workload);
+    let simulated: Duration = outcomes.iter().map(|o| o.simulated).sum();
+    let plant = plant().map(|p| format!("DISTLOCK_SIM_PLANT={p} ")).unwrap_or_default();
+    let mut failed = Vec::new();
+    for o in &outcomes {
+        if one.is_some() {
+            for e in &o.events {
+                println!("  {:>9.3}s c{}.{} {:?}", e.at.as_secs_f64(), e.client as i64, e.incarnation, e.kind);
+            }
+            println!("simulation trace hash: {:016x}", o.hash);
+        }
+        if !o.violations.is_empty() {
+            let mut text = format!("seed {} ({:?}):\n", o.seed, schedule(o.seed));
+            for v in &o.violations {
+                let _ = writeln!(text, "  {v}");
+            }
+            let _ = writeln!(text, "  replay: DISTLOCK_SIM_SEED={} {plant}scripts/sim.sh {test}", o.seed);
+            failed.push(text);
+        }
+    }
+    println!(
+        "simulation: {} schedules, {} simulated seconds, {:.1} wall seconds",
+        outcomes.len(),
+        simulated.as_secs(),
+        started.elapsed().as_secs_f64()
+    );
+    if !failed.is_empty() {
+        let first = failed.iter().take(5).cloned().collect::<String>();
+        panic!("{} of {} schedules failed ({test}):\n{first}", failed.len(), outcomes.len());
+    }
+}
+
+#[test]
+fn simulation_mutex() {
+    simulate("simulation_mutex", Workload::Mutex, 120, 1);
+}
+
+#[test]
+fn simulation_semaphore() {
+    simulate("simulation_semaphore", Workload::Semaphore(2), 60, 1_000_001);
+}
+
+/// The same seed gives the same trace, twice in one process (scripts/sim.sh also compares
+/// across processes).
+#[test]
+fn simulation_same_seed_same_trace() {
+    if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
+        return;
+    }
+    for seed in [7, 8, 9] {
+        let a = run(seed, Workload::Mutex);
+        let b = run(seed, Workload::Mutex);
+        assert_eq!(a.events.len(), b.events.len(), "seed {seed}: different event counts");
+        assert_eq!(a.hash, b.hash, "seed {seed}: different traces");
+    }
+}
+
+/// The planted defects (docs/reliability.md): each found within its number of seeds, in a child
+/// run of this binary with `DISTLOCK_SIM_PLANT` set. A regression check on the simulation itself.
+#[test]
+fn simulation_finds_planted_defects() {
+    if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().expect("this test binary");
+    for (plant, seeds) in PLANTS {
+        let started = Instant::now();
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "simulation_mutex", "--nocapture", "--test-threads", "1"])
+            .env("DISTLOCK_SIM_PLANT", plant)
+            .env("DISTLOCK_SIM_SEEDS", seeds.to_string())
+            .output()
+            .expect("the child run");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let found = text.lines().find(|l| l.contains("schedules failed")).unwrap_or("").to_string();
+        println!("plant {plant}: {found} ({:.1} s)", started.elapsed().as_secs_f64());
+        assert!(
+            !out.status.success() && text.contains("replay: DISTLOCK_SIM_SEED="),
+            "DISTLOCK_SIM_PLANT={plant} was not found in {seeds} seeds:\n{text}"
+        );
+    }
+}
+
+/// Each planted defect and the seeds (from 1) within which `simulation_mutex` must find it.
+const PLANTS: &[(&str, u64)] = &[("release-leak", 40), ("snapshot-session", 60)];
