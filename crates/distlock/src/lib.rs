@@ -78,6 +78,7 @@
         feature = "mysql",
         feature = "sqlite",
         feature = "etcd",
+        feature = "nats",
         feature = "memory"
     )),
     allow(dead_code, unused_imports, unused_macros)
@@ -125,6 +126,8 @@ mod lock_state;
 pub mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod observe;
 pub mod optimistic;
 mod owner;
@@ -235,6 +238,8 @@ mod url_keys {
         ));
         #[cfg(feature = "etcd")]
         all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)).map(|p| p.ttl()), &["timeout"]));
+        #[cfg(feature = "nats")]
+        all.push(("nats://h:4222", |u| text(crate::nats::NatsUrl::parse(u)).map(|p| p.ttl()), &["timeout"]));
         #[cfg(feature = "memory")]
         all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)).map(|p| p.lease()), &[]));
         all
@@ -372,5 +377,7 @@ mod bounds {
         all_send_sync_static!(crate::sqlite::MutexGuard);
         #[cfg(feature = "etcd")]
         all_send_sync_static!(crate::etcd::LockGuard);
+        #[cfg(feature = "nats")]
+        all_send_sync_static!(crate::nats::MutexGuard);
     }
 }

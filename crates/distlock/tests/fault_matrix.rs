@@ -984,6 +984,7 @@ async fn matrix(url: String) {
         "postgres" | "postgresql" => postgres_matrix().await,
         "mysql" => mariadb_matrix().await,
         "etcd" => etcd_matrix().await,
+        "nats" => nats_matrix().await,
         "sqlite" => sqlite_matrix().await,
         "memory" => memory_matrix().await,
         other => panic!("no fault matrix for {other}"),
@@ -1113,6 +1114,15 @@ async fn etcd_matrix() {
     let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
     backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", Nature::default())
         .await;
+}
+
+/// NATS 2.15 (one server, JetStream with `sync_interval: always`): the network cells, and the
+/// server's SIGKILL and restart when `DISTLOCK_TEST_NATS_DIR` names its `scripts/nats.sh`
+/// directory (the bucket's keys and their TTLs survive it: nothing forgotten).
+async fn nats_matrix() {
+    let url = |addr: &str| format!("nats://{addr}?lease={LEASE}");
+    let server = "NATS 2.15 (one server, sync_interval always)";
+    backend_matrix(server, "DISTLOCK_TEST_NATS", LEASE, url, "scripts/nats.sh", Nature::default()).await;
 }
 
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
