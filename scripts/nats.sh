@@ -17,20 +17,27 @@
 #                                 (comma-separated). Each node DIR/nI can be stopped, killed or
 #                                 restarted on its own.
 #   scripts/nats.sh stop DIR      stop the server(s) recorded under DIR (and only those).
-#   scripts/nats.sh kill DIR      SIGKILL the server recorded in DIR (a crash).
-#   scripts/nats.sh restart DIR   start that server again on the same ports and store.
-#   scripts/nats.sh leader DIR BUCKET  print the n1..n3 directory of the node leading the
-#                                 bucket's stream (KV_BUCKET).
+#   scripts/nats.sh kill DIR [N]  SIGKILL the server recorded in DIR (or the cluster's node N, 1
+#                                 to 3: DIR/nN), a crash.
+#   scripts/nats.sh restart DIR [N]  start that server again on the same ports and store.
+#   scripts/nats.sh pause|resume DIR N  SIGSTOP / SIGCONT the cluster's node N.
+#   scripts/nats.sh leader DIR [BUCKET]  print the number N of the node leading the bucket's
+#                                 stream (KV_BUCKET, default KV_distlock).
 set -euo pipefail
 
 cmd=${1:-}
 dir=${2:-}
-usage="usage: $0 start|start-tls|start-token|cluster|stop|kill|restart DIR, or leader DIR BUCKET"
+usage="usage: $0 start|start-tls|start-token|cluster|stop DIR, kill|restart DIR [N], pause|resume DIR N, or leader DIR [BUCKET]"
 if [[ -z "$cmd" || -z "$dir" ]]; then
     echo "$usage" >&2
     exit 2
 fi
 log() { echo "nats.sh: $*" >&2; }
+# A cluster's node N (kill, restart, pause, resume): its directory.
+if [[ -n "${3:-}" && "$cmd" =~ ^(kill|restart|pause|resume)$ ]]; then
+    [[ "$3" =~ ^[1-3]$ ]] || { echo "$usage" >&2; exit 2; }
+    dir="$dir/n$3"
+fi
 
 # shellcheck source=lib/zookeeper.sh
 source "$(dirname "$0")/lib/zookeeper.sh"
@@ -192,6 +199,10 @@ stop)
 kill)
     crash_recorded "$dir/nats.pid" "nats-server ($dir)"
     ;;
+pause|resume)
+    [[ -f "$dir/nats.pid" ]] || { log "no server recorded in $dir"; exit 1; }
+    if [[ "$cmd" == pause ]]; then kill -STOP "$(cat "$dir/nats.pid")"; else kill -CONT "$(cat "$dir/nats.pid")"; fi
+    ;;
 restart)
     [[ -f "$dir/name" ]] || { log "no server recorded in $dir"; exit 1; }
     launch "$dir"
@@ -200,8 +211,7 @@ restart)
     echo "127.0.0.1:$(cat "$dir/client.port")"
     ;;
 leader)
-    bucket=${3:-}
-    [[ -n "$bucket" ]] || { echo "$usage" >&2; exit 2; }
+    bucket=${3:-distlock}
     for m in "$dir"/n[0-9]; do
         kill -0 "$(cat "$m/nats.pid" 2>/dev/null)" 2>/dev/null || continue
         # This node's view of the stream: its cluster's leader, by server name.
@@ -216,7 +226,7 @@ for acc in json.load(sys.stdin).get("account_details", []):
 ' "$bucket" || true)
         [[ -n "$leader" ]] || continue
         for n in "$dir"/n[0-9]; do
-            [[ "$(cat "$n/name")" == "$leader" ]] && { echo "$n"; exit 0; }
+            [[ "$(cat "$n/name")" == "$leader" ]] && { echo "${n##*/n}"; exit 0; }
         done
     done
     log "no leader of KV_$bucket found"; exit 1

@@ -203,6 +203,8 @@ for line in sys.stdin:
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
     matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
+    # NATS's matrix on a 3-node JetStream cluster of its own (R3 bucket: leader killed, follower paused).
+    matrices+=("nats-cluster -- --exact fault_matrix::matrix_nats_cluster")
     # Redis's matrix once more, on Valkey (named so in its table).
     matrices+=("valkey DISTLOCK_REDIS_FLAVOUR=valkey DISTLOCK_TEST_REDIS=$valkey DISTLOCK_TEST_REDIS_DIR=$valkey_dir -- --exact fault_matrix::matrix::redis")
     say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, Valkey, PostgreSQL, MariaDB, etcd, NATS, SQLite, memory:// and TLS) ==="

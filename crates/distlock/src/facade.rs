@@ -160,7 +160,7 @@ pub const BACKENDS: &[BackendInfo] = &[
         name: "nats",
         schemes: &["nats", "natss"],
         tool_env: None,
-        capabilities: Capabilities { read_write: false, semaphores: false, records_waiters: false, watches_leader: false, ..ALL },
+        capabilities: Capabilities { records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("nats", crate::nats::contract::connect),
     },
     BackendInfo {

@@ -378,6 +378,6 @@ mod bounds {
         #[cfg(feature = "etcd")]
         all_send_sync_static!(crate::etcd::LockGuard);
         #[cfg(feature = "nats")]
-        all_send_sync_static!(crate::nats::MutexGuard);
+        all_send_sync_static!(crate::nats::LockGuard);
     }
 }

@@ -1,8 +1,9 @@
-//! NATS's side of the one lock contract ([`crate::contract`]): the mutex (one key with its TTL),
-//! elections on it and once-per-slot jobs; the read/write lock and the semaphore are refused.
+//! NATS's side of the one lock contract ([`crate::contract`]): the mutex, the read/write lock and
+//! the semaphore (keys with their TTLs, all held as a [`LockGuard`]), elections on the mutex and
+//! once-per-slot jobs.
 
-use super::{Client, Mutex, MutexGuard};
-use crate::contract::{self, recipe, Kind, Recipe};
+use super::{Client, LockGuard, Mutex, RwLock, Semaphore};
+use crate::contract::{self, recipe, Kind, Reading, Recipe, Writing};
 use crate::Result;
 use std::sync::Arc;
 
@@ -43,14 +44,20 @@ impl contract::Backend for Client {
     }
 
     fn recipe(&self, name: &str, kind: Kind) -> Result<Arc<dyn Recipe>> {
-        contract::mutex_only(kind, "nats", name, "distlock's NATS layout has the mutex only so far", || {
-            self.mutex(name)
+        Ok(match kind {
+            Kind::Mutex => contract::lock(self.mutex(name)?),
+            Kind::Read => contract::lock(Reading(self.rwlock(name)?)),
+            Kind::Write => contract::lock(Writing(self.rwlock(name)?)),
+            Kind::Permits(n) => contract::lock(self.semaphore(name, n)?),
         })
     }
 }
 
 recipe!(Mutex => "nats", |l, t| name: l.name(), forever: l.lock(), never: l.try_lock(), within: l.lock_timeout(t));
-contract::held!(MutexGuard);
+recipe!(Reading<RwLock>, |l, t| name: l.0.name(), forever: l.0.read(), never: l.0.try_read(), within: l.0.read_timeout(t));
+recipe!(Writing<RwLock>, |l, t| name: l.0.name(), forever: l.0.write(), never: l.0.try_write(), within: l.0.write_timeout(t));
+recipe!(Semaphore => "nats", |l, t| name: l.name(), forever: l.acquire(), never: l.try_acquire(), within: l.acquire_timeout(t));
+contract::held!(LockGuard);
 
 impl crate::Client {
     /// The typed NATS client, if this is one (see [`crate::Client::downcast`]).
@@ -66,6 +73,7 @@ mod contract_tests {
     fn typed_locks_convert_into_the_lock() {
         fn takes<L: Into<crate::Lock>>() {}
         takes::<super::super::Mutex>();
+        takes::<super::super::Semaphore>();
     }
 
     /// A wrong epoch or mark is refused by the server itself.

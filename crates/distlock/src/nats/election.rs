@@ -3,7 +3,7 @@
 //! sequence (the fencing token), its key the holder's mark. A proclaim is a guarded write of the
 //! key at our last sequence (a renewal with the new value).
 
-use super::mutex::Value;
+use super::hold::Value;
 use super::{live, Client, Mutex};
 use crate::contract::{Ballot, BoxFuture, Held, Recipe, Wait};
 use crate::election::Leader;

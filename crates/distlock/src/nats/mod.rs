@@ -55,8 +55,11 @@
 
 pub(crate) mod contract;
 mod election;
+mod hold;
 mod jobs;
 mod mutex;
+mod rwlock;
+mod semaphore;
 mod url;
 
 /// The NATS client crate [`Client::nats`] hands out, re-exported so that its version is
@@ -64,7 +67,10 @@ mod url;
 ///
 /// **An escape hatch outside distlock's semver**, as [`Client::nats`] is.
 pub use async_nats;
-pub use mutex::{Mutex, MutexGuard};
+pub use hold::LockGuard;
+pub use mutex::Mutex;
+pub use rwlock::RwLock;
+pub use semaphore::Semaphore;
 pub use url::NatsUrl;
 
 use crate::{Error, Result};
@@ -100,12 +106,12 @@ pub(crate) struct Inner {
     /// The bucket's stream (for listings).
     pub(crate) stream: Stream,
     /// Renews every hold of this client.
-    pub(crate) watchdog: Arc<crate::watchdog::Watchdog<mutex::Renew>>,
+    pub(crate) watchdog: Arc<crate::watchdog::Watchdog<hold::Renew>>,
     /// The last sequence of keys this client deleted (a first guess for the next create of
     /// them, which saves a read), at most [`HINTS`] of them.
     hints: StdMutex<HashMap<String, u64>>,
     /// The holds of this client, by holder id (for an election's announcement).
-    pub(crate) holds: StdMutex<HashMap<String, std::sync::Weak<mutex::HoldState>>>,
+    pub(crate) holds: StdMutex<HashMap<String, std::sync::Weak<hold::HoldState>>>,
 }
 
 /// At most this many hints are kept (then they are forgotten all at once).
@@ -220,6 +226,24 @@ impl Client {
         Ok(Mutex::new(self.clone(), name.to_string()))
     }
 
+    /// A read/write lock named `name` (its writer shares the mutex's key `locks.<name>`).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        check_name(name)?;
+        Ok(RwLock::new(self.clone(), name.to_string()))
+    }
+
+    /// A semaphore of `permits` permits named `name` (keys `permits.<name>.<i>`).
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        check_name(name)?;
+        if permits == 0 || permits > 1000 {
+            return Err(Error::InvalidArgument {
+                what: "permits",
+                reason: "a NATS semaphore has 1 to 1000 permits (one key each)".into(),
+            });
+        }
+        Ok(Semaphore::new(self.clone(), name.to_string(), permits))
+    }
+
     /// Flushes what is sent and closes the connection, waiting at most `bound`. Holds still
     /// held are not released: their keys expire after the TTL.
     pub async fn close(self, bound: Duration) {
@@ -242,7 +266,9 @@ impl Client {
         msg = match value {
             Some(v) if ttl => msg.payload(v.into()).ttl(self.inner.url.ttl),
             Some(v) => msg.payload(v.into()),
-            None => msg.header("KV-Operation", "DEL"),
+            // A delete goes a second later (then its expiry marker, a second after that): the
+            // bucket keeps nothing of a released lock.
+            None => msg.header("KV-Operation", "DEL").ttl(Duration::from_secs(1)),
         };
         let timeout = self.inner.url.timeout;
         let sent = async {
@@ -322,23 +348,62 @@ impl Client {
         Ok(Listing::one("nats", name, found, unseen()))
     }
 
-    /// Every lock held now whose name starts with `prefix` (the live keys `locks.*` of the
-    /// bucket, read once each by an ordered consumer of the last message of every key), each
-    /// with its holder's mark, token and the TTL left.
+    /// Every lock held now whose name starts with `prefix` (the live keys of the bucket's
+    /// mutexes and writers, readers and permits), each with its holder's mark, token and the
+    /// TTL left.
     pub async fn locks(&self, prefix: &str) -> Result<crate::listing::Listing> {
-        use crate::listing::{Listing, MAX_LOCKS};
+        use crate::listing::{Listing, LockInfo, MAX_LOCKS};
+        let mut by_name: std::collections::BTreeMap<String, LockInfo> = Default::default();
+        let mut truncated = false;
+        for space in ["locks", "reads", "permits"] {
+            let filter = if space == "locks" { "locks.*".to_string() } else { format!("{space}.*.*") };
+            let (live, _) = self.scan(&filter).await?;
+            for s in live {
+                let enc = if space == "locks" { s.key.as_str() } else { s.key.rsplit_once('.').map_or("", |(k, _)| k) };
+                let Some(name) = name_of(space, enc).filter(|n| n.starts_with(prefix)) else { continue };
+                if !by_name.contains_key(&name) && by_name.len() == MAX_LOCKS {
+                    truncated = true;
+                    continue;
+                }
+                let Some(info) = lock_info(&name, &s.value, s.seq, s.written_ns, self.lease()) else { continue };
+                match by_name.entry(name) {
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(info);
+                    }
+                    std::collections::btree_map::Entry::Occupied(mut o) => {
+                        let lock = o.get_mut();
+                        lock.entries.extend(info.entries);
+                        lock.entries.sort_by_key(|e| e.token);
+                        lock.last_token = lock.entries.iter().filter_map(|e| e.token).max();
+                    }
+                }
+            }
+        }
+        Ok(Listing {
+            backend: "nats",
+            prefix: prefix.to_string(),
+            locks: by_name.into_values().collect(),
+            truncated,
+            unseen: unseen(),
+        })
+    }
+
+    /// The last message of every key on `filter` (a subject filter under the bucket's prefix)
+    /// that holds a live value, read once each by an ordered consumer; and the lowest sequence
+    /// among those (`u64::MAX` if none).
+    pub(crate) async fn scan(&self, filter: &str) -> Result<(Vec<Scanned>, u64)> {
         use async_nats::jetstream::consumer::{push::OrderedConfig, DeliverPolicy, ReplayPolicy};
+        use futures::StreamExt;
         let bucket = &self.inner.url.bucket;
-        let fail = |why: String| Error::Backend { op: "list locks", path: prefix.to_string(), source: why.into() };
+        let fail = |why: String| Error::Backend { op: "list locks", path: filter.to_string(), source: why.into() };
         let timeout = self.inner.url.timeout;
-        let start = key("locks", prefix);
         let reading = async {
             let consumer = self
                 .inner
                 .stream
                 .create_consumer(OrderedConfig {
                     deliver_subject: self.inner.nats.new_inbox(),
-                    filter_subject: format!("$KV.{bucket}.locks.*"),
+                    filter_subject: format!("$KV.{bucket}.{filter}"),
                     replay_policy: ReplayPolicy::Instant,
                     deliver_policy: DeliverPolicy::LastPerSubject,
                     ..Default::default()
@@ -347,38 +412,55 @@ impl Client {
                 .map_err(|e| fail(error_text(&e)))?;
             let mut pending = consumer.cached_info().num_pending;
             let mut messages = consumer.messages().await.map_err(|e| fail(error_text(&e)))?;
-            let mut locks = Vec::new();
-            let mut truncated = false;
+            let (mut live, mut first) = (Vec::new(), u64::MAX);
             while pending > 0 {
-                use futures::StreamExt;
                 let Some(m) = messages.next().await else { break };
                 let m = m.map_err(|e| fail(error_text(&e)))?;
                 let info = m.info().map_err(|e| fail(e.to_string()))?;
                 pending = info.pending;
-                let (seq, at) = (info.stream_sequence, info.published.unix_timestamp_nanos());
-                let k = m.subject.as_str().strip_prefix(&format!("$KV.{bucket}.")).unwrap_or_default().to_string();
+                let (seq, written_ns) = (info.stream_sequence, info.published.unix_timestamp_nanos());
                 let put = m
                     .headers
                     .as_ref()
                     .is_none_or(|h| h.get("KV-Operation").is_none() && h.get("Nats-Marker-Reason").is_none());
-                if !put || !k.starts_with(&start) {
+                if !put {
                     continue;
                 }
-                let Some(name) = name_of("locks", &k) else { continue };
-                if locks.len() == MAX_LOCKS {
-                    truncated = true;
-                    continue;
-                }
-                locks.extend(lock_info(&name, &m.payload, seq, at, self.lease()));
+                let key = m.subject.as_str().strip_prefix(&format!("$KV.{bucket}.")).unwrap_or_default().to_string();
+                first = first.min(seq);
+                live.push(Scanned { key, seq, value: m.payload.to_vec(), written_ns });
             }
-            Ok::<_, Error>((locks, truncated))
+            Ok::<_, Error>((live, first))
         };
-        let (mut locks, truncated) = tokio::time::timeout(timeout, reading)
-            .await
-            .map_err(|_| fail(format!("no answer within {timeout:?}")))??;
-        locks.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Listing { backend: "nats", prefix: prefix.to_string(), locks, truncated, unseen: unseen() })
+        tokio::time::timeout(timeout, reading).await.map_err(|_| fail(format!("no answer within {timeout:?}")))?
     }
+
+    /// Whether any key on `filter` has a message at all (one stream info request).
+    pub(crate) async fn any_message(&self, filter: &str) -> Result<bool> {
+        let bucket = &self.inner.url.bucket;
+        let subject = format!("$JS.API.STREAM.INFO.KV_{bucket}");
+        let fail = |why: String| Error::Backend { op: "list readers", path: filter.to_string(), source: why.into() };
+        let timeout = self.inner.url.timeout;
+        let ask = serde_json::json!({ "subjects_filter": format!("$KV.{bucket}.{filter}") }).to_string();
+        let answer = tokio::time::timeout(timeout, self.inner.nats.request(subject, ask.into()))
+            .await
+            .map_err(|_| fail(format!("no answer within {timeout:?}")))?
+            .map_err(|e| fail(error_text(&e)))?;
+        let info: serde_json::Value = serde_json::from_slice(&answer.payload).map_err(|e| fail(e.to_string()))?;
+        if let Some(e) = info.get("error") {
+            return Err(fail(e.to_string()));
+        }
+        Ok(info.pointer("/state/subjects").and_then(|s| s.as_object()).is_some_and(|s| !s.is_empty()))
+    }
+}
+
+/// A live key's last message, from [`Client::scan`].
+pub(crate) struct Scanned {
+    pub(crate) key: String,
+    pub(crate) seq: u64,
+    pub(crate) value: Vec<u8>,
+    /// When the server stored it (Unix ns, the server's clock).
+    pub(crate) written_ns: i128,
 }
 
 /// What a listing cannot show on NATS.
@@ -389,22 +471,28 @@ fn unseen() -> Vec<String> {
 /// A held lock's listing from its key's value, sequence and write time (Unix ns, the server's).
 fn lock_info(name: &str, value: &[u8], seq: u64, written_ns: i128, ttl: Duration) -> Option<crate::listing::LockInfo> {
     use crate::listing::{Entry as Shown, LockInfo};
-    let v: mutex::Value = serde_json::from_slice(value).ok()?;
+    let v: hold::Value = serde_json::from_slice(value).ok()?;
     let token = if v.token == 0 { seq } else { v.token };
     let mut parts = v.owner.splitn(3, ':');
     let owner = match (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok())) {
         (Some(host), Some(pid)) if !host.is_empty() => format!("{host} pid {pid}"),
         _ => v.owner.clone(),
     };
-    let mut e = Shown::new(true, "exclusive", owner, v.owner.clone());
+    let (recipe, mode) = match v.kind.as_str() {
+        "read" => ("rwlock", "read"),
+        "write" => ("rwlock", "write"),
+        "permit" => ("semaphore", "permit"),
+        _ => ("mutex", "exclusive"),
+    };
+    let mut e = Shown::new(true, mode, owner, v.owner.clone());
     e.token = Some(token);
     let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i128);
     let left_ns = written_ns + ttl.as_nanos() as i128 - now_ns;
     e.lease_left_ms = Some((left_ns.max(0) / 1_000_000) as u64);
     Some(LockInfo {
         name: name.to_string(),
-        recipe: "mutex".into(),
-        permits: None,
+        recipe: recipe.into(),
+        permits: v.permits,
         last_token: Some(token),
         entries: vec![e],
     })
