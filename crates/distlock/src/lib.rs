@@ -1,12 +1,12 @@
 //! Distributed locks that are fair, herd-free, fenced and honest about loss.
 //!
-//! distlock coordinates processes on many machines through a server they share, on six backends
+//! distlock coordinates processes on many machines through a server they share, on seven backends
 //! behind one API that [`connect`] picks by URL: ZooKeeper (contenders line up as
 //! EPHEMERAL_SEQUENTIAL nodes, each watching only the node ahead of it), Redis (Redisson's and
 //! redis-py's layouts, leases renewed by a watchdog), PostgreSQL (advisory locks), MariaDB and
-//! MySQL (`GET_LOCK`), SQLite (a lease table in a file) and etcd (its lock recipe, checked after
-//! the wait); and, for users' own tests, an in-process store (`memory://`) whose leases run on
-//! tokio's clock.
+//! MySQL (`GET_LOCK`), SQLite (a lease table in a file), etcd (its lock recipe, checked after
+//! the wait) and NATS (keys with their own TTL in a JetStream KV bucket); and, for users' own
+//! tests, an in-process store (`memory://`) whose leases run on tokio's clock.
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,

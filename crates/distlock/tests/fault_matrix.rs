@@ -1258,7 +1258,7 @@ async fn tls_matrix(
 on_every_backend!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-    matrix_over_tls: zookeeper, redis, postgres, mysql, etcd
+    matrix_over_tls: zookeeper, redis, postgres, mysql, etcd, nats
 );
 /// The connection cells over TLS on the backend of `url`, on a TLS-only server of the test's own
 /// (so `url`, the shared server's, only names the backend).
@@ -1269,6 +1269,7 @@ async fn matrix_over_tls(url: String) {
         "postgres" | "postgresql" => tls_postgres().await,
         "mysql" => tls_mysql().await,
         "etcd" => tls_etcd().await,
+        "nats" => tls_nats().await,
         other => panic!("no TLS matrix for {other}"),
     }
 }
@@ -1298,6 +1299,11 @@ async fn tls_mysql() {
     };
     let nature = Nature { connection_bound: true, ..Nature::default() };
     tls_matrix("MariaDB over TLS, password login", "scripts/mariadb.sh", url, SQL_LEASE, nature).await;
+}
+
+async fn tls_nats() {
+    let url = |addr: &str, pw: &str, files: &str| format!("natss://distlock:{pw}@{addr}?{files}&lease={LEASE}");
+    tls_matrix("NATS 2.15 over TLS, user login", "scripts/nats.sh", url, LEASE, Nature::default()).await;
 }
 
 async fn tls_etcd() {

@@ -195,3 +195,68 @@ async fn a_bucket_made_otherwise_is_refused() {
     let e = Client::connect(&format!("nats://{addr}/{bucket}?ttl=1500ms")).await.unwrap_err().to_string();
     assert!(e.contains("whole seconds"), "{e}");
 }
+
+/// A server set up as production is (`scripts/nats.sh start-tls`: TLS only, logins required):
+/// the user with its password over TLS takes locks; a wrong password, plaintext and a missing CA
+/// are refused naming the cause (never the password); the least-privilege user team-a (its
+/// bucket's subjects and the JetStream calls on its stream only, docs/security.md) takes locks,
+/// lists them and runs a job in bucket team-a, and cannot touch bucket distlock.
+#[tokio::test]
+async fn a_tls_only_server_with_logins_and_a_least_privilege_user() {
+    if addr().is_none() {
+        return;
+    }
+    let own = distlock_faults::OwnServer::start("nats.sh", "start-tls", &[]);
+    let at = own.printed.trim().to_string();
+    let password = std::fs::read_to_string(own.dir().join("password")).unwrap().trim().to_string();
+    let team_password = std::fs::read_to_string(own.dir().join("team-a.password")).unwrap().trim().to_string();
+    let ca = format!("cacert={}", own.file("certs/ca.pem"));
+    // The admin user makes team-a's bucket (team-a may not create streams).
+    let admin = Client::connect(&format!("natss://distlock:{password}@{at}/team-a?{ca}&ttl=5s")).await.unwrap();
+    let g = admin.mutex(&unique("admin")).unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    let text = |r: distlock::Result<Client>| r.map(drop).unwrap_err().to_string();
+    let e = text(Client::connect(&format!("natss://distlock:wrong-{password}@{at}?{ca}")).await);
+    assert!(e.to_lowercase().contains("authorization"), "{e}");
+    assert!(!e.contains(&password), "the password in an error: {e}");
+    let e = text(Client::connect(&format!("nats://distlock:{password}@{at}")).await);
+    assert!(e.contains("requires TLS: write natss://"), "plaintext to a TLS-only server: {e}");
+    let e = text(Client::connect(&format!("natss://distlock:{password}@{at}")).await);
+    assert!(e.to_lowercase().contains("certificate"), "no CA: {e}");
+    // team-a, in its own bucket: locks, a listing, a job.
+    let team = distlock::connect(&format!("natss://team-a:{team_password}@{at}/team-a?{ca}&ttl=5s")).await.unwrap();
+    let name = unique("team");
+    let held = team.mutex(&name).unwrap().lock().await.unwrap();
+    let listed = team.locks("").await.unwrap();
+    assert!(listed.locks.iter().any(|l| l.name == name), "{listed:?}");
+    let reader = team.read_lock(&unique("team-rw")).unwrap().lock().await.unwrap();
+    reader.release().await.unwrap();
+    held.release().await.unwrap();
+    let job = team.schedule(&unique("team-job")).unwrap().once_per(Duration::from_secs(60));
+    match job.try_start().await.unwrap() {
+        distlock::schedule::Started::Running(run) => drop(run.finish(Some(0)).await.unwrap()),
+        distlock::schedule::Started::Skipped(s) => panic!("team-a's job skipped: {s}"),
+    }
+    // Not bucket distlock.
+    let e =
+        distlock::connect(&format!("natss://team-a:{team_password}@{at}/distlock?{ca}")).await.map(drop).unwrap_err();
+    assert!(e.to_string().contains("distlock"), "{e}");
+    admin.close(Duration::from_secs(1)).await;
+}
+
+/// A server whose clients log in with a token: `nats://TOKEN@host` takes locks, a wrong token is
+/// refused and not shown.
+#[tokio::test]
+async fn a_token_login() {
+    if addr().is_none() {
+        return;
+    }
+    let own = distlock_faults::OwnServer::start("nats.sh", "start-token", &[]);
+    let at = own.printed.trim().to_string();
+    let token = std::fs::read_to_string(own.dir().join("token")).unwrap().trim().to_string();
+    let client = Client::connect(&format!("nats://{token}@{at}")).await.unwrap();
+    let g = client.mutex(&unique("token")).unwrap().try_lock().await.unwrap().expect("free");
+    g.release().await.unwrap();
+    let e = Client::connect(&format!("nats://not-{token}@{at}")).await.map(drop).unwrap_err().to_string();
+    assert!(e.to_lowercase().contains("authorization") && !e.contains(&token), "{e}");
+}

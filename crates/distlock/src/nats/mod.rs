@@ -40,7 +40,7 @@
 //! with its own clock and removes the key once that time plus the TTL has passed (checked on
 //! nats-server 2.15.1: a 2 s key renewed after 1 s expired 2.01 s after the renewal's send), so
 //! the key cannot go before the send time of the last acknowledged write plus the TTL. A guard's
-//! [`lease_deadline`](MutexGuard::lease_deadline) is that, less the drift margin
+//! [`lease_deadline`](LockGuard::lease_deadline) is that, less the drift margin
 //! (`lease_margin.rs`: 2 % of the TTL plus 2 ms). The client's watchdog renews each hold every
 //! third of the TTL with a guarded publish at the key's last sequence; a renewal NATS refuses
 //! (someone else wrote the key) is a loss told at once, `KeyDeleted`; none answered by the
@@ -173,7 +173,14 @@ impl Client {
             let nats = tokio::time::timeout(bound, options.connect(url.servers.clone()))
                 .await
                 .map_err(|_| failed(format!("no answer within {bound:?}")))?
-                .map_err(|e| failed(crate::tls::explain(error_text(&e), tls, "natss://")))?;
+                .map_err(|e| {
+                    let text = crate::tls::explain(error_text(&e), tls, "natss://");
+                    // async-nats takes up TLS on its own when the server requires it.
+                    match !tls && text.contains("certificate") {
+                        true => failed(format!("{text}; the server requires TLS: write natss://…?cacert=")),
+                        false => failed(text),
+                    }
+                })?;
             let js = async_nats::jetstream::ContextBuilder::new().timeout(url.timeout).build(nats.clone());
             let (kv, stream) = tokio::time::timeout(bound, bucket(&js, &url))
                 .await
