@@ -76,7 +76,6 @@ pub use url::NatsUrl;
 use crate::{Error, Result};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::{Entry, Operation, Store};
-use async_nats::jetstream::stream::Stream;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -103,8 +102,6 @@ pub(crate) struct Inner {
     pub(crate) nats: async_nats::Client,
     pub(crate) js: async_nats::jetstream::Context,
     pub(crate) kv: Store,
-    /// The bucket's stream (for listings).
-    pub(crate) stream: Stream,
     /// Renews every hold of this client.
     pub(crate) watchdog: Arc<crate::watchdog::Watchdog<hold::Renew>>,
     /// The last sequence of keys this client deleted (a first guess for the next create of
@@ -182,7 +179,7 @@ impl Client {
                     }
                 })?;
             let js = async_nats::jetstream::ContextBuilder::new().timeout(url.timeout).build(nats.clone());
-            let (kv, stream) = tokio::time::timeout(bound, bucket(&js, &url))
+            let kv = tokio::time::timeout(bound, bucket(&js, &url))
                 .await
                 .map_err(|_| failed(format!("the bucket {} not opened within {bound:?}", url.bucket)))??;
             Ok::<Client, Error>(Client {
@@ -192,7 +189,6 @@ impl Client {
                     nats,
                     js,
                     kv,
-                    stream,
                     hints: StdMutex::default(),
                     holds: StdMutex::default(),
                 }),
@@ -396,68 +392,62 @@ impl Client {
     }
 
     /// The last message of every key on `filter` (a subject filter under the bucket's prefix)
-    /// that holds a live value, read once each by an ordered consumer; and the lowest sequence
-    /// among those (`u64::MAX` if none).
+    /// that holds a live value, each read from the stream's leader; and the lowest sequence among
+    /// those (`u64::MAX` if none). The keys come from one stream info request (the subjects that
+    /// have a message), so a key that vanishes meanwhile (a released key's delete expiring) is
+    /// simply not live, never waited for.
     pub(crate) async fn scan(&self, filter: &str) -> Result<(Vec<Scanned>, u64)> {
-        use async_nats::jetstream::consumer::{push::OrderedConfig, DeliverPolicy, ReplayPolicy};
         use futures::StreamExt;
-        let bucket = &self.inner.url.bucket;
-        let fail = |why: String| Error::Backend { op: "list locks", path: filter.to_string(), source: why.into() };
-        let timeout = self.inner.url.timeout;
-        let reading = async {
-            let consumer = self
-                .inner
-                .stream
-                .create_consumer(OrderedConfig {
-                    deliver_subject: self.inner.nats.new_inbox(),
-                    filter_subject: format!("$KV.{bucket}.{filter}"),
-                    replay_policy: ReplayPolicy::Instant,
-                    deliver_policy: DeliverPolicy::LastPerSubject,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| fail(error_text(&e)))?;
-            let mut pending = consumer.cached_info().num_pending;
-            let mut messages = consumer.messages().await.map_err(|e| fail(error_text(&e)))?;
-            let (mut live, mut first) = (Vec::new(), u64::MAX);
-            while pending > 0 {
-                let Some(m) = messages.next().await else { break };
-                let m = m.map_err(|e| fail(error_text(&e)))?;
-                let info = m.info().map_err(|e| fail(e.to_string()))?;
-                pending = info.pending;
-                let (seq, written_ns) = (info.stream_sequence, info.published.unix_timestamp_nanos());
-                let put = m
-                    .headers
-                    .as_ref()
-                    .is_none_or(|h| h.get("KV-Operation").is_none() && h.get("Nats-Marker-Reason").is_none());
-                if !put {
-                    continue;
-                }
-                let key = m.subject.as_str().strip_prefix(&format!("$KV.{bucket}.")).unwrap_or_default().to_string();
-                first = first.min(seq);
-                live.push(Scanned { key, seq, value: m.payload.to_vec(), written_ns });
-            }
-            Ok::<_, Error>((live, first))
-        };
-        tokio::time::timeout(timeout, reading).await.map_err(|_| fail(format!("no answer within {timeout:?}")))?
+        let keys = self.keys_on(filter).await?;
+        let reads = futures::stream::iter(keys).map(|k| async move { (self.read(&k).await, k) }).buffer_unordered(32);
+        let read: Vec<_> = reads.collect().await;
+        let (mut found, mut first) = (Vec::new(), u64::MAX);
+        for (entry, key) in read {
+            let Some(e) = entry?.filter(live) else { continue };
+            first = first.min(e.revision);
+            let written_ns = e.created.unix_timestamp_nanos();
+            found.push(Scanned { key, seq: e.revision, value: e.value.to_vec(), written_ns });
+        }
+        Ok((found, first))
     }
 
     /// Whether any key on `filter` has a message at all (one stream info request).
     pub(crate) async fn any_message(&self, filter: &str) -> Result<bool> {
+        Ok(!self.keys_on(filter).await?.is_empty())
+    }
+
+    /// The keys on `filter` that have a message (a stream info request with a subjects filter).
+    async fn keys_on(&self, filter: &str) -> Result<Vec<String>> {
         let bucket = &self.inner.url.bucket;
         let subject = format!("$JS.API.STREAM.INFO.KV_{bucket}");
-        let fail = |why: String| Error::Backend { op: "list readers", path: filter.to_string(), source: why.into() };
+        let fail = |why: String| Error::Backend { op: "list keys", path: filter.to_string(), source: why.into() };
         let timeout = self.inner.url.timeout;
-        let ask = serde_json::json!({ "subjects_filter": format!("$KV.{bucket}.{filter}") }).to_string();
-        let answer = tokio::time::timeout(timeout, self.inner.nats.request(subject, ask.into()))
-            .await
-            .map_err(|_| fail(format!("no answer within {timeout:?}")))?
-            .map_err(|e| fail(error_text(&e)))?;
-        let info: serde_json::Value = serde_json::from_slice(&answer.payload).map_err(|e| fail(e.to_string()))?;
-        if let Some(e) = info.get("error") {
-            return Err(fail(e.to_string()));
+        let prefix = format!("$KV.{bucket}.");
+        let (mut keys, mut offset) = (Vec::new(), 0u64);
+        loop {
+            let ask =
+                serde_json::json!({ "subjects_filter": format!("{prefix}{filter}"), "offset": offset }).to_string();
+            let answer = tokio::time::timeout(timeout, self.inner.nats.request(subject.clone(), ask.into()))
+                .await
+                .map_err(|_| fail(format!("no answer within {timeout:?}")))?
+                .map_err(|e| fail(error_text(&e)))?;
+            let info: serde_json::Value = serde_json::from_slice(&answer.payload).map_err(|e| fail(e.to_string()))?;
+            if let Some(e) = info.get("error") {
+                return Err(fail(e.to_string()));
+            }
+            let page: Vec<String> = info
+                .pointer("/state/subjects")
+                .and_then(|s| s.as_object())
+                .map(|s| s.keys().filter_map(|k| k.strip_prefix(&prefix)).map(str::to_string).collect())
+                .unwrap_or_default();
+            let total = info.get("total").and_then(|t| t.as_u64()).unwrap_or(0);
+            offset += page.len() as u64;
+            let done = page.is_empty() || offset >= total;
+            keys.extend(page);
+            if done {
+                return Ok(keys);
+            }
         }
-        Ok(info.pointer("/state/subjects").and_then(|s| s.as_object()).is_some_and(|s| !s.is_empty()))
     }
 }
 
@@ -506,7 +496,7 @@ fn lock_info(name: &str, value: &[u8], seq: u64, written_ns: i128, ttl: Duration
 }
 
 /// The bucket's stream as distlock needs it, made if missing; an existing one is checked.
-async fn bucket(js: &async_nats::jetstream::Context, url: &NatsUrl) -> Result<(Store, Stream)> {
+async fn bucket(js: &async_nats::jetstream::Context, url: &NatsUrl) -> Result<Store> {
     use async_nats::jetstream::stream::{Config, DiscardPolicy, StorageType};
     let name = format!("KV_{}", url.bucket);
     let fail = |why: String| Error::Connect { url: url.to_string(), reason: why };
@@ -553,8 +543,7 @@ async fn bucket(js: &async_nats::jetstream::Context, url: &NatsUrl) -> Result<(S
             url.bucket
         )));
     }
-    let kv = js.get_key_value(url.bucket.clone()).await.map_err(|e| fail(error_text(&e)))?;
-    Ok((kv, stream))
+    js.get_key_value(url.bucket.clone()).await.map_err(|e| fail(error_text(&e)))
 }
 
 /// The key of lock `name` under `space` (`locks`, `jobs`).
