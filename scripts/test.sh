@@ -9,7 +9,8 @@
 #                                         one MariaDB (scripts/mariadb.sh) the MariaDB ones, and one
 #                                         etcd member (scripts/etcd.sh) the etcd ones (SQLite tests
 #                                         make their own database files; etcd's fault tests start
-#                                         3-member clusters of their own); then the Redis tests
+#                                         3-member clusters of their own), and one NATS server
+#                                         (scripts/nats.sh) the NATS ones; then the Redis tests
 #                                         again on Valkey 9 (scripts/redis.sh with
 #                                         DISTLOCK_REDIS_FLAVOUR=valkey)
 #   DISTLOCK_TEST_SERVER=zookeeper scripts/test.sh   only Apache ZooKeeper (Debian package)
@@ -17,7 +18,7 @@
 #   DISTLOCK_TEST_SERVER=ensemble scripts/test.sh    only the ensemble's fault matrix
 #   DISTLOCK_MATRIX_FAULTS=N scripts/test.sh         N faults per fault-matrix cell (default 2)
 #                                         (the matrix runs on ZooKeeper in each server pass, and
-#                                         once on Redis, Valkey, PostgreSQL, MariaDB, etcd and SQLite)
+#                                         once on Redis, Valkey, PostgreSQL, MariaDB, etcd, NATS and SQLite)
 #   scripts/test.sh -- ARGS               extra arguments for `cargo test` (e.g. a name filter)
 #   scripts/test.sh --matrices            only the fault matrices (every server's, at once)
 #   scripts/test.sh --stress [-- ARGS]    the same with CPU hogs beside the tests (one busy loop
@@ -80,6 +81,7 @@ cleanup() {
     scripts/postgres.sh stop .tmp/test-postgres
     scripts/mariadb.sh stop .tmp/test-mariadb
     scripts/etcd.sh stop .tmp/test-etcd
+    scripts/nats.sh stop .tmp/test-nats || true
     for s in "${started[@]}"; do
         case "$s" in
             zookeeper) scripts/zk.sh stop .tmp/test-zookeeper ;;
@@ -112,6 +114,10 @@ scripts/etcd.sh stop .tmp/test-etcd 2>/dev/null || true
 rm -rf .tmp/test-etcd; mkdir -p .tmp/test-etcd
 DISTLOCK_TEST_ETCD=$(scripts/etcd.sh start .tmp/test-etcd)
 export DISTLOCK_TEST_ETCD DISTLOCK_TEST_ETCD_DIR="$PWD/.tmp/test-etcd"
+scripts/nats.sh stop .tmp/test-nats 2>/dev/null || true
+rm -rf .tmp/test-nats; mkdir -p .tmp/test-nats
+DISTLOCK_TEST_NATS=$(scripts/nats.sh start .tmp/test-nats)
+export DISTLOCK_TEST_NATS DISTLOCK_TEST_NATS_DIR="$PWD/.tmp/test-nats"
 # The fault matrices restart their servers, so nothing else may use those while they run; each
 # matrix has a server of its own (Apache ZooKeeper, the embedded one, the ensemble, one each for
 # the other backends), so after the passes below they all run at once (mostly waiting on leases).
@@ -155,7 +161,7 @@ for server in $servers; do
         # (The library's and the CLI's binaries are both `main`: the filters name modules of each.)
         cargo test "${ws[@]}" --test main -- conformance:: curator:: election:: faults:: observe:: \
             recipes:: wire:: zookeeper:: schedule:: cli:: top:: options:: prometheus:: \
-            --skip ::redis --skip ::postgres --skip ::mysql --skip ::etcd --skip ::sqlite --skip ::memory
+            --skip ::redis --skip ::postgres --skip ::mysql --skip ::etcd --skip ::nats --skip ::sqlite --skip ::memory
         cargo test "${ws[@]}" --test bench -- bench_leaves_nothing_on_the_server bench_handover
     fi
     if [[ ${#extra[@]} -eq 0 ]]; then
@@ -191,15 +197,17 @@ for line in sys.stdin:
             --skip redis_own_servers::a_tls_only_server --skip redis_own_servers::a_least_privilege_acl_user_works)
         say "=== the Redis tests on Valkey: done ==="
     fi
-    # The same fault matrix on the other five backends, once (their servers were started above;
+    # The same fault matrix on the other backends, once (their servers were started above;
     # the restart cells kill and restart them, so nothing else runs meanwhile).
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
     matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
+    # NATS's matrix on a 3-node JetStream cluster of its own (R3 bucket: leader killed, follower paused).
+    matrices+=("nats-cluster -- --exact fault_matrix::matrix_nats_cluster")
     # Redis's matrix once more, on Valkey (named so in its table).
     matrices+=("valkey DISTLOCK_REDIS_FLAVOUR=valkey DISTLOCK_TEST_REDIS=$valkey DISTLOCK_TEST_REDIS_DIR=$valkey_dir -- --exact fault_matrix::matrix::redis")
-    say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, Valkey, PostgreSQL, MariaDB, etcd, SQLite, memory:// and TLS) ==="
+    say "=== the fault matrices at once: ${#matrices[@]} runs (ZooKeeper's servers; Redis, Valkey, PostgreSQL, MariaDB, etcd, NATS, SQLite, memory:// and TLS) ==="
     pids=()
     logs=()
     for m in "${matrices[@]}"; do

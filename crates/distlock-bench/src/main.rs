@@ -11,6 +11,7 @@ mod etcd;
 mod handover;
 mod harness;
 mod held;
+mod nats;
 mod observe;
 mod postgres;
 mod postgres_tls;
@@ -177,6 +178,9 @@ async fn run(args: BenchArgs) -> anyhow::Result<u8> {
     } else if backend.starts_with("etcd://") || backend.starts_with("etcds://") {
         let workloads = chosen(&etcd::WORKLOADS);
         Some(etcd::run(run(&workloads)).await?)
+    } else if backend.starts_with("nats://") || backend.starts_with("natss://") {
+        let workloads = chosen(&nats::WORKLOADS);
+        Some(nats::run(run(&workloads)).await?)
     } else if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         let workloads = chosen(&postgres::WORKLOADS);
         Some(postgres::run(run(&workloads)).await?)

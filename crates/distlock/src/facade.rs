@@ -157,6 +157,13 @@ pub const BACKENDS: &[BackendInfo] = &[
         connect: compiled!("etcd", crate::etcd::contract::connect),
     },
     BackendInfo {
+        name: "nats",
+        schemes: &["nats", "natss"],
+        tool_env: None,
+        capabilities: Capabilities { records_waiters: false, watches_leader: false, ..ALL },
+        connect: compiled!("nats", crate::nats::contract::connect),
+    },
+    BackendInfo {
         name: "memory",
         schemes: &["memory"],
         tool_env: None,

@@ -1,12 +1,12 @@
 //! Distributed locks that are fair, herd-free, fenced and honest about loss.
 //!
-//! distlock coordinates processes on many machines through a server they share, on six backends
+//! distlock coordinates processes on many machines through a server they share, on seven backends
 //! behind one API that [`connect`] picks by URL: ZooKeeper (contenders line up as
 //! EPHEMERAL_SEQUENTIAL nodes, each watching only the node ahead of it), Redis (Redisson's and
 //! redis-py's layouts, leases renewed by a watchdog), PostgreSQL (advisory locks), MariaDB and
-//! MySQL (`GET_LOCK`), SQLite (a lease table in a file) and etcd (its lock recipe, checked after
-//! the wait); and, for users' own tests, an in-process store (`memory://`) whose leases run on
-//! tokio's clock.
+//! MySQL (`GET_LOCK`), SQLite (a lease table in a file), etcd (its lock recipe, checked after
+//! the wait) and NATS (keys with their own TTL in a JetStream KV bucket); and, for users' own
+//! tests, an in-process store (`memory://`) whose leases run on tokio's clock.
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
@@ -78,6 +78,7 @@
         feature = "mysql",
         feature = "sqlite",
         feature = "etcd",
+        feature = "nats",
         feature = "memory"
     )),
     allow(dead_code, unused_imports, unused_macros)
@@ -125,6 +126,8 @@ mod lock_state;
 pub mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod observe;
 pub mod optimistic;
 mod owner;
@@ -235,6 +238,8 @@ mod url_keys {
         ));
         #[cfg(feature = "etcd")]
         all.push(("etcd://h:2379", |u| text(crate::etcd::EtcdUrl::parse(u)).map(|p| p.ttl()), &["timeout"]));
+        #[cfg(feature = "nats")]
+        all.push(("nats://h:4222", |u| text(crate::nats::NatsUrl::parse(u)).map(|p| p.ttl()), &["timeout"]));
         #[cfg(feature = "memory")]
         all.push(("memory://t", |u| text(crate::memory::MemoryUrl::parse(u)).map(|p| p.lease()), &[]));
         all
@@ -372,5 +377,7 @@ mod bounds {
         all_send_sync_static!(crate::sqlite::MutexGuard);
         #[cfg(feature = "etcd")]
         all_send_sync_static!(crate::etcd::LockGuard);
+        #[cfg(feature = "nats")]
+        all_send_sync_static!(crate::nats::LockGuard);
     }
 }

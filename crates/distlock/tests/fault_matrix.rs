@@ -573,6 +573,16 @@ fn script(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// The script that kills, restarts, pauses and names the leader of a cluster's members (by
+/// number): ZooKeeper's ensemble's, or NATS's (the leader of the bucket's stream).
+fn ensemble_tool(target: &Target) -> &'static str {
+    if target.url.starts_with("nats") {
+        "scripts/nats.sh"
+    } else {
+        "scripts/zk-ensemble.sh"
+    }
+}
+
 /// Runs one cell and returns its row.
 async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
     let name = format!(
@@ -694,19 +704,19 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
                 script(&[tool, "restart", dir]);
             }
             Scenario::KillLeader => {
-                let dir = target.ensemble.as_ref().unwrap();
-                let leader = script(&["scripts/zk-ensemble.sh", "leader", dir]);
-                script(&["scripts/zk-ensemble.sh", "kill", dir, &leader]);
+                let (dir, tool) = (target.ensemble.as_ref().unwrap(), ensemble_tool(target));
+                let leader = script(&[tool, "leader", dir]);
+                script(&[tool, "kill", dir, &leader]);
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                script(&["scripts/zk-ensemble.sh", "restart", dir, &leader]);
+                script(&[tool, "restart", dir, &leader]);
             }
             Scenario::IsolateFollower => {
-                let dir = target.ensemble.as_ref().unwrap();
-                let leader = script(&["scripts/zk-ensemble.sh", "leader", dir]);
+                let (dir, tool) = (target.ensemble.as_ref().unwrap(), ensemble_tool(target));
+                let leader = script(&[tool, "leader", dir]);
                 let follower = if leader == "1" { "2" } else { "1" };
-                script(&["scripts/zk-ensemble.sh", "pause", dir, follower]);
+                script(&[tool, "pause", dir, follower]);
                 tokio::time::sleep(Duration::from_secs(4)).await;
-                script(&["scripts/zk-ensemble.sh", "resume", dir, follower]);
+                script(&[tool, "resume", dir, follower]);
             }
         }
     }
@@ -984,6 +994,7 @@ async fn matrix(url: String) {
         "postgres" | "postgresql" => postgres_matrix().await,
         "mysql" => mariadb_matrix().await,
         "etcd" => etcd_matrix().await,
+        "nats" => nats_matrix().await,
         "sqlite" => sqlite_matrix().await,
         "memory" => memory_matrix().await,
         other => panic!("no fault matrix for {other}"),
@@ -1031,6 +1042,45 @@ async fn matrix_ensemble() {
         connection_bound: false,
     };
     run_matrix(target, &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower], &[]).await;
+}
+
+/// A 3-node NATS JetStream cluster of the test's own (`scripts/nats.sh cluster`), the bucket
+/// with three replicas: no fault, the bucket stream's leader killed (and restarted), a follower
+/// paused. The lease is longer than a leader's failover (about 4 s measured: no stream leader
+/// answers meanwhile), so a holder renewing through it keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long matrix on a cluster of its own: scripts/test.sh runs it"]
+async fn matrix_nats_cluster() {
+    if std::env::var("DISTLOCK_TEST_NATS").is_err() {
+        panic!("DISTLOCK_TEST_NATS unset: run the tests with scripts/test.sh");
+    }
+    let dir = std::env::temp_dir().join(format!("distlock-nats-cluster-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir.display().to_string();
+    let servers = script(&["scripts/nats.sh", "cluster", &dir]);
+    let lease = "8s";
+    let target = Target {
+        server: "NATS 2.15 (3-node cluster, R3 bucket, sync_interval always)".into(),
+        url: format!("nats://{servers}?lease={lease}&replicas=3"),
+        addr: None,
+        restart: None,
+        ensemble: Some(dir.clone()),
+        restart_forgets: false,
+        lease: distlock::parse_duration(lease).unwrap(),
+        pause_holds: false,
+        connection_bound: false,
+    };
+    let run = std::panic::AssertUnwindSafe(run_matrix(
+        target,
+        &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower],
+        &[],
+    ));
+    let result = futures::FutureExt::catch_unwind(run).await;
+    script(&["scripts/nats.sh", "stop", &dir]);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// A network backend's matrix on the server its variable gives: `url` has `{addr}` for the server's address; `env` names its address's variable, whose
@@ -1113,6 +1163,15 @@ async fn etcd_matrix() {
     let url = |addr: &str| format!("etcd://{addr}?lease={LEASE}");
     backend_matrix("etcd 3.4 (one member)", "DISTLOCK_TEST_ETCD", LEASE, url, "scripts/etcd.sh", Nature::default())
         .await;
+}
+
+/// NATS 2.15 (one server, JetStream with `sync_interval: always`): the network cells, and the
+/// server's SIGKILL and restart when `DISTLOCK_TEST_NATS_DIR` names its `scripts/nats.sh`
+/// directory (the bucket's keys and their TTLs survive it: nothing forgotten).
+async fn nats_matrix() {
+    let url = |addr: &str| format!("nats://{addr}?lease={LEASE}");
+    let server = "NATS 2.15 (one server, sync_interval always)";
+    backend_matrix(server, "DISTLOCK_TEST_NATS", LEASE, url, "scripts/nats.sh", Nature::default()).await;
 }
 
 /// SQLite: a file, no network; the cells that apply to a file (a paused and a killed holder,
@@ -1199,7 +1258,7 @@ async fn tls_matrix(
 on_every_backend!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "a long matrix: scripts/test.sh runs it once, beside the others"]
-    matrix_over_tls: zookeeper, redis, postgres, mysql, etcd
+    matrix_over_tls: zookeeper, redis, postgres, mysql, etcd, nats
 );
 /// The connection cells over TLS on the backend of `url`, on a TLS-only server of the test's own
 /// (so `url`, the shared server's, only names the backend).
@@ -1210,6 +1269,7 @@ async fn matrix_over_tls(url: String) {
         "postgres" | "postgresql" => tls_postgres().await,
         "mysql" => tls_mysql().await,
         "etcd" => tls_etcd().await,
+        "nats" => tls_nats().await,
         other => panic!("no TLS matrix for {other}"),
     }
 }
@@ -1239,6 +1299,11 @@ async fn tls_mysql() {
     };
     let nature = Nature { connection_bound: true, ..Nature::default() };
     tls_matrix("MariaDB over TLS, password login", "scripts/mariadb.sh", url, SQL_LEASE, nature).await;
+}
+
+async fn tls_nats() {
+    let url = |addr: &str, pw: &str, files: &str| format!("natss://distlock:{pw}@{addr}?{files}&lease={LEASE}");
+    tls_matrix("NATS 2.15 over TLS, user login", "scripts/nats.sh", url, LEASE, Nature::default()).await;
 }
 
 async fn tls_etcd() {

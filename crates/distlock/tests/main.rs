@@ -23,6 +23,7 @@ mod fault_matrix;
 mod faults;
 mod mysql;
 mod names;
+mod nats;
 mod observe;
 mod postgres;
 mod postgres_peer;

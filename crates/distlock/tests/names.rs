@@ -30,7 +30,7 @@ async fn free(lock: distlock::Lock, url: &str) -> bool {
 
 on_every_backend!(
     #[tokio::test]
-    a_mutex_and_a_read_write_lock_of_one_name_are_one_lock: zookeeper, redis, postgres, etcd, memory
+    a_mutex_and_a_read_write_lock_of_one_name_are_one_lock: zookeeper, redis, postgres, etcd, nats, memory
 );
 async fn a_mutex_and_a_read_write_lock_of_one_name_are_one_lock(url: String) {
     let (a, b) = (connect(&url).await, connect(&url).await);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 const MARK: &str = "S3cr3tMarker";
 
-const SCHEMES: [&str; 16] = [
+const SCHEMES: [&str; 18] = [
     "zk",
     "zks",
     "redis",
@@ -22,6 +22,8 @@ const SCHEMES: [&str; 16] = [
     "sqlite",
     "etcd",
     "etcds",
+    "nats",
+    "natss",
     "memory",
     "bogus",
     "",

@@ -4,12 +4,13 @@
 
 /// Every backend a scenario runs on: its name (the test's), the variable that names its server
 /// (none: it needs no server), and its URL with short lease settings (`{}` is the server).
-const BACKENDS: [(&str, Option<&str>, &str); 7] = [
+const BACKENDS: [(&str, Option<&str>, &str); 8] = [
     ("zookeeper", Some("DISTLOCK_TEST_ZK"), "zk://{}?session_timeout=4s"),
     ("redis", Some("DISTLOCK_TEST_REDIS"), "redis://{}?lease=4s"),
     ("postgres", Some("DISTLOCK_TEST_POSTGRES"), "{}?lease=4s"),
     ("mysql", Some("DISTLOCK_TEST_MYSQL"), "{}?lease=4s"),
     ("etcd", Some("DISTLOCK_TEST_ETCD"), "etcd://{}?ttl=4s"),
+    ("nats", Some("DISTLOCK_TEST_NATS"), "nats://{}?ttl=4s"),
     // A database file of the test's own.
     ("sqlite", None, "sqlite://{}/locks.db?lease=4s"),
     // A store of the test's own.
@@ -64,7 +65,7 @@ pub async fn run<F: std::future::Future<Output = ()>>(backend: &str, scenario: i
 /// a scenario is for, when the others cannot have what it tests.
 macro_rules! on_every_backend {
     ($(#[$attr:meta])+ $scenario:ident) => {
-        $crate::common::backends::on_every_backend!($(#[$attr])+ $scenario: zookeeper, redis, postgres, mysql, etcd, sqlite, memory);
+        $crate::common::backends::on_every_backend!($(#[$attr])+ $scenario: zookeeper, redis, postgres, mysql, etcd, nats, sqlite, memory);
     };
     ($(#[$attr:meta])+ $scenario:ident: $($backend:ident),+) => {
         mod $scenario {
@@ -85,6 +86,7 @@ macro_rules! backend_test {
     (postgres $($rest:tt)+) => { #[cfg(feature = "postgres")] $crate::common::backends::backend_test!(@test postgres $($rest)+); };
     (mysql $($rest:tt)+) => { #[cfg(feature = "mysql")] $crate::common::backends::backend_test!(@test mysql $($rest)+); };
     (etcd $($rest:tt)+) => { #[cfg(feature = "etcd")] $crate::common::backends::backend_test!(@test etcd $($rest)+); };
+    (nats $($rest:tt)+) => { #[cfg(feature = "nats")] $crate::common::backends::backend_test!(@test nats $($rest)+); };
     (sqlite $($rest:tt)+) => { #[cfg(feature = "sqlite")] $crate::common::backends::backend_test!(@test sqlite $($rest)+); };
     (memory $($rest:tt)+) => { #[cfg(feature = "memory")] $crate::common::backends::backend_test!(@test memory $($rest)+); };
     (@test $backend:ident [$(#[$attr:meta])+] $scenario:ident) => {

@@ -200,10 +200,10 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
     let reports: Vec<_> = helds.iter().map(|h| h.resource.report()).collect();
     let mut overlaps: usize = reports.iter().map(|r| r.overlaps.len()).sum();
     // Across all, where the locks share one lease (a session, a connection, an etcd lease):
-    // after a partition the last loss comes before the first grant elsewhere. Redis and the
+    // after a partition the last loss comes before the first grant elsewhere. Redis, NATS and the
     // in-process store keep an entry, with its own expiry, per lock: there each lock is judged
     // alone (its loss before its own next grant).
-    let one_lease = !target.url.starts_with("redis") && !target.url.starts_with("memory");
+    let one_lease = !["redis", "nats", "memory"].iter().any(|s| target.url.starts_with(s));
     if fault == ManyFault::Partition && one_lease && last_loss.zip(first_grant).is_some_and(|(l, g)| l >= g) {
         overlaps += 1;
     }
