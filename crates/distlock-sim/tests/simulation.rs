@@ -721,10 +721,10 @@ fn simulation_finds_planted_defects() {
         return;
     }
     let exe = std::env::current_exe().expect("this test binary");
-    for (plant, seeds) in PLANTS {
+    for (plant, test, seeds) in PLANTS {
         let started = Instant::now();
         let out = std::process::Command::new(&exe)
-            .args(["--exact", "simulation_mutex", "--nocapture", "--test-threads", "1"])
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
             .env("DISTLOCK_SIM_PLANT", plant)
             .env("DISTLOCK_SIM_SEEDS", seeds.to_string())
             .output()
@@ -739,5 +739,9 @@ fn simulation_finds_planted_defects() {
     }
 }
 
-/// Each planted defect and the seeds (from 1) within which `simulation_mutex` must find it.
-const PLANTS: &[(&str, u64)] = &[("release-leak", 40), ("snapshot-session", 60)];
+/// Each planted defect, the test that must find it, and within how many of its default seeds.
+const PLANTS: &[(&str, &str, u64)] = &[
+    ("release-leak", "simulation_mutex", 40),
+    ("snapshot-session", "simulation_mutex", 60),
+    ("semaphore-lost-permit", "simulation_semaphore", 400),
+];

@@ -150,7 +150,12 @@ impl Semaphore {
                 // The gate's release can outlast the session (its delete waits out a lost
                 // connection): a permit already lost is never handed out (the simulation found
                 // one granted as its session expired, seed 1000509). Dropped, its leases go.
-                match permit.leases.iter().map(HeldNode::state_now).find(|s| s.is_lost()) {
+                // (The planted defect `semaphore-lost-permit` skips this check, as before.)
+                let lost = match super::sim::planted("semaphore-lost-permit") {
+                    true => None,
+                    false => permit.leases.iter().map(HeldNode::state_now).find(|s| s.is_lost()),
+                };
+                match lost {
                     Some(LockState::Lost(reason @ (LostReason::SessionExpired | LostReason::SessionClosed))) => {
                         Err(session_error(reason))
                     }
