@@ -11,10 +11,13 @@
 //! once the faults stop.
 //!
 //! Only built with `--cfg distlock_sim` (scripts/sim.sh). Environment:
-//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (default 120 per workload);
+//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 350 mutex, 250 semaphore, 250
+//!   read/write lock, 150 election: 1,000);
 //! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
 //! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
-//! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores).
+//! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores);
+//! - `DISTLOCK_SIM_LOG=FILTER`: with `DISTLOCK_SIM_SEED`, the log (e.g. `distlock=debug`), stamped
+//!   with simulated time.
 #![cfg(distlock_sim)]
 
 use distlock::zookeeper::Client;
@@ -30,9 +33,11 @@ const LEASE: Duration = Duration::from_secs(2);
 /// Faults happen in the first FAULTS of simulated time; then everything heals.
 const FAULTS: Duration = Duration::from_secs(30);
 /// After healing, every client must be granted within this (liveness).
-const QUIET: Duration = Duration::from_secs(25);
+const QUIET: Duration = Duration::from_secs(15);
+/// turmoil's step: every host runs once per tick (half the cost of 2 ms, the plants found as often).
+const TICK: Duration = Duration::from_millis(4);
 /// The whole simulation's bound: stopping and the audit must be done by then.
-const LIMIT: Duration = Duration::from_secs(90);
+const LIMIT: Duration = Duration::from_secs(80);
 
 /// A small deterministic generator (SplitMix64) for schedules and workloads.
 #[derive(Clone)]
@@ -67,6 +72,10 @@ enum Workload {
     Mutex,
     /// A semaphore of this many permits.
     Semaphore(u32),
+    /// Readers and writers; a writer may downgrade.
+    RwLock,
+    /// Candidates campaign; a leader resigns after its hold.
+    Election,
 }
 
 /// What a client or the harness saw, in the order it happened (one thread runs everything).
@@ -75,7 +84,14 @@ enum Workload {
 #[derive(Clone, Debug)]
 enum Kind {
     Connected,
+    /// A mutex's, a writer's (its fencing token) or a leader's (its epoch) grant; a permit's (0).
     Granted(u64),
+    /// A read lock's grant.
+    GrantedRead,
+    /// A writer took its read lock (it holds both until `WriteReleasing`).
+    Downgraded,
+    /// A downgraded writer is releasing its write lock (its read lock goes on).
+    WriteReleasing,
     /// The holder decided to release (its hold ends here, before the request is sent).
     Releasing,
     ReleaseFailed(String),
@@ -109,11 +125,14 @@ struct Shared {
     quiet: Mutex<bool>,
     idle: Mutex<Vec<bool>>,
     audited: Mutex<bool>,
+    /// The simulated time of the harness's current step.
+    now: Mutex<Duration>,
 }
 
 impl Shared {
     fn record(&self, client: usize, incarnation: u64, kind: Kind) {
-        let at = turmoil::sim_elapsed().unwrap_or_default();
+        // On a host, its clock; in the harness (faults, healing), the step's time.
+        let at = turmoil::sim_elapsed().unwrap_or_else(|| *self.now.lock().unwrap());
         self.events.lock().unwrap().push(Event { at, client, incarnation, kind });
     }
     fn flag(m: &Mutex<bool>) -> bool {
@@ -199,7 +218,9 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
     let url = format!("zk://server:2181?lease={}ms&connect_timeout=5s", LEASE.as_millis());
     let record = |kind| shared.record(id, incarnation, kind);
     'session: loop {
-        let client = match Client::connect(&url).await {
+        // The election runs through the backend-neutral client (its only API); the others
+        // through the ZooKeeper client's recipes. Either is one session.
+        let client = match Conn::connect(&url, shared.workload).await {
             Ok(c) => c,
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -214,45 +235,21 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
                 while !Shared::flag(&shared.audited) {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                client.close(Duration::from_secs(2)).await;
+                client.close().await;
                 return Ok(());
             }
             // Once the faults stop, waiters wait for good: every one must be granted.
             let wait = (!Shared::flag(&shared.quiet)).then(|| rng.ms(100, 5000));
             let hold = rng.ms(5, 1500);
-            let outcome = match shared.workload {
-                Workload::Mutex => {
-                    let lock = client.mutex(LOCK_PATH).expect("lock path");
-                    let got = match wait {
-                        Some(w) => lock.lock_timeout(w).await,
-                        None => lock.lock().await.map(Some),
-                    };
-                    match got {
-                        Ok(Some(guard)) => {
-                            record(Kind::Granted(guard.fencing_token()));
-                            hold_then_release(&record, hold, guard.lost(), guard.release()).await;
-                            Ok(())
-                        }
-                        Ok(None) => Ok(()),
-                        Err(e) => Err(e),
-                    }
+            let outcome = match (&client, shared.workload) {
+                (Conn::Zk(c), Workload::Mutex) => mutex_round(c, wait, hold, &record).await,
+                (Conn::Zk(c), Workload::Semaphore(permits)) => semaphore_round(c, permits, wait, hold, &record).await,
+                (Conn::Zk(c), Workload::RwLock) => {
+                    let (write, downgrade) = (rng.chance(40), rng.chance(50));
+                    rwlock_round(c, write, downgrade, wait, hold, &record).await
                 }
-                Workload::Semaphore(permits) => {
-                    let sem = client.semaphore(LOCK_PATH, permits).expect("semaphore path");
-                    let got = match wait {
-                        Some(w) => sem.acquire_timeout(1, w).await,
-                        None => sem.acquire().await.map(Some),
-                    };
-                    match got {
-                        Ok(Some(permit)) => {
-                            record(Kind::Granted(0));
-                            hold_then_release(&record, hold, permit.lost(), permit.release()).await;
-                            Ok(())
-                        }
-                        Ok(None) => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                }
+                (Conn::Any(c), Workload::Election) => election_round(c, id, wait, hold, &record).await,
+                _ => unreachable!("Conn::connect picks the client by workload"),
             };
             if let Err(e) = outcome {
                 let gone = matches!(e, distlock::Error::SessionExpired | distlock::Error::Closed);
@@ -264,6 +261,160 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
             }
         }
     }
+}
+
+/// A client host's session: the ZooKeeper client, or the backend-neutral one (elections).
+enum Conn {
+    Zk(Client),
+    Any(distlock::Client),
+}
+
+impl Conn {
+    async fn connect(url: &str, workload: Workload) -> distlock::Result<Conn> {
+        match workload {
+            Workload::Election => distlock::connect(url).await.map(Conn::Any),
+            _ => Client::connect(url).await.map(Conn::Zk),
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Conn::Zk(c) => c.close(Duration::from_secs(2)).await,
+            Conn::Any(c) => c.close(Duration::from_secs(2)).await,
+        }
+    }
+}
+
+async fn mutex_round(
+    c: &Client,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let lock = c.mutex(LOCK_PATH).expect("lock path");
+    let got = match wait {
+        Some(w) => lock.lock_timeout(w).await?,
+        None => Some(lock.lock().await?),
+    };
+    if let Some(guard) = got {
+        record(Kind::Granted(guard.fencing_token()));
+        hold_then_release(record, hold, guard.lost(), guard.release()).await;
+    }
+    Ok(())
+}
+
+async fn semaphore_round(
+    c: &Client,
+    permits: u32,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let sem = c.semaphore(LOCK_PATH, permits).expect("semaphore path");
+    let got = match wait {
+        Some(w) => sem.acquire_timeout(1, w).await?,
+        None => Some(sem.acquire().await?),
+    };
+    if let Some(permit) = got {
+        record(Kind::Granted(0));
+        hold_then_release(record, hold, permit.lost(), permit.release()).await;
+    }
+    Ok(())
+}
+
+/// A reader, or a writer that may downgrade half-way through its hold (its read guard then holds
+/// the rest, the write guard released first).
+async fn rwlock_round(
+    c: &Client,
+    write: bool,
+    downgrade: bool,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let lock = c.rwlock(LOCK_PATH).expect("lock path");
+    if !write {
+        let got = match wait {
+            Some(w) => lock.read_timeout(w).await?,
+            None => Some(lock.read().await?),
+        };
+        if let Some(guard) = got {
+            record(Kind::GrantedRead);
+            hold_then_release(record, hold, guard.lost(), guard.release()).await;
+        }
+        return Ok(());
+    }
+    let got = match wait {
+        Some(w) => lock.write_timeout(w).await?,
+        None => Some(lock.write().await?),
+    };
+    let Some(guard) = got else { return Ok(()) };
+    record(Kind::Granted(guard.fencing_token()));
+    if !downgrade {
+        hold_then_release(record, hold, guard.lost(), guard.release()).await;
+        return Ok(());
+    }
+    tokio::select! {
+        biased;
+        why = guard.lost() => {
+            record(Kind::Lost(format!("{why:?}")));
+            return Ok(());
+        }
+        _ = tokio::time::sleep(hold / 2) => {}
+    }
+    // Told of a loss while downgrading or releasing the write lock: the hold ends there.
+    let downgraded = tokio::select! {
+        biased;
+        why = guard.lost() => {
+            record(Kind::Lost(format!("{why:?}")));
+            return Ok(());
+        }
+        d = guard.downgrade() => d,
+    };
+    match downgraded {
+        Ok(read) => {
+            record(Kind::Downgraded);
+            record(Kind::WriteReleasing);
+            let released = tokio::select! {
+                biased;
+                why = read.lost() => {
+                    record(Kind::Lost(format!("{why:?}")));
+                    return Ok(());
+                }
+                r = guard.release() => r,
+            };
+            if let Err(e) = released {
+                record(Kind::ReleaseFailed(e.to_string()));
+            }
+            hold_then_release(record, hold / 2, read.lost(), read.release()).await;
+        }
+        Err(e) => {
+            record(Kind::Releasing);
+            record(Kind::ReleaseFailed(format!("downgrade: {e}")));
+        }
+    }
+    Ok(())
+}
+
+async fn election_round(
+    c: &distlock::Client,
+    id: usize,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let election = c.election(LOCK_PATH)?;
+    let value = name(id);
+    let got = match wait {
+        Some(w) => election.campaign_timeout(&value, w).await?,
+        None => Some(election.campaign(&value).await?),
+    };
+    if let Some(lead) = got {
+        record(Kind::Granted(lead.epoch()));
+        let lost = lead.lost();
+        hold_then_release(record, hold, lost, lead.resign()).await;
+    }
+    Ok(())
 }
 
 /// Holds for `hold` unless told of a loss first; then releases (or drops a lost guard).
@@ -326,6 +477,8 @@ struct Outcome {
     hash: u64,
     violations: Vec<String>,
     events: Vec<Event>,
+    /// The wall time the schedule took.
+    wall: Duration,
 }
 
 fn plant() -> Option<String> {
@@ -348,10 +501,11 @@ fn run(seed: u64, workload: Workload) -> Outcome {
         quiet: Mutex::new(false),
         idle: Mutex::new(vec![false; plan.clients]),
         audited: Mutex::new(false),
+        now: Mutex::new(Duration::ZERO),
     });
     let mut sim = turmoil::Builder::new()
         .simulation_duration(LIMIT + Duration::from_secs(30))
-        .tick_duration(Duration::from_millis(2))
+        .tick_duration(TICK)
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(8))
         .ephemeral_ports(1024..=65535)
@@ -394,6 +548,7 @@ fn run(seed: u64, workload: Workload) -> Outcome {
     let (mut healed, mut stopped) = (false, false);
     loop {
         let now = sim.elapsed();
+        *shared.now.lock().unwrap() = now;
         while next < actions.len() && actions[next].0 <= now && now < heal_at {
             let (_, doing, step) = &actions[next];
             apply(&mut sim, &shared, step, *doing, plan.data_dir);
@@ -426,7 +581,7 @@ fn run(seed: u64, workload: Workload) -> Outcome {
     let events = shared.events.lock().unwrap().clone();
     violations.extend(check(&events, workload, &plan, heal_at));
     let hash = trace_hash(&events);
-    Outcome { seed, simulated, hash, violations, events }
+    Outcome { seed, simulated, hash, violations, events, wall: Duration::ZERO }
 }
 
 fn apply(sim: &mut turmoil::Sim<'_>, shared: &Shared, step: &Step, doing: bool, data_dir: bool) {
@@ -484,34 +639,49 @@ fn heal(sim: &mut turmoil::Sim<'_>, shared: &Shared, plan: &Schedule) {
     }
 }
 
+/// What a client (one incarnation) holds now, as the checker sees it.
+#[derive(Clone, Copy, Default)]
+struct Hold {
+    /// An exclusive hold: a mutex, a write lock, a lead (for a semaphore: a permit).
+    exclusive: bool,
+    read: bool,
+}
+
 /// The verdict on one run's events.
 fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duration) -> Vec<String> {
     let mut bad = Vec::new();
-    let permits = match workload {
-        Workload::Mutex => 1,
-        Workload::Semaphore(n) => n as usize,
-    };
-    // Holders now: (client, incarnation) -> token. A wiped server starts a new epoch: what was
-    // held before it is judged no more (the server forgot it), and tokens start again.
-    let mut holders: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    // Holders now. A wiped server starts a new epoch: what was held before it is judged no more
+    // (the server forgot it), and tokens start again.
+    let mut holders: BTreeMap<(usize, u64), Hold> = BTreeMap::new();
     let mut last_token = 0u64;
     let mut granted_after_heal = vec![false; plan.clients];
     let mut audit = None;
     for e in events {
         let who = (e.client, e.incarnation);
+        let others = |holders: &BTreeMap<(usize, u64), Hold>, writers_only: bool| -> Vec<String> {
+            holders
+                .iter()
+                .filter(|(w, h)| **w != who && (h.exclusive || (!writers_only && h.read)))
+                .map(|((c, i), h)| format!("c{c}.{i}{}", if h.exclusive { "" } else { " (reading)" }))
+                .collect()
+        };
         match &e.kind {
             Kind::Granted(token) => {
-                if holders.len() >= permits {
+                let (held, limit) = match workload {
+                    Workload::Semaphore(n) => (others(&holders, true), n as usize - 1),
+                    _ => (others(&holders, false), 0),
+                };
+                if held.len() > limit {
                     bad.push(format!(
-                        "at {:?}: c{}.{} granted while {:?} still held (not told lost): {} holders for {permits} permit(s)",
+                        "at {:?}: c{}.{} granted while {held:?} still held (not told lost): {} holders for {} permit(s)",
                         e.at,
                         e.client,
                         e.incarnation,
-                        holders.keys().map(|(c, i)| format!("c{c}.{i}")).collect::<Vec<_>>(),
-                        holders.len() + 1
+                        held.len() + 1,
+                        limit + 1
                     ));
                 }
-                if workload == Workload::Mutex {
+                if !matches!(workload, Workload::Semaphore(_)) {
                     if *token <= last_token {
                         bad.push(format!(
                             "at {:?}: c{}.{} got fencing token {token}, not above the last one, {last_token}",
@@ -520,11 +690,20 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
                     }
                     last_token = last_token.max(*token);
                 }
-                holders.insert(who, *token);
-                if e.at >= heal_at && e.client < plan.clients {
-                    granted_after_heal[e.client] = true;
-                }
+                holders.entry(who).or_default().exclusive = true;
             }
+            Kind::GrantedRead => {
+                let writers = others(&holders, true);
+                if !writers.is_empty() {
+                    bad.push(format!(
+                        "at {:?}: c{}.{} granted a read lock while {writers:?} still held the write lock (not told lost)",
+                        e.at, e.client, e.incarnation
+                    ));
+                }
+                holders.entry(who).or_default().read = true;
+            }
+            Kind::Downgraded => holders.entry(who).or_default().read = true,
+            Kind::WriteReleasing => holders.entry(who).or_default().exclusive = false,
             Kind::Releasing | Kind::Lost(_) | Kind::Crashed => {
                 holders.remove(&who);
             }
@@ -534,6 +713,9 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
             }
             Kind::Audit(left) => audit = Some(left.clone()),
             _ => {}
+        }
+        if matches!(e.kind, Kind::Granted(_) | Kind::GrantedRead) && e.at >= heal_at && e.client < plan.clients {
+            granted_after_heal[e.client] = true;
         }
     }
     for (c, granted) in granted_after_heal.iter().enumerate() {
@@ -567,12 +749,32 @@ fn env_u64(key: &str) -> Option<u64> {
     std::env::var(key).ok().map(|v| v.trim().parse().unwrap_or_else(|_| panic!("{key}={v} is not a number")))
 }
 
+/// With `DISTLOCK_SIM_LOG=FILTER` (e.g. `distlock=debug,zookeeper_client=debug`), one schedule's
+/// log lines, each stamped with its simulated time.
+fn log_one_schedule() {
+    struct SimTime;
+    impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+        fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+            let at = turmoil::sim_elapsed().unwrap_or_default();
+            write!(w, "{:>9.3}s", at.as_secs_f64())
+        }
+    }
+    let Ok(filter) = std::env::var("DISTLOCK_SIM_LOG") else { return };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_timer(SimTime)
+        .with_ansi(false)
+        .try_init();
+}
+
 /// Runs `seeds` on a few threads side by side; returns the outcomes in seed order.
 fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
     let threads = env_u64("DISTLOCK_SIM_THREADS")
         .map(|n| n as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
+    // The planted-defects test's children stop handing out seeds after the first failure.
+    let stop_at_first = std::env::var_os("DISTLOCK_SIM_STOP_AT_FIRST").is_some();
     let seeds = Arc::new(seeds);
     let next = Arc::new(AtomicUsize::new(0));
     let outcomes = Arc::new(Mutex::new(Vec::new()));
@@ -582,7 +784,12 @@ fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(&seed) = seeds.get(i) else { break };
-                let outcome = run(seed, workload);
+                let started = Instant::now();
+                let mut outcome = run(seed, workload);
+                outcome.wall = started.elapsed();
+                if stop_at_first && !outcome.violations.is_empty() {
+                    next.store(usize::MAX / 2, Ordering::SeqCst);
+                }
                 outcomes.lock().unwrap().push(outcome);
             })
         })
@@ -600,6 +807,9 @@ fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
 fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64) {
     let started = Instant::now();
     let one = env_u64("DISTLOCK_SIM_SEED");
+    if one.is_some() {
+        log_one_schedule();
+    }
     let seeds: Vec<u64> = match one {
         Some(s) => vec![s],
         None => {
@@ -627,11 +837,14 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
             failed.push(text);
         }
     }
+    let slowest = outcomes.iter().max_by_key(|o| o.wall);
     println!(
-        "simulation: {} schedules, {} simulated seconds, {:.1} wall seconds",
+        "simulation: {} schedules, {} simulated seconds, {:.1} wall seconds (slowest: seed {}, {:.1} s)",
         outcomes.len(),
         simulated.as_secs(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        slowest.map_or(0, |o| o.seed),
+        slowest.map_or(0.0, |o| o.wall.as_secs_f64())
     );
     if !failed.is_empty() {
         let first = failed.iter().take(5).cloned().collect::<String>();
@@ -641,13 +854,47 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
 
 #[test]
 fn simulation_mutex() {
-    simulate("simulation_mutex", Workload::Mutex, 120, 1);
+    simulate("simulation_mutex", Workload::Mutex, 350, 1);
 }
 
 #[test]
 fn simulation_semaphore() {
-    simulate("simulation_semaphore", Workload::Semaphore(2), 60, 1_000_001);
+    simulate("simulation_semaphore", Workload::Semaphore(2), 250, 1_000_001);
 }
+
+#[test]
+fn simulation_rwlock() {
+    simulate("simulation_rwlock", Workload::RwLock, 250, 2_000_001);
+}
+
+#[test]
+fn simulation_election() {
+    simulate("simulation_election", Workload::Election, 150, 3_000_001);
+}
+
+/// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's
+/// permit handed out after its session had expired (its gate's release waited out a one-way
+/// partition longer than the session; fixed in `Semaphore::acquire_with`).
+#[test]
+fn simulation_regressions() {
+    if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
+        return;
+    }
+    let mut bad = Vec::new();
+    for (workload, seed) in REGRESSIONS {
+        let o = run(*seed, *workload);
+        bad.extend(o.violations.iter().map(|v| format!("seed {seed} ({workload:?}): {v}")));
+    }
+    assert!(bad.is_empty(), "regression seeds failed:\n{}", bad.join("\n"));
+}
+
+const REGRESSIONS: &[(Workload, u64)] = &[
+    (Workload::Semaphore(2), 1_000_337),
+    (Workload::Semaphore(2), 1_000_418),
+    (Workload::Semaphore(2), 1_000_509),
+    (Workload::Semaphore(2), 1_000_529),
+    (Workload::Semaphore(2), 1_000_561),
+];
 
 /// The same seed gives the same trace, twice in one process (scripts/sim.sh also compares
 /// across processes).
@@ -672,11 +919,12 @@ fn simulation_finds_planted_defects() {
         return;
     }
     let exe = std::env::current_exe().expect("this test binary");
-    for (plant, seeds) in PLANTS {
+    for (plant, test, seeds) in PLANTS {
         let started = Instant::now();
         let out = std::process::Command::new(&exe)
-            .args(["--exact", "simulation_mutex", "--nocapture", "--test-threads", "1"])
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
             .env("DISTLOCK_SIM_PLANT", plant)
+            .env("DISTLOCK_SIM_STOP_AT_FIRST", "1")
             .env("DISTLOCK_SIM_SEEDS", seeds.to_string())
             .output()
             .expect("the child run");
@@ -690,5 +938,9 @@ fn simulation_finds_planted_defects() {
     }
 }
 
-/// Each planted defect and the seeds (from 1) within which `simulation_mutex` must find it.
-const PLANTS: &[(&str, u64)] = &[("release-leak", 40), ("snapshot-session", 60)];
+/// Each planted defect, the test that must find it, and within how many of its default seeds.
+const PLANTS: &[(&str, &str, u64)] = &[
+    ("release-leak", "simulation_mutex", 40),
+    ("snapshot-session", "simulation_mutex", 60),
+    ("semaphore-lost-permit", "simulation_semaphore", 400),
+];

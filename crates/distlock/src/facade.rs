@@ -571,6 +571,34 @@ impl Lock {
         self.take(Wait::from_timeout(timeout), progress).await
     }
 
+    /// The backend's acquire, never handing out a guard already lost: a grant that reaches a
+    /// cut-off client only after its lease ran out (the store has let it go, maybe to another) is
+    /// dropped, and the acquire goes on while `wait` allows (the simulation found such grants on
+    /// memory://, issue 54).
+    async fn acquire_live(
+        &self,
+        wait: Wait,
+        progress: Option<&watch::Sender<QueueStatus>>,
+    ) -> Result<Option<Box<dyn Held>>> {
+        loop {
+            let got = self.inner.acquire(wait, progress).await?;
+            let Some(inner) = got else { return Ok(None) };
+            // The deadline, not `state()`: reading it has no side effect on any backend (a
+            // ZooKeeper guard's state starts following its node).
+            let deadline = tokio::time::Instant::from_std(inner.lease_deadline());
+            if deadline > tokio::time::Instant::now() {
+                return Ok(Some(inner));
+            }
+            tracing::debug!(lock = %self.inner.name(), "a grant whose lease had run out is not handed out");
+            drop(inner);
+            match wait {
+                Wait::Until(d) if d > tokio::time::Instant::now() => {}
+                Wait::Forever => {}
+                _ => return Ok(None),
+            }
+        }
+    }
+
     pub(crate) async fn take(
         &self,
         wait: Wait,
@@ -578,7 +606,7 @@ impl Lock {
     ) -> Result<Option<Guard>> {
         use tracing::Instrument;
         let obs = crate::observe::Acquire::start(self.backend, self.inner.name());
-        let got = self.inner.acquire(wait, progress).instrument(obs.span.clone()).await;
+        let got = self.acquire_live(wait, progress).instrument(obs.span.clone()).await;
         let busy = wait == Wait::Never;
         match got {
             Ok(Some(inner)) => {

@@ -294,3 +294,5 @@ mod tests {
 
 #[cfg(test)]
 mod behaviour_tests;
+#[cfg(test)]
+mod sim_tests;

@@ -94,8 +94,8 @@ impl HeldNode {
     }
 
     /// [`HeldNode::state`] without registering with the monitor (for a release, whose delete
-    /// finds out itself whether the node is still there).
-    fn state_now(&self) -> LockState {
+    /// finds out itself whether the node is still there, or a grant's last check).
+    pub(crate) fn state_now(&self) -> LockState {
         let published = *self.node.tx.borrow();
         if published.is_lost() {
             return published;
