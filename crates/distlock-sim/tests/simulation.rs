@@ -837,6 +837,12 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
             failed.push(text);
         }
     }
+    // Each seed's trace hash, one line each, to compare two processes' runs.
+    if let Ok(file) = std::env::var("DISTLOCK_SIM_HASHES") {
+        let lines: String =
+            outcomes.iter().map(|o| format!("{} {:016x} {}\n", o.seed, o.hash, o.simulated.as_millis())).collect();
+        std::fs::write(&file, lines).expect("DISTLOCK_SIM_HASHES: the file");
+    }
     let slowest = outcomes.iter().max_by_key(|o| o.wall);
     println!(
         "simulation: {} schedules, {} simulated seconds, {:.1} wall seconds (slowest: seed {}, {:.1} s)",
