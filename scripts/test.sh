@@ -213,13 +213,11 @@ for line in sys.stdin:
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper --skip fault_matrix::matrix_over_tls::nats")
+    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
     # NATS's matrix on a 3-node JetStream cluster of its own (R3 bucket: leader killed, follower paused).
     matrices+=("nats-cluster -- --exact fault_matrix::matrix_nats_cluster")
     # Redis's matrix once more, on Valkey (named so in its table).
     matrices+=("valkey DISTLOCK_REDIS_FLAVOUR=valkey DISTLOCK_TEST_REDIS=$valkey DISTLOCK_TEST_REDIS_DIR=$valkey_dir -- --exact fault_matrix::matrix::redis")
-    # NATS's TLS cells are left out until their connect failure in a fresh-clone run is understood
-    # ("the server did not answer in TLS" at the probe's connect; issue 53's note).
     # The simulation runs beside the matrices, which mostly wait on leases; niced, so that the
     # matrices' timing gets the CPU first. Its output follows theirs.
     (renice -n 10 -p "$BASHPID" > /dev/null || true; simulation) > "$run_tmp/simulation.log" 2>&1 < /dev/null &

@@ -9,17 +9,39 @@ install_zookeeper() {
 }
 
 free_ports() {
-    # $1 distinct free ports: all bound at once, so none is handed out twice.
+    # $1 distinct free ports for servers, below the kernel's ephemeral range (so no bind to port 0,
+    # proxy or outgoing connection is ever given one) and reserved for two hours in a registry
+    # shared by every script on the machine: a server stopped to be restarted on its ports keeps
+    # them, where a port the kernel handed out could go to another test's server in between (a
+    # parallel matrix's TLS server once found a plaintext server on its port after a restart).
     python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
+import fcntl, os, random, socket, sys, time
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+first, last = max(1024, low - 12000), low - 1
+reg = os.environ.get("DISTLOCK_PORTS_DIR", "/tmp/distlock-ports")
+os.makedirs(reg, exist_ok=True)
+lock = open(os.path.join(reg, ".lock"), "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+now, picked = time.time(), []
+for _ in range(20000):
+    if len(picked) == int(sys.argv[1]):
+        break
+    port = random.randint(first, last)
+    mark = os.path.join(reg, str(port))
+    if port in picked or (os.path.exists(mark) and now - os.path.getmtime(mark) < 7200):
+        continue
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-for s in socks:
-    s.close()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    open(mark, "w").close()
+    picked.append(port)
+else:
+    sys.exit("free_ports: no free port left in %d-%d (registry %s)" % (first, last, reg))
+print(" ".join(map(str, picked)))
 PY
 }
 
