@@ -44,7 +44,7 @@ macro_rules! exec_help {
 
 ENVIRONMENT:
   DISTLOCK_BACKEND  backend URL when --backend is not given (empty or unset: zk://127.0.0.1:2181);
-                    zk://, redis://, postgres://, mysql://, sqlite:// or etcd:// (see --backend); one
+                    a URL of any backend (see --backend for their shapes); one
                     holding a password is not passed on to the command
   DISTLOCK_BACKEND_FILE  a file holding the backend URL (see --backend-file)
   DISTLOCK_LOG      log filter for messages on stderr, e.g. info, debug, distlock=trace (default warn)
@@ -216,20 +216,22 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     distlock::parse_duration_flag(s).map_err(|e| e.to_string())
 }
 
+/// The `--backend` help: each backend's URL shapes from the library's registry
+/// ([`distlock::BACKENDS`]), so a new backend is named here without a line of the CLI.
+fn backend_help() -> String {
+    let shapes: Vec<&str> = distlock::BACKENDS.iter().flat_map(|b| b.urls.iter().copied()).collect();
+    format!(
+        "Backend URL: {}; every scheme takes lease= (session_timeout= and ttl= are aliases) and \
+         connect_timeout=. Default: {DEFAULT_BACKEND} (an empty value counts as unset)",
+        shapes.join(", ")
+    )
+}
+
 /// The backend URL: the flag, then `$DISTLOCK_BACKEND` (empty counts as unset), then the default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BackendArg {
-    /// Backend URL: zk://[user:password@]host:2181,host2:2181/chroot?lease=10s (zks:// for TLS, auth=sasl for a SASL login),
-    /// redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple (rediss:// for TLS),
-    /// redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s, or
-    /// redis+cluster://node1:7000,node2:7001?lease=30s,
-    /// postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw,
-    /// mysql://user@host:3306/db?lease=30s (MariaDB GET_LOCK), or
-    /// sqlite:///path/locks.db?lease=30s&table=distlock_leases, or
-    /// etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock; etcds:// for TLS);
-    /// every scheme takes lease= (session_timeout= and ttl= are aliases) and connect_timeout=.
-    /// Default: zk://127.0.0.1:2181 (an empty value counts as unset)
-    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true)]
+    /// Backend URL (every backend's shapes: see `backend_help`, made from the library's registry).
+    #[arg(long, env = "DISTLOCK_BACKEND", hide_env_values = true, help = backend_help())]
     pub backend: Option<String>,
     /// Read the backend URL from this file instead (its first line): a password then stays off
     /// the command line and out of the environment. A file holding a password must be readable

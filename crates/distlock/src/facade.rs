@@ -26,11 +26,14 @@ type Connector = for<'a> fn(&'a str, &'a crate::options::Common) -> BoxFuture<'a
 /// serves, and how it connects when its feature is compiled in. [`BACKENDS`] lists them.
 #[derive(Debug, Clone, Copy)]
 pub struct BackendInfo {
-    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd` or `memory`: what
+    /// `zookeeper`, `redis`, `postgres`, `mysql`, `sqlite`, `etcd`, `nats` or `memory`: what
     /// [`Client::backend`] says, and the cargo feature that compiles it in.
     pub name: &'static str,
     /// The URL schemes it serves (`zk`, `zks`, …).
     pub schemes: &'static [&'static str],
+    /// The shapes of its URLs and its own query keys, one line each, as the command line's
+    /// `--backend` help shows them (every scheme also takes `lease=` and `connect_timeout=`).
+    pub urls: &'static [&'static str],
     /// The environment variables in which the backend's own command-line lock tool gives its
     /// command the holder's mark ([`Guard::holder_id`]) and the token ([`Guard::fencing_token`]),
     /// where it has such a tool: `etcdctl lock`'s `ETCD_LOCK_KEY` and `ETCD_LOCK_REV`. A program
@@ -117,6 +120,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "zookeeper",
         schemes: &["zk", "zks"],
+        urls: &["zk://[user:password@]host:2181[,host:2181…]/chroot?lease=10s (zks:// for TLS, auth=sasl for a SASL login)"],
         tool_env: None,
         capabilities: ALL,
         connect: compiled!("zookeeper", crate::zookeeper::contract::connect),
@@ -124,6 +128,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "redis",
         schemes: &["redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"],
+        urls: &["redis://[:password@]host:6379/db?lease=30s&layout=redisson|simple (rediss:// for TLS)", "redis+sentinel://sentinel1:26379,sentinel2/MASTER_NAME[/db]?lease=30s", "redis+cluster://node1:7000,node2:7001?lease=30s"],
         tool_env: None,
         capabilities: Capabilities { records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("redis", crate::redis::contract::connect),
@@ -131,6 +136,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "postgres",
         schemes: &["postgres", "postgresql"],
+        urls: &["postgres://user@host:5432/db?lease=30s&keys=distributedlock|raw"],
         tool_env: None,
         capabilities: Capabilities { lists_by_name: false, tokens_per_lock: false, watches_leader: false, ..ALL },
         connect: compiled!("postgres", crate::postgres::contract::connect),
@@ -138,6 +144,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "mysql",
         schemes: &["mysql", "mariadb"],
+        urls: &["mysql://user@host:3306/db?lease=30s (MariaDB or MySQL GET_LOCK)"],
         tool_env: None,
         capabilities: Capabilities { read_write: false, semaphores: false, lists_locks: false, lists_by_name: false, records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("mysql", crate::mysql::contract::connect),
@@ -145,6 +152,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "sqlite",
         schemes: &["sqlite"],
+        urls: &["sqlite:///path/locks.db?lease=30s&table=distlock_leases"],
         tool_env: None,
         capabilities: Capabilities { read_write: false, semaphores: false, records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("sqlite", crate::sqlite::contract::connect),
@@ -152,6 +160,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "etcd",
         schemes: &["etcd", "etcds"],
+        urls: &["etcd://host:2379[,host:2379]?lease=30s (etcd's lock recipe, as etcdctl lock; etcds:// for TLS)"],
         tool_env: Some(["ETCD_LOCK_KEY", "ETCD_LOCK_REV"]),
         capabilities: ALL,
         connect: compiled!("etcd", crate::etcd::contract::connect),
@@ -159,6 +168,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "nats",
         schemes: &["nats", "natss"],
+        urls: &["nats://[user:password@|token@]host:4222[,host:4222][/BUCKET]?lease=30s&replicas=3 (a JetStream KV bucket; natss:// for TLS)"],
         tool_env: None,
         capabilities: Capabilities { records_waiters: false, watches_leader: false, ..ALL },
         connect: compiled!("nats", crate::nats::contract::connect),
@@ -166,6 +176,7 @@ pub const BACKENDS: &[BackendInfo] = &[
     BackendInfo {
         name: "memory",
         schemes: &["memory"],
+        urls: &["memory://NAME?lease=30s (in this process only, for tests)"],
         tool_env: None,
         capabilities: Capabilities { records_waiters: false, ..ALL },
         connect: compiled!("memory", crate::memory::connect),

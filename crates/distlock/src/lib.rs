@@ -1,12 +1,11 @@
 //! Distributed locks that are fair, herd-free, fenced and honest about loss.
 //!
-//! distlock coordinates processes on many machines through a server they share, on seven backends
-//! behind one API that [`connect`] picks by URL: ZooKeeper (contenders line up as
-//! EPHEMERAL_SEQUENTIAL nodes, each watching only the node ahead of it), Redis (Redisson's and
-//! redis-py's layouts, leases renewed by a watchdog), PostgreSQL (advisory locks), MariaDB and
-//! MySQL (`GET_LOCK`), SQLite (a lease table in a file), etcd (its lock recipe, checked after
-//! the wait) and NATS (keys with their own TTL in a JetStream KV bucket); and, for users' own
-//! tests, an in-process store (`memory://`) whose leases run on tokio's clock.
+//! distlock coordinates processes on many machines through a server they share, on the backends
+//! of [`BACKENDS`] behind one API that [`connect`] picks by URL: ZooKeeper's queue of
+//! EPHEMERAL_SEQUENTIAL nodes, Redis's leases renewed by a watchdog, the SQL databases' locks and
+//! lease tables, etcd's and NATS's keys with leases; and, for users' own tests, an in-process
+//! store (`memory://`) whose leases run on tokio's clock. Each backend is a module of its own
+//! (below), with the URL it takes and what it promises.
 //!
 //! Opinionated API:
 //! - async on tokio, with RAII guards named like [`tokio::sync`] (`lock`, `try_lock`,
@@ -18,14 +17,9 @@
 //! - bad input (paths, URLs, durations) is an [`Error`] naming the bad value, never a panic.
 //!
 //! # Feature flags
-//! - `zookeeper` (default): the ZooKeeper backend (`zk://`).
-//! - `redis` (default): the Redis backend (`redis://`, `rediss://`, `redis+sentinel://`,
-//!   `redis+cluster://`).
-//! - `postgres` (default): PostgreSQL advisory locks (`postgres://`).
-//! - `mysql` (default): MariaDB/MySQL `GET_LOCK` (`mysql://`, `mariadb://`).
-//! - `sqlite` (default): a lease table in a SQLite file (`sqlite://`).
-//! - `etcd` (default): etcd's lock recipe, checked after the wait (`etcd://`).
-//! - `memory` (default): an in-process store for tests, on tokio's clock (`memory://NAME`).
+//! One per backend, named as the backend's module and its entry in [`BACKENDS`] (`zookeeper`,
+//! `redis`, `nats`, …); `full`, the default, turns on all of them. A backend whose feature is off
+//! is refused by [`connect`] with an error naming the feature.
 //!
 //! # Layout
 //! - [`connect`], [`Client`], [`Lock`], [`Guard`], [`MultiLock`]: one API over every backend,
@@ -35,21 +29,12 @@
 //! - [`election`]: leader election (campaign, resign, proclaim, observe) and [`schedule`]:
 //!   once-per-slot jobs (ShedLock's tables and semantics), both written once over every backend;
 //! - [`observe`]: metrics and tracing spans; [`tls`]: the TLS files every backend reads;
-//! - [`redis`]: the Redis client and its recipes (mutex, simple lock, read/write lock, fair
-//!   lock, semaphore, Redlock);
-//! - [`postgres`]: session-level advisory locks on PostgreSQL, fenced by a sequence;
-//! - [`mysql`]: `GET_LOCK` on MariaDB and MySQL; [`sqlite`]: a lease table in a SQLite file;
-//!   [`memory`]: an in-process store for users' tests (paused time, a partition switch);
-//! - [`etcd`]: etcd's mutex (as `etcdctl lock`), read/write lock and semaphore, fenced by
-//!   create revision;
-//! - [`zookeeper`]: [`Client`](zookeeper::Client) (one session, many locks) and the recipes:
-//!   - [`Mutex`](zookeeper::Mutex): exclusive, FIFO, herd-free;
-//!   - [`ReentrantMutex`](zookeeper::ReentrantMutex): re-entered by the same handle;
-//!   - [`RwLock`](zookeeper::RwLock): shared readers, exclusive writers, downgrade;
-//!   - [`Semaphore`](zookeeper::Semaphore): N permits (also the non-reentrant semaphore mutex);
-//!   - [`MultiLock`](zookeeper::MultiLock): several locks, all or nothing, deadlock-free order;
-//!   - [`NaiveLock`](zookeeper::NaiveLock): the herding baseline, for benchmarks only;
-//!   - revocation ([`Client::revoke`](zookeeper::Client::revoke)) and `inspect`;
+//! - one module per backend (`zookeeper`, `redis`, `postgres`, …): its URL, its client and the
+//!   recipes it has beyond the contract, e.g. [`zookeeper`]'s Curator-compatible
+//!   [`Mutex`](zookeeper::Mutex), [`ReentrantMutex`](zookeeper::ReentrantMutex),
+//!   [`RwLock`](zookeeper::RwLock) with downgrade, [`Semaphore`](zookeeper::Semaphore),
+//!   [`MultiLock`](zookeeper::MultiLock), revocation and the herding
+//!   [`NaiveLock`](zookeeper::NaiveLock) baseline;
 //! - [`with_lock`]: run a closure under a lock or report busy;
 //! - [`optimistic`]: the version-column update loop (no lock held at all);
 //! - [`blocking`]: the same for synchronous code;
@@ -69,20 +54,9 @@
 //! ```
 #![warn(missing_docs)]
 // A build without every backend leaves unused parts of what several backends share: their
-// dead-code lints are judged in the build of all of them (CI's workspace clippy), not per feature.
-#![cfg_attr(
-    not(all(
-        feature = "zookeeper",
-        feature = "redis",
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "etcd",
-        feature = "nats",
-        feature = "memory"
-    )),
-    allow(dead_code, unused_imports, unused_macros)
-)]
+// dead-code lints are judged in the build of all of them (feature `full`, on by default: CI's
+// workspace clippy), not per feature.
+#![cfg_attr(not(feature = "full"), allow(dead_code, unused_imports, unused_macros))]
 // docs.rs marks each item with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -92,6 +66,22 @@ macro_rules! with_a_backend {
         #[cfg(feature = "_backend")]
         $item
     )*};
+}
+
+/// Checks at compile time (in test builds) that each type is `Send + Sync + 'static`: every lock
+/// and guard type can move between tasks and threads and be shared. Each backend's `mod.rs` lists
+/// its own types, so a new backend or guard type brings its check with it.
+#[cfg(test)]
+macro_rules! assert_send_sync_static {
+    ($($t:ty),* $(,)?) => {
+        const _: () = {
+            fn send_sync_static<T: Send + Sync + 'static>() {}
+            #[allow(dead_code)]
+            fn check() {
+                $(send_sync_static::<$t>();)*
+            }
+        };
+    };
 }
 
 with_a_backend! {
@@ -327,57 +317,15 @@ mod url_keys {
     }
 }
 
-/// Every lock and guard type of every backend can move between tasks and threads and be shared
-/// (`Send + Sync + 'static`): one list, so a new guard type is added here or the omission shows.
-#[cfg(test)]
-mod bounds {
-    fn send_sync_static<T: Send + Sync + 'static>() {}
-
-    macro_rules! all_send_sync_static {
-        ($($t:ty),* $(,)?) => {
-            $(send_sync_static::<$t>();)*
-        };
-    }
-
-    #[test]
-    fn every_lock_and_guard_is_send_sync_static() {
-        use crate::{blocking, Client, Guard, Lock, MultiGuard, MultiLock};
-        all_send_sync_static!(Client, Lock, Guard, MultiLock, MultiGuard, blocking::Guard);
-        #[cfg(feature = "zookeeper")]
-        {
-            use crate::zookeeper as z;
-            all_send_sync_static!(
-                z::MutexGuard,
-                z::ReadGuard,
-                z::WriteGuard,
-                z::SemaphorePermit,
-                z::ReentrantGuard,
-                z::MultiGuard,
-                z::NaiveGuard,
-            );
-        }
-        #[cfg(feature = "redis")]
-        {
-            use crate::redis as r;
-            all_send_sync_static!(
-                r::MutexGuard,
-                r::ReadGuard,
-                r::WriteGuard,
-                r::FairGuard,
-                r::SemaphorePermit,
-                r::SimpleGuard,
-                r::RedlockGuard,
-            );
-        }
-        #[cfg(feature = "postgres")]
-        all_send_sync_static!(crate::postgres::MutexGuard);
-        #[cfg(feature = "mysql")]
-        all_send_sync_static!(crate::mysql::MutexGuard);
-        #[cfg(feature = "sqlite")]
-        all_send_sync_static!(crate::sqlite::MutexGuard);
-        #[cfg(feature = "etcd")]
-        all_send_sync_static!(crate::etcd::LockGuard);
-        #[cfg(feature = "nats")]
-        all_send_sync_static!(crate::nats::LockGuard);
-    }
-}
+// The backend-neutral lock and guard types move between tasks and threads and are shared
+// (`Send + Sync + 'static`); each backend's folder checks its own types the same way
+// (`assert_send_sync_static!` in its `mod.rs`).
+#[cfg(all(test, feature = "_backend"))]
+assert_send_sync_static!(
+    crate::Client,
+    crate::Lock,
+    crate::Guard,
+    crate::MultiLock,
+    crate::MultiGuard,
+    crate::blocking::Guard
+);

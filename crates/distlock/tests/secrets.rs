@@ -8,26 +8,10 @@ use std::time::Duration;
 
 const MARK: &str = "S3cr3tMarker";
 
-const SCHEMES: [&str; 18] = [
-    "zk",
-    "zks",
-    "redis",
-    "rediss",
-    "redis+sentinel",
-    "redis+cluster",
-    "postgres",
-    "postgresql",
-    "mysql",
-    "mariadb",
-    "sqlite",
-    "etcd",
-    "etcds",
-    "nats",
-    "natss",
-    "memory",
-    "bogus",
-    "",
-];
+/// Every scheme of the registry, an unknown one and none.
+fn schemes() -> Vec<&'static str> {
+    distlock::schemes().map(|(scheme, _)| scheme).chain(["bogus", ""]).collect()
+}
 
 /// The URL shapes, with `S` for the scheme and `M` for the marker password.
 const SHAPES: &[&str] = &[
@@ -70,7 +54,7 @@ const SHAPES: &[&str] = &[
 /// Every shape on every scheme, and the keyword strings without a scheme.
 fn urls() -> Vec<String> {
     let mut urls = Vec::new();
-    for scheme in SCHEMES {
+    for scheme in schemes() {
         for shape in SHAPES {
             let url = match scheme {
                 "" => shape.trim_start_matches("S://").trim_start_matches("S ").trim_start_matches('S').to_string(),

@@ -657,3 +657,6 @@ fn error_text(e: &etcd_client::Error) -> String {
     }
     parts.join(": ")
 }
+
+#[cfg(test)]
+assert_send_sync_static!(LockGuard);

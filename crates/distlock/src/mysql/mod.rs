@@ -482,3 +482,6 @@ impl Client {
         })
     }
 }
+
+#[cfg(test)]
+assert_send_sync_static!(MutexGuard);

@@ -631,3 +631,6 @@ mod tests {
         assert_eq!(name_of("jobs", "locks.a"), None);
     }
 }
+
+#[cfg(test)]
+assert_send_sync_static!(LockGuard);

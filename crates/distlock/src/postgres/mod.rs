@@ -693,3 +693,6 @@ pub(crate) fn made_by_another(e: &tokio_postgres::Error) -> bool {
         [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_TABLE, SqlState::DUPLICATE_OBJECT].contains(c)
     })
 }
+
+#[cfg(test)]
+assert_send_sync_static!(MutexGuard);

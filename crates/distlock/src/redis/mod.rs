@@ -1289,3 +1289,6 @@ where
         };
     }
 }
+
+#[cfg(test)]
+assert_send_sync_static!(MutexGuard, ReadGuard, WriteGuard, FairGuard, SemaphorePermit, SimpleGuard, RedlockGuard);

@@ -434,3 +434,6 @@ mod tests {
         assert_eq!(owner_of_holder(":12:x"), ":12:x");
     }
 }
+
+#[cfg(test)]
+assert_send_sync_static!(MutexGuard);

@@ -676,3 +676,6 @@ fn digest_id(user: &str, password: &str) -> String {
     let user = auth.split(':').next().unwrap_or_default();
     format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
 }
+
+#[cfg(test)]
+assert_send_sync_static!(MutexGuard, ReadGuard, WriteGuard, SemaphorePermit, ReentrantGuard, MultiGuard, NaiveGuard);
