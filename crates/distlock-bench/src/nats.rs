@@ -2,9 +2,12 @@
 //! TTL, then a guarded delete at the create's sequence, one pair at a time on the one
 //! connection, each create expecting the delete before it: the recipe's two writes with no
 //! client logic), the uncontended lock interleaved with it, and contended hand-offs (every
-//! waiter woken by its watch).
+//! waiter woken by its watch), each beside a peer: PyPI's `nats-kv-lock` (a Python lock on the
+//! same kind of KV bucket: create, watch for the delete, get-and-delete), run by python3.
 
-use super::harness::{check_workloads, contended_on, emit, interleaved, report, BenchParams, Progress, Report};
+use super::harness::{
+    check_workloads, contended_on, emit, fairness, interleaved, report, BenchParams, Progress, Report,
+};
 use distlock::nats::async_nats;
 use std::time::{Duration, Instant};
 
@@ -34,10 +37,29 @@ pub async fn run(run: BenchParams<'_>) -> anyhow::Result<Vec<Report>> {
             "uncontended" => {
                 let lock = client.mutex(&format!("{base}/uncontended"))?;
                 let pair = || floor_key.pair();
-                vec![interleaved(&lock, pair, duration, vec![("pair".into(), PAIR.into())], progress).await?]
+                let ours = interleaved(&lock, pair, duration, vec![("pair".into(), PAIR.into())], progress).await?;
+                let peer = peer_nats_kv_lock(
+                    url,
+                    &format!("{base}.peer"),
+                    1,
+                    duration,
+                    sequential,
+                    "uncontended-nats-kv-lock",
+                );
+                vec![ours, peer?]
             }
             "contended" => {
-                vec![contended_on(url, &format!("{base}/contended"), clients, duration, sequential, progress).await?]
+                let ours =
+                    contended_on(url, &format!("{base}/contended"), clients, duration, sequential, progress).await?;
+                let peer = peer_nats_kv_lock(
+                    url,
+                    &format!("{base}.peer-contended"),
+                    clients,
+                    duration,
+                    sequential,
+                    "contended-nats-kv-lock",
+                );
+                vec![ours, peer?]
             }
             _ => unreachable!("checked above"),
         };
@@ -96,4 +118,73 @@ async fn floor(key: &Floor, duration: Duration, progress: &Progress) -> anyhow::
     }
     progress.show("floor", n, start.elapsed());
     Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// PyPI's `nats-kv-lock` (`NatsKvLock`: a create of the key, a watch for its delete while taken,
+/// a get and a delete to release; no TTL: a lock of a dead holder stays), `clients` connections
+/// each looping acquire + release on one key of the URL's bucket, run by python3 in the same
+/// run. Skipped with a note where it cannot run: the package missing (`pip install
+/// nats-kv-lock`), or a URL with TLS or a login (the peer is given neither).
+fn peer_nats_kv_lock(
+    url: &str,
+    key: &str,
+    clients: u32,
+    duration: Duration,
+    limit: f64,
+    workload: &str,
+) -> anyhow::Result<Report> {
+    let note = |why: &str| Ok(report(workload, 0.0, limit, vec![("skipped".into(), why.into())]));
+    let parsed = distlock::nats::NatsUrl::parse(url)?;
+    if parsed.tls() || parsed.user().is_some() || url.split("://").nth(1).is_some_and(|rest| rest.contains('@')) {
+        return note("the nats-kv-lock peer runs on a plaintext server without login only");
+    }
+    let script = r#"
+import asyncio, sys, time
+try:
+    import nats
+    from nats_kv_lock import NatsKvLock
+except ImportError:
+    print("missing"); sys.exit(0)
+servers, bucket, key = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+clients, secs = int(sys.argv[4]), float(sys.argv[5])
+async def main():
+    conns = [await nats.connect(servers=servers) for _ in range(clients)]
+    locks = [NatsKvLock(await c.jetstream().key_value(bucket), key) for c in conns]
+    counts = [0] * clients
+    start = time.monotonic()
+    stop = start + secs
+    async def work(i):
+        while time.monotonic() < stop:
+            await locks[i].acquire()
+            await locks[i].release()
+            counts[i] += 1
+    await asyncio.gather(*(work(i) for i in range(clients)))
+    elapsed = time.monotonic() - start
+    for c in conns:
+        await c.close()
+    print(sum(counts) / elapsed, min(counts), max(counts))
+asyncio.run(main())
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &parsed.servers().join(","), parsed.bucket(), key])
+        .arg(clients.to_string())
+        .arg(duration.as_secs_f64().to_string())
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = match out {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => return note(&format!("python3 failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        Err(e) => return note(&format!("no python3: {e}")),
+    };
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if text == "missing" {
+        return note("nats-kv-lock not installed (pip install nats-kv-lock)");
+    }
+    let bad = || anyhow::anyhow!("nats-kv-lock peer printed {text:?}");
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let [ops, min, max] = fields[..] else { return Err(bad()) };
+    let ops: f64 = ops.parse().map_err(|_| bad())?;
+    let (min, max): (u64, u64) = (min.parse().map_err(|_| bad())?, max.parse().map_err(|_| bad())?);
+    let peer = vec![("peer".into(), "nats-kv-lock (PyPI) NatsKvLock".into())];
+    Ok(report(workload, ops, limit, [peer, fairness(min, max)].concat()))
 }
