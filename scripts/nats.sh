@@ -15,7 +15,8 @@
 #   scripts/nats.sh cluster DIR   start a 3-node JetStream cluster in DIR/n1..n3 the same way, wait
 #                                 until it has a meta leader, and print the client addresses
 #                                 (comma-separated). Each node DIR/nI can be stopped, killed or
-#                                 restarted on its own.
+#                                 restarted on its own. The members advertise no addresses to
+#                                 clients (no_advertise): a client uses only the ones it was given.
 #   scripts/nats.sh stop DIR      stop the server(s) recorded under DIR (and only those).
 #   scripts/nats.sh kill DIR [N]  SIGKILL the server recorded in DIR (or the cluster's node N, 1
 #                                 to 3: DIR/nN), a crash.
@@ -178,7 +179,9 @@ cluster)
         echo "${cports[$((i-1))]}" > "$m/client.port"
         echo "${hports[$((i-1))]}" > "$m/http.port"
         echo "n$i" > "$m/name"
-        printf 'cluster {\n  name: distlock\n  listen: 127.0.0.1:%s\n  routes: [ %s ]\n}\n' \
+        # no_advertise: clients know only the addresses they were given (a test's fault proxies),
+        # never the members' own, which they would otherwise learn from INFO and reconnect to.
+        printf 'cluster {\n  name: distlock\n  listen: 127.0.0.1:%s\n  routes: [ %s ]\n  no_advertise: true\n}\n' \
             "${rports[$((i-1))]}" "$routes" > "$m/cluster.conf"
         write_conf "$m" "$(cat "$m/cluster.conf")"
         launch "$m"
