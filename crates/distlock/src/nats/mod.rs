@@ -57,6 +57,7 @@ pub(crate) mod contract;
 mod election;
 mod hold;
 mod jobs;
+mod kinds;
 mod mutex;
 mod rwlock;
 mod semaphore;
@@ -417,7 +418,7 @@ impl Client {
     }
 
     /// The keys on `filter` that have a message (a stream info request with a subjects filter).
-    async fn keys_on(&self, filter: &str) -> Result<Vec<String>> {
+    pub(crate) async fn keys_on(&self, filter: &str) -> Result<Vec<String>> {
         let bucket = &self.inner.url.bucket;
         let subject = format!("$JS.API.STREAM.INFO.KV_{bucket}");
         let fail = |why: String| Error::Backend { op: "list keys", path: filter.to_string(), source: why.into() };
