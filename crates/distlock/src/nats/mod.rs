@@ -157,6 +157,8 @@ impl Client {
             url::Login::None => options,
             url::Login::User(u, p) => options.user_and_password(u.clone(), p.clone()),
             url::Login::Token(t) => options.token(t.clone()),
+            url::Login::Nkey(path) => options.nkey(url::read_seed(path).map_err(failed)?),
+            url::Login::Creds(path) => url::with_creds(options, path).await.map_err(failed)?,
         };
         if url.tls {
             let pem = url.tls_files.read()?;
