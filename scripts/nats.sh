@@ -12,10 +12,13 @@
 #                                 600) may do everything; user team-a (DIR/team-a.password) only
 #                                 what a lock user of bucket team-a needs (docs/security.md).
 #   scripts/nats.sh start-token DIR  one server whose clients log in with the token in DIR/token.
+#   scripts/nats.sh start-nkey DIR PUBKEY  one server whose one user logs in with the NKey whose
+#                                 public key (U…) is PUBKEY (its seed stays with the caller).
 #   scripts/nats.sh cluster DIR   start a 3-node JetStream cluster in DIR/n1..n3 the same way, wait
 #                                 until it has a meta leader, and print the client addresses
 #                                 (comma-separated). Each node DIR/nI can be stopped, killed or
-#                                 restarted on its own.
+#                                 restarted on its own. The members advertise no addresses to
+#                                 clients (no_advertise): a client uses only the ones it was given.
 #   scripts/nats.sh stop DIR      stop the server(s) recorded under DIR (and only those).
 #   scripts/nats.sh kill DIR [N]  SIGKILL the server recorded in DIR (or the cluster's node N, 1
 #                                 to 3: DIR/nN), a crash.
@@ -27,7 +30,7 @@ set -euo pipefail
 
 cmd=${1:-}
 dir=${2:-}
-usage="usage: $0 start|start-tls|start-token|cluster|stop DIR, kill|restart DIR [N], pause|resume DIR N, or leader DIR [BUCKET]"
+usage="usage: $0 start|start-tls|start-token|cluster|stop DIR, start-nkey DIR PUBKEY, kill|restart DIR [N], pause|resume DIR N, or leader DIR [BUCKET]"
 if [[ -z "$cmd" || -z "$dir" ]]; then
     echo "$usage" >&2
     exit 2
@@ -112,7 +115,7 @@ nodes() {
 secret() { (umask 077; head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$1"); }
 
 case "$cmd" in
-start|start-tls|start-token)
+start|start-tls|start-token|start-nkey)
     install_nats
     mkdir -p "$dir"
     rm -f "$dir/extra.conf"
@@ -147,6 +150,10 @@ EOF
     elif [[ "$cmd" == start-token ]]; then
         secret "$dir/token"
         printf 'authorization { token: "%s" }\n' "$(cat "$dir/token")" > "$dir/extra.conf"
+    elif [[ "$cmd" == start-nkey ]]; then
+        pub=${3:-}
+        [[ "$pub" =~ ^U[A-Z2-7]{55}$ ]] || { log "start-nkey needs a user's public NKey (U and 55 more)"; exit 2; }
+        printf 'authorization { users: [ { nkey: "%s" } ] }\n' "$pub" > "$dir/extra.conf"
     fi
     # A free port can be taken between free_ports and the server's bind: new ports, three tries.
     for try in 1 2 3; do
@@ -178,7 +185,9 @@ cluster)
         echo "${cports[$((i-1))]}" > "$m/client.port"
         echo "${hports[$((i-1))]}" > "$m/http.port"
         echo "n$i" > "$m/name"
-        printf 'cluster {\n  name: distlock\n  listen: 127.0.0.1:%s\n  routes: [ %s ]\n}\n' \
+        # no_advertise: clients know only the addresses they were given (a test's fault proxies),
+        # never the members' own, which they would otherwise learn from INFO and reconnect to.
+        printf 'cluster {\n  name: distlock\n  listen: 127.0.0.1:%s\n  routes: [ %s ]\n  no_advertise: true\n}\n' \
             "${rports[$((i-1))]}" "$routes" > "$m/cluster.conf"
         write_conf "$m" "$(cat "$m/cluster.conf")"
         launch "$m"

@@ -225,13 +225,14 @@ impl Shared {
         (0..self.holding.len()).find(|&i| self.holding[i].load(Ordering::SeqCst))
     }
 
-    /// Cuts contender `id` off (`cut`) or lets it through again: through its proxy, or, on the
-    /// in-process store, which has no network, by the client's own switch.
-    fn cut(&self, proxy: Option<&FaultProxy>, id: usize, cut: bool) {
-        match (proxy, cut) {
-            (Some(p), true) => p.set(Fault::Blackhole),
-            (Some(p), false) => p.heal(),
-            (None, _) => {
+    /// Cuts contender `id` off (`cut`) or lets it through again: through its proxies (one per
+    /// server it knows), or, on the in-process store, which has no network, by the client's own
+    /// switch.
+    fn cut(&self, proxies: &[Arc<FaultProxy>], id: usize, cut: bool) {
+        match (proxies.is_empty(), cut) {
+            (false, true) => proxies.iter().for_each(|p| p.set(Fault::Blackhole)),
+            (false, false) => proxies.iter().for_each(|p| p.heal()),
+            (true, _) => {
                 let clients = self.clients.lock().unwrap();
                 let client = clients[id].as_ref().expect("the holder is connected");
                 let memory = client.downcast::<distlock::memory::Client>().expect("no proxy: the in-process store");
@@ -253,7 +254,8 @@ struct Target {
     /// The backend URL with `{addr}` where the server's address goes (directly or a proxy's);
     /// without it (SQLite), no network faults apply.
     url: String,
-    /// The server's own address.
+    /// The server's own address; a cluster's members' addresses, comma-separated (each
+    /// contender then reaches each member through a proxy of its own, and its URL lists them).
     addr: Option<String>,
     /// The script and directory that kill and restart the server.
     restart: Option<(&'static str, String)>,
@@ -607,17 +609,18 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
     let mut tasks = Vec::new();
     let mut child = None;
     for id in 0..CONTENDERS {
-        let proxy = match &target.addr {
-            Some(addr) if scenario.needs_proxy() => {
-                Some(Arc::new(FaultProxy::start(addr.parse().unwrap()).await.unwrap()))
+        let mut mine = Vec::new();
+        if let Some(addr) = target.addr.as_ref().filter(|_| scenario.needs_proxy()) {
+            for member in addr.split(',') {
+                mine.push(Arc::new(FaultProxy::start(member.parse().unwrap()).await.unwrap()));
             }
-            _ => None,
+        }
+        let url = if mine.is_empty() {
+            target.direct_url()
+        } else {
+            target.url_via(&mine.iter().map(|p| p.addr().to_string()).collect::<Vec<_>>().join(","))
         };
-        let url = match &proxy {
-            Some(p) => target.url_via(&p.addr().to_string()),
-            None => target.direct_url(),
-        };
-        proxies.push(proxy);
+        proxies.push(mine);
         urls.push(url.clone());
         if id == 0 && scenario.needs_child() {
             child = Some(spawn_child(id, url, name.clone(), recipe, shared.clone()).await);
@@ -648,24 +651,25 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         match scenario {
             Scenario::None => {}
             Scenario::BlackholeShort | Scenario::BlackholeLong => {
-                shared.cut(proxy.as_deref(), victim, true);
+                shared.cut(&proxy, victim, true);
                 let d = if scenario == Scenario::BlackholeShort { target.lease / 2 } else { target.lease * 3 / 2 };
                 tokio::time::sleep(d).await;
-                shared.cut(proxy.as_deref(), victim, false);
+                shared.cut(&proxy, victim, false);
             }
             Scenario::Reset => {
-                let p = proxy.unwrap();
-                p.set(Fault::RefuseNew);
-                p.reset_all();
+                for p in &proxy {
+                    p.set(Fault::RefuseNew);
+                    p.reset_all();
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                p.heal();
+                proxy.iter().for_each(|p| p.heal());
             }
-            Scenario::LostReply => proxy.unwrap().lose_next_reply(distlock_faults::zk_reply),
+            Scenario::LostReply => proxy[0].lose_next_reply(distlock_faults::zk_reply),
             Scenario::Delay => {
-                let p = proxy.unwrap();
-                p.set(Fault::Delay { to_client: Duration::from_millis(300), to_upstream: Duration::ZERO });
+                let delay = Fault::Delay { to_client: Duration::from_millis(300), to_upstream: Duration::ZERO };
+                proxy.iter().for_each(|p| p.set(delay));
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                p.heal();
+                proxy.iter().for_each(|p| p.heal());
             }
             Scenario::Pause { .. } => {
                 let pid = child.as_ref().unwrap().0;
@@ -736,7 +740,7 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
     }
     drop(proxies);
     // Nothing may be left on the server once every client has released or ended.
-    let leaked = leaked_after(target, recipe, &name, Duration::from_secs(8)).await;
+    let leaked = leaked_after(target, recipe, &name, Duration::from_secs(8).max(target.lease * 2)).await;
     let grants = shared.grants.lock().unwrap().clone();
     let recovery_ms = fault_starts
         .iter()
@@ -762,7 +766,10 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         by_nature: (scenario == Scenario::ServerRestart && target.restart_forgets)
             || (scenario == Scenario::Reset && target.connection_bound && recipe != Recipe::Job),
         pause_holds: matches!(scenario, Scenario::Pause { .. }) && target.pause_holds && recipe != Recipe::Job,
-        must_lose: 0,
+        // A cluster's holder cut off from every member past its lease must be told (at least once
+        // in the cell: a fault may catch it between two holds); a client that reconnected around
+        // its proxies would renew on and never be.
+        must_lose: usize::from(scenario == Scenario::BlackholeLong && target.ensemble.is_some()),
         must_keep: false,
         violations: Vec::new(),
     }
@@ -1045,9 +1052,12 @@ async fn matrix_ensemble() {
 }
 
 /// A 3-node NATS JetStream cluster of the test's own (`scripts/nats.sh cluster`), the bucket
-/// with three replicas: no fault, the bucket stream's leader killed (and restarted), a follower
-/// paused. The lease is longer than a leader's failover (about 4 s measured: no stream leader
-/// answers meanwhile), so a holder renewing through it keeps its lock.
+/// with three replicas: no fault, the holder partitioned silently from all three members for
+/// one and a half leases, the bucket stream's leader killed (and restarted), a follower paused.
+/// Each contender reaches each member through a proxy of its own and its URL lists the three
+/// proxies; the servers advertise no other address (`no_advertise`), so a client cannot
+/// reconnect around its proxies. The lease is longer than a leader's failover (about 4 s
+/// measured: no stream leader answers meanwhile), so a holder renewing through it keeps its lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long matrix on a cluster of its own: scripts/test.sh runs it"]
 async fn matrix_nats_cluster() {
@@ -1061,8 +1071,8 @@ async fn matrix_nats_cluster() {
     let lease = "8s";
     let target = Target {
         server: "NATS 2.15 (3-node cluster, R3 bucket, sync_interval always)".into(),
-        url: format!("nats://{servers}?lease={lease}&replicas=3"),
-        addr: None,
+        url: format!("nats://{{addr}}?lease={lease}&replicas=3"),
+        addr: Some(servers),
         restart: None,
         ensemble: Some(dir.clone()),
         restart_forgets: false,
@@ -1072,7 +1082,7 @@ async fn matrix_nats_cluster() {
     };
     let run = std::panic::AssertUnwindSafe(run_matrix(
         target,
-        &[Scenario::None, Scenario::KillLeader, Scenario::IsolateFollower],
+        &[Scenario::None, Scenario::BlackholeLong, Scenario::KillLeader, Scenario::IsolateFollower],
         &[],
     ));
     let result = futures::FutureExt::catch_unwind(run).await;

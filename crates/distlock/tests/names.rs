@@ -66,7 +66,7 @@ fn assert_conflict(r: distlock::Result<Option<distlock::Guard>>, url: &str, what
 
 on_every_backend!(
     #[tokio::test]
-    a_semaphore_and_a_lock_cannot_share_a_name: zookeeper, redis, postgres, etcd, memory
+    a_semaphore_and_a_lock_cannot_share_a_name: zookeeper, redis, postgres, etcd, nats, memory
 );
 async fn a_semaphore_and_a_lock_cannot_share_a_name(url: String) {
     let (a, b) = (connect(&url).await, connect(&url).await);

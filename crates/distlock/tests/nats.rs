@@ -253,6 +253,52 @@ async fn a_tls_only_server_with_logins_and_a_least_privilege_user() {
     admin.close(Duration::from_secs(1)).await;
 }
 
+/// A server whose one user logs in with an NKey: `?nkey=SEEDFILE` takes locks; another user's
+/// seed, no login, a file that holds no seed and a missing file are refused with errors that name
+/// the file but never show a seed; the URL as shown and its `Debug` carry the path only.
+#[tokio::test]
+async fn an_nkey_login() {
+    if addr().is_none() {
+        return;
+    }
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let own = distlock_faults::OwnServer::start("nats.sh", "start-nkey", &[&user.public_key()]);
+    let at = own.printed.trim().to_string();
+    let write = |name: &str, text: &str| {
+        let path = own.dir().join(name);
+        std::fs::write(&path, format!("{text}\n")).unwrap();
+        path.display().to_string()
+    };
+    let good = write("user.nk", &seed);
+    let url = format!("nats://{at}?nkey={good}");
+    let parsed = distlock::nats::NatsUrl::parse(&url).unwrap();
+    let shown = format!("{parsed} {parsed:?}");
+    assert!(shown.contains(&good) && !shown.contains(&seed), "{shown}");
+    let client = Client::connect(&url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let g = client.mutex(&unique("nkey")).unwrap().try_lock().await.unwrap().expect("free");
+    g.release().await.unwrap();
+    client.close(Duration::from_secs(1)).await;
+    // Through the one API too (`distlock::connect`), which the CLI uses.
+    let any = distlock::connect(&url).await.unwrap();
+    any.close(Duration::from_secs(1)).await;
+    let other_seed = nkeys::KeyPair::new_user().seed().unwrap();
+    let other = write("other.nk", &other_seed);
+    let not_seed = write("not-a-seed.nk", &format!("{}-{seed}", "x"));
+    for (url, says) in [
+        (format!("nats://{at}?nkey={other}"), "authorization"),
+        (format!("nats://{at}"), "authorization"),
+        (format!("nats://{at}?nkey={not_seed}"), "no user seed"),
+        (format!("nats://{at}?nkey={}/missing.nk", own.dir().display()), "missing.nk"),
+        (format!("nats://{at}?creds={good}"), "no user jwt"),
+    ] {
+        let e = Client::connect(&url).await.map(drop).unwrap_err();
+        let text = format!("{e} {e:?}");
+        assert!(text.to_lowercase().contains(says), "{url}: {text}");
+        assert!(!text.contains(&seed) && !text.contains(&other_seed), "{url}: a seed in {text}");
+    }
+}
+
 /// A server whose clients log in with a token: `nats://TOKEN@host` takes locks, a wrong token is
 /// refused and not shown.
 #[tokio::test]

@@ -57,6 +57,7 @@ pub(crate) mod contract;
 mod election;
 mod hold;
 mod jobs;
+mod kinds;
 mod mutex;
 mod rwlock;
 mod semaphore;
@@ -156,6 +157,8 @@ impl Client {
             url::Login::None => options,
             url::Login::User(u, p) => options.user_and_password(u.clone(), p.clone()),
             url::Login::Token(t) => options.token(t.clone()),
+            url::Login::Nkey(path) => options.nkey(url::read_seed(path).map_err(failed)?),
+            url::Login::Creds(path) => url::with_creds(options, path).await.map_err(failed)?,
         };
         if url.tls {
             let pem = url.tls_files.read()?;
@@ -417,7 +420,7 @@ impl Client {
     }
 
     /// The keys on `filter` that have a message (a stream info request with a subjects filter).
-    async fn keys_on(&self, filter: &str) -> Result<Vec<String>> {
+    pub(crate) async fn keys_on(&self, filter: &str) -> Result<Vec<String>> {
         let bucket = &self.inner.url.bucket;
         let subject = format!("$JS.API.STREAM.INFO.KV_{bucket}");
         let fail = |why: String| Error::Backend { op: "list keys", path: filter.to_string(), source: why.into() };

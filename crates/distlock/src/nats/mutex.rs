@@ -2,8 +2,8 @@
 //! held once no reader of the name is left.
 
 use super::hold::{take, Mark};
-use super::{key, Client, LockGuard};
-use crate::contract::Wait;
+use super::{key, kinds, Client, LockGuard};
+use crate::contract::{Kind, Wait};
 use crate::Result;
 
 /// A lock on one key of the bucket (`locks.<name>`). Not reentrant: a second acquire waits like
@@ -47,21 +47,31 @@ impl Mutex {
     /// Acquires within `wait`, the key's value carrying `announce` (an election's value).
     pub(crate) async fn acquire(&self, wait: Wait, announce: Option<String>) -> Result<Option<LockGuard>> {
         let mark = Mark { kind: "mutex", permits: None, value: announce };
-        exclusive(&self.client, &self.name, &self.key, &mark, wait).await
+        exclusive(&self.client, &self.name, &self.key, &mark, Kind::Mutex, wait).await
     }
 }
 
 /// The exclusive key of `name` (a mutex's or a writer's), then no reader left: readers that came
-/// before it finish, those after it see it and stay out (`rwlock.rs`).
+/// before it finish, those after it see it and stay out (`rwlock.rs`); and no permit of a
+/// semaphore of the name (`kinds.rs`). One request looks for both when neither was ever there.
+/// A guard dropped on an error deletes its key in the background.
 pub(crate) async fn exclusive(
     client: &Client,
     name: &str,
     key: &str,
     mark: &Mark,
+    wanted: Kind,
     wait: Wait,
 ) -> Result<Option<LockGuard>> {
     let Some(guard) = take(client, name, key, mark, wait).await? else { return Ok(None) };
-    if super::rwlock::readers_gone(client, name, wait).await? {
+    let others = client.keys_on(&kinds::readers_and_permits(name)).await?;
+    if others.iter().any(|k| k.starts_with("permits.")) {
+        if let Err(e) = kinds::no_permits(client, name, wanted).await {
+            guard.release().await.ok();
+            return Err(e);
+        }
+    }
+    if !others.iter().any(|k| k.starts_with("reads.")) || super::rwlock::readers_gone(client, name, wait).await? {
         Ok(Some(guard))
     } else {
         guard.release().await.ok();

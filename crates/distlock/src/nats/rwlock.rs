@@ -7,7 +7,7 @@
 
 use super::hold::{new_owner, try_once, until_free, Mark, Tried};
 use super::{key, live, Client, LockGuard};
-use crate::contract::Wait;
+use crate::contract::{Kind, Wait};
 use crate::Result;
 use tokio::time::Instant;
 
@@ -43,7 +43,7 @@ impl RwLock {
 
     async fn acquire_write(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let mark = Mark { kind: "write", permits: None, value: None };
-        super::mutex::exclusive(&self.client, &self.name, &key("locks", &self.name), &mark, wait).await
+        super::mutex::exclusive(&self.client, &self.name, &key("locks", &self.name), &mark, Kind::Write, wait).await
     }
 
     async fn acquire_read(&self, wait: Wait) -> Result<Option<LockGuard>> {
@@ -67,7 +67,14 @@ impl RwLock {
                 Some(_) => continue, // a fresh key is free: taken only by a race of ours
                 None => return Ok(None),
             };
-            let Some(seq) = held_at(client, &exclusive).await? else { return Ok(Some(guard)) };
+            let Some(seq) = held_at(client, &exclusive).await? else {
+                // No semaphore of the name either (`kinds.rs`), or the key we wrote goes again.
+                if let Err(e) = super::kinds::no_permits(client, name, Kind::Read).await {
+                    guard.release().await.ok();
+                    return Err(e);
+                }
+                return Ok(Some(guard));
+            };
             guard.release().await.ok();
             if give_up.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);

@@ -59,7 +59,15 @@ impl Semaphore {
                 // A free slot's last message (a delete or marker) may change under us: a few tries.
                 for _ in 0..3 {
                     match try_once(client, name, &slot, &owner, &mark, expect, wait).await? {
-                        Some(Tried::Got(g)) => return Ok(Some(g)),
+                        Some(Tried::Got(g)) => {
+                            // No mutex or read/write lock of the name (`kinds.rs`), or the slot
+                            // we took goes again.
+                            if let Err(e) = super::kinds::no_locks(client, name, self.permits).await {
+                                g.release().await.ok();
+                                return Err(e);
+                            }
+                            return Ok(Some(g));
+                        }
                         Some(Tried::Free(seq)) => expect = seq,
                         Some(Tried::Busy(seq)) => {
                             first_busy = first_busy.min(seq);

@@ -18,9 +18,13 @@ pub(crate) enum Login {
     User(String, String),
     /// A token (`nats://TOKEN@host`, NATS's own convention).
     Token(String),
+    /// An NKey: the file holding the user's seed (`?nkey=PATH`), read when connecting.
+    Nkey(std::path::PathBuf),
+    /// A credentials file, a user JWT and its seed (`?creds=PATH`), read when connecting.
+    Creds(std::path::PathBuf),
 }
 
-/// A parsed `nats://[USER:PASSWORD@|TOKEN@]host:port[,host:port…][/BUCKET][?ttl=30s&timeout=5s&replicas=1]`;
+/// A parsed `nats://[USER:PASSWORD@|TOKEN@]host:port[,host:port…][/BUCKET][?ttl=30s&timeout=5s&replicas=1&nkey=PATH|creds=PATH]`;
 /// `natss://` for TLS (the servers' certificates verified).
 ///
 /// The bucket is a JetStream key-value bucket (default `distlock`); distlock creates it if
@@ -35,7 +39,11 @@ pub(crate) enum Login {
 /// - `replicas`: the bucket's replicas when distlock creates it (1 to 5, default 1; use 3 on a
 ///   3-node cluster);
 /// - `cacert`, `cert`, `key` (`natss://` only): the CA that verifies the servers (default: the
-///   system's roots), and a client certificate and key (for servers that require one).
+///   system's roots), and a client certificate and key (for servers that require one);
+/// - `nkey`: an NKey login, the path of a file holding the user's seed (`SU…`, as `nk -gen user`
+///   writes it); `creds`: a credentials file's path (a user JWT and its seed, as `nsc` writes
+///   it). The files are read when connecting; the secrets never go in the URL, and neither goes
+///   with a user, password or token.
 ///
 /// # Examples
 ///
@@ -69,9 +77,15 @@ impl std::fmt::Display for NatsUrl {
             Login::None => String::new(),
             Login::User(u, _) => format!("{u}:***@"),
             Login::Token(_) => "***@".into(),
+            Login::Nkey(_) | Login::Creds(_) => String::new(),
         };
         write!(f, "{}://{login}{}/{}", if self.tls { "natss" } else { "nats" }, hosts.join(","), self.bucket)?;
-        let files = self.tls_files.query_pairs();
+        let mut files = self.tls_files.query_pairs();
+        match &self.login {
+            Login::Nkey(p) => files.push(format!("nkey={}", p.display())),
+            Login::Creds(p) => files.push(format!("creds={}", p.display())),
+            _ => {}
+        }
         if !files.is_empty() {
             write!(f, "?{}", files.join("&"))?;
         }
@@ -204,6 +218,29 @@ impl NatsUrl {
         for pair in own {
             match pair.name {
                 "timeout" => out.timeout = pair.duration().map_err(bad)?,
+                "nkey" | "creds" => {
+                    if out.login != Login::None {
+                        return Err(bad(format!(
+                            "{}= with another login: give one of a user and password, a token, nkey= or creds=",
+                            pair.name
+                        )));
+                    }
+                    if pair.value.is_empty() {
+                        return Err(bad(format!("{}= needs a file's path", pair.name)));
+                    }
+                    if looks_like_seed(pair.value) {
+                        // Never shown back, not even in the URL the error carries.
+                        return Err(Error::InvalidUrl {
+                            url: crate::redact_url(&url.replace(pair.value, "***")),
+                            reason: format!(
+                                "{}= takes the path of a file holding the seed, not the seed itself",
+                                pair.name
+                            ),
+                        });
+                    }
+                    let path = std::path::PathBuf::from(pair.value);
+                    out.login = if pair.name == "nkey" { Login::Nkey(path) } else { Login::Creds(path) };
+                }
                 _ => {
                     out.replicas = pair
                         .value
@@ -230,10 +267,52 @@ impl NatsUrl {
     }
 }
 
+/// Whether `value` is an NKey seed itself (`S`, then 57 more base32 letters), not a path.
+fn looks_like_seed(value: &str) -> bool {
+    value.len() >= 50
+        && value.starts_with('S')
+        && value.bytes().all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+}
+
+/// The user seed in the NKey file `path` (`?nkey=`), checked. An error names the file and what is
+/// wrong with it, never what it holds.
+pub(crate) fn read_seed(path: &std::path::Path) -> std::result::Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("the NKey seed file {}: {e}", path.display()))?;
+    let seed = text.trim().to_string();
+    let user = seed.starts_with("SU") && nkeys::KeyPair::from_seed(&seed).is_ok();
+    if !user {
+        return Err(format!(
+            "the NKey seed file {} holds no user seed (one line starting with SU, as `nk -gen user` writes it)",
+            path.display()
+        ));
+    }
+    Ok(seed)
+}
+
+/// `options` with the credentials file `path` (`?creds=`): a user JWT and its seed. An error names
+/// the file and what is wrong with it, never what it holds.
+pub(crate) async fn with_creds(
+    options: async_nats::ConnectOptions,
+    path: &std::path::Path,
+) -> std::result::Result<async_nats::ConnectOptions, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("the credentials file {}: {e}", path.display()))?;
+    options.credentials(&text).map_err(|_| {
+        format!(
+            "the credentials file {} holds no user JWT and seed (the decorated blocks `nsc` writes)",
+            path.display()
+        )
+    })
+}
+
 /// The keys of a `nats://` URL's query beside the common ones.
 const QUERY: crate::options::QuerySpec = crate::options::QuerySpec {
     lease_name: "ttl",
-    keys: &[crate::options::Key::new("timeout", ""), crate::options::Key::new("replicas", "")],
+    keys: &[
+        crate::options::Key::new("timeout", ""),
+        crate::options::Key::new("replicas", ""),
+        crate::options::Key::new("nkey", "path"),
+        crate::options::Key::new("creds", "path"),
+    ],
     tls: crate::options::TlsKeys::Files(&[]),
     connections: crate::options::ConnectionKeys::Refused(
         "a NATS client's locks share one connection (the key is for PostgreSQL and MariaDB, whose locks live in server sessions)",
@@ -254,6 +333,13 @@ mod tests {
         let t = NatsUrl::parse("natss://s3cret@h:4222/b").unwrap();
         assert!(t.login == Login::Token("s3cret".into()) && t.tls);
         assert_eq!(t.to_string(), "natss://***@h:4222/b");
+        let n = NatsUrl::parse("nats://h:4222?nkey=/run/app.nk").unwrap();
+        assert!(n.login == Login::Nkey("/run/app.nk".into()));
+        assert_eq!(n.to_string(), "nats://h:4222/distlock?nkey=/run/app.nk");
+        assert_eq!(NatsUrl::parse(&n.to_string()).unwrap().to_string(), n.to_string(), "shown, parsed back");
+        let seed = "SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU";
+        let e = NatsUrl::parse(&format!("nats://h:4222?nkey={seed}")).map(drop).unwrap_err();
+        assert!(!format!("{e} {e:?}").contains(seed), "{e:?}");
         crate::assert_refused(
             NatsUrl::parse,
             &[
@@ -269,6 +355,13 @@ mod tests {
                 ("nats://h:4222?timeout=1ms", "too short"),
                 ("nats://h:4222?cacert=/x", "natss://"),
                 ("nats://:pw@h:4222", "empty NATS user"),
+                ("nats://u:p@h:4222?nkey=/k", "one of"),
+                ("nats://h:4222?nkey=/k&creds=/c", "one of"),
+                ("nats://h:4222?creds=", "a file's path"),
+                (
+                    "nats://h:4222?nkey=SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU",
+                    "not the seed itself",
+                ),
                 ("http://h:4222", "nats://"),
             ],
         );
