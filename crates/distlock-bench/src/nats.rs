@@ -173,7 +173,12 @@ asyncio.run(main())
         .output();
     let out = match out {
         Ok(out) if out.status.success() => out,
-        Ok(out) => return note(&format!("python3 failed: {}", String::from_utf8_lossy(&out.stderr).trim())),
+        // The traceback's last line says what went wrong (contended, the server refuses the
+        // peer's watch consumers after a while: "maximum consumers limit reached").
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return note(&format!("the peer failed: {}", err.trim().lines().last().unwrap_or("")));
+        }
         Err(e) => return note(&format!("no python3: {e}")),
     };
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
