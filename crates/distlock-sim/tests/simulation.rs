@@ -16,6 +16,7 @@
 //! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
 //! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
 //! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores);
+//! - `DISTLOCK_SIM_DETERMINISM_SEEDS=N`: seeds `simulation_seed_alone_same_trace` compares (32);
 //! - `DISTLOCK_SIM_LOG=FILTER`: with `DISTLOCK_SIM_SEED`, the log (e.g. `distlock=debug`), stamped
 //!   with simulated time.
 #![cfg(distlock_sim)]
@@ -767,12 +768,17 @@ fn log_one_schedule() {
         .try_init();
 }
 
-/// Runs `seeds` on a few threads side by side; returns the outcomes in seed order.
-fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
-    let threads = env_u64("DISTLOCK_SIM_THREADS")
+/// Simulations side by side: `DISTLOCK_SIM_THREADS`, else the machine's cores.
+fn threads() -> usize {
+    env_u64("DISTLOCK_SIM_THREADS")
         .map(|n| n as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+        .max(1)
+}
+
+/// Runs `seeds` (each with its workload) on `threads` threads side by side; returns the outcomes
+/// in seed order.
+fn run_many(seeds: Vec<(u64, Workload)>, threads: usize) -> Vec<Outcome> {
     // The planted-defects test's children stop handing out seeds after the first failure.
     let stop_at_first = std::env::var_os("DISTLOCK_SIM_STOP_AT_FIRST").is_some();
     let seeds = Arc::new(seeds);
@@ -783,7 +789,7 @@ fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
             let (seeds, next, outcomes) = (seeds.clone(), next.clone(), outcomes.clone());
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(&seed) = seeds.get(i) else { break };
+                let Some(&(seed, workload)) = seeds.get(i) else { break };
                 let started = Instant::now();
                 let mut outcome = run(seed, workload);
                 outcome.wall = started.elapsed();
@@ -817,7 +823,7 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
             (first_seed..first_seed + n).collect()
         }
     };
-    let outcomes = run_many(seeds, workload);
+    let outcomes = run_many(seeds.into_iter().map(|s| (s, workload)).collect(), threads());
     let simulated: Duration = outcomes.iter().map(|o| o.simulated).sum();
     let plant = plant().map(|p| format!("DISTLOCK_SIM_PLANT={p} ")).unwrap_or_default();
     let mut failed = Vec::new();
@@ -858,24 +864,39 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
     }
 }
 
+/// Every workload's test: its name, workload, default seeds and first seed.
+const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
+    ("simulation_mutex", Workload::Mutex, 350, 1),
+    ("simulation_semaphore", Workload::Semaphore(2), 250, 1_000_001),
+    ("simulation_rwlock", Workload::RwLock, 250, 2_000_001),
+    ("simulation_election", Workload::Election, 150, 3_000_001),
+];
+
+/// The test body of the workload named `test` in [`WORKLOADS`].
+fn simulate_workload(test: &str) {
+    let (_, workload, seeds, first) =
+        *WORKLOADS.iter().find(|w| w.0 == test).unwrap_or_else(|| panic!("{test} is not in WORKLOADS"));
+    simulate(test, workload, seeds, first);
+}
+
 #[test]
 fn simulation_mutex() {
-    simulate("simulation_mutex", Workload::Mutex, 350, 1);
+    simulate_workload("simulation_mutex");
 }
 
 #[test]
 fn simulation_semaphore() {
-    simulate("simulation_semaphore", Workload::Semaphore(2), 250, 1_000_001);
+    simulate_workload("simulation_semaphore");
 }
 
 #[test]
 fn simulation_rwlock() {
-    simulate("simulation_rwlock", Workload::RwLock, 250, 2_000_001);
+    simulate_workload("simulation_rwlock");
 }
 
 #[test]
 fn simulation_election() {
-    simulate("simulation_election", Workload::Election, 150, 3_000_001);
+    simulate_workload("simulation_election");
 }
 
 /// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's
@@ -902,19 +923,59 @@ const REGRESSIONS: &[(Workload, u64)] = &[
     (Workload::Semaphore(2), 1_000_561),
 ];
 
-/// The same seed gives the same trace, twice in one process (scripts/sim.sh also compares
-/// across processes).
+/// Every seed's trace is its own, whatever ran before it (the replay of a failure found in a
+/// batch): a few seeds of every workload run in one batch (mixed, on two threads), again on this
+/// thread in the opposite order, and each alone in a child process; all three traces must agree.
+/// `DISTLOCK_SIM_DETERMINISM_SEEDS=N`: how many seeds (default 32).
 #[test]
-fn simulation_same_seed_same_trace() {
+fn simulation_seed_alone_same_trace() {
     if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
         return;
     }
-    for seed in [7, 8, 9] {
-        let a = run(seed, Workload::Mutex);
-        let b = run(seed, Workload::Mutex);
-        assert_eq!(a.events.len(), b.events.len(), "seed {seed}: different event counts");
-        assert_eq!(a.hash, b.hash, "seed {seed}: different traces");
+    let started = Instant::now();
+    let n = env_u64("DISTLOCK_SIM_DETERMINISM_SEEDS").unwrap_or(32) as usize;
+    let picks: Vec<(u64, Workload, &str)> = (0..n)
+        .map(|i| {
+            let (test, workload, _, first) = WORKLOADS[i % WORKLOADS.len()];
+            (first + (i / WORKLOADS.len()) as u64, workload, test)
+        })
+        .collect();
+    let batch = run_many(picks.iter().map(|(s, w, _)| (*s, *w)).collect(), 2);
+    let batch: BTreeMap<u64, u64> = batch.iter().map(|o| (o.seed, o.hash)).collect();
+    let reversed: BTreeMap<u64, u64> = picks.iter().rev().map(|(s, w, _)| (*s, run(*s, *w).hash)).collect();
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut differ = Vec::new();
+    for (seed, _, test) in &picks {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .env("DISTLOCK_SIM_SEED", seed.to_string())
+            .env_remove("DISTLOCK_SIM_LOG")
+            .output()
+            .expect("the child run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let alone = text
+            .lines()
+            .find_map(|l| l.strip_prefix("simulation trace hash: "))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
+        let (b, r) = (batch[seed], reversed[seed]);
+        if alone != Some(b) || r != b {
+            differ.push(format!(
+                "seed {seed} ({test}): {b:016x} in the batch, {r:016x} in the reversed batch, {} alone",
+                alone.map_or("none".to_string(), |h| format!("{h:016x}"))
+            ));
+        }
     }
+    println!(
+        "simulation determinism: {n} seeds, {} with the same trace in a batch, in the reversed batch and alone ({:.1} wall seconds)",
+        n - differ.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        differ.is_empty(),
+        "{} of {n} seeds' traces depend on what ran before:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
 }
 
 /// The planted defects (docs/reliability.md): each found within its number of seeds, in a child
