@@ -95,7 +95,7 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
         let c = &s.config;
         (c.tick, c.max_connections, c.max_connections_per_address, tls, c.handshake_timeout)
     };
-    let timers = tokio::spawn(timers(state.clone(), tick));
+    let timers = crate::sim::spawn(timers(state.clone(), tick));
     // Tells open connections to close when the server stops.
     let (closing, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
@@ -121,7 +121,7 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                         });
                         if refusing.fetch_add(1, Ordering::SeqCst) < REFUSALS_IN_FLIGHT {
                             let refusing = refusing.clone();
-                            tokio::spawn(async move {
+                            crate::sim::spawn(async move {
                                 refuse(socket, line).await;
                                 refusing.fetch_sub(1, Ordering::SeqCst);
                             });
@@ -135,7 +135,7 @@ pub async fn run(listener: TcpListener, state: Shared, shutdown: impl std::futur
                 state.lock().unwrap().counters.connections_accepted += 1;
                 let (state, tls) = (state.clone(), tls.clone());
                 let mut stop = closing.subscribe();
-                tokio::spawn(async move {
+                crate::sim::spawn(async move {
                     let _slot = slot;
                     socket.set_nodelay(true).ok();
                     // From accept, one deadline for the TLS handshake and the whole connect request
@@ -305,7 +305,7 @@ where
     // Set when the writer stops (the server closed the connection: session expired or moved), so
     // the reader stops too instead of waiting on a client that may never speak again.
     let (writer_done, mut closed) = tokio::sync::watch::channel(false);
-    let writer_task = tokio::spawn(async move {
+    let writer_task = crate::sim::spawn(async move {
         let _done = DropSignal(writer_done);
         // Frames queued together leave in one write (a burst of replies released by one fsync, a
         // pipelining client's replies).

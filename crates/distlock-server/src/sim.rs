@@ -2,7 +2,8 @@
 //!
 //! A planted defect is one this server really had and fixed, put back for the simulation to find:
 //! on only when built with `--cfg distlock_sim` and `DISTLOCK_SIM_PLANT` names it. In every other
-//! build [`planted`] is `false` and compiles away.
+//! build [`planted`] is `false` and compiles away. [`spawn`] keeps the server's tasks in the
+//! simulated host's `LocalSet` (in every other build: `tokio::spawn`).
 
 /// Whether the planted defect `name` is switched on.
 #[cfg(distlock_sim)]
@@ -15,4 +16,29 @@ pub(crate) fn planted(name: &str) -> bool {
 #[inline(always)]
 pub(crate) fn planted(_name: &str) -> bool {
     false
+}
+
+/// Spawns a server task. In the simulation it joins the host's `LocalSet`, where tasks are kept
+/// (and dropped when turmoil crashes the host) in the order they were spawned; tokio's runtime
+/// keeps its tasks in lists picked by task id, a process-wide counter, so a crash would close the
+/// connections (and draw their packets' latencies) in an order that depends on what ran before
+/// on the process: a seed's trace would depend on the seeds run before it.
+#[cfg(distlock_sim)]
+pub(crate) fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + 'static,
+    F::Output: 'static,
+{
+    tokio::task::spawn_local(task)
+}
+
+/// Spawns a server task on the runtime (every build but the simulation's).
+#[cfg(not(distlock_sim))]
+#[inline(always)]
+pub(crate) fn spawn<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(task)
 }

@@ -11,11 +11,12 @@
 //! once the faults stop.
 //!
 //! Only built with `--cfg distlock_sim` (scripts/sim.sh). Environment:
-//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 350 mutex, 250 semaphore, 250
-//!   read/write lock, 150 election: 1,000);
+//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 300 mutex, 200 semaphore, 200
+//!   read/write lock, 100 election, 100 reentrant mutex, 100 multi-lock: 1,000);
 //! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
 //! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
 //! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores);
+//! - `DISTLOCK_SIM_DETERMINISM_SEEDS=N`: seeds `simulation_seed_alone_same_trace` compares (32);
 //! - `DISTLOCK_SIM_LOG=FILTER`: with `DISTLOCK_SIM_SEED`, the log (e.g. `distlock=debug`), stamped
 //!   with simulated time.
 #![cfg(distlock_sim)]
@@ -28,6 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const LOCK_PATH: &str = "/sim/lock";
+/// The multi-lock workload's locks: `/sim/m0`, `/sim/m1`, ...
+const MULTI_LOCKS: usize = 3;
 /// The session timeout the clients ask for (the server's tick is 500 ms: 1 s to 10 s allowed).
 const LEASE: Duration = Duration::from_secs(2);
 /// Faults happen in the first FAULTS of simulated time; then everything heals.
@@ -76,6 +79,18 @@ enum Workload {
     RwLock,
     /// Candidates campaign; a leader resigns after its hold.
     Election,
+    /// A reentrant mutex: each grant re-entered a few times, its guards released in any order.
+    Reentrant,
+    /// A random set of [`MULTI_LOCKS`] mutexes taken all or nothing.
+    Multi,
+}
+
+/// The lock directories a workload's clients queue in.
+fn lock_dirs(workload: Workload) -> Vec<String> {
+    match workload {
+        Workload::Multi => (0..MULTI_LOCKS).map(|i| format!("/sim/m{i}")).collect(),
+        _ => vec![LOCK_PATH.to_string()],
+    }
 }
 
 /// What a client or the harness saw, in the order it happened (one thread runs everything).
@@ -88,6 +103,10 @@ enum Kind {
     Granted(u64),
     /// A read lock's grant.
     GrantedRead,
+    /// A multi-lock's grant: each member's lock (its index) and fencing token.
+    GrantedMany(Vec<(usize, u64)>),
+    /// The client saw its recipe break a promise (e.g. a re-entry that waited).
+    Broken(String),
     /// A writer took its read lock (it holds both until `WriteReleasing`).
     Downgraded,
     /// A downgraded writer is releasing its write lock (its read lock goes on).
@@ -249,6 +268,15 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
                     rwlock_round(c, write, downgrade, wait, hold, &record).await
                 }
                 (Conn::Any(c), Workload::Election) => election_round(c, id, wait, hold, &record).await,
+                (Conn::Zk(c), Workload::Reentrant) => {
+                    let (depth, order) = (rng.range(1, 4) as usize, rng.next());
+                    reentrant_round(c, depth, order, wait, hold, &record).await
+                }
+                (Conn::Zk(c), Workload::Multi) => {
+                    // A non-empty subset of the locks, as a bit set.
+                    let set = rng.range(1, 1 << MULTI_LOCKS) as usize;
+                    multi_round(c, set, wait, hold, &record).await
+                }
                 _ => unreachable!("Conn::connect picks the client by workload"),
             };
             if let Err(e) = outcome {
@@ -354,35 +382,16 @@ async fn rwlock_round(
         hold_then_release(record, hold, guard.lost(), guard.release()).await;
         return Ok(());
     }
-    tokio::select! {
-        biased;
-        why = guard.lost() => {
-            record(Kind::Lost(format!("{why:?}")));
-            return Ok(());
-        }
-        _ = tokio::time::sleep(hold / 2) => {}
+    if unless_lost(record, guard.lost(), tokio::time::sleep(hold / 2)).await.is_none() {
+        return Ok(());
     }
     // Told of a loss while downgrading or releasing the write lock: the hold ends there.
-    let downgraded = tokio::select! {
-        biased;
-        why = guard.lost() => {
-            record(Kind::Lost(format!("{why:?}")));
-            return Ok(());
-        }
-        d = guard.downgrade() => d,
-    };
+    let Some(downgraded) = unless_lost(record, guard.lost(), guard.downgrade()).await else { return Ok(()) };
     match downgraded {
         Ok(read) => {
             record(Kind::Downgraded);
             record(Kind::WriteReleasing);
-            let released = tokio::select! {
-                biased;
-                why = read.lost() => {
-                    record(Kind::Lost(format!("{why:?}")));
-                    return Ok(());
-                }
-                r = guard.release() => r,
-            };
+            let Some(released) = unless_lost(record, read.lost(), guard.release()).await else { return Ok(()) };
             if let Err(e) = released {
                 record(Kind::ReleaseFailed(e.to_string()));
             }
@@ -393,6 +402,107 @@ async fn rwlock_round(
             record(Kind::ReleaseFailed(format!("downgrade: {e}")));
         }
     }
+    Ok(())
+}
+
+/// A reentrant mutex: granted, re-entered `depth` times (each at once, with the same token), held,
+/// then its guards released in an order `order` picks: the lock stays held until the last.
+async fn reentrant_round(
+    c: &Client,
+    depth: usize,
+    order: u64,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let lock = c.reentrant_mutex(LOCK_PATH).expect("lock path");
+    let got = match wait {
+        Some(w) => lock.lock_timeout(w).await?,
+        None => Some(lock.lock().await?),
+    };
+    let Some(outer) = got else { return Ok(()) };
+    let token = outer.fencing_token();
+    record(Kind::Granted(token));
+    let mut guards = vec![outer];
+    for _ in 0..depth {
+        // A re-entry never waits: a zero timeout must grant it.
+        let Some(again) = unless_lost(record, guards[0].lost(), lock.lock_timeout(Duration::ZERO)).await else {
+            return Ok(());
+        };
+        match again {
+            Ok(Some(g)) if g.fencing_token() == token => guards.push(g),
+            Ok(Some(g)) => record(Kind::Broken(format!("re-entry token {} for a hold of {token}", g.fencing_token()))),
+            Ok(None) => record(Kind::Broken("a re-entry was not granted at once".into())),
+            Err(e) => {
+                // Told the hold is gone (the session expired under it).
+                record(Kind::Lost(format!("re-entry: {e}")));
+                return Ok(());
+            }
+        }
+    }
+    if lock.hold_count() != guards.len() {
+        record(Kind::Broken(format!("hold count {} after {} acquisitions", lock.hold_count(), guards.len())));
+    }
+    if unless_lost(record, guards[0].lost(), tokio::time::sleep(hold)).await.is_none() {
+        return Ok(());
+    }
+    // Every guard but one released, in the order `order` picks (the first acquisition too): the
+    // lock stays held; the last one's release is the hold's end.
+    let last = guards.swap_remove((order % guards.len() as u64) as usize);
+    let mut order = order;
+    while !guards.is_empty() {
+        order = order.rotate_left(7);
+        let g = guards.swap_remove((order % guards.len() as u64) as usize);
+        let Some(released) = unless_lost(record, last.lost(), g.release()).await else { return Ok(()) };
+        if let Err(e) = released {
+            record(Kind::Lost(format!("inner release: {e}")));
+            return Ok(());
+        }
+    }
+    if lock.hold_count() != 1 {
+        record(Kind::Broken(format!("hold count {} with one guard left", lock.hold_count())));
+    }
+    record(Kind::Releasing);
+    if let Err(e) = last.release().await {
+        record(Kind::ReleaseFailed(e.to_string()));
+    }
+    Ok(())
+}
+
+/// The locks in `set` (a bit set over [`MULTI_LOCKS`]) taken all or nothing, held, released.
+async fn multi_round(
+    c: &Client,
+    set: usize,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    let wanted: Vec<usize> = (0..MULTI_LOCKS).filter(|i| set & (1 << i) != 0).collect();
+    let specs = wanted
+        .iter()
+        .map(|i| c.mutex(&format!("/sim/m{i}")).map(distlock::zookeeper::LockSpec::Exclusive))
+        .collect::<distlock::Result<Vec<_>>>()?;
+    let multi = distlock::zookeeper::MultiLock::new(specs)?;
+    let got = match wait {
+        Some(w) => multi.lock_timeout(w).await?,
+        None => Some(multi.lock().await?),
+    };
+    let Some(guard) = got else { return Ok(()) };
+    let mut held: Vec<(usize, u64)> = guard
+        .parts()
+        .iter()
+        .map(|p| {
+            let index = p.lock_path().strip_prefix("/sim/m").and_then(|i| i.parse().ok()).unwrap_or(usize::MAX);
+            (index, p.fencing_token())
+        })
+        .collect();
+    held.sort();
+    let got: Vec<usize> = held.iter().map(|(i, _)| *i).collect();
+    if got != wanted {
+        record(Kind::Broken(format!("asked for locks {wanted:?}, granted {got:?}")));
+    }
+    record(Kind::GrantedMany(held));
+    hold_then_release(record, hold, guard.lost(), guard.release()).await;
     Ok(())
 }
 
@@ -415,6 +525,22 @@ async fn election_round(
         hold_then_release(record, hold, lost, lead.resign()).await;
     }
     Ok(())
+}
+
+/// `fut`'s output, unless told of a loss first: then the loss is recorded, and `None`.
+async fn unless_lost<T>(
+    record: &impl Fn(Kind),
+    lost: impl std::future::Future<Output = distlock::LostReason>,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        why = lost => {
+            record(Kind::Lost(format!("{why:?}")));
+            None
+        }
+        r = fut => Some(r),
+    }
 }
 
 /// Holds for `hold` unless told of a loss first; then releases (or drops a lost guard).
@@ -449,7 +575,8 @@ async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
     // The lock's nodes, and the semaphore's under its `leases` and `locks` directories (Curator's
     // layout: directories, not holders).
     let mut left = Vec::new();
-    let mut dirs = vec![LOCK_PATH.to_string()];
+    let roots = lock_dirs(shared.workload);
+    let mut dirs = roots.clone();
     while let Some(dir) = dirs.pop() {
         let children = match zk.list_children(&dir).await {
             Ok(children) => children,
@@ -457,7 +584,7 @@ async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
             Err(e) => return Err(e.into()),
         };
         for c in children {
-            if dir == LOCK_PATH && (c == "leases" || c == "locks") {
+            if roots.contains(&dir) && (c == "leases" || c == "locks") {
                 dirs.push(format!("{dir}/{c}"));
             } else {
                 left.push(format!("{dir}/{c}"));
@@ -647,74 +774,90 @@ struct Hold {
     read: bool,
 }
 
+/// Who holds: a client's incarnation.
+type Who = (usize, u64);
+
 /// The verdict on one run's events.
 fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duration) -> Vec<String> {
     let mut bad = Vec::new();
-    // Holders now. A wiped server starts a new epoch: what was held before it is judged no more
-    // (the server forgot it), and tokens start again.
-    let mut holders: BTreeMap<(usize, u64), Hold> = BTreeMap::new();
-    let mut last_token = 0u64;
+    // Holders now, per lock (the multi-lock's member index; 0 for the others). A wiped server
+    // starts a new epoch: what was held before it is judged no more (the server forgot it), and
+    // tokens start again.
+    let mut holders: BTreeMap<(usize, Who), Hold> = BTreeMap::new();
+    let mut last_token: BTreeMap<usize, u64> = BTreeMap::new();
     let mut granted_after_heal = vec![false; plan.clients];
     let mut audit = None;
+    let mut wiped_down = false;
     for e in events {
         let who = (e.client, e.incarnation);
-        let others = |holders: &BTreeMap<(usize, u64), Hold>, writers_only: bool| -> Vec<String> {
+        let at = |what: &str| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
+        // The others holding `lock` exclusively (or also reading, unless `writers_only`).
+        let others = |holders: &BTreeMap<(usize, Who), Hold>, lock: usize, writers_only: bool| -> Vec<String> {
             holders
                 .iter()
-                .filter(|(w, h)| **w != who && (h.exclusive || (!writers_only && h.read)))
-                .map(|((c, i), h)| format!("c{c}.{i}{}", if h.exclusive { "" } else { " (reading)" }))
+                .filter(|((l, w), h)| *l == lock && *w != who && (h.exclusive || (!writers_only && h.read)))
+                .map(|((_, (c, i)), h)| format!("c{c}.{i}{}", if h.exclusive { "" } else { " (reading)" }))
                 .collect()
         };
+        let grants: Vec<(usize, u64)> = match &e.kind {
+            Kind::Granted(token) => vec![(0, *token)],
+            Kind::GrantedMany(members) => members.clone(),
+            _ => Vec::new(),
+        };
+        for (lock, token) in grants {
+            let (held, limit) = match workload {
+                Workload::Semaphore(n) => (others(&holders, lock, true), n as usize - 1),
+                _ => (others(&holders, lock, false), 0),
+            };
+            if held.len() > limit {
+                bad.push(at(&format!(
+                    "granted lock {lock} while {held:?} still held it (not told lost): {} holders for {} permit(s)",
+                    held.len() + 1,
+                    limit + 1
+                )));
+            }
+            if !matches!(workload, Workload::Semaphore(_)) {
+                let last = last_token.entry(lock).or_default();
+                if token <= *last {
+                    bad.push(at(&format!("got fencing token {token} on lock {lock}, not above the last one, {last}")));
+                }
+                *last = (*last).max(token);
+            }
+            holders.entry((lock, who)).or_default().exclusive = true;
+        }
         match &e.kind {
-            Kind::Granted(token) => {
-                let (held, limit) = match workload {
-                    Workload::Semaphore(n) => (others(&holders, true), n as usize - 1),
-                    _ => (others(&holders, false), 0),
-                };
-                if held.len() > limit {
-                    bad.push(format!(
-                        "at {:?}: c{}.{} granted while {held:?} still held (not told lost): {} holders for {} permit(s)",
-                        e.at,
-                        e.client,
-                        e.incarnation,
-                        held.len() + 1,
-                        limit + 1
-                    ));
-                }
-                if !matches!(workload, Workload::Semaphore(_)) {
-                    if *token <= last_token {
-                        bad.push(format!(
-                            "at {:?}: c{}.{} got fencing token {token}, not above the last one, {last_token}",
-                            e.at, e.client, e.incarnation
-                        ));
-                    }
-                    last_token = last_token.max(*token);
-                }
-                holders.entry(who).or_default().exclusive = true;
-            }
             Kind::GrantedRead => {
-                let writers = others(&holders, true);
+                let writers = others(&holders, 0, true);
                 if !writers.is_empty() {
-                    bad.push(format!(
-                        "at {:?}: c{}.{} granted a read lock while {writers:?} still held the write lock (not told lost)",
-                        e.at, e.client, e.incarnation
-                    ));
+                    bad.push(at(&format!(
+                        "granted a read lock while {writers:?} still held the write lock (not told lost)"
+                    )));
                 }
-                holders.entry(who).or_default().read = true;
+                holders.entry((0, who)).or_default().read = true;
             }
-            Kind::Downgraded => holders.entry(who).or_default().read = true,
-            Kind::WriteReleasing => holders.entry(who).or_default().exclusive = false,
-            Kind::Releasing | Kind::Lost(_) | Kind::Crashed => {
-                holders.remove(&who);
+            Kind::Downgraded => holders.entry((0, who)).or_default().read = true,
+            Kind::WriteReleasing => holders.entry((0, who)).or_default().exclusive = false,
+            Kind::Releasing | Kind::Lost(_) | Kind::Crashed => holders.retain(|(_, w), _| *w != who),
+            // A grant recorded while a wiped server is down was made by it before the crash (its
+            // reply was on the way): the old epoch's, forgotten at the restart like the rest.
+            Kind::ServerDown { wiped } => {
+                wiped_down = *wiped;
+                if *wiped {
+                    holders.clear();
+                    last_token.clear();
+                }
             }
-            Kind::ServerDown { wiped: true } => {
+            Kind::ServerUp if wiped_down => {
+                wiped_down = false;
                 holders.clear();
-                last_token = 0;
+                last_token.clear();
             }
+            Kind::Broken(what) => bad.push(at(what)),
             Kind::Audit(left) => audit = Some(left.clone()),
             _ => {}
         }
-        if matches!(e.kind, Kind::Granted(_) | Kind::GrantedRead) && e.at >= heal_at && e.client < plan.clients {
+        let granted = matches!(e.kind, Kind::Granted(_) | Kind::GrantedRead | Kind::GrantedMany(_));
+        if granted && e.at >= heal_at && e.client < plan.clients {
             granted_after_heal[e.client] = true;
         }
     }
@@ -767,12 +910,17 @@ fn log_one_schedule() {
         .try_init();
 }
 
-/// Runs `seeds` on a few threads side by side; returns the outcomes in seed order.
-fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
-    let threads = env_u64("DISTLOCK_SIM_THREADS")
+/// Simulations side by side: `DISTLOCK_SIM_THREADS`, else the machine's cores.
+fn threads() -> usize {
+    env_u64("DISTLOCK_SIM_THREADS")
         .map(|n| n as usize)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+        .max(1)
+}
+
+/// Runs `seeds` (each with its workload) on `threads` threads side by side; returns the outcomes
+/// in seed order.
+fn run_many(seeds: Vec<(u64, Workload)>, threads: usize) -> Vec<Outcome> {
     // The planted-defects test's children stop handing out seeds after the first failure.
     let stop_at_first = std::env::var_os("DISTLOCK_SIM_STOP_AT_FIRST").is_some();
     let seeds = Arc::new(seeds);
@@ -783,7 +931,7 @@ fn run_many(seeds: Vec<u64>, workload: Workload) -> Vec<Outcome> {
             let (seeds, next, outcomes) = (seeds.clone(), next.clone(), outcomes.clone());
             std::thread::spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(&seed) = seeds.get(i) else { break };
+                let Some(&(seed, workload)) = seeds.get(i) else { break };
                 let started = Instant::now();
                 let mut outcome = run(seed, workload);
                 outcome.wall = started.elapsed();
@@ -817,7 +965,7 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
             (first_seed..first_seed + n).collect()
         }
     };
-    let outcomes = run_many(seeds, workload);
+    let outcomes = run_many(seeds.into_iter().map(|s| (s, workload)).collect(), threads());
     let simulated: Duration = outcomes.iter().map(|o| o.simulated).sum();
     let plant = plant().map(|p| format!("DISTLOCK_SIM_PLANT={p} ")).unwrap_or_default();
     let mut failed = Vec::new();
@@ -858,24 +1006,51 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
     }
 }
 
+/// Every workload's test: its name, workload, default seeds and first seed.
+const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
+    ("simulation_mutex", Workload::Mutex, 300, 1),
+    ("simulation_semaphore", Workload::Semaphore(2), 200, 1_000_001),
+    ("simulation_rwlock", Workload::RwLock, 200, 2_000_001),
+    ("simulation_election", Workload::Election, 100, 3_000_001),
+    ("simulation_reentrant", Workload::Reentrant, 100, 4_000_001),
+    ("simulation_multilock", Workload::Multi, 100, 5_000_001),
+];
+
+/// The test body of the workload named `test` in [`WORKLOADS`].
+fn simulate_workload(test: &str) {
+    let (_, workload, seeds, first) =
+        *WORKLOADS.iter().find(|w| w.0 == test).unwrap_or_else(|| panic!("{test} is not in WORKLOADS"));
+    simulate(test, workload, seeds, first);
+}
+
 #[test]
 fn simulation_mutex() {
-    simulate("simulation_mutex", Workload::Mutex, 350, 1);
+    simulate_workload("simulation_mutex");
 }
 
 #[test]
 fn simulation_semaphore() {
-    simulate("simulation_semaphore", Workload::Semaphore(2), 250, 1_000_001);
+    simulate_workload("simulation_semaphore");
 }
 
 #[test]
 fn simulation_rwlock() {
-    simulate("simulation_rwlock", Workload::RwLock, 250, 2_000_001);
+    simulate_workload("simulation_rwlock");
 }
 
 #[test]
 fn simulation_election() {
-    simulate("simulation_election", Workload::Election, 150, 3_000_001);
+    simulate_workload("simulation_election");
+}
+
+#[test]
+fn simulation_reentrant() {
+    simulate_workload("simulation_reentrant");
+}
+
+#[test]
+fn simulation_multilock() {
+    simulate_workload("simulation_multilock");
 }
 
 /// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's
@@ -902,19 +1077,59 @@ const REGRESSIONS: &[(Workload, u64)] = &[
     (Workload::Semaphore(2), 1_000_561),
 ];
 
-/// The same seed gives the same trace, twice in one process (scripts/sim.sh also compares
-/// across processes).
+/// Every seed's trace is its own, whatever ran before it (the replay of a failure found in a
+/// batch): a few seeds of every workload run in one batch (mixed, on two threads), again on this
+/// thread in the opposite order, and each alone in a child process; all three traces must agree.
+/// `DISTLOCK_SIM_DETERMINISM_SEEDS=N`: how many seeds (default 32).
 #[test]
-fn simulation_same_seed_same_trace() {
+fn simulation_seed_alone_same_trace() {
     if env_u64("DISTLOCK_SIM_SEED").is_some() || plant().is_some() {
         return;
     }
-    for seed in [7, 8, 9] {
-        let a = run(seed, Workload::Mutex);
-        let b = run(seed, Workload::Mutex);
-        assert_eq!(a.events.len(), b.events.len(), "seed {seed}: different event counts");
-        assert_eq!(a.hash, b.hash, "seed {seed}: different traces");
+    let started = Instant::now();
+    let n = env_u64("DISTLOCK_SIM_DETERMINISM_SEEDS").unwrap_or(32) as usize;
+    let picks: Vec<(u64, Workload, &str)> = (0..n)
+        .map(|i| {
+            let (test, workload, _, first) = WORKLOADS[i % WORKLOADS.len()];
+            (first + (i / WORKLOADS.len()) as u64, workload, test)
+        })
+        .collect();
+    let batch = run_many(picks.iter().map(|(s, w, _)| (*s, *w)).collect(), 2);
+    let batch: BTreeMap<u64, u64> = batch.iter().map(|o| (o.seed, o.hash)).collect();
+    let reversed: BTreeMap<u64, u64> = picks.iter().rev().map(|(s, w, _)| (*s, run(*s, *w).hash)).collect();
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut differ = Vec::new();
+    for (seed, _, test) in &picks {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .env("DISTLOCK_SIM_SEED", seed.to_string())
+            .env_remove("DISTLOCK_SIM_LOG")
+            .output()
+            .expect("the child run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let alone = text
+            .lines()
+            .find_map(|l| l.strip_prefix("simulation trace hash: "))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
+        let (b, r) = (batch[seed], reversed[seed]);
+        if alone != Some(b) || r != b {
+            differ.push(format!(
+                "seed {seed} ({test}): {b:016x} in the batch, {r:016x} in the reversed batch, {} alone",
+                alone.map_or("none".to_string(), |h| format!("{h:016x}"))
+            ));
+        }
     }
+    println!(
+        "simulation determinism: {n} seeds, {} with the same trace in a batch, in the reversed batch and alone ({:.1} wall seconds)",
+        n - differ.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        differ.is_empty(),
+        "{} of {n} seeds' traces depend on what ran before:\n{}",
+        differ.len(),
+        differ.join("\n")
+    );
 }
 
 /// The planted defects (docs/reliability.md): each found within its number of seeds, in a child
