@@ -85,8 +85,9 @@ launch() {
             --wsrep-provider-options="gmcast.listen_addr=tcp://127.0.0.1:$(cat "$dir/galera.port")"
             --binlog-format=ROW --innodb-autoinc-lock-mode=2 --wsrep-node-address=127.0.0.1)
     fi
+    mkdir -p "$data/tmp"
     nohup "$(mariadbd_bin)" --no-defaults --user="$(id -un)" --datadir="$data/data" --socket="$data/sock" "${tls[@]}" \
-        --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
+        --tmpdir="$data/tmp" --pid-file="$data/mariadb.pid" --port="$port" --bind-address=127.0.0.1 --skip-name-resolve \
         --log-error="$dir/mariadb.log" --innodb-buffer-pool-size=32M --max-connections=300 \
         > "$dir/mariadb.out" 2>&1 < /dev/null &
     pid=$!
@@ -119,7 +120,11 @@ start() {
         local data
         data=$(mktemp -d /tmp/distlock-mariadb.XXXXXX)
         echo "$data" > "$dir/data.path"
-        mariadb-install-db --no-defaults --user="$(id -un)" --datadir="$data/data" --auth-root-authentication-method=socket \
+        # Each server its own tmpdir: a mariadbd starting deletes every `#sql*` file in its
+        # tmpdir, which in a shared one (the run's $TMPDIR) were another server's bootstrap
+        # tables (a parallel test's install failed so: "Error on delete of '…/#sql-temptable…'").
+        mkdir -p "$data/tmp"
+        TMPDIR="$data/tmp" mariadb-install-db --no-defaults --user="$(id -un)" --datadir="$data/data" --auth-root-authentication-method=socket \
             --skip-test-db > "$dir/install.log" 2>&1 || { log "mariadb-install-db failed:"; cat "$dir/install.log" >&2; exit 1; }
     fi
     free_ports 1 > "$dir/mariadb.port"
