@@ -490,8 +490,10 @@ impl Schedule {
             let ours = read.lock.as_ref().filter(|l| {
                 l.locked_by == run.locked_by || (l.locked_by.is_empty() && l.lock_until_ms == run.lock_until_ms)
             });
-            // Taken until the slot's end and start + at least; never shortened past now.
-            let mut until = now.max(run.started_ms + run.at_least_ms as i64);
+            // Taken until the slot's end and start + at least; never shortened past now. The
+            // start's time may read up to `now_error_ms` early (etcd's whole-second `Date`), so
+            // at-least counts from that much later: never shorter than asked.
+            let mut until = now.max(run.started_ms + read.now_error_ms + run.at_least_ms as i64);
             if let (Some(p), Some(s)) = (run.period_ms, run.slot) {
                 until = until.max((s as i64 + 1) * p as i64);
             }
