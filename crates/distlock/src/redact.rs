@@ -152,6 +152,14 @@ fn escaped_host(url: &str, start: usize) -> Option<Range<usize>> {
     (host.contains("%3a") || host.contains("%40")).then_some(start..end)
 }
 
+/// Whether `value` is an NKey seed (NATS's private keys: `S`, then base32 letters, 58 in all),
+/// under any key: a seed pasted where a path belongs (`?nkey=SU…`) is hidden too.
+pub(crate) fn looks_like_seed(value: &str) -> bool {
+    value.len() >= 50
+        && value.starts_with('S')
+        && value.bytes().all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+}
+
 /// Whether a key names a password.
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
@@ -166,14 +174,14 @@ fn keyed_values(url: &str) -> Vec<Range<usize>> {
     for (eq, _) in url.match_indices('=') {
         let key_end = url[..eq].trim_end().len();
         let key_start = url[..key_end].rfind(|c: char| !(c.is_ascii_alphanumeric() || "_-.".contains(c))).map_or(0, |i| i + 1);
-        if !is_secret_key(&url[key_start..key_end]) {
-            continue;
-        }
         let start = eq + 1 + (url[eq + 1..].len() - url[eq + 1..].trim_start().len());
         let end = match bytes.get(start) {
             Some(q @ (b'\'' | b'"')) => url[start + 1..].find(*q as char).map_or(url.len(), |i| start + i + 2),
             _ => url[start..].find(['&', ' ', '\t', ';', '\n']).map_or(url.len(), |i| start + i),
         };
+        if !is_secret_key(&url[key_start..key_end]) && !looks_like_seed(&url[start..end]) {
+            continue;
+        }
         if end > start {
             out.push(start..end);
         }
@@ -219,6 +227,11 @@ mod tests {
             ("password = \"p w\" host=h", "password = *** host=h"),
             ("zk://u:pw@h:1/x?a=b@c", "zk://u:***@h:1/x?a=b@c"),
             ("etcd://h:1,h:2?lease=5s", "etcd://h:1,h:2?lease=5s"),
+            (
+                "nats://h:1?nkey=SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU&ttl=5s",
+                "nats://h:1?nkey=***&ttl=5s",
+            ),
+            ("nats://h:1?nkey=/run/app.nk", "nats://h:1?nkey=/run/app.nk"),
         ];
         for (url, shown) in cases {
             assert_eq!(redact_url(url), shown, "{url}");

@@ -228,10 +228,10 @@ impl NatsUrl {
                     if pair.value.is_empty() {
                         return Err(bad(format!("{}= needs a file's path", pair.name)));
                     }
-                    if looks_like_seed(pair.value) {
-                        // Never shown back, not even in the URL the error carries.
+                    if crate::redact::looks_like_seed(pair.value) {
+                        // Never shown back: `redact_url` hides a seed under any key.
                         return Err(Error::InvalidUrl {
-                            url: crate::redact_url(&url.replace(pair.value, "***")),
+                            url: crate::redact_url(url),
                             reason: format!(
                                 "{}= takes the path of a file holding the seed, not the seed itself",
                                 pair.name
@@ -265,13 +265,6 @@ impl NatsUrl {
         }
         Ok(out)
     }
-}
-
-/// Whether `value` is an NKey seed itself (`S`, then 57 more base32 letters), not a path.
-fn looks_like_seed(value: &str) -> bool {
-    value.len() >= 50
-        && value.starts_with('S')
-        && value.bytes().all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
 }
 
 /// The user seed in the NKey file `path` (`?nkey=`), checked. An error names the file and what is
