@@ -213,10 +213,7 @@ for line in sys.stdin:
     # Then the connection cells over TLS on each network backend, on TLS-only servers of their own.
     # Each has its own server and mostly waits on leases: all eleven run at once.
     # They are #[ignore]d in the passes above (so those report them as ignored, not passed).
-    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper --skip fault_matrix::matrix_over_tls::nats")
-    # NATS's TLS cells are left out: beside the other matrices a slow natss:// connect loses its
-    # race with the client's own TLS probe, which misreads NATS's plaintext INFO as "did not
-    # answer in TLS" (a client defect to fix; alone they pass; issue 53's note).
+    matrices+=("others DISTLOCK_TEST_ZK=${DISTLOCK_TEST_ZK:-} -- --test-threads=10 fault_matrix::matrix:: fault_matrix::matrix_over_tls:: --skip fault_matrix::matrix::zookeeper")
     # NATS's matrix on a 3-node JetStream cluster of its own (R3 bucket: leader killed, follower paused).
     matrices+=("nats-cluster -- --exact fault_matrix::matrix_nats_cluster")
     # Redis's matrix once more, on Valkey (named so in its table).

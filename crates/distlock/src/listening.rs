@@ -47,11 +47,14 @@ pub(crate) async fn nobody_listens(hosts: &[String]) -> String {
 /// asked in plaintext) a port that answers in TLS. Never resolves otherwise (a host that accepts
 /// the handshake, or is down or silent, leaves the client's own outcome to stand).
 ///
-/// `secure` is how this backend's URL asks for TLS (`zks://`), for the hint.
+/// `secure` is how this backend's URL asks for TLS (`zks://`), for the hint. `greeting` is how a
+/// server that speaks in plaintext before taking up TLS opens (NATS: `INFO `): the probe reads
+/// that line before its handshake, as the backend's own client does.
 pub(crate) async fn tls_trouble(
     hosts: &[String],
     tls: Option<&crate::tls::TlsFiles>,
     secure: &str,
+    greeting: Option<&[u8]>,
     after: Duration,
 ) -> String {
     tokio::time::sleep(after).await;
@@ -60,7 +63,7 @@ pub(crate) async fn tls_trouble(
         Some(Err(e)) => return e.to_string(),
         None => None,
     };
-    let probes = hosts.iter().map(|host| tls_trouble_at(host, pem.as_ref(), secure));
+    let probes = hosts.iter().map(|host| tls_trouble_at(host, pem.as_ref(), secure, greeting));
     let reasons: Option<Vec<String>> = futures::future::join_all(probes).await.into_iter().collect();
     match reasons {
         Some(reasons) if !reasons.is_empty() => reasons.join("; "),
@@ -69,7 +72,12 @@ pub(crate) async fn tls_trouble(
 }
 
 /// [`tls_trouble`] at one host: the definite cause, or `None`.
-async fn tls_trouble_at(host: &str, pem: Option<&crate::tls::TlsPem>, secure: &str) -> Option<String> {
+async fn tls_trouble_at(
+    host: &str,
+    pem: Option<&crate::tls::TlsPem>,
+    secure: &str,
+    greeting: Option<&[u8]>,
+) -> Option<String> {
     use crate::tls::Verify;
     use tokio::io::AsyncReadExt;
     let bound = Duration::from_secs(5);
@@ -79,7 +87,12 @@ async fn tls_trouble_at(host: &str, pem: Option<&crate::tls::TlsPem>, secure: &s
         crate::tls::client_config(pem.unwrap_or(&none), if pem.is_some() { Verify::Full } else { Verify::Nothing })
             .ok()?;
     let server_name = rustls::pki_types::ServerName::try_from(name.to_string()).ok()?;
-    let stream = tokio::time::timeout(bound, tokio::net::TcpStream::connect(host)).await.ok()?.ok()?;
+    let mut stream = tokio::time::timeout(bound, tokio::net::TcpStream::connect(host)).await.ok()?.ok()?;
+    if let Some(greeting) = greeting {
+        if !plaintext_greeting(&mut stream, greeting).await {
+            return None;
+        }
+    }
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let handshake = tokio::time::timeout(bound, connector.connect(server_name, stream)).await.ok()?;
     let definite = |text: String| {
@@ -113,4 +126,23 @@ async fn tls_trouble_at(host: &str, pem: Option<&crate::tls::TlsPem>, secure: &s
         )),
         Err(e) => definite(format!("TLS handshake with {host}: {e}")),
     }
+}
+
+/// Reads a server's plaintext opening line (up to `\r\n`) if it sends one within half a second:
+/// `true` if it sent none (it may wait for a handshake) or one that starts with `greeting`,
+/// `false` if it said something else (not the server the probe knows how to ask).
+async fn plaintext_greeting(stream: &mut tokio::net::TcpStream, greeting: &[u8]) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while !line.ends_with(b"\r\n") && line.len() < 64 * 1024 {
+        match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => line.extend_from_slice(&chunk[..n]),
+            // Closed or failed: nothing the handshake could tell.
+            Ok(_) => return false,
+            Err(_) => break,
+        }
+    }
+    line.is_empty() || line.starts_with(greeting)
 }

@@ -789,7 +789,7 @@ fn longest_overlap_us<'a>(
 /// if the lock (every permit of it) could not be taken by a fresh client, else 0.
 async fn leaked_after(target: &Target, recipe: Recipe, name: &str, bound: Duration) -> usize {
     let deadline = tokio::time::Instant::now() + bound;
-    let observer = distlock::connect(&target.direct_url()).await.expect("observer connects");
+    let observer = connect_within(&target.direct_url(), BOUND).await;
     let left = loop {
         let left = match observer.zookeeper() {
             Some(zk) => {
@@ -822,6 +822,23 @@ async fn leaked_after(target: &Target, recipe: Recipe, name: &str, bound: Durati
     };
     observer.close(Duration::from_secs(2)).await;
     left
+}
+
+/// A fresh client of `url`, connecting again until `bound` runs out: a server just restarted on
+/// a loaded machine may take longer than one connect's own bound to take a session, and the
+/// observer's connect is not what a cell judges.
+async fn connect_within(url: &str, bound: Duration) -> distlock::Client {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        match distlock::connect(url).await {
+            Ok(c) => return c,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "the observer's connect failed; again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the observer connects within {bound:?}: {e}"),
+        }
+    }
 }
 
 fn table(server: &str, rows: &[Row]) -> String {

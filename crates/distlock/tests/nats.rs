@@ -253,6 +253,40 @@ async fn a_tls_only_server_with_logins_and_a_least_privilege_user() {
     admin.close(Duration::from_secs(1)).await;
 }
 
+/// A TLS connect slower than the TLS probe's wait (a long way to the server: 250 ms each way
+/// through a proxy) succeeds: NATS says `INFO` in plaintext before its handshake, which the probe
+/// must read as NATS does, not take for a plaintext port. A wrong CA is still named as such.
+#[tokio::test]
+async fn a_slow_tls_connect_is_not_taken_for_a_plaintext_port() {
+    if addr().is_none() {
+        return;
+    }
+    let own = distlock_faults::OwnServer::start("nats.sh", "start-tls", &[]);
+    let at = own.printed.trim().to_string();
+    let password = std::fs::read_to_string(own.dir().join("password")).unwrap().trim().to_string();
+    let ca = format!("cacert={}", own.file("certs/ca.pem"));
+    let proxy = FaultProxy::start(at.parse().unwrap()).await.unwrap();
+    let delay = Duration::from_millis(250);
+    proxy.set(Fault::Delay { to_client: delay, to_upstream: delay });
+    let url = format!("natss://distlock:{password}@{}?{ca}&ttl=5s&connect_timeout=20s&timeout=10s", proxy.addr());
+    let started = std::time::Instant::now();
+    let client = Client::connect(&url).await.unwrap_or_else(|e| panic!("a slow TLS connect: {e}"));
+    assert!(started.elapsed() > Duration::from_millis(300), "the probe had no time to run: {:?}", started.elapsed());
+    let g = client.mutex(&unique("slow")).unwrap().lock().await.unwrap();
+    g.release().await.unwrap();
+    client.close(Duration::from_secs(2)).await;
+    // Another CA: refused for the certificate, slow or not.
+    let other = distlock_faults::OwnServer::start("nats.sh", "start-tls", &[]);
+    let wrong = format!("cacert={}", other.file("certs/ca.pem"));
+    let e = Client::connect(&format!("natss://distlock:{password}@{}?{wrong}&connect_timeout=20s", proxy.addr()))
+        .await
+        .map(drop)
+        .unwrap_err()
+        .to_string();
+    assert!(e.to_lowercase().contains("certificate"), "a wrong CA: {e}");
+    assert!(!e.contains(&password), "the password in an error: {e}");
+}
+
 /// A server whose one user logs in with an NKey: `?nkey=SEEDFILE` takes locks; another user's
 /// seed, no login, a file that holds no seed and a missing file are refused with errors that name
 /// the file but never show a seed; the URL as shown and its `Debug` carry the path only.

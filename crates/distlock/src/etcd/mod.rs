@@ -201,7 +201,7 @@ impl Client {
             biased; // a client that connected is never dropped for a probe finishing with it
             client = connecting => client?,
             why = crate::listening::nobody_listens(&hosts) => return Err(failed(why)),
-            why = crate::listening::tls_trouble(&hosts, tls.then_some(&url.tls_files), "etcds://", Duration::from_millis(300)) => {
+            why = crate::listening::tls_trouble(&hosts, tls.then_some(&url.tls_files), "etcds://", None, Duration::from_millis(300)) => {
                 return Err(failed(why))
             }
         };

@@ -201,7 +201,7 @@ impl Client {
             biased;
             client = connecting => client?,
             why = crate::listening::nobody_listens(&hosts) => return Err(failed(why)),
-            why = crate::listening::tls_trouble(&hosts, tls.then_some(&url.tls_files), "natss://", Duration::from_millis(300)) => {
+            why = crate::listening::tls_trouble(&hosts, tls.then_some(&url.tls_files), "natss://", Some(b"INFO "), Duration::from_millis(300)) => {
                 return Err(failed(why))
             }
         };

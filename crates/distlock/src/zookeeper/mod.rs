@@ -231,7 +231,8 @@ async fn trouble(url: &ZkUrl) -> String {
     }
     tokio::time::sleep(TROUBLE_AFTER).await;
     let refused = refused(url, REFUSAL_PROBE);
-    let tls = crate::listening::tls_trouble(&url.hosts, url.tls.then_some(&url.tls_files), "zks://", Duration::ZERO);
+    let tls =
+        crate::listening::tls_trouble(&url.hosts, url.tls.then_some(&url.tls_files), "zks://", None, Duration::ZERO);
     tokio::pin!(refused, tls);
     // A refusal comes in plaintext, before any TLS, so a TLS handshake with a refusing server
     // fails too: the refusal, the first cause, is the one told.

@@ -283,9 +283,20 @@ async fn let_go(waits: Vec<tokio::task::JoinHandle<(Guard, HoldId)>>, resources:
         granted.push(tokio::time::timeout(BOUND, w).await.expect("the competitor is granted every lock").unwrap());
     }
     let released_at = mono_now();
+    let mut lost = 0;
     for ((g, id), resource) in granted.into_iter().zip(resources) {
         resource.end(id);
-        g.release().await.expect("the competitor releases");
+        match g.release().await {
+            Ok(()) => {}
+            // A loss the competitor is told of is the contract kept, not broken: on a machine
+            // starved for a lease's length (every matrix at once on two cores) its renewals can
+            // be late. What the cell judges is the holder's side and the resources' fences.
+            Err(distlock::Error::LockLost { .. }) => lost += 1,
+            Err(e) => panic!("the competitor releases: {e}"),
+        }
+    }
+    if lost > 0 {
+        say(&mut std::io::stdout(), &format!("the competitor was told {lost} of its holds were lost before it let go"));
     }
     released_at
 }
