@@ -39,6 +39,9 @@ const FAULTS: Duration = Duration::from_secs(30);
 const QUIET: Duration = Duration::from_secs(15);
 /// turmoil's step: every host runs once per tick (half the cost of 2 ms, the plants found as often).
 const TICK: Duration = Duration::from_millis(4);
+/// A holder asked to release (after the faults stopped, or from when they stop) has released or
+/// been told lost within this: a session's lease and a second (the watch re-armed on reconnect).
+const REVOKE_BOUND: Duration = Duration::from_secs(3);
 /// The whole simulation's bound: stopping and the audit must be done by then.
 const LIMIT: Duration = Duration::from_secs(80);
 
@@ -83,6 +86,8 @@ enum Workload {
     Reentrant,
     /// A random set of [`MULTI_LOCKS`] mutexes taken all or nothing.
     Multi,
+    /// A mutex whose holders release when asked (Curator's revocation); the others ask them.
+    Revocation,
 }
 
 /// The lock directories a workload's clients queue in.
@@ -105,6 +110,12 @@ enum Kind {
     GrantedRead,
     /// A multi-lock's grant: each member's lock (its index) and fencing token.
     GrantedMany(Vec<(usize, u64)>),
+    /// The node (its sequence number) of the hold just granted (revocation).
+    Holding(u64),
+    /// A revoker's request to the holder of this node (its sequence number) was applied.
+    RevokeSent(u64),
+    /// The holder was asked to release (its hold ends at the `Releasing` that follows).
+    Revoked,
     /// The client saw its recipe break a promise (e.g. a re-entry that waited).
     Broken(String),
     /// A writer took its read lock (it holds both until `WriteReleasing`).
@@ -276,6 +287,13 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
                     // A non-empty subset of the locks, as a bit set.
                     let set = rng.range(1, 1 << MULTI_LOCKS) as usize;
                     multi_round(c, set, wait, hold, &record).await
+                }
+                (Conn::Zk(c), Workload::Revocation) => {
+                    // Holds longer than the revocation bound (a holder deaf to requests shows);
+                    // after healing every waiter asks the holder first.
+                    let revoke_first = rng.chance(25) || wait.is_none();
+                    let hold = rng.ms(REVOKE_BOUND.as_millis() as u64 + 1000, 8000);
+                    revocation_round(c, revoke_first, wait, hold, &record).await
                 }
                 _ => unreachable!("Conn::connect picks the client by workload"),
             };
@@ -523,6 +541,60 @@ async fn election_round(
         record(Kind::Granted(lead.epoch()));
         let lost = lead.lost();
         hold_then_release(record, hold, lost, lead.resign()).await;
+    }
+    Ok(())
+}
+
+/// The sequence number of a lock node's name (`_c_<uuid>-lock-0000000007`: 7); the uuid is not
+/// the seed's, so the trace names nodes by this.
+fn sequence(node: &str) -> Option<u64> {
+    node.rsplit_once("lock-").and_then(|(_, seq)| seq.parse().ok())
+}
+
+/// Asks the holder of [`LOCK_PATH`] (its lowest node) to release; records the request once the
+/// server applied it. A failure (no holder, the node gone meanwhile, the connection) is no
+/// event: the acquire that follows meets the session's troubles.
+async fn revoke_holder(c: &Client, record: &impl Fn(Kind)) {
+    let Ok(children) = c.zookeeper().list_children(LOCK_PATH).await else { return };
+    let Some((seq, node)) = children.iter().filter_map(|n| sequence(n).map(|s| (s, n))).min() else { return };
+    if c.revoke(&format!("{LOCK_PATH}/{node}")).await.is_ok() {
+        record(Kind::RevokeSent(seq));
+    }
+}
+
+/// A revoker (first, if `revoke_first`) and a holder that releases when asked: acquire with a
+/// timeout, hold for `hold` unless asked to release or told of a loss first, release.
+async fn revocation_round(
+    c: &Client,
+    revoke_first: bool,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    if revoke_first {
+        revoke_holder(c, record).await;
+    }
+    let lock = c.mutex(LOCK_PATH).expect("lock path");
+    let got = match wait {
+        Some(w) => lock.lock_timeout(w).await?,
+        None => Some(lock.lock().await?),
+    };
+    let Some(guard) = got else { return Ok(()) };
+    record(Kind::Granted(guard.fencing_token()));
+    record(Kind::Holding(sequence(guard.node_path()).unwrap_or(u64::MAX)));
+    let asked = guard.revocation_requested();
+    tokio::select! {
+        biased;
+        why = guard.lost() => {
+            record(Kind::Lost(format!("{why:?}")));
+            return Ok(());
+        }
+        _ = asked => record(Kind::Revoked),
+        _ = tokio::time::sleep(hold) => {}
+    }
+    record(Kind::Releasing);
+    if let Err(e) = guard.release().await {
+        record(Kind::ReleaseFailed(e.to_string()));
     }
     Ok(())
 }
@@ -788,9 +860,12 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
     let mut granted_after_heal = vec![false; plan.clients];
     let mut audit = None;
     let mut wiped_down = false;
+    let mut revocations = Revocations::default();
     for e in events {
         let who = (e.client, e.incarnation);
         let at = |what: &str| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
+        bad.extend(revocations.overdue(e.at));
+        revocations.see(e, who, heal_at);
         // The others holding `lock` exclusively (or also reading, unless `writers_only`).
         let others = |holders: &BTreeMap<(usize, Who), Hold>, lock: usize, writers_only: bool| -> Vec<String> {
             holders
@@ -861,6 +936,7 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
             granted_after_heal[e.client] = true;
         }
     }
+    bad.extend(revocations.overdue(events.last().map_or(Duration::ZERO, |e| e.at)));
     for (c, granted) in granted_after_heal.iter().enumerate() {
         if !granted {
             bad.push(format!("liveness: c{c} was never granted in the {QUIET:?} after the faults stopped"));
@@ -874,6 +950,54 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
         Some(_) => {}
     }
     bad
+}
+
+/// The revocation workload's promise: a holder asked to release has released (or was told lost)
+/// within [`REVOKE_BOUND`] of the request, or of the faults' end if the request came before.
+#[derive(Default)]
+struct Revocations {
+    /// Who holds each node (its sequence number), as its `Holding` said.
+    holding: BTreeMap<u64, Who>,
+    /// Holders asked to release: who, the node, and by when.
+    asked: Vec<(Who, u64, Duration)>,
+}
+
+impl Revocations {
+    fn see(&mut self, e: &Event, who: Who, heal_at: Duration) {
+        match &e.kind {
+            Kind::Holding(seq) => {
+                self.holding.insert(*seq, who);
+            }
+            Kind::RevokeSent(seq) => {
+                if let Some(&holder) = self.holding.get(seq) {
+                    self.asked.push((holder, *seq, e.at.max(heal_at) + REVOKE_BOUND));
+                }
+            }
+            Kind::Releasing | Kind::Lost(_) | Kind::Crashed => {
+                self.holding.retain(|_, w| *w != who);
+                self.asked.retain(|(w, _, _)| *w != who);
+            }
+            // The wiped server forgot every node (and every request).
+            Kind::ServerDown { wiped: true } => {
+                self.holding.clear();
+                self.asked.clear();
+            }
+            _ => {}
+        }
+    }
+
+    /// The requests not honoured by `now` (each reported once).
+    fn overdue(&mut self, now: Duration) -> Vec<String> {
+        let mut bad = Vec::new();
+        self.asked.retain(|((c, i), seq, by)| {
+            if now <= *by {
+                return true;
+            }
+            bad.push(format!("revocation: c{c}.{i} still held node {seq} at {now:?}, asked to release it by {by:?}"));
+            false
+        });
+        bad
+    }
 }
 
 /// FNV-1a over the events' text: the same seed must give the same hash.
@@ -1014,6 +1138,7 @@ const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
     ("simulation_election", Workload::Election, 100, 3_000_001),
     ("simulation_reentrant", Workload::Reentrant, 100, 4_000_001),
     ("simulation_multilock", Workload::Multi, 100, 5_000_001),
+    ("simulation_revocation", Workload::Revocation, 100, 6_000_001),
 ];
 
 /// The test body of the workload named `test` in [`WORKLOADS`].
@@ -1051,6 +1176,11 @@ fn simulation_reentrant() {
 #[test]
 fn simulation_multilock() {
     simulate_workload("simulation_multilock");
+}
+
+#[test]
+fn simulation_revocation() {
+    simulate_workload("simulation_revocation");
 }
 
 /// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's
