@@ -42,6 +42,14 @@ const TICK: Duration = Duration::from_millis(4);
 /// A holder asked to release (after the faults stopped, or from when they stop) has released or
 /// been told lost within this: a session's lease and a second (the watch re-armed on reconnect).
 const REVOKE_BOUND: Duration = Duration::from_secs(3);
+/// The jobs workload's slot (`once_per`): several per fault, a few after healing.
+const SLOT: Duration = Duration::from_secs(2);
+/// The server's clock at the simulation's start (crates/distlock-server's `sim::wall_clock`):
+/// 2026-01-01T00:00:00Z, in ms since the Unix epoch.
+const SIM_EPOCH_MS: u64 = 1_767_225_600_000;
+/// After healing, slots starting this much later must each have their run (sessions back, a
+/// crashed runner's hold run out).
+const JOBS_SETTLE: Duration = Duration::from_secs(4);
 /// The whole simulation's bound: stopping and the audit must be done by then.
 const LIMIT: Duration = Duration::from_secs(80);
 
@@ -88,12 +96,17 @@ enum Workload {
     Multi,
     /// A mutex whose holders release when asked (Curator's revocation); the others ask them.
     Revocation,
+    /// A job run at most once per [`SLOT`] (`Schedule::once_per`), started by every client.
+    Jobs,
 }
 
 /// The lock directories a workload's clients queue in.
 fn lock_dirs(workload: Workload) -> Vec<String> {
     match workload {
         Workload::Multi => (0..MULTI_LOCKS).map(|i| format!("/sim/m{i}")).collect(),
+        // Its nodes are persistent by design (ShedLock's row and the record): the auditor reads
+        // the record instead.
+        Workload::Jobs => Vec::new(),
         _ => vec![LOCK_PATH.to_string()],
     }
 }
@@ -116,6 +129,12 @@ enum Kind {
     RevokeSent(u64),
     /// The holder was asked to release (its hold ends at the `Releasing` that follows).
     Revoked,
+    /// A job's run began (in this slot of the server's clock, with this fencing token); it ends
+    /// at the `Releasing` that follows (by its `stop_by`).
+    JobRun {
+        slot: u64,
+        token: u64,
+    },
     /// The client saw its recipe break a promise (e.g. a re-entry that waited).
     Broken(String),
     /// A writer took its read lock (it holds both until `WriteReleasing`).
@@ -288,6 +307,14 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
                     let set = rng.range(1, 1 << MULTI_LOCKS) as usize;
                     multi_round(c, set, wait, hold, &record).await
                 }
+                (Conn::Any(c), Workload::Jobs) => {
+                    // Crons firing at random moments, several a slot; after healing short runs, so
+                    // that every slot has its run (a run may outlast its slot and its bound before).
+                    let quiet = wait.is_none();
+                    let fire_in = if quiet { rng.ms(100, 500) } else { rng.ms(100, 1500) };
+                    let hold = if quiet { rng.ms(20, 400) } else { rng.ms(20, 2500) };
+                    jobs_round(c, fire_in, hold, &record).await
+                }
                 (Conn::Zk(c), Workload::Revocation) => {
                     // Holds longer than the revocation bound (a holder deaf to requests shows);
                     // after healing every waiter asks the holder first.
@@ -318,7 +345,7 @@ enum Conn {
 impl Conn {
     async fn connect(url: &str, workload: Workload) -> distlock::Result<Conn> {
         match workload {
-            Workload::Election => distlock::connect(url).await.map(Conn::Any),
+            Workload::Election | Workload::Jobs => distlock::connect(url).await.map(Conn::Any),
             _ => Client::connect(url).await.map(Conn::Zk),
         }
     }
@@ -599,6 +626,30 @@ async fn revocation_round(
     Ok(())
 }
 
+/// The jobs workload's job (`/shedlock/sim-job`, `/distlock-jobs/sim-job`).
+const JOB: &str = "sim-job";
+
+/// A cron firing in `fire_in`: starts the job if its slot has no run yet, runs it for `hold` or
+/// until its `stop_by`, finishes it.
+async fn jobs_round(
+    c: &distlock::Client,
+    fire_in: Duration,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    tokio::time::sleep(fire_in).await;
+    let job = c.schedule(JOB)?.once_per(SLOT);
+    let distlock::schedule::Started::Running(run) = job.try_start().await? else { return Ok(()) };
+    record(Kind::JobRun { slot: run.run().slot.unwrap_or(u64::MAX), token: run.fencing_token() });
+    let stop_by = tokio::time::Instant::from_std(run.stop_by());
+    let _ = tokio::time::timeout_at(stop_by, tokio::time::sleep(hold)).await;
+    record(Kind::Releasing);
+    if let Err(e) = run.finish(Some(0)).await {
+        record(Kind::ReleaseFailed(e.to_string()));
+    }
+    Ok(())
+}
+
 /// `fut`'s output, unless told of a loss first: then the loss is recorded, and `None`.
 async fn unless_lost<T>(
     record: &impl Fn(Kind),
@@ -661,6 +712,16 @@ async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
             } else {
                 left.push(format!("{dir}/{c}"));
             }
+        }
+    }
+    if shared.workload == Workload::Jobs {
+        // The record's run ended: no run left going (or given up without its end).
+        match zk.get_data(&format!("/distlock-jobs/{JOB}")).await {
+            Ok((data, _)) if String::from_utf8_lossy(&data).contains("\"ended_ms\":null") => {
+                left.push(format!("a run not ended: {}", String::from_utf8_lossy(&data)));
+            }
+            Ok(_) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     left.sort();
@@ -861,11 +922,13 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
     let mut audit = None;
     let mut wiped_down = false;
     let mut revocations = Revocations::default();
+    let mut jobs = JobRuns::default();
     for e in events {
         let who = (e.client, e.incarnation);
         let at = |what: &str| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
         bad.extend(revocations.overdue(e.at));
         revocations.see(e, who, heal_at);
+        bad.extend(jobs.see(e, who));
         // The others holding `lock` exclusively (or also reading, unless `writers_only`).
         let others = |holders: &BTreeMap<(usize, Who), Hold>, lock: usize, writers_only: bool| -> Vec<String> {
             holders
@@ -937,6 +1000,11 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
         }
     }
     bad.extend(revocations.overdue(events.last().map_or(Duration::ZERO, |e| e.at)));
+    if workload == Workload::Jobs {
+        // One run per slot, not one per client: every slot after the settling has its run.
+        bad.extend(jobs.missing(heal_at + JOBS_SETTLE, heal_at + QUIET));
+        granted_after_heal.fill(true);
+    }
     for (c, granted) in granted_after_heal.iter().enumerate() {
         if !granted {
             bad.push(format!("liveness: c{c} was never granted in the {QUIET:?} after the faults stopped"));
@@ -997,6 +1065,64 @@ impl Revocations {
             false
         });
         bad
+    }
+}
+
+/// The jobs workload's promises (crate::schedule): at most one run per slot, runs that never
+/// overlap (each ends by its `stop_by`, before the job can be another's), fencing tokens rising
+/// from run to run; after healing, every slot run.
+#[derive(Default)]
+struct JobRuns {
+    /// Each slot's run: who ran it, its token.
+    slots: BTreeMap<u64, (Who, u64)>,
+    /// The run going on now, if any.
+    running: Option<Who>,
+    last_token: u64,
+}
+
+impl JobRuns {
+    fn see(&mut self, e: &Event, who: Who) -> Vec<String> {
+        let mut bad = Vec::new();
+        let at = |what: String| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
+        match &e.kind {
+            Kind::JobRun { slot, token } => {
+                if let Some(((c, i), t)) = self.slots.get(slot) {
+                    bad.push(at(format!("ran slot {slot} (token {token}), already run by c{c}.{i} (token {t})")));
+                }
+                if let Some((c, i)) = self.running.filter(|w| *w != who) {
+                    bad.push(at(format!("started a run (slot {slot}) while c{c}.{i}'s was going on")));
+                }
+                if *token <= self.last_token {
+                    bad.push(at(format!("run token {token}, not above the last one, {}", self.last_token)));
+                }
+                self.last_token = self.last_token.max(*token);
+                self.slots.insert(*slot, (who, *token));
+                self.running = Some(who);
+            }
+            Kind::Releasing | Kind::Crashed if self.running == Some(who) => self.running = None,
+            // A server that lost its data lost the record: a slot may run again (the contract's
+            // limit), but not the tokens' rise (they follow the server's clock).
+            Kind::ServerDown { wiped: true } => {
+                self.slots.clear();
+                self.running = None;
+            }
+            _ => {}
+        }
+        bad
+    }
+
+    /// The slots wholly within `from..to` (simulated time) without a run.
+    fn missing(&self, from: Duration, to: Duration) -> Vec<String> {
+        let slot_ms = SLOT.as_millis() as u64;
+        let first = (SIM_EPOCH_MS + from.as_millis() as u64).div_ceil(slot_ms);
+        let last = (SIM_EPOCH_MS + to.as_millis() as u64) / slot_ms;
+        (first..last)
+            .filter(|s| !self.slots.contains_key(s))
+            .map(|s| {
+                let start = Duration::from_millis(s * slot_ms - SIM_EPOCH_MS);
+                format!("liveness: slot {s} (from {start:?}) after healing had no run")
+            })
+            .collect()
     }
 }
 
@@ -1139,6 +1265,7 @@ const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
     ("simulation_reentrant", Workload::Reentrant, 100, 4_000_001),
     ("simulation_multilock", Workload::Multi, 100, 5_000_001),
     ("simulation_revocation", Workload::Revocation, 100, 6_000_001),
+    ("simulation_jobs", Workload::Jobs, 100, 7_000_001),
 ];
 
 /// The test body of the workload named `test` in [`WORKLOADS`].
@@ -1181,6 +1308,11 @@ fn simulation_multilock() {
 #[test]
 fn simulation_revocation() {
     simulate_workload("simulation_revocation");
+}
+
+#[test]
+fn simulation_jobs() {
+    simulate_workload("simulation_jobs");
 }
 
 /// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's
