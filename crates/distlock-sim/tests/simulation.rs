@@ -11,8 +11,9 @@
 //! once the faults stop.
 //!
 //! Only built with `--cfg distlock_sim` (scripts/sim.sh). Environment:
-//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 300 mutex, 200 semaphore, 200
-//!   read/write lock, 100 election, 100 reentrant mutex, 100 multi-lock: 1,000);
+//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 200 mutex, 150 semaphore, 150
+//!   read/write lock, 100 election, 100 reentrant mutex, 100 multi-lock, 50 revocation (the
+//!   dearest: every hold revoked, about three times a mutex's schedule), 150 jobs: 1,000);
 //! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
 //! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
 //! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores);
@@ -1258,14 +1259,14 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
 
 /// Every workload's test: its name, workload, default seeds and first seed.
 const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
-    ("simulation_mutex", Workload::Mutex, 300, 1),
-    ("simulation_semaphore", Workload::Semaphore(2), 200, 1_000_001),
-    ("simulation_rwlock", Workload::RwLock, 200, 2_000_001),
+    ("simulation_mutex", Workload::Mutex, 200, 1),
+    ("simulation_semaphore", Workload::Semaphore(2), 150, 1_000_001),
+    ("simulation_rwlock", Workload::RwLock, 150, 2_000_001),
     ("simulation_election", Workload::Election, 100, 3_000_001),
     ("simulation_reentrant", Workload::Reentrant, 100, 4_000_001),
     ("simulation_multilock", Workload::Multi, 100, 5_000_001),
-    ("simulation_revocation", Workload::Revocation, 100, 6_000_001),
-    ("simulation_jobs", Workload::Jobs, 100, 7_000_001),
+    ("simulation_revocation", Workload::Revocation, 50, 6_000_001),
+    ("simulation_jobs", Workload::Jobs, 150, 7_000_001),
 ];
 
 /// The test body of the workload named `test` in [`WORKLOADS`].
