@@ -42,3 +42,20 @@ where
 {
     tokio::spawn(task)
 }
+
+/// The server's wall clock (`mtime`, `ctime`, the first session id): in the simulation a fixed
+/// instant (2026-01-01T00:00:00Z) plus the simulated time, so that the times a seed's server
+/// hands out (the jobs' slots are its clock's) are the seed's, not the machine's.
+#[cfg(distlock_sim)]
+pub(crate) fn wall_clock() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH
+        + std::time::Duration::from_secs(1_767_225_600)
+        + turmoil::sim_elapsed().unwrap_or(std::time::Duration::ZERO)
+}
+
+/// The server's wall clock: the system's (every build but the simulation's).
+#[cfg(not(distlock_sim))]
+#[inline(always)]
+pub(crate) fn wall_clock() -> std::time::SystemTime {
+    std::time::SystemTime::now()
+}

@@ -11,8 +11,9 @@
 //! once the faults stop.
 //!
 //! Only built with `--cfg distlock_sim` (scripts/sim.sh). Environment:
-//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 300 mutex, 200 semaphore, 200
-//!   read/write lock, 100 election, 100 reentrant mutex, 100 multi-lock: 1,000);
+//! - `DISTLOCK_SIM_SEEDS=N`: schedules per test (defaults: 200 mutex, 150 semaphore, 150
+//!   read/write lock, 100 election, 100 reentrant mutex, 100 multi-lock, 50 revocation (the
+//!   dearest: every hold revoked, about three times a mutex's schedule), 150 jobs: 1,000);
 //! - `DISTLOCK_SIM_SEED=S`: one schedule, with its trace hash and its events printed;
 //! - `DISTLOCK_SIM_PLANT=NAME`: a planted defect switched on (docs/reliability.md);
 //! - `DISTLOCK_SIM_THREADS=N`: simulations run side by side (default: the machine's cores);
@@ -39,6 +40,17 @@ const FAULTS: Duration = Duration::from_secs(30);
 const QUIET: Duration = Duration::from_secs(15);
 /// turmoil's step: every host runs once per tick (half the cost of 2 ms, the plants found as often).
 const TICK: Duration = Duration::from_millis(4);
+/// A holder asked to release (after the faults stopped, or from when they stop) has released or
+/// been told lost within this: a session's lease and a second (the watch re-armed on reconnect).
+const REVOKE_BOUND: Duration = Duration::from_secs(3);
+/// The jobs workload's slot (`once_per`): several per fault, a few after healing.
+const SLOT: Duration = Duration::from_secs(2);
+/// The server's clock at the simulation's start (crates/distlock-server's `sim::wall_clock`):
+/// 2026-01-01T00:00:00Z, in ms since the Unix epoch.
+const SIM_EPOCH_MS: u64 = 1_767_225_600_000;
+/// After healing, slots starting this much later must each have their run (sessions back, a
+/// crashed runner's hold run out).
+const JOBS_SETTLE: Duration = Duration::from_secs(4);
 /// The whole simulation's bound: stopping and the audit must be done by then.
 const LIMIT: Duration = Duration::from_secs(80);
 
@@ -83,12 +95,19 @@ enum Workload {
     Reentrant,
     /// A random set of [`MULTI_LOCKS`] mutexes taken all or nothing.
     Multi,
+    /// A mutex whose holders release when asked (Curator's revocation); the others ask them.
+    Revocation,
+    /// A job run at most once per [`SLOT`] (`Schedule::once_per`), started by every client.
+    Jobs,
 }
 
 /// The lock directories a workload's clients queue in.
 fn lock_dirs(workload: Workload) -> Vec<String> {
     match workload {
         Workload::Multi => (0..MULTI_LOCKS).map(|i| format!("/sim/m{i}")).collect(),
+        // Its nodes are persistent by design (ShedLock's row and the record): the auditor reads
+        // the record instead.
+        Workload::Jobs => Vec::new(),
         _ => vec![LOCK_PATH.to_string()],
     }
 }
@@ -105,6 +124,18 @@ enum Kind {
     GrantedRead,
     /// A multi-lock's grant: each member's lock (its index) and fencing token.
     GrantedMany(Vec<(usize, u64)>),
+    /// The node (its sequence number) of the hold just granted (revocation).
+    Holding(u64),
+    /// A revoker's request to the holder of this node (its sequence number) was applied.
+    RevokeSent(u64),
+    /// The holder was asked to release (its hold ends at the `Releasing` that follows).
+    Revoked,
+    /// A job's run began (in this slot of the server's clock, with this fencing token); it ends
+    /// at the `Releasing` that follows (by its `stop_by`).
+    JobRun {
+        slot: u64,
+        token: u64,
+    },
     /// The client saw its recipe break a promise (e.g. a re-entry that waited).
     Broken(String),
     /// A writer took its read lock (it holds both until `WriteReleasing`).
@@ -277,6 +308,21 @@ async fn client_host(id: usize, shared: Arc<Shared>) -> turmoil::Result {
                     let set = rng.range(1, 1 << MULTI_LOCKS) as usize;
                     multi_round(c, set, wait, hold, &record).await
                 }
+                (Conn::Any(c), Workload::Jobs) => {
+                    // Crons firing at random moments, several a slot; after healing short runs, so
+                    // that every slot has its run (a run may outlast its slot and its bound before).
+                    let quiet = wait.is_none();
+                    let fire_in = if quiet { rng.ms(100, 500) } else { rng.ms(100, 1500) };
+                    let hold = if quiet { rng.ms(20, 400) } else { rng.ms(20, 2500) };
+                    jobs_round(c, fire_in, hold, &record).await
+                }
+                (Conn::Zk(c), Workload::Revocation) => {
+                    // Holds longer than the revocation bound (a holder deaf to requests shows);
+                    // after healing every waiter asks the holder first.
+                    let revoke_first = rng.chance(25) || wait.is_none();
+                    let hold = rng.ms(REVOKE_BOUND.as_millis() as u64 + 1000, 8000);
+                    revocation_round(c, revoke_first, wait, hold, &record).await
+                }
                 _ => unreachable!("Conn::connect picks the client by workload"),
             };
             if let Err(e) = outcome {
@@ -300,7 +346,7 @@ enum Conn {
 impl Conn {
     async fn connect(url: &str, workload: Workload) -> distlock::Result<Conn> {
         match workload {
-            Workload::Election => distlock::connect(url).await.map(Conn::Any),
+            Workload::Election | Workload::Jobs => distlock::connect(url).await.map(Conn::Any),
             _ => Client::connect(url).await.map(Conn::Zk),
         }
     }
@@ -527,6 +573,84 @@ async fn election_round(
     Ok(())
 }
 
+/// The sequence number of a lock node's name (`_c_<uuid>-lock-0000000007`: 7); the uuid is not
+/// the seed's, so the trace names nodes by this.
+fn sequence(node: &str) -> Option<u64> {
+    node.rsplit_once("lock-").and_then(|(_, seq)| seq.parse().ok())
+}
+
+/// Asks the holder of [`LOCK_PATH`] (its lowest node) to release; records the request once the
+/// server applied it. A failure (no holder, the node gone meanwhile, the connection) is no
+/// event: the acquire that follows meets the session's troubles.
+async fn revoke_holder(c: &Client, record: &impl Fn(Kind)) {
+    let Ok(children) = c.zookeeper().list_children(LOCK_PATH).await else { return };
+    let Some((seq, node)) = children.iter().filter_map(|n| sequence(n).map(|s| (s, n))).min() else { return };
+    if c.revoke(&format!("{LOCK_PATH}/{node}")).await.is_ok() {
+        record(Kind::RevokeSent(seq));
+    }
+}
+
+/// A revoker (first, if `revoke_first`) and a holder that releases when asked: acquire with a
+/// timeout, hold for `hold` unless asked to release or told of a loss first, release.
+async fn revocation_round(
+    c: &Client,
+    revoke_first: bool,
+    wait: Option<Duration>,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    if revoke_first {
+        revoke_holder(c, record).await;
+    }
+    let lock = c.mutex(LOCK_PATH).expect("lock path");
+    let got = match wait {
+        Some(w) => lock.lock_timeout(w).await?,
+        None => Some(lock.lock().await?),
+    };
+    let Some(guard) = got else { return Ok(()) };
+    record(Kind::Granted(guard.fencing_token()));
+    record(Kind::Holding(sequence(guard.node_path()).unwrap_or(u64::MAX)));
+    let asked = guard.revocation_requested();
+    tokio::select! {
+        biased;
+        why = guard.lost() => {
+            record(Kind::Lost(format!("{why:?}")));
+            return Ok(());
+        }
+        _ = asked => record(Kind::Revoked),
+        _ = tokio::time::sleep(hold) => {}
+    }
+    record(Kind::Releasing);
+    if let Err(e) = guard.release().await {
+        record(Kind::ReleaseFailed(e.to_string()));
+    }
+    Ok(())
+}
+
+/// The jobs workload's job (`/shedlock/sim-job`, `/distlock-jobs/sim-job`).
+const JOB: &str = "sim-job";
+
+/// A cron firing in `fire_in`: starts the job if its slot has no run yet, runs it for `hold` or
+/// until its `stop_by`, finishes it.
+async fn jobs_round(
+    c: &distlock::Client,
+    fire_in: Duration,
+    hold: Duration,
+    record: &impl Fn(Kind),
+) -> distlock::Result<()> {
+    tokio::time::sleep(fire_in).await;
+    let job = c.schedule(JOB)?.once_per(SLOT);
+    let distlock::schedule::Started::Running(run) = job.try_start().await? else { return Ok(()) };
+    record(Kind::JobRun { slot: run.run().slot.unwrap_or(u64::MAX), token: run.fencing_token() });
+    let stop_by = tokio::time::Instant::from_std(run.stop_by());
+    let _ = tokio::time::timeout_at(stop_by, tokio::time::sleep(hold)).await;
+    record(Kind::Releasing);
+    if let Err(e) = run.finish(Some(0)).await {
+        record(Kind::ReleaseFailed(e.to_string()));
+    }
+    Ok(())
+}
+
 /// `fut`'s output, unless told of a loss first: then the loss is recorded, and `None`.
 async fn unless_lost<T>(
     record: &impl Fn(Kind),
@@ -589,6 +713,16 @@ async fn auditor(shared: Arc<Shared>, clients: usize) -> turmoil::Result {
             } else {
                 left.push(format!("{dir}/{c}"));
             }
+        }
+    }
+    if shared.workload == Workload::Jobs {
+        // The record's run ended: no run left going (or given up without its end).
+        match zk.get_data(&format!("/distlock-jobs/{JOB}")).await {
+            Ok((data, _)) if String::from_utf8_lossy(&data).contains("\"ended_ms\":null") => {
+                left.push(format!("a run not ended: {}", String::from_utf8_lossy(&data)));
+            }
+            Ok(_) | Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     left.sort();
@@ -788,9 +922,14 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
     let mut granted_after_heal = vec![false; plan.clients];
     let mut audit = None;
     let mut wiped_down = false;
+    let mut revocations = Revocations::default();
+    let mut jobs = JobRuns::default();
     for e in events {
         let who = (e.client, e.incarnation);
         let at = |what: &str| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
+        bad.extend(revocations.overdue(e.at));
+        revocations.see(e, who, heal_at);
+        bad.extend(jobs.see(e, who));
         // The others holding `lock` exclusively (or also reading, unless `writers_only`).
         let others = |holders: &BTreeMap<(usize, Who), Hold>, lock: usize, writers_only: bool| -> Vec<String> {
             holders
@@ -861,6 +1000,12 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
             granted_after_heal[e.client] = true;
         }
     }
+    bad.extend(revocations.overdue(events.last().map_or(Duration::ZERO, |e| e.at)));
+    if workload == Workload::Jobs {
+        // One run per slot, not one per client: every slot after the settling has its run.
+        bad.extend(jobs.missing(heal_at + JOBS_SETTLE, heal_at + QUIET));
+        granted_after_heal.fill(true);
+    }
     for (c, granted) in granted_after_heal.iter().enumerate() {
         if !granted {
             bad.push(format!("liveness: c{c} was never granted in the {QUIET:?} after the faults stopped"));
@@ -874,6 +1019,112 @@ fn check(events: &[Event], workload: Workload, plan: &Schedule, heal_at: Duratio
         Some(_) => {}
     }
     bad
+}
+
+/// The revocation workload's promise: a holder asked to release has released (or was told lost)
+/// within [`REVOKE_BOUND`] of the request, or of the faults' end if the request came before.
+#[derive(Default)]
+struct Revocations {
+    /// Who holds each node (its sequence number), as its `Holding` said.
+    holding: BTreeMap<u64, Who>,
+    /// Holders asked to release: who, the node, and by when.
+    asked: Vec<(Who, u64, Duration)>,
+}
+
+impl Revocations {
+    fn see(&mut self, e: &Event, who: Who, heal_at: Duration) {
+        match &e.kind {
+            Kind::Holding(seq) => {
+                self.holding.insert(*seq, who);
+            }
+            Kind::RevokeSent(seq) => {
+                if let Some(&holder) = self.holding.get(seq) {
+                    self.asked.push((holder, *seq, e.at.max(heal_at) + REVOKE_BOUND));
+                }
+            }
+            Kind::Releasing | Kind::Lost(_) | Kind::Crashed => {
+                self.holding.retain(|_, w| *w != who);
+                self.asked.retain(|(w, _, _)| *w != who);
+            }
+            // The wiped server forgot every node (and every request).
+            Kind::ServerDown { wiped: true } => {
+                self.holding.clear();
+                self.asked.clear();
+            }
+            _ => {}
+        }
+    }
+
+    /// The requests not honoured by `now` (each reported once).
+    fn overdue(&mut self, now: Duration) -> Vec<String> {
+        let mut bad = Vec::new();
+        self.asked.retain(|((c, i), seq, by)| {
+            if now <= *by {
+                return true;
+            }
+            bad.push(format!("revocation: c{c}.{i} still held node {seq} at {now:?}, asked to release it by {by:?}"));
+            false
+        });
+        bad
+    }
+}
+
+/// The jobs workload's promises (crate::schedule): at most one run per slot, runs that never
+/// overlap (each ends by its `stop_by`, before the job can be another's), fencing tokens rising
+/// from run to run; after healing, every slot run.
+#[derive(Default)]
+struct JobRuns {
+    /// Each slot's run: who ran it, its token.
+    slots: BTreeMap<u64, (Who, u64)>,
+    /// The run going on now, if any.
+    running: Option<Who>,
+    last_token: u64,
+}
+
+impl JobRuns {
+    fn see(&mut self, e: &Event, who: Who) -> Vec<String> {
+        let mut bad = Vec::new();
+        let at = |what: String| format!("at {:?}: c{}.{} {what}", e.at, e.client, e.incarnation);
+        match &e.kind {
+            Kind::JobRun { slot, token } => {
+                if let Some(((c, i), t)) = self.slots.get(slot) {
+                    bad.push(at(format!("ran slot {slot} (token {token}), already run by c{c}.{i} (token {t})")));
+                }
+                if let Some((c, i)) = self.running.filter(|w| *w != who) {
+                    bad.push(at(format!("started a run (slot {slot}) while c{c}.{i}'s was going on")));
+                }
+                if *token <= self.last_token {
+                    bad.push(at(format!("run token {token}, not above the last one, {}", self.last_token)));
+                }
+                self.last_token = self.last_token.max(*token);
+                self.slots.insert(*slot, (who, *token));
+                self.running = Some(who);
+            }
+            Kind::Releasing | Kind::Crashed if self.running == Some(who) => self.running = None,
+            // A server that lost its data lost the record: a slot may run again (the contract's
+            // limit), but not the tokens' rise (they follow the server's clock).
+            Kind::ServerDown { wiped: true } => {
+                self.slots.clear();
+                self.running = None;
+            }
+            _ => {}
+        }
+        bad
+    }
+
+    /// The slots wholly within `from..to` (simulated time) without a run.
+    fn missing(&self, from: Duration, to: Duration) -> Vec<String> {
+        let slot_ms = SLOT.as_millis() as u64;
+        let first = (SIM_EPOCH_MS + from.as_millis() as u64).div_ceil(slot_ms);
+        let last = (SIM_EPOCH_MS + to.as_millis() as u64) / slot_ms;
+        (first..last)
+            .filter(|s| !self.slots.contains_key(s))
+            .map(|s| {
+                let start = Duration::from_millis(s * slot_ms - SIM_EPOCH_MS);
+                format!("liveness: slot {s} (from {start:?}) after healing had no run")
+            })
+            .collect()
+    }
 }
 
 /// FNV-1a over the events' text: the same seed must give the same hash.
@@ -1008,12 +1259,14 @@ fn simulate(test: &str, workload: Workload, default_seeds: u64, first_seed: u64)
 
 /// Every workload's test: its name, workload, default seeds and first seed.
 const WORKLOADS: &[(&str, Workload, u64, u64)] = &[
-    ("simulation_mutex", Workload::Mutex, 300, 1),
-    ("simulation_semaphore", Workload::Semaphore(2), 200, 1_000_001),
-    ("simulation_rwlock", Workload::RwLock, 200, 2_000_001),
+    ("simulation_mutex", Workload::Mutex, 200, 1),
+    ("simulation_semaphore", Workload::Semaphore(2), 150, 1_000_001),
+    ("simulation_rwlock", Workload::RwLock, 150, 2_000_001),
     ("simulation_election", Workload::Election, 100, 3_000_001),
     ("simulation_reentrant", Workload::Reentrant, 100, 4_000_001),
     ("simulation_multilock", Workload::Multi, 100, 5_000_001),
+    ("simulation_revocation", Workload::Revocation, 50, 6_000_001),
+    ("simulation_jobs", Workload::Jobs, 150, 7_000_001),
 ];
 
 /// The test body of the workload named `test` in [`WORKLOADS`].
@@ -1051,6 +1304,16 @@ fn simulation_reentrant() {
 #[test]
 fn simulation_multilock() {
     simulate_workload("simulation_multilock");
+}
+
+#[test]
+fn simulation_revocation() {
+    simulate_workload("simulation_revocation");
+}
+
+#[test]
+fn simulation_jobs() {
+    simulate_workload("simulation_jobs");
 }
 
 /// Seeds that once failed, each kept in its workload whatever the default range: the semaphore's

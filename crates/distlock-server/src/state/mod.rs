@@ -21,7 +21,7 @@ use base64::Engine;
 use sha1::{Digest, Sha1};
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 // tokio's clock: the real one, except in the deterministic simulation (tests: `--cfg distlock_sim`).
 use tokio::time::Instant;
 
@@ -135,7 +135,7 @@ impl Occasional {
 }
 
 pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as i64
+    crate::sim::wall_clock().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as i64
 }
 
 /// A failed operation: a ZooKeeper error code.
