@@ -329,7 +329,26 @@ impl FencedResource {
     /// assert!(r.report().is_clean());
     /// ```
     pub fn end(&self, id: HoldId) {
-        let now = mono_now();
+        self.end_at(id, mono_now());
+    }
+
+    /// Ends the hold `id` at `end_ns` (a [`mono_now`] time already past, for example the lease
+    /// deadline the holder's lock reported when its loss is seen later), never before it began.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use distlock_faults::{mono_now, FencedResource, Mode};
+    ///
+    /// let r = FencedResource::new(true, 1);
+    /// let id = r.begin(1, Mode::Exclusive, 1);
+    /// let ended = mono_now();
+    /// r.begin(2, Mode::Exclusive, 2); // begins after `ended`
+    /// r.end_at(id, ended);
+    /// assert!(r.report().is_clean());
+    /// ```
+    pub fn end_at(&self, id: HoldId, end_ns: u64) {
+        let now = end_ns;
         let mut state = self.state();
         let hold = state.holds.get_mut(id.0).expect("FencedResource::end: HoldId from another FencedResource");
         if hold.is_open() {

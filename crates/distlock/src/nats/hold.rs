@@ -217,11 +217,19 @@ impl HoldState {
                 Renewal::Renewed
             }
             Ok(Wrote::Moved) => match self.ours_at().await {
-                // An earlier write of ours landed unanswered: go on from it, renewed by the retry.
-                Some(seq) => {
-                    *rev = seq;
-                    Renewal::Failed
-                }
+                // An earlier write of ours landed unanswered: write again at its sequence. That
+                // write is sent after this renewal began, so an answer to it renews the lease
+                // from the renewal's send time (which the watchdog took before the first write).
+                Some(seq) => match self.client.write(&self.key, seq, Some(self.payload())).await {
+                    Ok(Wrote::At(next)) => {
+                        *rev = next;
+                        Renewal::Renewed
+                    }
+                    _ => {
+                        *rev = seq;
+                        Renewal::Failed
+                    }
+                },
                 None => Renewal::Gone(LostReason::KeyDeleted),
             },
             Err(e) => {

@@ -152,7 +152,13 @@ impl Client {
             .connection_timeout(url.connect_timeout)
             .request_timeout(Some(url.timeout))
             // A silent connection is found dead after about three pings: within the TTL.
-            .ping_interval((url.ttl / 4).max(Duration::from_secs(1)));
+            .ping_interval((url.ttl / 4).max(Duration::from_secs(1)))
+            // Reconnects back off as async-nats's do (0, 2, 4, … ms), but never wait more than a
+            // tenth of the TTL between tries (its default waits up to 4 s): a lock whose server
+            // is back must be renewed before its lease runs out.
+            .reconnect_delay_callback(reconnect_delay(
+                (url.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(4)),
+            ));
         options = match &url.login {
             url::Login::None => options,
             url::Login::User(u, p) => options.user_and_password(u.clone(), p.clone()),
@@ -617,6 +623,15 @@ pub(crate) fn error_text(e: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
+/// The wait before reconnect try `attempts` (1 for the first): none for the first, then 2 ms
+/// doubling per try, at most `most`.
+fn reconnect_delay(most: Duration) -> impl Fn(usize) -> Duration + Send + Sync + 'static {
+    move |attempts| match attempts {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_millis(2u64.saturating_pow(u32::try_from(n - 1).unwrap_or(u32::MAX))).min(most),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,6 +647,14 @@ mod tests {
         assert_eq!(key("locks", "a.b"), "locks.a=2Eb");
         assert!(key("locks", "ab").starts_with(&key("locks", "a")), "a prefix of a name is a prefix of its key");
         assert_eq!(name_of("jobs", "locks.a"), None);
+    }
+
+    #[test]
+    fn reconnects_wait_at_most_a_tenth_of_the_ttl() {
+        let wait = reconnect_delay(Duration::from_millis(200));
+        let waits: Vec<u64> = (1..=12).map(|n| wait(n).as_millis() as u64).collect();
+        assert_eq!(waits, [0, 2, 4, 8, 16, 32, 64, 128, 200, 200, 200, 200]);
+        assert_eq!(wait(usize::MAX), Duration::from_millis(200));
     }
 }
 

@@ -85,9 +85,22 @@ fn hold(guard: Arc<Guard>, held: Arc<Held>, seq: Arc<AtomicU64>, stop: Arc<Atomi
                 _ = tokio::time::sleep(WRITE_EVERY * 5) => {}
             }
         }
-        held.resource.end(id);
-        *held.lost_at.lock().unwrap() = Some(mono_now());
+        // The hold ended when the lock said it was lost: at its lease deadline (its `state()`
+        // turns `Lost` then), or when the loss was seen if that came first. The task that sees
+        // it may run later on a starved machine; the promise checked is the deadline's.
+        let ended = mono_now().min(mono_at(guard.lease_deadline()));
+        held.resource.end_at(id, ended);
+        *held.lost_at.lock().unwrap() = Some(ended);
     })
+}
+
+/// `at` (a past or future instant) on [`mono_now`]'s clock (both are CLOCK_MONOTONIC).
+fn mono_at(at: std::time::Instant) -> u64 {
+    let (now, now_ns) = (std::time::Instant::now(), mono_now());
+    match at.checked_duration_since(now) {
+        Some(ahead) => now_ns.saturating_add(ahead.as_nanos() as u64),
+        None => now_ns.saturating_sub(now.duration_since(at).as_nanos() as u64),
+    }
 }
 
 /// The names' common start, new for each cell.
