@@ -1,7 +1,8 @@
 //! The cells of many locks on one client: a client holding a hundred locks, which share one
 //! session or a few connections, is cut off or reset while a competitor waits for every one of
 //! them. Each lock has a fenced resource of its own: the holder believes it holds
-//! from its grant until it is told `lost()` (writing with its token meanwhile), the competitor
+//! from its grant until its lock says it is lost (its lease deadline, or the moment `lost()` is
+//! seen if that is earlier; writing with its token meanwhile), the competitor
 //! from its grant on; the checker then says whether any lock had two believed holders at once.
 //! After a silent partition longer than the lease every one of the hundred must be lost, and
 //! lost before the competitor got it (the overlap check per lock) and, where the locks share one
