@@ -348,11 +348,10 @@ impl FencedResource {
     /// assert!(r.report().is_clean());
     /// ```
     pub fn end_at(&self, id: HoldId, end_ns: u64) {
-        let now = end_ns;
         let mut state = self.state();
         let hold = state.holds.get_mut(id.0).expect("FencedResource::end: HoldId from another FencedResource");
         if hold.is_open() {
-            hold.end_ns = now.max(hold.start_ns);
+            hold.end_ns = end_ns.max(hold.start_ns);
         }
     }
 

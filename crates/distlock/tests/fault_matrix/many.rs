@@ -558,5 +558,5 @@ fn child_many_holder() {
 
 /// `guard`'s lease deadline as a `mono_now` timestamp.
 fn deadline_ns(guard: &Guard) -> u64 {
-    mono_now() + guard.lease_deadline().saturating_duration_since(std::time::Instant::now()).as_nanos() as u64
+    mono_at(guard.lease_deadline()).max(mono_now())
 }
