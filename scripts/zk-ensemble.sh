@@ -78,7 +78,16 @@ launch() {
         -Dznode.container.checkIntervalMs=1000 -Dzookeeper.jmx.log4j.disable=true \
         -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$d/zoo.cfg" \
         > "$d/zk.out" 2>&1 < /dev/null &
-    echo $! > "$d/zk.pid"
+    local pid=$!
+    echo "$pid" > "$d/zk.pid"
+    # Until the forked shell has exec'd java its command line is this script's, and alive() would
+    # call the member gone (a restart on a loaded machine once failed so): wait, at most 10 s, for
+    # the exec or the child's end.
+    for _ in $(seq 1 100); do
+        alive "$n" && return 0
+        [[ -d "/proc/$pid" && "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]] || return 0
+        sleep 0.1
+    done
 }
 
 # Waits until member $1 answers ruok and is a leader or a follower. Returns 1 on timeout or exit.

@@ -572,10 +572,9 @@ fn script(args: &[&str]) -> String {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let out = std::process::Command::new("bash")
         .args(args.iter().map(|a| if a.starts_with("scripts/") { format!("{root}/{a}") } else { a.to_string() }))
-        .stderr(std::process::Stdio::null())
         .output()
         .expect("run script");
-    assert!(out.status.success(), "{args:?} failed");
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
