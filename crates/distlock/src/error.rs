@@ -213,6 +213,38 @@ pub enum Error {
     },
 }
 
+/// The source of an [`Error::Backend`] whose outcome is unknown: the request went out, and the
+/// connection failed or dropped, or the server did not answer in time. A backend marks its own
+/// such failures with it ([`Error::unanswered`]); the recipes written once above the contract
+/// send a request that is safe to repeat again after one (a job's end, a release).
+#[derive(Debug)]
+pub(crate) struct Unanswered(pub(crate) String);
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unanswered {}
+
+impl Error {
+    /// `op` on `path` failed with its outcome unknown, for `why`: see [`Unanswered`].
+    pub(crate) fn unanswered(op: &'static str, path: &str, why: impl Into<String>) -> Error {
+        Error::Backend { op, path: path.to_string(), source: Box::new(Unanswered(why.into())) }
+    }
+
+    /// Whether this failure's outcome is unknown and the request may pass if sent again: the
+    /// connection failed or dropped, or the server did not answer in time.
+    pub(crate) fn is_unanswered(&self) -> bool {
+        match self {
+            Error::ConnectionLoss { .. } => true,
+            Error::Backend { source, .. } => source.is::<Unanswered>(),
+            _ => false,
+        }
+    }
+}
+
 /// `Result` with distlock's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

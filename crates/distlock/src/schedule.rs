@@ -80,6 +80,10 @@ const MAX_BOUND: Duration = Duration::from_secs(366 * 86_400);
 /// How many times a start or a finish reads again after another writer changed the job between
 /// its read and its write.
 const ATTEMPTS: u32 = 50;
+/// How long a run's end is tried again after failures of unknown outcome, at least.
+const END_RETRIES_FOR: Duration = Duration::from_secs(5);
+/// The pause between two such tries.
+const END_PAUSE: Duration = Duration::from_millis(100);
 
 pub use crate::contract::Run;
 
@@ -472,17 +476,41 @@ impl Schedule {
     /// the slot's end and ShedLock's at-least bound). `Ok(false)` if the record is another run's
     /// now, or this run's end was recorded already.
     pub async fn finish_run(&self, token: u64, exit: Option<i32>) -> Result<bool> {
-        Ok(matches!(self.end(token, exit).await?, Ended::Now(_)))
+        let until = tokio::time::Instant::now() + END_RETRIES_FOR;
+        Ok(matches!(self.end(token, exit, until).await?, Ended::Now(_)))
     }
 
-    /// Records the end of run `token` (one read and one write; again on a change between).
-    async fn end(&self, token: u64, exit: Option<i32>) -> Result<Ended> {
-        for _ in 0..ATTEMPTS {
+    /// Records the end of run `token` (one read and one write; again on a change between, and
+    /// after a failure whose outcome is unknown, until `until`: the write is guarded by the
+    /// read, so one that landed unanswered is found by the next read as this run's end).
+    async fn end(&self, token: u64, exit: Option<i32>, until: tokio::time::Instant) -> Result<Ended> {
+        let mut attempts = 0;
+        while attempts < ATTEMPTS {
+            match self.end_once(token, exit).await {
+                Ok(Some(ended)) => return Ok(ended),
+                Ok(None) => attempts += 1,
+                Err(e) if self.jobs.transient(&e) && tokio::time::Instant::now() + END_PAUSE < until => {
+                    tracing::debug!(job = self.name, error = %e, "recording a run's end failed; trying again");
+                    tokio::time::sleep(END_PAUSE).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Backend {
+            op: "finish",
+            path: self.name.clone(),
+            source: format!("the job kept changing under us ({ATTEMPTS} attempts)").into(),
+        })
+    }
+
+    /// One read and one guarded write of a run's end: `None` if the job changed between.
+    async fn end_once(&self, token: u64, exit: Option<i32>) -> Result<Option<Ended>> {
+        {
             let read = self.jobs.read(&self.name).await?;
             let mut run = match read.run.clone() {
                 Some(r) if r.token == token && r.ended_ms.is_none() => r,
-                Some(r) if r.token == token => return Ok(Ended::Before(r)),
-                _ => return Ok(Ended::Another),
+                Some(r) if r.token == token => return Ok(Some(Ended::Before(r))),
+                _ => return Ok(Some(Ended::Another)),
             };
             let now = read.now_ms;
             // The lock row is still this run's: it names it, or (ZooKeeper, whose row names
@@ -501,14 +529,10 @@ impl Schedule {
             run.ended_ms = Some(now);
             run.exit = exit;
             if self.jobs.write(&self.name, &read.seen, lock.as_ref(), &run).await? {
-                return Ok(Ended::Now(run));
+                return Ok(Some(Ended::Now(run)));
             }
         }
-        Err(Error::Backend {
-            op: "finish",
-            path: self.name.clone(),
-            source: format!("the job kept changing under us ({ATTEMPTS} attempts)").into(),
-        })
+        Ok(None)
     }
 
     /// The job as a [`crate::Lock`]: acquiring it is [`Schedule::try_start`] (again at growing
@@ -612,7 +636,10 @@ impl JobGuard {
     /// at-most bound was passed and another started).
     pub async fn finish(mut self, exit: Option<i32>) -> Result<Run> {
         self.finished = true;
-        match self.schedule.end(self.run.token, exit).await? {
+        // Tried again after an unanswered failure while the run is ours: until its bound, and at
+        // least a while (a run ended at its bound is recorded too).
+        let until = self.stop_by.max(tokio::time::Instant::now() + END_RETRIES_FOR);
+        match self.schedule.end(self.run.token, exit, until).await? {
             Ended::Now(run) | Ended::Before(run) => Ok(run),
             Ended::Another => Err(Error::LockLost { lock: self.run.job.clone(), reason: LostReason::LeaseExpired }),
         }

@@ -370,12 +370,18 @@ async fn contender(id: usize, recipe: Recipe, name: String, url: String, shared:
         shared.resource.end(hold);
         if was_lost {
             shared.losses.fetch_add(1, Ordering::SeqCst);
+            println!("contender {id} was told its hold (token {token}) was lost: {:?}", guard.state());
             drop(guard);
             continue;
         }
         // Release errors (a loss found at release) are counted, not fatal.
-        if tokio::time::timeout(Duration::from_secs(10), guard.release()).await.map_or(true, |r| r.is_err()) {
-            shared.losses.fetch_add(1, Ordering::SeqCst);
+        match tokio::time::timeout(Duration::from_secs(10), guard.release()).await {
+            Ok(Ok(())) => {}
+            failed => {
+                shared.losses.fetch_add(1, Ordering::SeqCst);
+                let why = failed.map_or("no answer within 10 s".to_string(), |r| r.unwrap_err().to_string());
+                println!("contender {id}'s release (token {token}) failed: {why}");
+            }
         }
         // A rest between holds: on a lock without a queue (Redis wakes every waiter and the
         // quickest wins) the child holder of the pause and kill cells would never get a turn.
@@ -781,7 +787,9 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         // in the cell: a fault may catch it between two holds); a client that reconnected around
         // its proxies would renew on and never be.
         must_lose: usize::from(scenario == Scenario::BlackholeLong && target.ensemble.is_some()),
-        must_keep: false,
+        // A reset the lease outlives loses nothing (a session, a lease or a key outlives its
+        // connection): a loss reported there would be false.
+        must_keep: scenario == Scenario::Reset && !target.connection_bound,
         violations: Vec::new(),
     }
 }
@@ -946,9 +954,23 @@ fn verdicts(rows: &[Row]) -> Vec<String> {
     bad
 }
 
+/// `DISTLOCK_MATRIX_LOG=distlock::nats=debug` (tracing targets and levels, as `Targets` parses
+/// them) prints the library's events on stderr while a matrix runs.
+fn log_if_asked() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let Some(targets) =
+        std::env::var("DISTLOCK_MATRIX_LOG").ok().and_then(|t| t.parse::<tracing_subscriber::filter::Targets>().ok())
+    else {
+        return;
+    };
+    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false);
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(log).with(targets));
+}
+
 /// Runs every scenario × every recipe the backend has, then the cells of many locks on one
 /// client (`many`).
 async fn run_matrix(target: Target, scenarios: &[Scenario], many: &[ManyFault]) {
+    log_if_asked();
     let probe = distlock::connect(&target.direct_url()).await.expect("connect to the backend");
     let only_recipe = std::env::var("DISTLOCK_MATRIX_RECIPE").unwrap_or_default();
     let recipes: Vec<Recipe> = [Recipe::Mutex, Recipe::RwLock, Recipe::Semaphore, Recipe::Election, Recipe::Job]

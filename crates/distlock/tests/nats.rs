@@ -183,6 +183,46 @@ async fn a_partitioned_holder_is_lost_before_its_key_expires_and_the_marker_wake
     drop(held);
 }
 
+/// A renewal whose answer a reset swallows is sent again on the new connection, not waited for
+/// until the lease runs out: a reset the lease outlives loses nothing. (async-nats keeps a
+/// request open across a reconnect, and its answer never comes: before the fix the hold waited
+/// the request's 5 s out and was told lost at its 3 s deadline.)
+#[tokio::test]
+async fn a_renewal_whose_answer_a_reset_swallowed_is_sent_again_after_the_reconnect() {
+    let Some(addr) = addr() else { return };
+    let proxy = FaultProxy::start(addr.parse().unwrap()).await.unwrap();
+    // The request timeout is the default's (5 s): longer than what is left of the lease.
+    let a = Client::connect(&format!("nats://{}?ttl=3s", proxy.addr())).await.unwrap();
+    let held = a.mutex(&unique("reset-renewal")).unwrap().lock().await.unwrap();
+    let kv = raw_kv(&addr, "distlock").await;
+    let revision = |kv: async_nats::jetstream::kv::Store, key: String| async move {
+        // The last write's sequence if it is a live value (a delete is not a renewal).
+        let live = |e: &async_nats::jetstream::kv::Entry| e.operation == async_nats::jetstream::kv::Operation::Put;
+        kv.entry(key).await.ok().flatten().filter(live).map_or(0, |e| e.revision)
+    };
+    let created = revision(kv.clone(), held.key().to_string()).await;
+    // The server's answers are held back: the next renewal lands, its answer does not come.
+    proxy.set(Fault::Delay { to_client: Duration::from_secs(30), to_upstream: Duration::ZERO });
+    let renewed = crate::common::eventually_some(Duration::from_secs(5), "the first renewal to land", || {
+        let (kv, key) = (kv.clone(), held.key().to_string());
+        async move { Some(revision(kv, key).await).filter(|&r| r > created) }
+    })
+    .await;
+    // Reset, new connections refused for half a second, as the fault matrix does.
+    proxy.set(Fault::RefuseNew);
+    proxy.reset_all();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.heal();
+    // A renewal after the reconnect lands, before the lease of the unanswered one ends.
+    eventually(Duration::from_secs(6), "a renewal after the reconnect", || {
+        let (kv, key) = (kv.clone(), held.key().to_string());
+        async move { revision(kv, key).await > renewed }
+    })
+    .await;
+    assert!(!held.state().is_lost(), "a reset the lease outlives was taken for a loss: {:?}", held.state());
+    held.release().await.expect("still ours at release");
+}
+
 /// A bucket made otherwise (memory storage, as ShedLock's provider makes its own) is refused
 /// with the reason; a bad URL is refused before any I/O.
 #[tokio::test]

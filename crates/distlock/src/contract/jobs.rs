@@ -127,4 +127,12 @@ pub(crate) trait Jobs: Debug + Send + Sync + 'static {
         lock: Option<&'a JobLock>,
         run: &'a Run,
     ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Whether `e`, from [`read`](Self::read) or [`write`](Self::write), may pass if tried
+    /// again: its outcome is unknown (a connection failed or dropped, no answer in time). A
+    /// run's end is tried again after one, until the run's bound. The contract's own mark
+    /// ([`Error::is_unanswered`](crate::Error)) unless a backend knows more of its driver's.
+    fn transient(&self, e: &Error) -> bool {
+        e.is_unanswered()
+    }
 }

@@ -79,7 +79,7 @@ impl Jobs {
     /// HTTP answer (the first endpoint's, or the next one's when it does not answer).
     async fn server_ms(&self) -> Result<i64> {
         let url = self.client.url();
-        let mut failures = Vec::new();
+        let (mut failures, mut unanswered) = (Vec::new(), true);
         let tls = match url.tls {
             true => {
                 let pem = url.tls_files.read()?;
@@ -93,34 +93,56 @@ impl Jobs {
             let host = host.trim_end_matches('/');
             match tokio::time::timeout(url.timeout, date_of(host, tls.as_ref())).await {
                 Ok(Ok(ms)) => return Ok(ms),
-                Ok(Err(why)) => failures.push(format!("{endpoint}/version: {why}")),
+                Ok(Err(DateFailure::Io(why))) => failures.push(format!("{endpoint}/version: {why}")),
+                Ok(Err(DateFailure::Other(why))) => {
+                    unanswered = false;
+                    failures.push(format!("{endpoint}/version: {why}"));
+                }
                 Err(_) => failures.push(format!("{endpoint}/version: no answer within {:?}", url.timeout)),
             }
         }
-        Err(Error::Backend {
-            op: "server time (HTTP Date)",
-            path: url.to_string(),
-            source: if failures.is_empty() { "the URL has no endpoint".into() } else { failures.join("; ").into() },
+        let op = "server time (HTTP Date)";
+        if failures.is_empty() {
+            return Err(Error::Backend { op, path: url.to_string(), source: "the URL has no endpoint".into() });
+        }
+        // Every endpoint's connection failed: the outcome of a retry may differ.
+        Err(match unanswered {
+            true => Error::unanswered(op, &url.to_string(), failures.join("; ")),
+            false => Error::Backend { op, path: url.to_string(), source: failures.join("; ").into() },
         })
     }
 }
 
 /// The `Date` of the answer to `GET /version` from `host` (`host:port`), over TLS with `tls`, in
 /// milliseconds since the Unix epoch; else why not.
-async fn date_of(host: &str, tls: Option<&tokio_rustls::TlsConnector>) -> std::result::Result<i64, String> {
-    let stream = TcpStream::connect(host).await.map_err(|e| format!("cannot connect: {e}"))?;
+/// A failure of the connection (`Io`: worth another try) or of anything else.
+async fn date_of(host: &str, tls: Option<&tokio_rustls::TlsConnector>) -> std::result::Result<i64, DateFailure> {
+    let io = DateFailure::Io;
+    let other = DateFailure::Other;
+    let stream = TcpStream::connect(host).await.map_err(|e| io(format!("cannot connect: {e}")))?;
     let head = match tls {
         None => ask_version(stream, host).await,
         Some(tls) => {
             let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_matches(['[', ']']);
             let name = rustls::pki_types::ServerName::try_from(name.to_string())
-                .map_err(|e| format!("{name:?} is not a host name: {e}"))?;
-            let stream =
-                tls.connect(name, stream).await.map_err(|e| crate::tls::explain(format!("TLS: {e}"), true, ""))?;
+                .map_err(|e| other(format!("{name:?} is not a host name: {e}")))?;
+            let stream = tls
+                .connect(name, stream)
+                .await
+                .map_err(|e| other(crate::tls::explain(format!("TLS: {e}"), true, "")))?;
             ask_version(stream, host).await
         }
-    }?;
-    date_in(&head)
+    }
+    .map_err(io)?;
+    date_in(&head).map_err(other)
+}
+
+/// Why the server's time could not be read.
+enum DateFailure {
+    /// The connection failed or dropped.
+    Io(String),
+    /// Anything else (TLS, an answer that is not HTTP or has no `Date`).
+    Other(String),
 }
 
 /// Sends `GET /version` and reads the answer's status line and headers (up to the blank line,

@@ -377,13 +377,7 @@ where
                 attempt += 1;
             }
             Ok(Err(e)) => return Err(backend(op, name, e)),
-            Err(_) => {
-                return Err(Error::Backend {
-                    op,
-                    path: name.to_string(),
-                    source: format!("no answer within {bound:?}").into(),
-                })
-            }
+            Err(_) => return Err(Error::unanswered(op, name, format!("no answer within {bound:?}"))),
         }
     }
 }
@@ -391,7 +385,8 @@ where
 /// A failure of the connection or of the cluster's availability, worth another try.
 fn transient(e: &etcd_client::Error) -> bool {
     match e {
-        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        // Cancelled: the connection closed under the request (a reset), as hyper reports it.
+        etcd_client::Error::GRpcStatus(s) => matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled),
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
     }
@@ -420,6 +415,9 @@ pub(crate) fn backend(op: &'static str, name: &str, e: etcd_client::Error) -> Er
         if s.code() == tonic::Code::PermissionDenied {
             return Error::Backend { op, path: name.to_string(), source: permission_denied(op, name).into() };
         }
+    }
+    if transient(&e) {
+        return Error::unanswered(op, name, e.to_string());
     }
     Error::Backend { op, path: name.to_string(), source: Box::new(e) }
 }

@@ -220,7 +220,7 @@ impl HoldState {
                 // An earlier write of ours landed unanswered: write again at its sequence. That
                 // write is sent after this renewal began, so an answer to it renews the lease
                 // from the renewal's send time (which the watchdog took before the first write).
-                Some(seq) => match self.client.write(&self.key, seq, Some(self.payload())).await {
+                Ok(Some(seq)) => match self.client.write(&self.key, seq, Some(self.payload())).await {
                     Ok(Wrote::At(next)) => {
                         *rev = next;
                         Renewal::Renewed
@@ -230,7 +230,12 @@ impl HoldState {
                         Renewal::Failed
                     }
                 },
-                None => Renewal::Gone(LostReason::KeyDeleted),
+                Ok(None) => Renewal::Gone(LostReason::KeyDeleted),
+                // Not read: the key may still be ours (a reset between the two requests).
+                Err(e) => {
+                    tracing::debug!(lock = self.key, error = %e, "renewal's read failed");
+                    Renewal::Failed
+                }
             },
             Err(e) => {
                 tracing::debug!(lock = self.key, error = %e, "renewal failed");
@@ -239,11 +244,12 @@ impl HoldState {
         }
     }
 
-    /// The key's last sequence if its live value is still ours (same mark and token).
-    async fn ours_at(&self) -> Option<u64> {
-        let e = self.client.read(&self.key).await.ok()??;
-        let v = Value::of(&e).filter(|_| live(&e))?;
-        (v.owner == self.owner && v.token == self.token).then_some(e.revision)
+    /// The key's last sequence if its live value is still ours (same mark and token); `Err`
+    /// if it could not be read.
+    async fn ours_at(&self) -> Result<Option<u64>> {
+        let Some(e) = self.client.read(&self.key).await? else { return Ok(None) };
+        let ours = Value::of(&e).filter(|_| live(&e)).is_some_and(|v| v.owner == self.owner && v.token == self.token);
+        Ok(ours.then_some(e.revision))
     }
 
     /// Deletes the key if it is still ours: `true` if it was.
@@ -258,7 +264,7 @@ impl HoldState {
                     return Ok(true);
                 }
                 // An unanswered renewal of ours may have landed: delete at its sequence.
-                Wrote::Moved => match self.ours_at().await {
+                Wrote::Moved => match self.ours_at().await? {
                     Some(seq) => at = seq,
                     None => return Ok(false),
                 },
@@ -371,7 +377,25 @@ impl LockGuard {
             // Lost, but a renewal may have landed after the deadline: the key goes if ours.
             cleanup(state.clone());
         }
-        let unlock = async move { state.delete().await };
+        // A delete whose outcome is unknown (the connection dropped, no answer) is sent again
+        // while the lease lasts: it is guarded, and finds an earlier one of ours that landed.
+        let deadline = lease.deadline();
+        let unlock = async move {
+            let mut unanswered = false;
+            loop {
+                match state.delete().await {
+                    Err(e) if e.is_unanswered() && Instant::now() + crate::lease::RETRY < deadline => {
+                        tracing::debug!(lock = state.key, error = %e, "release failed; trying again");
+                        unanswered = true;
+                        tokio::time::sleep(crate::lease::RETRY).await;
+                    }
+                    // Not ours any more after an unanswered delete, within the lease (nobody else
+                    // could have had the key yet): that delete landed.
+                    Ok(false) if unanswered => return Ok(true),
+                    done => return done,
+                }
+            }
+        };
         lease.release(before, name, unlock, LostReason::KeyDeleted).await
     }
 }

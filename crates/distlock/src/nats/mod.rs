@@ -110,6 +110,8 @@ pub(crate) struct Inner {
     hints: StdMutex<HashMap<String, u64>>,
     /// The holds of this client, by holder id (for an election's announcement).
     pub(crate) holds: StdMutex<HashMap<String, std::sync::Weak<hold::HoldState>>>,
+    /// How many times the connection has dropped (async-nats's `Disconnected` events).
+    drops: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// At most this many hints are kept (then they are forgotten all at once).
@@ -159,6 +161,18 @@ impl Client {
             .reconnect_delay_callback(reconnect_delay(
                 (url.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(4)),
             ));
+        // A drop ends the requests sent before it (`answered`): async-nats keeps them open across
+        // the reconnect, and an answer lost with the old connection never comes.
+        let drops = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let counted = drops.clone();
+        options = options.event_callback(move |event| {
+            let counted = counted.clone();
+            async move {
+                if matches!(event, async_nats::Event::Disconnected) {
+                    counted.send_modify(|n| *n += 1);
+                }
+            }
+        });
         options = match &url.login {
             url::Login::None => options,
             url::Login::User(u, p) => options.user_and_password(u.clone(), p.clone()),
@@ -200,6 +214,7 @@ impl Client {
                     kv,
                     hints: StdMutex::default(),
                     holds: StdMutex::default(),
+                    drops,
                 }),
             })
         };
@@ -282,26 +297,48 @@ impl Client {
             // bucket keeps nothing of a released lock.
             None => msg.header("KV-Operation", "DEL").ttl(Duration::from_secs(1)),
         };
-        let timeout = self.inner.url.timeout;
         let sent = async {
             let ack = self.inner.js.send_publish(subject, msg).await?;
             ack.await
         };
-        match tokio::time::timeout(timeout, sent).await {
-            Ok(Ok(ack)) => Ok(Wrote::At(ack.sequence)),
-            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Wrote::Moved),
-            Ok(Err(e)) => Err(Error::Backend { op: "write", path: key.to_string(), source: error_text(&e).into() }),
-            Err(_) => Err(no_answer("write", key, timeout)),
+        match self.answered("write", key, sent).await? {
+            Ok(ack) => Ok(Wrote::At(ack.sequence)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => Ok(Wrote::Moved),
+            Err(e) => Err(Error::Backend { op: "write", path: key.to_string(), source: error_text(&e).into() }),
+        }
+    }
+
+    /// Runs `request` (`op` on `key`) to its answer, within the URL's timeout and while the
+    /// connection it went out on stays up. A drop ends it at once, outcome unknown: async-nats
+    /// keeps a request open across the reconnect, but an answer lost with the old connection
+    /// never comes, and a renewal waiting for it would wait out its lease (a false loss). A
+    /// request made while disconnected goes out on the next connection, and is waited for.
+    async fn answered<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        request: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
+        let mut drops = self.inner.drops.subscribe();
+        let dropped = async move {
+            if drops.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let timeout = self.inner.url.timeout;
+        tokio::select! {
+            answer = tokio::time::timeout(timeout, request) => answer.map_err(|_| no_answer(op, key, timeout)),
+            () = dropped => Err(Error::unanswered(op, key, "the connection dropped before the answer (the outcome is unknown)")),
         }
     }
 
     /// The key's last entry, read from the stream's leader (`None`: no message at all).
     pub(crate) async fn read(&self, key: &str) -> Result<Option<Entry>> {
-        let timeout = self.inner.url.timeout;
-        match tokio::time::timeout(timeout, self.inner.kv.entry(key)).await {
-            Ok(r) => r.map_err(|e| Error::Backend { op: "read", path: key.to_string(), source: error_text(&e).into() }),
-            Err(_) => Err(no_answer("read", key, timeout)),
-        }
+        self.answered("read", key, self.inner.kv.entry(key)).await?.map_err(|e| Error::Backend {
+            op: "read",
+            path: key.to_string(),
+            source: error_text(&e).into(),
+        })
     }
 
     /// The sequence to expect for a create of `key`: our hint if we have one, else 0.
@@ -601,7 +638,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 fn no_answer(op: &'static str, key: &str, bound: Duration) -> Error {
-    Error::Backend { op, path: key.to_string(), source: format!("no answer within {bound:?}").into() }
+    Error::unanswered(op, key, format!("no answer within {bound:?}"))
 }
 
 /// Whether an entry is a live value (not a delete or an expiry marker).

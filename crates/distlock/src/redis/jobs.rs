@@ -126,6 +126,10 @@ impl Jobs {
 }
 
 impl JobStore for Jobs {
+    fn transient(&self, e: &Error) -> bool {
+        super::is_transient(e) || e.is_unanswered()
+    }
+
     fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
         Box::pin(async move {
             self.check(job)?;

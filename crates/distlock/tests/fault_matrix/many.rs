@@ -63,6 +63,8 @@ struct Held {
     resource: Arc<FencedResource>,
     /// mono_now() when the holder learnt the loss (`None`: never lost).
     lost_at: StdMutex<Option<u64>>,
+    /// What the holder was told, or the release's error, when the hold counts as lost.
+    why: StdMutex<Option<String>>,
 }
 
 /// The holder's side of one lock: a hold from now until `lost()` (or `stop`), writing with the
@@ -92,6 +94,7 @@ fn hold(guard: Arc<Guard>, held: Arc<Held>, seq: Arc<AtomicU64>, stop: Arc<Atomi
         let ended = mono_now().min(mono_at(guard.lease_deadline()));
         held.resource.end_at(id, ended);
         *held.lost_at.lock().unwrap() = Some(ended);
+        *held.why.lock().unwrap() = Some(format!("told {:?}", guard.state()));
     })
 }
 
@@ -141,7 +144,11 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
     for name in &names {
         let lock = holder.mutex(name).expect("the lock");
         let guard = Arc::new(lock.lock_timeout(BOUND).await.expect("acquire").expect("a new lock is free"));
-        let held = Arc::new(Held { resource: FencedResource::new(true, 1), lost_at: StdMutex::new(None) });
+        let held = Arc::new(Held {
+            resource: FencedResource::new(true, 1),
+            lost_at: StdMutex::default(),
+            why: StdMutex::default(),
+        });
         holds.push(hold(guard.clone(), held.clone(), seq.clone(), stop.clone()));
         guards.push(guard);
         helds.push(held);
@@ -199,9 +206,19 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         if held.lost_at.lock().unwrap().is_some() {
             losses += 1;
             drop(g);
-        } else if tokio::time::timeout(Duration::from_secs(10), g.release()).await.map_or(true, |r| r.is_err()) {
-            losses += 1;
+        } else {
+            let released = tokio::time::timeout(Duration::from_secs(10), g.release()).await;
+            if let Some(e) =
+                released.map_or(Some("no answer within 10 s".to_string()), |r| r.err().map(|e| e.to_string()))
+            {
+                *held.why.lock().unwrap() = Some(format!("release failed: {e}"));
+                losses += 1;
+            }
         }
+    }
+    let whys: std::collections::BTreeSet<String> = helds.iter().filter_map(|h| h.why.lock().unwrap().clone()).collect();
+    if !whys.is_empty() {
+        say(&mut std::io::stdout(), &format!("{}: {} / {losses} lost: {whys:?}", target.server, fault.name()));
     }
     let released_at = let_go(waits, &resources).await;
     drop(proxy);
@@ -241,23 +258,9 @@ pub(super) async fn cell(target: &Target, fault: ManyFault) -> Row {
         must_lose: if fault == ManyFault::Partition { LOCKS } else { 0 },
         // A reset the lease outlives loses nothing (a session, a lease or a key outlives its
         // connection): a loss reported there would be false.
-        must_keep: fault == ManyFault::Reset && !target.connection_bound && !known_nats_reset_loss(target, losses),
+        must_keep: fault == ManyFault::Reset && !target.connection_bound,
         violations: Vec::new(),
     }
-}
-
-/// A known defect, open in issue 53: on a loaded machine NATS's client may report one or two of
-/// a hundred locks lost after a reset its lease outlives (safe, but false). Up to two are printed
-/// as such instead of failing the cell; more still fail it.
-fn known_nats_reset_loss(target: &Target, losses: usize) -> bool {
-    let known = target.url.starts_with("nats") && (1..=2).contains(&losses);
-    if known {
-        say(
-            &mut std::io::stdout(),
-            &format!("KNOWN DEFECT (issue 53): NATS reported {losses} of {LOCKS} locks lost after a reset their lease outlives"),
-        );
-    }
-    known
 }
 
 /// Each grant of the competitor: the lock's index, when (`mono_now`), its token.
