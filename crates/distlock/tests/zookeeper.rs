@@ -459,6 +459,47 @@ async fn a_tls_only_server_with_sasl_logins() {
     }
 }
 
+/// A SASL session whose waiter watches its predecessor survives a reset (new connections
+/// refused for half a second, as in the fault matrix) on a server that enforces authentication,
+/// and the waiter gets the lock at the release. Before the fix in vendor/zookeeper-client the
+/// client re-sent its watches (SetWatches) ahead of the SASL exchange on the new connection, and
+/// the server closed the session for an unauthenticated request: "authentication failed".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sasl_session_with_watches_survives_a_reset() {
+    let server = distlock_faults::OwnServer::start("zk.sh", "start-tls", &[]);
+    let password = std::fs::read_to_string(server.dir().join("password")).unwrap().trim().to_string();
+    let files = format!(
+        "cacert={}&cert={}&key={}",
+        server.file("certs/ca.pem"),
+        server.file("certs/client.pem"),
+        server.file("certs/client.key")
+    );
+    let addr = server.printed.trim().to_string();
+    let proxy = distlock_faults::FaultProxy::start(addr.parse().unwrap()).await.unwrap();
+    let url = |at: &str| format!("zks://distlock:{password}@{at}?auth=sasl&{files}&lease=4s&connect_timeout=8s");
+    let holder = Client::connect(&url(&addr)).await.unwrap();
+    let waiter = Client::connect(&url(&proxy.addr().to_string())).await.unwrap();
+    let name = unique_path("sasl-reset");
+    let held = holder.mutex(&name).unwrap().lock().await.unwrap();
+    let lock = waiter.mutex(&name).unwrap();
+    let (tx, mut progress) = watch::channel(QueueStatus::default());
+    let waiting = tokio::spawn(async move { lock.lock_with(Some(Duration::from_secs(20)), Some(&tx)).await });
+    queued(&mut progress, 1).await; // its node is in the queue, watching the holder's
+    let accepted = proxy.accepted();
+    proxy.set(distlock_faults::Fault::RefuseNew);
+    proxy.reset_all();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.heal();
+    // On a new connection (the same session), still waiting, before the release.
+    common::eventually(Duration::from_secs(10), "the waiter's reconnect", || async {
+        proxy.connections() == 1 && proxy.accepted() > accepted
+    })
+    .await;
+    held.release().await.unwrap();
+    let granted = waiting.await.unwrap().expect("the waiter's session lives on").expect("granted at the release");
+    granted.release().await.unwrap();
+}
+
 /// `acl=creator` against a stranger who makes the lock's directory first (open, as a client
 /// without credentials can under the shared `/distlock`): the owner's acquire is refused with the
 /// fix (the directory is someone else's, and would let them queue ahead or delete the holder's

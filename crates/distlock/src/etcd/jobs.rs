@@ -126,10 +126,14 @@ async fn date_of(host: &str, tls: Option<&tokio_rustls::TlsConnector>) -> std::r
             let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_matches(['[', ']']);
             let name = rustls::pki_types::ServerName::try_from(name.to_string())
                 .map_err(|e| other(format!("{name:?} is not a host name: {e}")))?;
-            let stream = tls
-                .connect(name, stream)
-                .await
-                .map_err(|e| other(crate::tls::explain(format!("TLS: {e}"), true, "")))?;
+            // A connection cut during the handshake is the connection's failure; any other is TLS's.
+            let stream = tls.connect(name, stream).await.map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof => io(format!("TLS: {e}")),
+                _ => other(crate::tls::explain(format!("TLS: {e}"), true, "")),
+            })?;
             ask_version(stream, host).await
         }
     }

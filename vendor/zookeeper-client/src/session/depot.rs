@@ -121,6 +121,14 @@ impl Depot {
         self.write_session(operation);
     }
 
+    /// distlock patch: a request of the session's own (SetWatches, re-sent on a new connection)
+    /// waits, as the client's requests do, until a SASL exchange under way completes. Written at
+    /// once, it reached the server before the login, and a server that enforces authentication
+    /// closed the session ("authentication failed") whenever a session with watches reconnected.
+    pub fn push_after_auth(&mut self, operation: SessionOperation) {
+        self.push_request(operation);
+    }
+
     pub fn pop_ping(&mut self) -> Result<(), Error> {
         self.pop_request(PredefinedXid::Ping.into()).map(|_| ())
     }
