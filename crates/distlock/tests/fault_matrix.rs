@@ -787,9 +787,10 @@ async fn cell(target: &Target, scenario: Scenario, recipe: Recipe) -> Row {
         // in the cell: a fault may catch it between two holds); a client that reconnected around
         // its proxies would renew on and never be.
         must_lose: usize::from(scenario == Scenario::BlackholeLong && target.ensemble.is_some()),
-        // A reset the lease outlives loses nothing (a session, a lease or a key outlives its
-        // connection): a loss reported there would be false.
-        must_keep: scenario == Scenario::Reset && !target.connection_bound,
+        // A reset or a lost reply the lease outlives loses nothing (a session, a lease or a key
+        // outlives its connection), nor do replies 300 ms late: a loss reported there is false.
+        must_keep: (matches!(scenario, Scenario::Reset | Scenario::LostReply) && !target.connection_bound)
+            || scenario == Scenario::Delay,
         violations: Vec::new(),
     }
 }

@@ -86,6 +86,15 @@ impl Jobs {
 }
 
 impl JobStore for Jobs {
+    /// The session's connection failed, dropped or did not answer (the outcome unknown): the
+    /// session, and with it the run's hold, may well live on.
+    fn transient(&self, e: &Error) -> bool {
+        let connection =
+            |z: &zk::Error| matches!(z, zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_));
+        e.is_unanswered()
+            || matches!(e, Error::Backend { source, .. } if source.downcast_ref::<zk::Error>().is_some_and(connection))
+    }
+
     fn read<'a>(&'a self, job: &'a str) -> BoxFuture<'a, Result<JobRead>> {
         Box::pin(async move {
             let (lock_path, record_path) = paths(job)?;
