@@ -385,11 +385,27 @@ where
 /// A failure of the connection or of the cluster's availability, worth another try.
 fn transient(e: &etcd_client::Error) -> bool {
     match e {
-        // Cancelled: the connection closed under the request (a reset), as hyper reports it.
-        etcd_client::Error::GRpcStatus(s) => matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled),
+        // Cancelled: the connection closed under the request (a reset), as hyper reports it;
+        // Unknown with a transport error under it: the connection was reset or broke mid-request.
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
+                || (s.code() == tonic::Code::Unknown && from_transport(s))
+        }
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
     }
+}
+
+/// Whether a status came from the transport (tonic's own error somewhere under it).
+fn from_transport(s: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.is::<tonic::transport::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -658,3 +674,22 @@ fn error_text(e: &etcd_client::Error) -> String {
 
 #[cfg(test)]
 assert_send_sync_static!(LockGuard);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request cut by a reset comes back in one of three shapes; each is sent again. A status
+    /// the server gave is not.
+    #[test]
+    fn a_request_cut_by_the_connection_is_tried_again() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let cut = tonic::Status::from_error(Box::new(reset));
+        assert_eq!(cut.code(), tonic::Code::Unknown);
+        assert!(transient(&etcd_client::Error::GRpcStatus(cut)));
+        assert!(transient(&etcd_client::Error::GRpcStatus(tonic::Status::cancelled("operation was canceled"))));
+        assert!(transient(&etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"))));
+        assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::unknown("something else"))));
+        assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("no"))));
+    }
+}
