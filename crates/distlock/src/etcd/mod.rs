@@ -396,12 +396,15 @@ fn transient(e: &etcd_client::Error) -> bool {
     }
 }
 
-/// Whether a status came from the transport (tonic's own error somewhere under it).
+/// Whether a status came from the connection breaking under the request (a reset, a broken
+/// pipe, an end mid-answer: an I/O error of those kinds somewhere under it). Anything else the
+/// transport says (a server that does not speak HTTP/2 or gRPC there) is not tried again.
 fn from_transport(s: &tonic::Status) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
     let mut source = std::error::Error::source(s);
     while let Some(e) = source {
-        if e.is::<tonic::transport::Error>() || e.is::<std::io::Error>() {
-            return true;
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(io.kind(), ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof);
         }
         source = e.source();
     }
@@ -690,6 +693,8 @@ mod tests {
         assert!(transient(&etcd_client::Error::GRpcStatus(tonic::Status::cancelled("operation was canceled"))));
         assert!(transient(&etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"))));
         assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::unknown("something else"))));
+        let garbled = std::io::Error::new(std::io::ErrorKind::InvalidData, "not HTTP/2");
+        assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::from_error(Box::new(garbled)))));
         assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("no"))));
     }
 }
