@@ -505,34 +505,30 @@ impl Schedule {
 
     /// One read and one guarded write of a run's end: `None` if the job changed between.
     async fn end_once(&self, token: u64, exit: Option<i32>) -> Result<Option<Ended>> {
-        {
-            let read = self.jobs.read(&self.name).await?;
-            let mut run = match read.run.clone() {
-                Some(r) if r.token == token && r.ended_ms.is_none() => r,
-                Some(r) if r.token == token => return Ok(Some(Ended::Before(r))),
-                _ => return Ok(Some(Ended::Another)),
-            };
-            let now = read.now_ms;
-            // The lock row is still this run's: it names it, or (ZooKeeper, whose row names
-            // nobody) still holds the bound this run wrote.
-            let ours = read.lock.as_ref().filter(|l| {
-                l.locked_by == run.locked_by || (l.locked_by.is_empty() && l.lock_until_ms == run.lock_until_ms)
-            });
-            // Taken until the slot's end and start + at least; never shortened past now. The
-            // start's time may read up to `now_error_ms` early (etcd's whole-second `Date`), so
-            // at-least counts from that much later: never shorter than asked.
-            let mut until = now.max(run.started_ms + read.now_error_ms + run.at_least_ms as i64);
-            if let (Some(p), Some(s)) = (run.period_ms, run.slot) {
-                until = until.max((s as i64 + 1) * p as i64);
-            }
-            let lock = ours.map(|l| JobLock { lock_until_ms: until.min(l.lock_until_ms), ..l.clone() });
-            run.ended_ms = Some(now);
-            run.exit = exit;
-            if self.jobs.write(&self.name, &read.seen, lock.as_ref(), &run).await? {
-                return Ok(Some(Ended::Now(run)));
-            }
+        let read = self.jobs.read(&self.name).await?;
+        let mut run = match read.run.clone() {
+            Some(r) if r.token == token && r.ended_ms.is_none() => r,
+            Some(r) if r.token == token => return Ok(Some(Ended::Before(r))),
+            _ => return Ok(Some(Ended::Another)),
+        };
+        let now = read.now_ms;
+        // The lock row is still this run's: it names it, or (ZooKeeper, whose row names
+        // nobody) still holds the bound this run wrote.
+        let ours = read.lock.as_ref().filter(|l| {
+            l.locked_by == run.locked_by || (l.locked_by.is_empty() && l.lock_until_ms == run.lock_until_ms)
+        });
+        // Taken until the slot's end and start + at least; never shortened past now. The
+        // start's time may read up to `now_error_ms` early (etcd's whole-second `Date`), so
+        // at-least counts from that much later: never shorter than asked.
+        let mut until = now.max(run.started_ms + read.now_error_ms + run.at_least_ms as i64);
+        if let (Some(p), Some(s)) = (run.period_ms, run.slot) {
+            until = until.max((s as i64 + 1) * p as i64);
         }
-        Ok(None)
+        let lock = ours.map(|l| JobLock { lock_until_ms: until.min(l.lock_until_ms), ..l.clone() });
+        run.ended_ms = Some(now);
+        run.exit = exit;
+        let written = self.jobs.write(&self.name, &read.seen, lock.as_ref(), &run).await?;
+        Ok(written.then_some(Ended::Now(run)))
     }
 
     /// The job as a [`crate::Lock`]: acquiring it is [`Schedule::try_start`] (again at growing
